@@ -1,0 +1,1 @@
+"""Command-line tools: ringtrain-stat, ringtrain-data, ringtrain-eval."""

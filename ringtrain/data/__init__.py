@@ -1,0 +1,1 @@
+"""Arrow datasets, token-budget batching and dataset preparation."""

@@ -1,0 +1,22 @@
+"""Configuration of the data pipeline ([data] in the TOML config)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Dataset location and token-budget batching."""
+
+    # Arrow / parquet dataset directory. Empty: the built-in synthetic dataset.
+    path: str = ""
+    # Held-out split (a separate directory). Empty: no evaluation data.
+    eval_path: str = ""
+    # Tokens per batch (real tokens; padding is not counted).
+    token_budget: int = 16384
+    max_len: int = 4096
+    # Cut rows longer than max_len; if false, such a row is an error.
+    truncate: bool = True
+    # Padded batch lengths are rounded up to a multiple of this.
+    bucket: int = 128
+    seed: int = 0

@@ -1,0 +1,1 @@
+"""The DFlash drafter: model, block objective, metrics, optimiser and checkpoints."""

@@ -1,0 +1,41 @@
+"""Configuration of the DFlash drafter and its optimiser ([drafter], [optim])."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Drafter architecture and training-block sampling. Zero means "follow the target"."""
+
+    num_layers: int = 5
+    block_size: int = 16
+    # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
+    num_anchors: int = 512
+    anchor_ref_len: int = 3072
+    # Mask token id (Qwen3: 151669; Qwen3.5/3.6: 248070). -1: last id of the vocab.
+    mask_token_id: int = -1
+    # Loss decay gamma; 0 picks the paper's value for the block size (16: 7, 10: 5, 8: 4).
+    gamma: float = 0.0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    # Per-layer sliding window (0 = full attention); empty = all full attention.
+    sliding_windows: list[int] = msgspec.field(default_factory=list)
+    # Rows of the LM head + cross-entropy computed at once.
+    loss_chunk: int = 4096
+    compile: bool = True
+
+
+class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """AdamW with cosine schedule and warm-up (paper defaults)."""
+
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.0
+    warmup_fraction: float = 0.04
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0

@@ -1,0 +1,1 @@
+"""The shared-memory ring: control plane, slot protocol and payload transports."""

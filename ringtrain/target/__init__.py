@@ -1,0 +1,1 @@
+"""Target models: loading, tapped-layer forward passes, the built-in tiny target."""

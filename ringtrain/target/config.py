@@ -1,0 +1,17 @@
+"""Configuration of the target model ([target] in the TOML config)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Which target to load and which of its layers to tap."""
+
+    # Local Hugging Face model directory. Empty: the built-in tiny hybrid target,
+    # random-initialised and written to the run directory.
+    path: str = ""
+    dtype: str = "auto"  # "auto" (bf16 on GPU, float32 on CPU) | "bfloat16" | "float32"
+    # Layer indices whose outputs feed the drafter. Empty: DFlash default spread.
+    tap_layers: list[int] = msgspec.field(default_factory=list)
+    num_taps: int = 5

@@ -1,0 +1,38 @@
+"""Configuration loading: unknown keys and wrong types name the key and the file."""
+
+from pathlib import Path
+
+import pytest
+
+from ringtrain.config import Config, ConfigError, load_config, parse_config
+
+
+def test_defaults_load_from_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    assert load_config(path) == Config()
+
+
+def test_values_override_defaults() -> None:
+    cfg = parse_config("[ring]\nslots_per_producer = 7\n[data]\ntoken_budget = 512\n")
+    assert cfg.ring.slots_per_producer == 7
+    assert cfg.data.token_budget == 512
+
+
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[ring]\nslotz = 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml.*slotz"):
+        load_config(path)
+
+
+def test_wrong_type_names_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[data]\ntoken_budget = "many"\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml.*token_budget"):
+        load_config(path)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml"):
+        load_config(tmp_path / "nope.toml")
