@@ -7,9 +7,17 @@ Sections live beside the code they configure; this module assembles them.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
@@ -57,24 +65,47 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
 
 
-def parse_config(text: str | bytes, source: str = "<string>") -> Config:
-    """Decode TOML text into a Config; errors name `source` and the offending key."""
+def _toml_loads(text: str, source: str) -> dict[str, Any]:
     try:
-        return msgspec.toml.decode(text, type=Config)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc} (fix or remove that key)") from None
-    except msgspec.DecodeError as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML config file."""
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `section.key=value` override (value in TOML syntax; bare words are strings)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"override {assignment!r}: write it as section.key=value")
+    section, name = key.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    tree.setdefault(section, {})[name] = value
+
+
+def parse_config(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> Config:
+    """Decode TOML text (plus `section.key=value` overrides) into a validated Config.
+
+    Errors name `source` and the offending key."""
+    tree = _toml_loads(text, source)
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    try:
+        return msgspec.convert(tree, type=Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {exc} (fix or remove that key)") from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Read and validate a TOML config file, then apply overrides."""
     path = Path(path)
     try:
-        text = path.read_bytes()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), overrides)
 
 
 def dump_config(config: Config) -> bytes:

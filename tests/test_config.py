@@ -36,3 +36,14 @@ def test_wrong_type_names_key(tmp_path: Path) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.toml"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_override_sets_typed_value() -> None:
+    cfg = parse_config("[run]\nmax_steps = 5\n", overrides=["run.max_steps=9", "run.name=abc"])
+    assert cfg.run.max_steps == 9
+    assert cfg.run.name == "abc"
+
+
+def test_override_of_unknown_key_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="nosuch"):
+        parse_config("", overrides=["ring.nosuch=1"])
