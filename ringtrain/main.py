@@ -1,0 +1,111 @@
+"""Entry point: `torchrun --nproc-per-node P -m ringtrain.main [--config FILE] [--resume]`.
+
+Every process reads the same config, learns its role from its local rank (targets first,
+then drafters), validates all inputs before touching a GPU, joins the node's ring, and
+runs its role's loop. Without --config it trains the embedded default (ringtrain/tiny.toml):
+a tiny hybrid target and a synthetic dataset, built in the run directory on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.config import Config, ConfigError, dump_config, load_config, parse_config
+from ringtrain.trainer.logs import get_logger, setup_logging
+from ringtrain.trainer.roles import RankInfo, rank_info_from_env
+from ringtrain.trainer.signals import StopRequest
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m ringtrain.main",
+        description="Train a DFlash drafter (start through torchrun).",
+    )
+    parser.add_argument("--config", help="TOML config (default: the embedded tiny run)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. --set run.max_steps=10",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest complete checkpoint"
+    )
+    return parser.parse_args(argv)
+
+
+def read_config(args: argparse.Namespace) -> Config:
+    """The config file named on the command line, or the embedded default."""
+    if args.config:
+        return load_config(args.config, args.overrides)
+    text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
+    return parse_config(text, "<embedded tiny.toml>", args.overrides)
+
+
+def set_compile_caches(config: Config, info: RankInfo) -> None:
+    """Give this process its own persistent Triton and Inductor caches.
+
+    Separate directories per local rank mean no two processes share autotune state;
+    persistence means a warm restart skips compilation."""
+    root = Path(config.run.cache_dir).expanduser() / f"{info.role}{info.local_rank}"
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+
+
+def init_distributed(info: RankInfo) -> dist.ProcessGroup | None:
+    """Join the world (gloo, start-up barriers only) and build the drafters' group.
+
+    Returns the drafters' gradient group on drafter ranks when there is more than one
+    drafter, else None. Target ranks never join a collective after start-up."""
+    dist.init_process_group("gloo", timeout=timedelta(minutes=30))
+    ranks = info.drafter_ranks
+    backend = "nccl" if info.device.type == "cuda" else "gloo"
+    group = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
+    return group if info.role == "drafter" else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = read_config(args)
+        info = rank_info_from_env(config.layout, config.run.device)
+    except ConfigError as exc:
+        print(f"ringtrain: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(config.run.run_dir).expanduser().resolve()
+    log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
+    log = get_logger()
+    log.info("%s on %s; log file %s", info.tag, info.device, log_path)
+    if info.rank == 0:
+        (run_dir / "config.json").write_bytes(dump_config(config))
+    set_compile_caches(config, info)
+    stop = StopRequest()
+    stop.install()
+    if info.device.type == "cuda":
+        torch.cuda.set_device(info.device)
+    from ringtrain.trainer.session import run_session
+
+    try:
+        group = init_distributed(info)
+        return run_session(config, info, run_dir, group, stop, resume=args.resume)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except Exception as exc:
+        log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

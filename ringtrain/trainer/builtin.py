@@ -1,0 +1,77 @@
+"""The embedded default's inputs: a tiny hybrid target and a synthetic dataset.
+
+When [target] path or [data] path is empty, local rank 0 of each node writes the
+built-in one under `<run_dir>/builtin/` (once; later runs reuse it) while the other ranks
+wait at a barrier. Writes go to a temporary name first, so a crash never leaves a
+half-written directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ringtrain.config import Config
+from ringtrain.data import write_synthetic_dataset
+from ringtrain.target import build_tiny_target, read_target_config
+from ringtrain.trainer.logs import get_logger
+from ringtrain.trainer.roles import RankInfo
+
+SYNTHETIC_ROWS = 3000
+SYNTHETIC_EVAL_ROWS = 200
+SYNTHETIC_MEAN_LEN = 200
+
+
+def _build_once(path: Path, build: Callable[[Path], None]) -> None:
+    if path.exists():
+        return
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    build(partial)
+    partial.rename(path)
+
+
+def prepare_builtin_inputs(config: Config, info: RankInfo, run_dir: Path) -> tuple[Path, Path]:
+    """Paths of the target and dataset, building the built-in ones where none is given."""
+    builtin = run_dir / "builtin"
+    target_path = (
+        Path(config.target.path).expanduser() if config.target.path else builtin / "target"
+    )
+    data_path = Path(config.data.path).expanduser() if config.data.path else builtin / "data"
+    if config.target.path and config.data.path:
+        return target_path, data_path
+    if info.local_rank == 0:
+        log = get_logger()
+        if not config.target.path:
+            log.info("writing the built-in tiny hybrid target to %s", target_path)
+            _build_once(target_path, lambda d: build_tiny_target(d, seed=config.run.seed))
+        if not config.data.path:
+            vocab = read_target_config(target_path).vocab_size
+            log.info("writing the built-in synthetic dataset to %s", data_path)
+            _build_once(
+                data_path,
+                lambda d: write_synthetic_dataset(
+                    d,
+                    rows=SYNTHETIC_ROWS,
+                    vocab_size=vocab,
+                    mean_len=SYNTHETIC_MEAN_LEN,
+                    seed=config.data.seed,
+                ),
+            )
+            eval_path = builtin / "eval"
+            _build_once(
+                eval_path,
+                lambda d: write_synthetic_dataset(
+                    d,
+                    rows=SYNTHETIC_EVAL_ROWS,
+                    vocab_size=vocab,
+                    mean_len=SYNTHETIC_MEAN_LEN,
+                    seed=config.data.seed + 1,
+                ),
+            )
+    dist.barrier()
+    return target_path, data_path

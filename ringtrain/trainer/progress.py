@@ -1,0 +1,66 @@
+"""The lead drafter's terminal progress line and end-of-run summary."""
+
+from __future__ import annotations
+
+import time
+
+from ringtrain.config import Config
+from ringtrain.ring import Ring, describe_ring
+from ringtrain.trainer.drafter_loop import StepRecord
+from ringtrain.trainer.logs import get_logger
+from ringtrain.trainer.roles import RankInfo
+
+
+class Progress:
+    """Prints `step | tokens/s | loss | acc | tau | ring` every log_every steps."""
+
+    def __init__(self, config: Config, ring: Ring, info: RankInfo) -> None:
+        self._ring = ring
+        self._max_steps = config.run.max_steps
+        self._every = max(config.run.log_every, 1)
+        self._started = time.perf_counter()
+        self._window_start = self._started
+        self._window_tokens = 0
+        self._tokens = 0
+        self._first: StepRecord | None = None
+        self._last: StepRecord | None = None
+
+    def step(self, record: StepRecord) -> None:
+        self._first = self._first or record
+        self._last = record
+        self._tokens += record.tokens
+        self._window_tokens += record.tokens
+        if record.step % self._every and record.step != self._max_steps:
+            return
+        now = time.perf_counter()
+        rate = self._window_tokens / max(now - self._window_start, 1e-9)
+        self._window_start, self._window_tokens = now, 0
+        get_logger().info(
+            "step %d/%d | %s tok/s | loss %.4f | acc@1 %.3f | tau %.3f | lr %.2e | %s",
+            record.step,
+            self._max_steps,
+            f"{rate:,.0f}",
+            record.loss,
+            record.accuracy[0],
+            record.tau,
+            record.lr,
+            describe_ring(self._ring),
+        )
+
+    def summary(self) -> None:
+        """One closing line: throughput, loss first -> last, final tau."""
+        if self._first is None or self._last is None:
+            get_logger().info("no training step completed")
+            return
+        seconds = time.perf_counter() - self._started
+        get_logger().info(
+            "done: %d steps, %s tokens in %.1f s (%s tok/s) | loss %.4f -> %.4f | tau %.3f -> %.3f",
+            self._last.step,
+            f"{self._tokens:,}",
+            seconds,
+            f"{self._tokens / max(seconds, 1e-9):,.0f}",
+            self._first.loss,
+            self._last.loss,
+            self._first.tau,
+            self._last.tau,
+        )

@@ -1,0 +1,284 @@
+"""One rank's whole run: inputs, validation, the ring, and the role's loop.
+
+Order matters for users: everything that can be wrong with the inputs (config, target
+directory, tapped layers, dataset, drafter shape, /dev/shm) is checked on every rank
+before any model touches a GPU, so bad input fails in seconds with a message that names
+the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.config import Config, ConfigError
+from ringtrain.data import BatchStream, TokenDataset, open_dataset
+from ringtrain.drafter import (
+    DFlashDrafter,
+    DrafterSpec,
+    build_optimizer,
+    drafter_spec_from_target,
+    latest_checkpoint,
+    load_checkpoint,
+    load_frozen_head,
+    save_checkpoint,
+)
+from ringtrain.ring import PeerDied, Ring, RingSpec
+from ringtrain.target import TargetRunner, load_target, read_target_config
+from ringtrain.target.taps import check_tap_layers, default_tap_layers
+from ringtrain.trainer.builtin import prepare_builtin_inputs
+from ringtrain.trainer.drafter_loop import DrafterState, StepRecord, run_drafter_loop
+from ringtrain.trainer.ledger import BatchLedger
+from ringtrain.trainer.logs import MetricsWriter, get_logger
+from ringtrain.trainer.progress import Progress
+from ringtrain.trainer.roles import RankInfo
+from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.target_loop import run_target_loop
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The validated inputs of a run, identical on every rank."""
+
+    target_path: Path
+    data_path: Path
+    target_config: Any
+    tap_layers: list[int]
+    dataset: TokenDataset
+    spec: DrafterSpec
+    hidden_dtype: torch.dtype
+
+
+def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
+    """A node-unique, filesystem-safe ring name prefix for this run."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", config.run.name)[:24]
+    digest = zlib.crc32(str(run_dir).encode()) & 0xFFFFFFFF
+    return f"{name}-{digest:08x}-n{node_rank}"
+
+
+def validate_inputs(config: Config, info: RankInfo, run_dir: Path) -> Plan:
+    """Resolve the target and dataset and check that they fit together (no GPU work)."""
+    target_path, data_path = prepare_builtin_inputs(config, info, run_dir)
+    target_config = read_target_config(target_path)
+    num_layers = target_config.num_hidden_layers
+    taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
+    taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
+    dataset = open_dataset(
+        data_path,
+        max_len=config.data.max_len,
+        truncate=config.data.truncate,
+        block_size=config.drafter.block_size,
+        vocab_size=target_config.vocab_size,
+    )
+    if config.data.max_len > config.data.token_budget:
+        raise ConfigError(
+            f"data.max_len = {config.data.max_len} exceeds data.token_budget = "
+            f"{config.data.token_budget}: a batch must hold the longest row; raise the "
+            "budget or lower max_len"
+        )
+    spec = drafter_spec_from_target(target_config, config.drafter, taps)
+    cuda = info.device.type == "cuda"
+    wanted = config.target.dtype
+    dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
+    return Plan(target_path, data_path, target_config, taps, dataset, spec, dtype)
+
+
+def open_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan, max_docs: int) -> Ring:
+    """Local rank 0 creates the node's ring, the others attach, then names are unlinked."""
+    roles = ["target"] * info.targets_per_node + ["drafter"] * info.drafters_per_node
+    first = info.node_rank * info.local_world_size
+    spec = RingSpec(
+        run_id=ring_run_id(config, run_dir, info.node_rank),
+        generation=info.restart_count,
+        roles=roles,
+        global_ranks=[first + i for i in range(info.local_world_size)],
+        slots_per_producer=config.ring.slots_per_producer,
+        max_tokens=config.data.token_budget,
+        max_docs=max_docs,
+        hidden_width=len(plan.tap_layers) * plan.spec.hidden_size,
+        hidden_dtype=plan.hidden_dtype,
+        transport=config.ring.transport,
+        wait_timeout_s=config.ring.wait_timeout_s,
+        heartbeat_timeout_s=config.ring.heartbeat_timeout_s,
+    )
+    ring = Ring.create(spec, info.local_rank, info.device) if info.local_rank == 0 else None
+    dist.barrier()
+    if ring is None:
+        ring = Ring.attach(spec.run_id, info.local_rank, info.device)
+    dist.barrier()
+    ring.unlink()
+    get_logger().info("ring %s ready: transport %s", spec.run_id, ring.transport)
+    return ring
+
+
+def _die_on_peer_death(ring: Ring):
+    def on_dead(exc: PeerDied) -> None:
+        get_logger().error("%s; stopping this rank", exc)
+        for handler in get_logger().handlers:
+            handler.flush()
+        ring.close(clean=False)
+        os._exit(1)
+
+    return on_dead
+
+
+def run_session(
+    config: Config,
+    info: RankInfo,
+    run_dir: Path,
+    group: dist.ProcessGroup | None,
+    stop: StopRequest,
+    resume: bool,
+) -> int:
+    """Validate, join the ring, run this rank's role; returns the process exit code."""
+    log = get_logger()
+    plan = validate_inputs(config, info, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    resume_from = latest_checkpoint(checkpoints) if resume else None
+    if resume and resume_from is None:
+        log.warning("--resume: no complete checkpoint under %s; starting fresh", checkpoints)
+    probe = BatchStream(
+        plan.dataset,
+        token_budget=config.data.token_budget,
+        bucket=config.data.bucket,
+        seed=config.data.seed,
+        rank=0,
+        world=1,
+    )
+    ring = open_ring(config, info, run_dir, plan, probe.max_docs)
+    ring.start_watchdog(_die_on_peer_death(ring))
+    try:
+        if info.is_target:
+            _run_target(config, info, plan, ring, resume_from, stop)
+        else:
+            _run_drafter(config, info, run_dir, plan, ring, resume_from, group, stop)
+    except BaseException as exc:
+        ring.set_error(f"{type(exc).__name__}: {exc}")
+        ring.close(clean=False)
+        raise
+    ring.close(clean=True)
+    return 0
+
+
+def _run_target(
+    config: Config,
+    info: RankInfo,
+    plan: Plan,
+    ring: Ring,
+    resume_from: Path | None,
+    stop: StopRequest,
+) -> None:
+    log = get_logger()
+    cursor = {"start": 0, "skip": []}
+    if resume_from is not None:
+        cursor = (
+            load_checkpoint(resume_from, "cpu", weights=False)
+            .extra["cursors"]
+            .get(str(info.role_index), cursor)
+        )
+        log.info("resuming at batch %d of this target's stream", cursor["start"])
+    stream = BatchStream(
+        plan.dataset,
+        token_budget=config.data.token_budget,
+        bucket=config.data.bucket,
+        seed=config.data.seed,
+        rank=info.role_index,
+        world=info.role_count,
+        start=cursor["start"],
+        skip=cursor["skip"],
+    )
+    started = time.perf_counter()
+    log.info("loading target from %s (layers %s tapped)", plan.target_path, plan.tap_layers)
+    model = load_target(
+        plan.target_path,
+        tap_layers=plan.tap_layers,
+        num_taps=len(plan.tap_layers),
+        device=info.device,
+        dtype=plan.hidden_dtype,
+    )
+    log.info("target loaded in %.1f s", time.perf_counter() - started)
+    runner = TargetRunner(model, info.device)
+    run_target_loop(ring, runner, stream, config.data.bucket, info.role_index, stop)
+
+
+def _run_drafter(
+    config: Config,
+    info: RankInfo,
+    run_dir: Path,
+    plan: Plan,
+    ring: Ring,
+    resume_from: Path | None,
+    group: dist.ProcessGroup | None,
+    stop: StopRequest,
+) -> None:
+    log = get_logger()
+    device = info.device
+    log.info("loading frozen embedding and LM head from %s", plan.target_path)
+    head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
+    model = DFlashDrafter(plan.spec).to(device)
+    optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
+    state = DrafterState(step=0, ledger=BatchLedger())
+    if resume_from is not None:
+        checkpoint = load_checkpoint(resume_from, device)
+        if checkpoint.spec != plan.spec:
+            raise ConfigError(
+                f"checkpoint {resume_from} was trained for a different drafter shape "
+                f"({checkpoint.spec}) than this config and target give ({plan.spec}); "
+                "resume with the original config and target"
+            )
+        model.load_state_dict(checkpoint.model.state_dict())
+        checkpoint.restore_training_state(optimizer, scheduler)
+        state = DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
+        log.info("resumed from %s at step %d", resume_from, state.step)
+    lead = info.is_lead_drafter
+    metrics = MetricsWriter(run_dir / "metrics.jsonl") if lead else None
+    progress = Progress(config, ring, info) if lead else None
+
+    def save(current: DrafterState) -> None:
+        if not lead:
+            return
+        path = save_checkpoint(
+            run_dir / "checkpoints",
+            current.step,
+            model,
+            plan.spec,
+            optimizer,
+            scheduler,
+            extra={"cursors": current.ledger.state(), "tap_layers": plan.tap_layers},
+        )
+        log.info("checkpoint written: %s", path)
+
+    def on_step(record: StepRecord) -> None:
+        if progress is not None:
+            progress.step(record)
+
+    state = run_drafter_loop(
+        config,
+        ring,
+        model,
+        head,
+        optimizer,
+        scheduler,
+        state,
+        info.role_index,
+        info.role_count,
+        group,
+        stop,
+        on_step,
+        save,
+        metrics,
+    )
+    if lead:
+        ring.request_close()
+        if progress is not None:
+            progress.summary()
+        if metrics is not None:
+            metrics.close()
