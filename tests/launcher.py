@@ -1,0 +1,84 @@
+"""Helpers for tests that start real training runs through torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RUN_TIMEOUT_S = 300
+
+
+def torchrun_command(
+    run_dir: Path, targets: int, drafters: int, overrides: list[str], resume: bool = False
+) -> list[str]:
+    """The command line of a tiny CPU run with the given layout and config overrides."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={targets + drafters}",
+        "-m",
+        "ringtrain.main",
+        "--set",
+        f"run.run_dir={json.dumps(str(run_dir))}",
+        "--set",
+        f"layout.targets_per_node={targets}",
+        "--set",
+        f"layout.drafters_per_node={drafters}",
+        "--set",
+        'run.device="cpu"',
+    ]
+    for item in overrides:
+        command += ["--set", item]
+    if resume:
+        command.append("--resume")
+    return command
+
+
+def run_env() -> dict[str, str]:
+    """Environment for child runs: one thread per process on the small CI machine."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_training(
+    run_dir: Path,
+    targets: int,
+    drafters: int,
+    overrides: list[str],
+    resume: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run a training job to completion and return its finished process."""
+    return subprocess.run(
+        torchrun_command(run_dir, targets, drafters, overrides, resume),
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """The per-step records of metrics.jsonl, in file order."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == "step"]
+
+
+def trained_batches(records: list[dict]) -> list[tuple[int, int, int]]:
+    """(producer, seq, batch_id) of every batch trained, step by step."""
+    return [tuple(b) for r in records for b in r["batches"]]
+
+
+def shm_entries(marker: str) -> list[str]:
+    """Names in /dev/shm that contain `marker`."""
+    return sorted(name for name in os.listdir("/dev/shm") if marker in name)

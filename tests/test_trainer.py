@@ -1,0 +1,112 @@
+"""End-to-end training runs through torchrun on CPU (real processes, real ring)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ringtrain.drafter import latest_checkpoint, load_checkpoint
+from tests.launcher import (
+    RUN_TIMEOUT_S,
+    run_env,
+    run_training,
+    shm_entries,
+    step_records,
+    torchrun_command,
+    trained_batches,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_training(
+        run_dir, 2, 1, ["run.max_steps=30", "run.checkpoint_every=10", "run.name=t2d1"]
+    )
+    _assert_ok(proc)
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 31))
+    losses = [r["loss"] for r in records]
+    assert _mean(losses[-5:]) < 0.8 * _mean(losses[:5])
+    batches = trained_batches(records)
+    assert len(set(batches)) == len(batches) == 30
+    assert {producer for producer, _, _ in batches} == {0, 1}
+    for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
+        assert (run_dir / "logs" / f"rank{rank}-{role}.log").stat().st_size > 0
+    assert "done: 30 steps" in proc.stdout
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and checkpoint.name.endswith("30")
+    mid = sorted((run_dir / "checkpoints").glob("*10"))
+    assert mid, "the step-10 checkpoint is kept"
+    loaded = load_checkpoint(mid[0], "cpu")
+    assert loaded.step == 10
+    assert shm_entries("t2d1") == []
+
+
+def test_one_target_two_drafters(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_training(run_dir, 1, 2, ["run.max_steps=16", "run.name=t1d2"])
+    _assert_ok(proc)
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 17))
+    assert all(len(r["batches"]) == 2 for r in records)
+    seqs = sorted(seq for _, seq, _ in trained_batches(records))
+    assert seqs == list(range(32)), "one target's stream is trained in full, once"
+    losses = [r["loss"] for r in records]
+    assert _mean(losses[-4:]) < _mean(losses[:4])
+
+
+def _wait_for_step(run_dir: Path, proc: subprocess.Popen[str], step: int) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        records = step_records(run_dir)
+        if records and records[-1]["step"] >= step:
+            return
+        assert proc.poll() is None, "run ended before it was interrupted"
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} never reached")
+
+
+def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
+    overrides = ["run.max_steps=20", "run.checkpoint_every=0", "run.name=resume"]
+    reference_dir = tmp_path / "reference"
+    _assert_ok(run_training(reference_dir, 1, 1, overrides))
+    reference = trained_batches(step_records(reference_dir))
+    assert len(reference) == 20
+
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        torchrun_command(run_dir, 1, 1, overrides),
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    _wait_for_step(run_dir, proc, 5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    interrupted = trained_batches(step_records(run_dir))
+    assert 5 <= len(interrupted) < 20, out[-3000:]
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None
+    assert load_checkpoint(checkpoint, "cpu").step == len(interrupted)
+
+    _assert_ok(run_training(run_dir, 1, 1, overrides, resume=True))
+    resumed = trained_batches(step_records(run_dir))
+    assert resumed == reference
+    assert shm_entries("resume") == []
