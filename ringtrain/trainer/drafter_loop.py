@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ringtrain.config import Config
 from ringtrain.drafter import DFlashDrafter, FrozenHead, ObjectiveSums, block_objective
 from ringtrain.ring import Ring
+from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -59,6 +60,9 @@ class StepRecord:
     seconds: float
     lr: float
     batches: list[list[int]]
+    wall: float  # time.time() at the end of the step
+    compiles: int  # frames compiled so far in this process (flat in steady state)
+    gpu_busy: float | None  # this rank's GPU busy fraction since the last step (NVML)
 
 
 @dataclass
@@ -69,7 +73,18 @@ class DrafterState:
     ledger: BatchLedger
 
 
-def _record_from(stats: torch.Tensor, step: int, seconds: float, lr: float, ids) -> StepRecord:
+def _compiled_frames() -> int:
+    return int(torch._dynamo.utils.counters["frames"]["ok"])
+
+
+def _record_from(
+    stats: torch.Tensor,
+    step: int,
+    seconds: float,
+    lr: float,
+    ids: list[list[int]],
+    gpu_busy: float | None,
+) -> StepRecord:
     block = (len(stats) - FIXED_STATS) // 2
     correct = stats[FIXED_STATS : FIXED_STATS + block]
     counted = stats[FIXED_STATS + block :]
@@ -84,6 +99,9 @@ def _record_from(stats: torch.Tensor, step: int, seconds: float, lr: float, ids)
         seconds=seconds,
         lr=lr,
         batches=ids,
+        wall=time.time(),
+        compiles=_compiled_frames(),
+        gpu_busy=gpu_busy,
     )
 
 
@@ -111,6 +129,7 @@ def run_drafter_loop(
     bucket = GradientBucket(params, FIXED_STATS + 2 * (block_size - 1))
     ids = torch.zeros(drafter_count, 3, dtype=torch.int64, device=device)
     consumer = ring.consumer(device)
+    busy = GpuBusySampler(device)
     generator = torch.Generator(device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     max_steps = config.run.max_steps
@@ -178,6 +197,7 @@ def run_drafter_loop(
             time.perf_counter() - started,
             scheduler.get_last_lr()[0],
             batch_ids,
+            busy.sample(),
         )
         if not math.isfinite(record.loss):
             raise FloatingPointError(f"loss is {record.loss} at step {step}: lower optim.lr")

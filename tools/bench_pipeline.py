@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""End-to-end pipeline benchmark on one GPU: standalone rates, the shared-GPU pipeline,
+start-up times and steady-state recompiles. Prints a table, then one JSON object.
+
+For each target shape (Qwen3-8B-like; Qwen3.5-like hybrid with Gated DeltaNet layers):
+  a. target-only tokens/s and MFU     (tools/bench_target.py)
+  b. drafter-only tokens/s and MFU    (tools/bench_drafter.py)
+  c. the full trainer, 1 target + 1 drafter sharing the GPU over the device ring:
+     pipeline_efficiency = tokens/s / (1 / (1/a + 1/b))
+  d. launch -> first optimizer step, cold (empty compile caches) and warm (same caches)
+  e. compiles after warm-up (must be 0)
+
+Random-weight targets (`target.random_weights`) need no checkpoint on disk.
+Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3.5-hybrid] [--steps N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TARGET_SHAPES = {
+    "qwen3-8b": {
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 12288,
+        "vocab_size": 151936,
+        "mask_token_id": 151669,
+    },
+    "qwen3.5-hybrid": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "intermediate_size": 6144,
+        "vocab_size": 248320,
+        "mask_token_id": 248070,
+    },
+}
+
+
+def last_json(text: str) -> dict:
+    """The last line of `text` that parses as a JSON object."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise ValueError("no JSON object in output:\n" + text[-2000:])
+
+
+def run_tool(args: list[str], timeout: float) -> dict:
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}", "tail": (proc.stdout + proc.stderr)[-3000:]}
+    return last_json(proc.stdout)
+
+
+def write_target_dir(path: Path, shape: dict) -> None:
+    """A config-only target directory (weights are drawn at random by the trainer)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in shape.items() if k != "mask_token_id"}
+    config.update(
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    if shape["model_type"] == "qwen3_5_text":
+        layers = shape["num_hidden_layers"]
+        config["layer_types"] = [
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
+        ]
+        config.update(
+            {
+                "linear_num_key_heads": 16,
+                "linear_num_value_heads": 32,
+                "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128,
+                "linear_conv_kernel_dim": 4,
+                "full_attention_interval": 4,
+                "architectures": ["Qwen3_5ForCausalLM"],
+            }
+        )
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def run_pipeline(
+    work: Path, name: str, shape: dict, steps: int, budget: int, cache_dir: Path
+) -> dict:
+    """Train 1 target + 1 drafter on one GPU; rate after warm-up and launch->first step."""
+    target_dir = work / f"{name}-target"
+    write_target_dir(target_dir, shape)
+    run_dir = work / f"{name}-run-{time.monotonic_ns()}"
+    data_dir = work / "data"
+    overrides = {
+        "run.run_dir": json.dumps(str(run_dir)),
+        "run.name": json.dumps(f"bench-{name}"),
+        "run.max_steps": steps,
+        "run.log_every": 5,
+        "run.checkpoint_every": 0,
+        "run.cache_dir": json.dumps(str(cache_dir)),
+        "layout.targets_per_node": 1,
+        "layout.drafters_per_node": 1,
+        "layout.gpu_map": "[0, 0]",
+        "ring.transport": '"device"',
+        "ring.slots_per_producer": 3,
+        "data.path": json.dumps(str(data_dir)),
+        "data.token_budget": budget,
+        "data.max_len": 4096,
+        "target.path": json.dumps(str(target_dir)),
+        "target.random_weights": "true",
+        "drafter.mask_token_id": shape["mask_token_id"],
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node=2", "-m", "ringtrain.main", "--config", "configs/bench.toml"]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    started = time.time()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=560, cwd=ROOT)
+    records = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+    steps_done = [r for r in records if r.get("event") == "step"]
+    if proc.returncode != 0 or len(steps_done) < 4:
+        return {"error": f"exit {proc.returncode}", "tail": (proc.stdout + proc.stderr)[-3000:]}
+    warm = len(steps_done) // 3
+    window = steps_done[warm:]
+    seconds = window[-1]["wall"] - window[0]["wall"]
+    tokens = sum(r["tokens"] for r in window[1:])
+    busy = [r.get("gpu_busy") for r in window if r.get("gpu_busy")]
+    return {
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "first_step_s": steps_done[0]["wall"] - started,
+        "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
+        "loss_first": steps_done[0]["loss"],
+        "loss_last": steps_done[-1]["loss"],
+        "gpu_busy": busy[-1] if busy else None,
+        "steps": len(steps_done),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="qwen3-8b,qwen3.5-hybrid")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--budget", type=int, default=16384)
+    parser.add_argument("--skip-standalone", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results: dict = {"shapes": {}}
+    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as tmp:
+        work = Path(tmp)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from ringtrain.data import write_synthetic_dataset as w; "
+                "w(sys.argv[1], rows=4000, vocab_size=151000, mean_len=3072, seed=0)",
+                str(work / "data"),
+            ],
+            check=True,
+            cwd=ROOT,
+        )
+        for name in args.shapes.split(","):
+            shape = TARGET_SHAPES[name]
+            entry: dict = {}
+            if not args.skip_standalone:
+                entry["target"] = run_tool(
+                    [
+                        "tools/bench_target.py",
+                        "--shape",
+                        name,
+                        "--tokens",
+                        str(args.budget),
+                        "--json",
+                    ],
+                    timeout=400,
+                )
+                if name == "qwen3-8b":
+                    entry["drafter"] = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
+            cache = work / f"cache-{name}"
+            shutil.rmtree(cache, ignore_errors=True)
+            entry["cold"] = run_pipeline(work, name, shape, args.steps, args.budget, cache)
+            entry["warm"] = run_pipeline(work, name, shape, args.steps, args.budget, cache)
+            a = entry.get("target", {}).get("tokens_per_s")
+            b = entry.get("drafter", {}).get("tokens_per_s")
+            rate = entry["warm"].get("tokens_per_s")
+            if a and b and rate:
+                ideal = 1.0 / (1.0 / a + 1.0 / b)
+                entry["ideal_tokens_per_s"] = ideal
+                entry["pipeline_efficiency"] = rate / ideal
+            results["shapes"][name] = entry
+    print(f"{'shape':16} {'tok/s':>10} {'eff':>6} {'cold s':>7} {'warm s':>7} {'recomp':>6}")
+    for name, entry in results["shapes"].items():
+        warm, cold = entry.get("warm", {}), entry.get("cold", {})
+        print(
+            f"{name:16} {warm.get('tokens_per_s', 0):10.0f} "
+            f"{entry.get('pipeline_efficiency', 0):6.3f} {cold.get('first_step_s', 0):7.1f} "
+            f"{warm.get('first_step_s', 0):7.1f} {warm.get('steady_recompiles', -1):6}"
+        )
+    text = json.dumps(results)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_pipeline.json").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
