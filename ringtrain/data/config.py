@@ -17,6 +17,8 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_len: int = 4096
     # Cut rows longer than max_len; if false, such a row is an error.
     truncate: bool = True
-    # Padded batch lengths are rounded up to a multiple of this.
-    bucket: int = 128
+    # Padded batch lengths are rounded up to a multiple of this. A row's padding is its
+    # rounding only (batches group rows of one padded length), about bucket / 2 tokens:
+    # 32 keeps padding near 1.6% for ~1000-token rows (128 would cost ~6%).
+    bucket: int = 32
     seed: int = 0
