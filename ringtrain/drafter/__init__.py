@@ -1,1 +1,30 @@
 """The DFlash drafter: model, block objective, metrics, optimiser and checkpoints."""
+
+from ringtrain.drafter.checkpoint import (
+    LoadedCheckpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ringtrain.drafter.head import FrozenHead, load_frozen_head
+from ringtrain.drafter.model import DFlashDrafter
+from ringtrain.drafter.objective import ObjectiveSums, block_objective, compiled_graph_count
+from ringtrain.drafter.optim import build_optimizer, optimizer_step
+from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
+
+__all__ = [
+    "DFlashDrafter",
+    "DrafterSpec",
+    "FrozenHead",
+    "LoadedCheckpoint",
+    "ObjectiveSums",
+    "block_objective",
+    "build_optimizer",
+    "compiled_graph_count",
+    "drafter_spec_from_target",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_frozen_head",
+    "optimizer_step",
+    "save_checkpoint",
+]

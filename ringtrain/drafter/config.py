@@ -23,9 +23,14 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     intermediate_size: int = 0
     # Per-layer sliding window (0 = full attention); empty = all full attention.
     sliding_windows: list[int] = msgspec.field(default_factory=list)
+    # Most anchors per batch (a static shape); 0: ceil(num_anchors * max_tokens / anchor_ref_len).
+    max_anchors: int = 0
     # Rows of the LM head + cross-entropy computed at once.
     loss_chunk: int = 4096
+    # torch.compile the layer stack, flex_attention and the loss chunks (CUDA only).
     compile: bool = True
+    # torch.compile mode ("default", "max-autotune-no-cudagraphs", ...).
+    compile_mode: str = "default"
 
 
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

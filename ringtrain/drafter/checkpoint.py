@@ -1,0 +1,176 @@
+"""Drafter checkpoints: a DFlash-loadable directory plus the training state for exact resume.
+
+Layout under a checkpoints root:
+
+    step_00000100/
+        config.json          Qwen3 config + DFlash fields (see spec.hf_config_dict)
+        model.safetensors    drafter weights only, fp32 master copy, DFlash names
+        training_state.pt    optimiser, scheduler, step, RNG states, `extra` (data cursors)
+
+A checkpoint is written into a hidden temporary sibling, every file and the directory are
+fsync'ed, and only then is it renamed to its final name, so a directory named step_N is
+always complete; `latest_checkpoint` also checks the files and ignores temporaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ringtrain.drafter.model import DFlashDrafter
+from ringtrain.drafter.spec import DrafterSpec, hf_config_dict, spec_from_hf_config
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+STATE_FILE = "training_state.pt"
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE)
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's Python, NumPy, torch CPU and CUDA generator states."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Undo rng_states(): put every global generator back where it was."""
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(
+    root_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    spec: DrafterSpec,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    extra: dict[str, Any],
+) -> Path:
+    """Write checkpoint `root_dir/step_<step>` atomically and return its path.
+
+    `extra` is stored as is (data cursors, anchor-generator state, ...). An existing
+    checkpoint of the same step is replaced.
+    """
+    root = Path(root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:08d}"
+    final = root / name
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    drafter = getattr(model, "module", model)
+    weights = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(hf_config_dict(spec), indent=2) + "\n")
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_states(),
+        "extra": extra,
+    }
+    torch.save(state, tmp / STATE_FILE)
+    for file in REQUIRED_FILES:
+        _fsync_path(tmp / file)
+    _fsync_path(tmp)
+    previous = root / f".old-{name}-{os.getpid()}"
+    if final.exists():
+        final.rename(previous)
+    tmp.rename(final)
+    _fsync_path(root)
+    if previous.exists():
+        shutil.rmtree(previous)
+    return final
+
+
+def latest_checkpoint(root_dir: str | Path) -> Path | None:
+    """The complete step_N directory with the highest N under root_dir, or None."""
+    root = Path(root_dir)
+    if not root.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for entry in root.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if not match or not all((entry / f).is_file() for f in REQUIRED_FILES):
+            continue
+        if best is None or int(match.group(1)) > best[0]:
+            best = (int(match.group(1)), entry)
+    return best[1] if best else None
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A loaded drafter with its spec and the saved training state."""
+
+    path: Path
+    spec: DrafterSpec
+    model: DFlashDrafter
+    step: int
+    training_state: dict[str, Any]
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The `extra` dict given to save_checkpoint (data cursors, ...)."""
+        return self.training_state["extra"]
+
+    def restore(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        rng: bool = True,
+    ) -> None:
+        """Load the optimiser and scheduler state (and the global RNG states) for exact resume."""
+        optimizer.load_state_dict(self.training_state["optimizer"])
+        scheduler.load_state_dict(self.training_state["scheduler"])
+        if rng:
+            restore_rng_states(self.training_state["rng"])
+
+
+def load_checkpoint(path_or_root: str | Path, device: torch.device | str) -> LoadedCheckpoint:
+    """Load a checkpoint directory, or the latest complete one under a checkpoints root."""
+    path = Path(path_or_root)
+    if not (path / CONFIG_FILE).is_file():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(
+                f"{path}: neither a checkpoint directory (no {CONFIG_FILE}) nor a root "
+                "holding a complete step_N checkpoint"
+            )
+        path = latest
+    spec = spec_from_hf_config(json.loads((path / CONFIG_FILE).read_text()))
+    with torch.device(device):
+        model = DFlashDrafter(spec)
+    model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    return LoadedCheckpoint(
+        path=path, spec=spec, model=model, step=state["step"], training_state=state
+    )

@@ -1,0 +1,131 @@
+"""flex_attention BlockMasks for DFlash training blocks over a packed context.
+
+Keys/values are laid out as `[ctx (C rows) ; block 0 ; block 1 ; ...]` and queries as
+`[block 0 ; block 1 ; ...]`, each block B rows. Block a, anchored at packed row p of a
+document starting at packed row s, sees the context rows s <= kv < p (strictly before its
+anchor: at inference the anchor's own hidden state does not exist yet), all B rows of
+itself, and nothing else. A sliding-window layer (window w) further limits a query at
+position p + k to keys with (p + k) - kv < w. Padding blocks see only themselves.
+
+Every row of a block sees one interval of the context and one of the block region, so
+the tile-level structure (which 128 x 128 tiles are empty, partial or full) is computed
+exactly from interval overlaps on the device, with static shapes; no dense mask is ever
+built. The mask_mod reads per-block bounds from buffers that are refilled in place for
+every batch, so the function object and its tensors never change and a compiled graph
+never recompiles because of them. Consequence: run backward before building the masks of
+the next batch with the same builder. On CPU, where flex_attention has no backward, the
+same mask_mod is evaluated densely for SDPA instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+TILE = 128
+
+
+class BlockMaskBuilder:
+    """Builds the BlockMask of every distinct window for one static (C, A, B) layout."""
+
+    def __init__(
+        self,
+        ctx_capacity: int,
+        max_anchors: int,
+        block_size: int,
+        windows: tuple[int, ...],
+        device: torch.device,
+    ) -> None:
+        if ctx_capacity % TILE or (max_anchors * block_size) % TILE:
+            raise ValueError(
+                f"mask layout C={ctx_capacity}, A*B={max_anchors * block_size} must be "
+                f"multiples of {TILE}"
+            )
+        self.ctx_capacity = ctx_capacity
+        self.max_anchors = max_anchors
+        self.block_size = block_size
+        self.q_len = max_anchors * block_size
+        self.kv_len = ctx_capacity + self.q_len
+        self.device = device
+        self.ctx_lo = torch.zeros(max_anchors, dtype=torch.int32, device=device)
+        self.ctx_hi = torch.zeros(max_anchors, dtype=torch.int32, device=device)
+        self.anchor = torch.zeros(max_anchors, dtype=torch.int32, device=device)
+        self.mask_mods = {w: self._make_mask_mod(w) for w in sorted(set(windows))}
+        rows = torch.arange(self.q_len, device=device)
+        self._row_block = rows // block_size
+        self._row_slot = rows % block_size
+        tiles = torch.arange(self.kv_len // TILE, device=device)
+        self._tile_lo = tiles * TILE
+        self._tile_hi = self._tile_lo + TILE
+        block_lo = ctx_capacity + self._row_block * block_size
+        self._block_counts = self._tile_counts(block_lo, block_lo + block_size)
+
+    def _make_mask_mod(self, window: int):
+        ctx_lo, ctx_hi, anchor = self.ctx_lo, self.ctx_hi, self.anchor
+        ctx_capacity, block_size = self.ctx_capacity, self.block_size
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            block = q_idx // block_size
+            lo = ctx_lo[block]
+            if window:
+                lo = torch.maximum(lo, anchor[block] + q_idx % block_size - (window - 1))
+            own = ctx_capacity + block * block_size
+            in_ctx = (kv_idx >= lo) & (kv_idx < ctx_hi[block])
+            return in_ctx | ((kv_idx >= own) & (kv_idx < own + block_size))
+
+        return mask_mod
+
+    def _tile_counts(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Visible (query, key) pairs per (q tile, kv tile) for per-row key intervals [lo, hi)."""
+        overlap = torch.minimum(hi[:, None], self._tile_hi[None, :]) - torch.maximum(
+            lo[:, None], self._tile_lo[None, :]
+        )
+        overlap = overlap.clamp_(min=0).to(torch.int32)
+        return overlap.view(self.q_len // TILE, TILE, -1).sum(1, dtype=torch.int32)
+
+    def _block_mask(self, window: int) -> BlockMask:
+        lo = self.ctx_lo[self._row_block].long()
+        hi = self.ctx_hi[self._row_block].long()
+        if window:
+            rows_anchor = self.anchor[self._row_block].long()
+            lo = torch.maximum(lo, rows_anchor + self._row_slot - (window - 1))
+        counts = self._tile_counts(lo, hi) + self._block_counts
+        full = counts == TILE * TILE
+        partial = (counts > 0) & ~full
+        return BlockMask.from_kv_blocks(
+            *_as_kv_blocks(partial),
+            *_as_kv_blocks(full),
+            TILE,
+            self.mask_mods[window],
+            (self.q_len, self.kv_len),
+        )
+
+    def _dense_mask(self, window: int) -> torch.Tensor:
+        q_idx = torch.arange(self.q_len, device=self.device)[:, None]
+        kv_idx = torch.arange(self.kv_len, device=self.device)[None, :]
+        return self.mask_mods[window](0, 0, q_idx, kv_idx)
+
+    def build(
+        self,
+        ctx_lo: torch.Tensor,
+        ctx_hi: torch.Tensor,
+        anchor: torch.Tensor,
+        dense: bool = False,
+    ) -> dict[int, BlockMask | torch.Tensor]:
+        """Mask per window for per-block context bounds [ctx_lo, ctx_hi) and anchors [A].
+
+        A BlockMask for flex_attention, or with dense=True the same mask as a bool tensor
+        [A * B, C + A * B] for SDPA (CPU training: flex_attention has no CPU backward).
+        """
+        self.ctx_lo.copy_(ctx_lo)
+        self.ctx_hi.copy_(ctx_hi)
+        self.anchor.copy_(anchor)
+        make = self._dense_mask if dense else self._block_mask
+        return {window: make(window) for window in self.mask_mods}
+
+
+def _as_kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per q tile: how many kv tiles are set, and their indices first (ascending)."""
+    num = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True)
+    return num[None, None], order.to(torch.int32)[None, None]

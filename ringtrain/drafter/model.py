@@ -1,0 +1,269 @@
+"""The DFlash drafter network: Qwen3-style layers that attend to fused target features.
+
+The K tapped target layers are fused into one context stream, `ctx = hidden_norm(fc(taps))`.
+Every layer's attention takes its queries from the block tokens only and its keys/values
+from `[ctx ; block]` through the same projections, so the context is shared by all layers.
+Parameter names match the DFlash checkpoint layout (`layers.N.self_attn.q_proj.weight`,
+`fc.weight`, `hidden_norm.weight`, `norm.weight`, ...), so state_dict() is saved as is.
+
+Two entry points share one layer stack: `forward` (training: many blocks of a packed batch,
+flex_attention with a BlockMask) and `draft_logits` / `draft_tokens` (speculative decoding
+of one sequence: dense SDPA, the block sees all of the context before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from ringtrain.drafter.head import FrozenHead
+from ringtrain.drafter.spec import DrafterSpec
+
+# (q [1, Hq, L, D], k [1, Hkv, S, D], v [1, Hkv, S, D]) -> [1, Hq, L, D]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+INIT_STD = 0.02
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, scaled in the input's dtype (as Qwen3 does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise the last dimension."""
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.to(x.dtype) * normed.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[a, b] -> [-b, a] over the last dimension (RoPE's pairing of the two halves)."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [L, heads, D] by per-position cos/sin [L, D]."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    """Queries from the block; keys/values from [ctx ; block] with the same projections."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.num_heads = spec.num_attention_heads
+        self.num_kv_heads = spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        self.q_proj = nn.Linear(spec.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(spec.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, spec.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+    ) -> torch.Tensor:
+        """x [L, H] block tokens, ctx [C, H]; cos/sin [C + L, D] for [ctx ; block]."""
+        length, num_ctx = x.shape[0], ctx.shape[0]
+        q = self.q_norm(self.q_proj(x).view(length, self.num_heads, self.head_dim))
+        kv_in = torch.cat((ctx.to(x.dtype), x), dim=0)
+        k = self.k_norm(self.k_proj(kv_in).view(num_ctx + length, self.num_kv_heads, -1))
+        v = self.v_proj(kv_in).view(num_ctx + length, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, cos[num_ctx:], sin[num_ctx:])
+        k = apply_rope(k, cos, sin)
+        out = attend(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0),
+        )
+        return self.o_proj(out[0].transpose(0, 1).reshape(length, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x))."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP; the context bypasses input_layernorm (it is already normed)."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+    ) -> torch.Tensor:
+        """One residual attention step and one residual MLP step."""
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _flex_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask, scale: float
+) -> torch.Tensor:
+    return flex_attention(q, k, v, None, block_mask, scale, True)
+
+
+def _dense_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+class DFlashDrafter(nn.Module):
+    """The drafter: fc + hidden_norm over the taps, `num_layers` decoder layers, final norm."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.spec = spec.validate()
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.fc = nn.Linear(spec.num_taps * spec.hidden_size, spec.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        exponents = torch.arange(0, spec.head_dim, 2, dtype=torch.float64) / spec.head_dim
+        inv_freq = (1.0 / spec.rope_theta**exponents).float()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Linear weights ~ N(0, 0.02), norm weights 1 (the Qwen3 initialisation)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=INIT_STD)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def rope(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, head_dim] for integer positions [N] (computed in fp32)."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def _run(
+        self,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        attends: Sequence[Attend],
+    ) -> torch.Tensor:
+        ctx = self.hidden_norm(self.fc(ctx_features))
+        x = block_embeds
+        cos, sin = self.rope(torch.cat((ctx_positions, block_positions)), x.dtype)
+        for layer, attend in zip(self.layers, attends, strict=True):
+            x = layer(x, ctx, cos, sin, attend)
+        return self.norm(x)
+
+    def forward(
+        self,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        block_masks: Sequence[BlockMask | torch.Tensor],
+    ) -> torch.Tensor:
+        """Training path: hidden states [L, H] of all block tokens of a packed batch.
+
+        ctx_features [C, K*H] and ctx_positions [C] are the (padded) context; block_embeds
+        [L, H] and block_positions [L] the blocks laid out one after another; block_masks
+        holds one mask per layer over keys [ctx ; blocks]: a flex_attention BlockMask (GPU),
+        or the same mask as a dense bool tensor [L, C + L] for SDPA (CPU, where
+        flex_attention has no backward).
+        """
+        scale = self.spec.head_dim**-0.5
+        attends = [
+            partial(_flex_attend, block_mask=m, scale=scale)
+            if isinstance(m, BlockMask)
+            else partial(_dense_attend, mask=m, scale=scale)
+            for m in block_masks
+        ]
+        return self._run(ctx_features, ctx_positions, block_embeds, block_positions, attends)
+
+    @torch.no_grad()
+    def draft_logits(
+        self,
+        head: FrozenHead,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """Inference entry: logits [B, V] (fp32) of one block after the context of one sequence.
+
+        ctx_features [n, K*H] are the tapped target states of the tokens before the block
+        (positions ctx_positions [n]); block_ids [B] = [last accepted token, MASK...] at
+        block_positions [B]. Slot k's logits predict the token at block_positions[k].
+        """
+        device = block_ids.device
+        with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
+            embeds = head.embed[block_ids]
+            scale = self.spec.head_dim**-0.5
+            key_positions = torch.cat((ctx_positions, block_positions))
+            attends = []
+            for window in self.spec.sliding_windows:
+                mask = None
+                if window:
+                    mask = block_positions[:, None] - key_positions[None, :] < window
+                attends.append(partial(_dense_attend, mask=mask, scale=scale))
+            hidden = self._run(
+                ctx_features.to(embeds.dtype), ctx_positions, embeds, block_positions, attends
+            )
+            return (hidden.to(head.lm_head.dtype) @ head.lm_head.t()).float()
+
+    @torch.no_grad()
+    def draft_tokens(
+        self,
+        head: FrozenHead,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        last_token: int,
+        start_position: int,
+    ) -> torch.Tensor:
+        """Greedy draft: the B-1 tokens proposed after `last_token` (at `start_position`)."""
+        device = ctx_features.device
+        block_size = self.spec.block_size
+        block_ids = torch.full((block_size,), self.spec.mask_token_id, device=device)
+        block_ids[0] = last_token
+        positions = start_position + torch.arange(block_size, device=device)
+        logits = self.draft_logits(head, ctx_features, ctx_positions, block_ids, positions)
+        return logits[1:].argmax(-1)

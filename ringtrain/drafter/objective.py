@@ -1,0 +1,196 @@
+"""The DFlash training objective on one packed batch: sums for the trainer to normalise.
+
+`block_objective` samples anchors, builds blocks and BlockMasks, runs the drafter (compiled
+on CUDA), and returns *sums* (weighted CE, weights, per-position hits, accepted prefixes),
+so the trainer can all-reduce them and normalise by global counts. Nothing here syncs
+with the host. The decay is w_k = exp(-(k - 1) / gamma) for slots k = 1 .. B - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import nn
+
+from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
+from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.head import FrozenHead
+from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
+from ringtrain.drafter.masks import BlockMaskBuilder
+from ringtrain.drafter.model import DFlashDrafter
+from ringtrain.drafter.spec import loss_gamma
+
+
+@dataclass(frozen=True)
+class ObjectiveSums:
+    """Sums over one batch (tensors on the batch's device); backward on loss_sum."""
+
+    loss_sum: torch.Tensor  # sum of w_k * CE over scored labels (differentiable)
+    weight_sum: torch.Tensor  # sum of w_k over scored labels
+    correct: torch.Tensor  # [B - 1] scored labels predicted right, per slot k = 1 .. B - 1
+    counted: torch.Tensor  # [B - 1] scored labels per slot
+    accepted_sum: torch.Tensor  # sum over blocks of the correct prefix length of slots 1..B-1
+    block_count: torch.Tensor  # real (non-padding) blocks
+
+    def as_vector(self) -> torch.Tensor:
+        """All sums, detached, in one fp64 vector (one all-reduce for every metric)."""
+        parts = [getattr(self, f.name).detach().double().reshape(-1) for f in fields(self)]
+        return torch.cat(parts)
+
+    @staticmethod
+    def summarise(vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
+        """Metrics from a (possibly all-reduced) as_vector(): loss, accuracy per slot, tau."""
+        values = vector.tolist()
+        loss_sum, weight_sum = values[0], values[1]
+        slots = block_size - 1
+        correct, counted = values[2 : 2 + slots], values[2 + slots : 2 + 2 * slots]
+        accepted_sum, blocks = values[2 + 2 * slots], values[3 + 2 * slots]
+        return {
+            "loss": loss_sum / max(weight_sum, 1e-12),
+            "accuracy": sum(correct) / max(sum(counted), 1.0),
+            "accuracy_per_slot": [c / max(n, 1.0) for c, n in zip(correct, counted, strict=True)],
+            "tau": 1.0 + accepted_sum / max(blocks, 1.0),
+            "blocks": blocks,
+            "scored_labels": sum(counted),
+        }
+
+
+class _Workspace:
+    """Per-model, per-layout state: the mask builder and the (compiled) callables."""
+
+    def __init__(self, model: nn.Module, spec, cfg: DrafterConfig, layout, device) -> None:
+        ctx_capacity, max_anchors = layout
+        self.builder = BlockMaskBuilder(
+            ctx_capacity, max_anchors, spec.block_size, spec.sliding_windows, device
+        )
+        compiled = cfg.compile and device.type == "cuda"
+        self.forward = (
+            torch.compile(model, mode=cfg.compile_mode, dynamic=False) if compiled else model
+        )
+        self.chunk_fns = ChunkFns(cfg.compile_mode if compiled else None)
+
+
+_WORKSPACES_ATTR = "_ringtrain_workspaces"
+
+
+def _drafter_of(model: nn.Module) -> DFlashDrafter:
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps in .module
+    if not isinstance(inner, DFlashDrafter):
+        raise TypeError(f"block_objective needs a DFlashDrafter, got {type(inner).__name__}")
+    return inner
+
+
+def _workspace(model: nn.Module, cfg: DrafterConfig, layout, device) -> _Workspace:
+    spec = _drafter_of(model).spec
+    key = (layout, str(device), cfg.compile, cfg.compile_mode)
+    per_model = model.__dict__.setdefault(_WORKSPACES_ATTR, {})
+    if key not in per_model:
+        per_model[key] = _Workspace(model, spec, cfg, layout, device)
+    return per_model[key]
+
+
+def slot_weights(cfg: DrafterConfig, device: torch.device) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / gamma) for k = 0 .. B - 1 (k = 0 is never scored)."""
+    slots = torch.arange(cfg.block_size, device=device, dtype=torch.float32)
+    return torch.exp(-(slots - 1) / loss_gamma(cfg))
+
+
+def prepare_batch(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_tokens: int,
+    num_docs: int,
+    generator: torch.Generator,
+    cfg: DrafterConfig,
+    max_tokens: int,
+) -> tuple[BlockBatch, tuple, _Workspace]:
+    """Blocks, per-layer BlockMasks and the workspace for one batch (no forward yet)."""
+    spec = _drafter_of(model).spec
+    if cfg.block_size != spec.block_size:
+        raise ValueError(
+            f"[drafter] block_size={cfg.block_size} but the model was built with "
+            f"{spec.block_size}; rebuild the model or fix the config"
+        )
+    if hidden.shape[1] != spec.num_taps * spec.hidden_size:
+        raise ValueError(
+            f"hidden has {hidden.shape[1]} features; the drafter expects "
+            f"{spec.num_taps} taps x {spec.hidden_size} = {spec.num_taps * spec.hidden_size}"
+        )
+    layout = layout_sizes(cfg, max_tokens)
+    workspace = _workspace(model, cfg, layout, hidden.device)
+    batch = build_blocks(
+        hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
+        generator, cfg, spec.mask_token_id, *layout,
+    )  # fmt: skip
+    dense = hidden.device.type != "cuda"
+    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, dense=dense)
+    return batch, tuple(masks[w] for w in spec.sliding_windows), workspace
+
+
+def block_objective(
+    model: nn.Module,
+    head: FrozenHead,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_tokens: int,
+    num_docs: int,
+    generator: torch.Generator,
+    cfg: DrafterConfig,
+    max_tokens: int,
+) -> ObjectiveSums:
+    """Sample blocks from one packed batch, run the drafter, and return the objective's sums.
+
+    hidden [>= num_tokens, K*H] (bf16 on GPU), input_ids / position_ids int32, loss_mask
+    uint8, cu_seqlens [>= num_docs + 1]; only the first num_tokens rows are read. max_tokens
+    fixes the static layout (pass the ring slot capacity) so shapes never change. The
+    generator (best on the batch's device) makes anchor sampling reproducible. Call
+    backward on loss_sum before the next call with the same model (the BlockMask buffers
+    are reused).
+    """
+    batch, masks, workspace = prepare_batch(
+        model, hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
+        generator, cfg, max_tokens,
+    )  # fmt: skip
+    device = hidden.device
+    block = cfg.block_size
+    with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
+        embeds = head.embed[batch.block_ids]
+        out = workspace.forward(
+            batch.ctx_features, batch.ctx_positions, embeds, batch.block_positions, masks
+        )
+        num_blocks = batch.valid.shape[0]
+        rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
+        scored = batch.scored[:, 1:]
+        weights = slot_weights(cfg, device)[1:] * scored
+        loss_sum, correct = chunked_head_loss(
+            rows.to(head.lm_head.dtype),
+            head.lm_head,
+            batch.labels[:, 1:].reshape(-1),
+            weights.reshape(-1),
+            cfg.loss_chunk,
+            workspace.chunk_fns,
+        )
+    hits = correct.view(num_blocks, block - 1) & scored
+    return ObjectiveSums(
+        loss_sum=loss_sum,
+        weight_sum=weights.sum(),
+        correct=hits.sum(0),
+        counted=scored.sum(0),
+        accepted_sum=hits.long().cumprod(1).sum(),
+        block_count=batch.valid.sum(),
+    )
+
+
+def compiled_graph_count() -> int:
+    """Graphs compiled so far in this process (a rise after warm-up means a recompile)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
