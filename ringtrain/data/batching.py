@@ -19,8 +19,10 @@ rank's stream is numbered by a local sequence number `seq` (0, 1, 2, ... across 
 forever). Resume = start at a sequence number and skip a set of sequence numbers
 (batches trained out of order before the checkpoint).
 
-Buffers. A stream owns its output buffers and reuses them: the arrays of a Batch (and of
-its PaddedBatch) are valid until the next `next()`. Call `Batch.copy()` to keep one.
+Buffers. A stream owns two sets of output buffers and alternates between them, so the
+arrays of a Batch (and of its PaddedBatch) stay valid while the next batch is built and
+until the one after it is taken: a consumer may hold the current batch and prepare the
+upcoming one. Call `Batch.copy()` to keep a batch longer.
 """
 
 from __future__ import annotations
@@ -97,6 +99,17 @@ class Batch:
             cu_seqlens=self.cu_seqlens.copy(),
             _padding=_PaddingBuffers(self._padding.default_bucket, 0),
         )
+
+
+class _BatchBuffers:
+    """One set of reused output arrays for packed batches and their padded views."""
+
+    def __init__(self, token_budget: int, max_docs: int, bucket: int) -> None:
+        self.input_ids = np.empty(token_budget, dtype=np.int32)
+        self.loss_mask = np.empty(token_budget, dtype=np.uint8)
+        self.position_ids = np.empty(token_budget, dtype=np.int32)
+        self.cu_seqlens = np.zeros(max_docs + 1, dtype=np.int32)
+        self.padding = _PaddingBuffers(bucket, token_budget)
 
 
 class _PaddingBuffers:
@@ -213,12 +226,9 @@ class BatchStream(Iterator[Batch]):
         self._skip = {s for s in skip if s >= start}
         self._plan: EpochPlan | None = None
         self._plan_epoch = -1
-        self._ids = np.empty(token_budget, dtype=np.int32)
-        self._mask = np.empty(token_budget, dtype=np.uint8)
-        self._positions = np.empty(token_budget, dtype=np.int32)
-        self._cu = np.zeros(self.max_docs + 1, dtype=np.int32)
+        self._buffers = [_BatchBuffers(token_budget, self.max_docs, bucket) for _ in range(2)]
+        self._built = 0
         self._arange = np.arange(token_budget, dtype=np.int64)
-        self._padding = _PaddingBuffers(bucket, token_budget)
 
     def __iter__(self) -> BatchStream:
         return self
@@ -250,16 +260,18 @@ class BatchStream(Iterator[Batch]):
         rows, segments = rows[by_segment], segments[by_segment]
         lengths = ds.row_length[rows]
         docs = len(rows)
-        cu = self._cu[: docs + 1]
+        out = self._buffers[self._built % 2]
+        self._built += 1
+        cu = out.cu_seqlens[: docs + 1]
         np.cumsum(lengths, out=cu[1:])
         tokens = int(cu[-1])
         ramp = self._arange[:tokens]
         doc_first = np.repeat(cu[:-1].astype(np.int64), lengths)
-        positions = self._positions[:tokens]
+        positions = out.position_ids[:tokens]
         np.subtract(ramp, doc_first, out=positions, casting="unsafe")
         source = ramp - doc_first
         source += np.repeat(ds.row_start[rows], lengths)
-        ids, mask = self._ids[:tokens], self._mask[:tokens]
+        ids, mask = out.input_ids[:tokens], out.loss_mask[:tokens]
         changes = np.flatnonzero(segments[1:] != segments[:-1]) + 1
         doc_bounds = np.concatenate([[0], changes, [docs]])
         for first, last in pairwise(doc_bounds):
@@ -275,7 +287,7 @@ class BatchStream(Iterator[Batch]):
             loss_mask=mask,
             position_ids=positions,
             cu_seqlens=cu,
-            _padding=self._padding,
+            _padding=out.padding,
         )
 
     def state(self) -> dict[str, Any]:
