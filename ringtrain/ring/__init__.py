@@ -1,1 +1,39 @@
-"""The shared-memory ring: control plane, slot protocol and payload transports."""
+"""The shared-memory ring: control plane, slot protocol and payload transports.
+
+The protocol is documented in ringtrain/ring/ring.py; the control block layout in
+control.py; read-only statistics (for ringtrain-stat and progress lines) in snapshot.py.
+"""
+
+from ringtrain.ring.errors import PeerDied, RingClosed, RingError, RingTimeout, ShmTooSmall
+from ringtrain.ring.ring import Consumer, Producer, ReadItem, Ring, WriteSlot
+from ringtrain.ring.snapshot import (
+    RankSnapshot,
+    RingLocation,
+    RingReader,
+    RingSnapshot,
+    discover,
+    open_ring,
+    with_interval,
+)
+from ringtrain.ring.spec import RingSpec
+
+__all__ = [
+    "Consumer",
+    "PeerDied",
+    "Producer",
+    "RankSnapshot",
+    "ReadItem",
+    "Ring",
+    "RingClosed",
+    "RingError",
+    "RingLocation",
+    "RingReader",
+    "RingSnapshot",
+    "RingSpec",
+    "RingTimeout",
+    "ShmTooSmall",
+    "WriteSlot",
+    "discover",
+    "open_ring",
+    "with_interval",
+]

@@ -1,0 +1,183 @@
+"""Byte layout of the control block and numpy views onto it.
+
+The control block is one POSIX shared-memory segment:
+
+    header | slot table [num_slots] | rank table [num_ranks] | ready FIFO int32 [num_slots]
+
+The header carries the encoded RingSpec, so any process can rebuild the layout from the
+segment alone (that is how attaching ranks and `ringtrain-stat` open it). All fields are
+naturally aligned little-endian integers; a reader that maps the segment read-only sees
+a consistent-enough picture for statistics without taking any lock.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from ringtrain.ring.spec import RingSpec
+
+MAGIC = int.from_bytes(b"RINGTRN1", "little")
+VERSION = 1
+SPEC_BYTES = 4096
+REASON_BYTES = 256
+DESC_BYTES = 512
+ERROR_BYTES = 512
+# Device transport: room per exported handle (64 B each: the slab, one event per slot)
+# including msgpack framing.
+HANDLE_BYTES = 80
+
+# Slot states.
+FREE, WRITING, READY, READING = 0, 1, 2, 3
+SLOT_STATES = ("free", "writing", "ready", "reading")
+# Rank status.
+EMPTY, ATTACHED, FINISHED, CLOSED, FAILED = 0, 1, 2, 3, 4
+RANK_STATUS = ("empty", "attached", "finished", "closed", "failed")
+ROLE_CODES = {"target": 0, "drafter": 1}
+TRANSPORT_CODES = {"host": 0, "device": 1}
+
+HEADER = np.dtype(
+    [
+        ("magic", "<u8"),
+        ("version", "<i4"),
+        ("num_ranks", "<i4"),
+        ("num_slots", "<i4"),
+        ("transport", "<i4"),
+        ("generation", "<i8"),
+        ("slot_bytes", "<i8"),
+        ("created_wall_ns", "<i8"),
+        ("created_mono_ns", "<i8"),
+        ("creator_pid", "<i8"),
+        ("creator_start", "<i8"),
+        ("closing", "<i4"),
+        ("closing_rank", "<i4"),
+        ("fifo_head", "<u8"),
+        ("fifo_tail", "<u8"),
+        ("reason_len", "<i4"),
+        ("spec_len", "<i4"),
+        ("reason", "u1", (REASON_BYTES,)),
+        ("spec", "u1", (SPEC_BYTES,)),
+    ],
+    align=True,
+)
+
+SLOT = np.dtype(
+    [
+        ("state", "<i4"),
+        ("owner", "<i4"),
+        ("reader", "<i4"),
+        ("desc_len", "<i4"),
+        ("generation", "<i8"),
+        ("seq", "<i8"),
+        ("producer_pid", "<i8"),
+        ("consumer_pid", "<i8"),
+        ("desc", "u1", (DESC_BYTES,)),
+    ],
+    align=True,
+)
+
+
+def rank_dtype(slots_per_producer: int) -> np.dtype:
+    """Rank-table entry; its handle field fits one slab handle and one event per slot."""
+    return np.dtype(
+        [
+            ("role", "<i4"),
+            ("status", "<i4"),
+            ("global_rank", "<i4"),
+            ("device", "<i4"),
+            ("pid", "<i8"),
+            ("start_time", "<i8"),
+            ("attached_ns", "<i8"),
+            ("heartbeat_ns", "<i8"),
+            ("step", "<i8"),
+            ("items", "<i8"),
+            ("blocked_ns", "<i8"),
+            ("starved_ns", "<i8"),
+            # Start of the wait in progress (0 when not waiting), so live waits show up.
+            ("wait_start_ns", "<i8"),
+            ("error_len", "<i4"),
+            ("handles_len", "<i4"),
+            ("error", "u1", (ERROR_BYTES,)),
+            ("handles", "u1", (HANDLE_BYTES * (slots_per_producer + 2),)),
+        ],
+        align=True,
+    )
+
+
+def _round64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+class ControlLayout:
+    """Offsets of the tables of one ring's control block."""
+
+    def __init__(self, spec: RingSpec) -> None:
+        self.rank = rank_dtype(spec.slots_per_producer)
+        self.slots_offset = _round64(HEADER.itemsize)
+        self.ranks_offset = _round64(self.slots_offset + SLOT.itemsize * spec.num_slots)
+        self.fifo_offset = _round64(self.ranks_offset + self.rank.itemsize * spec.num_ranks)
+        self.total_bytes = _round64(self.fifo_offset + 4 * spec.num_slots)
+
+
+def put_bytes(record: np.ndarray | np.void, name: str, data: bytes) -> None:
+    """Store `data` (truncated to fit) in the byte field `name` of `record`, length in `name_len`."""
+    field = record[name]
+    data = data[: field.shape[-1]]
+    field[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    record[f"{name}_len"] = len(data)
+
+
+def get_bytes(field: np.ndarray, length: int) -> bytes:
+    """Read back what `put_bytes` stored."""
+    return field[: int(length)].tobytes()
+
+
+class ControlBlock:
+    """Numpy views onto a mapped control block (writable or read-only)."""
+
+    def __init__(self, buffer: mmap.mmap, spec: RingSpec) -> None:
+        self.spec = spec
+        layout = ControlLayout(spec)
+        self.header = np.ndarray((), dtype=HEADER, buffer=buffer, offset=0)
+        self.slots = np.ndarray(
+            (spec.num_slots,), dtype=SLOT, buffer=buffer, offset=layout.slots_offset
+        )
+        self.ranks = np.ndarray(
+            (spec.num_ranks,), dtype=layout.rank, buffer=buffer, offset=layout.ranks_offset
+        )
+        self.fifo = np.ndarray(
+            (spec.num_slots,), dtype="<i4", buffer=buffer, offset=layout.fifo_offset
+        )
+        # Per-field views, so hot paths index plain integer arrays.
+        self.slot_state = self.slots["state"]
+        self.fifo_head = self.header["fifo_head"]
+        self.fifo_tail = self.header["fifo_tail"]
+        self.closing = self.header["closing"]
+
+    @staticmethod
+    def read_spec(buffer: mmap.mmap, where: str) -> RingSpec:
+        """Decode the spec stored in a control block's header; `where` names the segment."""
+        if len(buffer) < HEADER.itemsize:
+            raise ValueError(f"{where}: {len(buffer)} bytes is too small for a ring control block")
+        header = np.ndarray((), dtype=HEADER, buffer=buffer, offset=0)
+        if int(header["magic"]) != MAGIC or int(header["version"]) != VERSION:
+            raise ValueError(
+                f"{where}: not a ringtrain control block of layout version {VERSION} "
+                f"(magic {int(header['magic']):#x}, version {int(header['version'])})"
+            )
+        return RingSpec.decode(get_bytes(header["spec"], header["spec_len"]))
+
+    def drop(self) -> None:
+        """Release every view so the mapping can be closed."""
+        for name in (
+            "header",
+            "slots",
+            "ranks",
+            "fifo",
+            "slot_state",
+            "fifo_head",
+            "fifo_tail",
+            "closing",
+        ):
+            setattr(self, name, None)

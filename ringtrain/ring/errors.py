@@ -1,0 +1,33 @@
+"""Exceptions raised by the ring; every message names the rank, role and what to do."""
+
+from __future__ import annotations
+
+
+class RingError(RuntimeError):
+    """Base class of every ring failure."""
+
+
+class PeerDied(RingError):
+    """Another rank of the ring died, failed or aborted; the run cannot continue.
+
+    `rank` is the global rank of the dead peer, `role` its role ("target" | "drafter"),
+    `last_error` the error text it recorded before dying (empty when it left none).
+    """
+
+    def __init__(self, message: str, rank: int = -1, role: str = "", last_error: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.role = role
+        self.last_error = last_error
+
+
+class RingClosed(RingError):
+    """Every rank on the other side of the ring closed, so a wait can never end."""
+
+
+class RingTimeout(RingError):
+    """A wait given an explicit deadline passed it while every peer was still alive."""
+
+
+class ShmTooSmall(RingError):
+    """/dev/shm has too little free space for the ring's segments."""

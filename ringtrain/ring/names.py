@@ -1,0 +1,145 @@
+"""Names of a ring's POSIX objects, /dev/shm free-space check and stale-run cleanup.
+
+Every object of run R is named `ringtrain.R.<part>`: shared memory `/ringtrain.R.ctl`
+and `/ringtrain.R.data`, semaphores `/ringtrain.R.ready` and `/ringtrain.R.free<i>`
+(Linux shows them as /dev/shm/sem.ringtrain.R.*), and the FIFO lock file
+`<lock_dir>/ringtrain.R.lock`. The control segment is created first and unlinked
+last, so a run whose control segment is gone owns nothing that is still needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+
+import numpy as np
+import posix_ipc
+
+from ringtrain.ring.control import HEADER
+from ringtrain.ring.errors import RingError, ShmTooSmall
+from ringtrain.ring.liveness import process_alive
+
+SHM_DIR = "/dev/shm"
+PREFIX = "ringtrain."
+SEM_PREFIX = "sem."
+# A control segment still being initialised (no creator pid yet) is stale after this.
+INIT_GRACE_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+def ctl_name(run_id: str) -> str:
+    """POSIX name of the control segment."""
+    return f"/{PREFIX}{run_id}.ctl"
+
+
+def data_name(run_id: str) -> str:
+    """POSIX name of the host payload segment."""
+    return f"/{PREFIX}{run_id}.data"
+
+
+def ready_sem_name(run_id: str) -> str:
+    """POSIX name of the shared `ready` semaphore."""
+    return f"/{PREFIX}{run_id}.ready"
+
+
+def free_sem_name(run_id: str, producer: int) -> str:
+    """POSIX name of producer `producer`'s `free` semaphore."""
+    return f"/{PREFIX}{run_id}.free{producer}"
+
+
+def lock_path(lock_dir: str, run_id: str) -> str:
+    """Path of the file whose fcntl lock guards the ready FIFO."""
+    return os.path.join(lock_dir, f"{PREFIX}{run_id}.lock")
+
+
+def shm_path(posix_name: str) -> str:
+    """Where Linux shows a POSIX shared-memory object."""
+    return SHM_DIR + posix_name
+
+
+def check_shm_space(needed_bytes: int, shm_dir: str = SHM_DIR) -> None:
+    """Raise ShmTooSmall unless `shm_dir` has `needed_bytes` free; the message says the fix."""
+    st = os.statvfs(shm_dir)
+    free = st.f_bavail * st.f_frsize
+    if needed_bytes > free:
+        mib = 1 << 20
+        raise ShmTooSmall(
+            f"the ring needs {needed_bytes / mib:.1f} MiB in {shm_dir} but only "
+            f"{free / mib:.1f} MiB are free (of {st.f_blocks * st.f_frsize / mib:.1f} MiB). "
+            f"Fix: give the container more shared memory (docker run --shm-size="
+            f"{max(1, -(-needed_bytes * 2 // (1 << 30)))}g ...), free space in {shm_dir}, or lower "
+            f"ring.slots_per_producer / the token budget (data.token_budget) / use "
+            f"ring.transport = 'device' on GPUs"
+        )
+
+
+def _run_of(entry: str) -> str | None:
+    name = entry.removeprefix(SEM_PREFIX)
+    if not name.startswith(PREFIX):
+        return None
+    run, _, part = name[len(PREFIX) :].rpartition(".")
+    return run if run and part else None
+
+
+def _creator_alive(run_id: str) -> tuple[bool, int]:
+    """(alive, creator pid) of run `run_id` judged from its control segment."""
+    path = shm_path(ctl_name(run_id))
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER.itemsize:
+                return time.time() - os.fstat(f.fileno()).st_mtime < INIT_GRACE_S, 0
+            with mmap.mmap(f.fileno(), HEADER.itemsize, prot=mmap.PROT_READ) as mm:
+                header = np.ndarray((), dtype=HEADER, buffer=mm)
+                pid, start = int(header["creator_pid"]), int(header["creator_start"])
+                del header
+    except FileNotFoundError:
+        return False, 0
+    if pid == 0:
+        return time.time() - os.stat(path).st_mtime < INIT_GRACE_S, 0
+    return process_alive(pid, start), pid
+
+
+def remove_run(run_id: str, lock_dir: str) -> list[str]:
+    """Unlink every object of `run_id` (control segment last); returns what was removed."""
+    removed = []
+    entries = [e for e in os.listdir(SHM_DIR) if _run_of(e) == run_id]
+    entries.sort(key=lambda e: e.endswith(".ctl"))
+    for entry in entries:
+        try:
+            if entry.startswith(SEM_PREFIX):
+                posix_ipc.unlink_semaphore("/" + entry.removeprefix(SEM_PREFIX))
+            else:
+                posix_ipc.unlink_shared_memory("/" + entry)
+            removed.append(entry)
+        except (posix_ipc.ExistentialError, PermissionError):
+            pass
+    lock = lock_path(lock_dir, run_id)
+    if os.path.exists(lock) and lock_dir != SHM_DIR:
+        try:
+            os.unlink(lock)
+            removed.append(lock)
+        except OSError:
+            pass
+    return removed
+
+
+def clean_stale(run_id: str, lock_dir: str) -> None:
+    """Remove objects of dead runs; raise if `run_id` itself is held by a live creator."""
+    runs = {r for e in os.listdir(SHM_DIR) if (r := _run_of(e))}
+    if lock_dir != SHM_DIR and os.path.isdir(lock_dir):
+        runs |= {r for e in os.listdir(lock_dir) if (r := _run_of(e))}
+    for run in sorted(runs):
+        alive, pid = _creator_alive(run)
+        if alive and run == run_id:
+            raise RingError(
+                f"ring {run_id!r} is already in use by a live process (pid {pid}); "
+                f"pick another run id or stop that run"
+            )
+        if not alive:
+            removed = remove_run(run, lock_dir)
+            if removed:
+                log.info("removed %d stale shared-memory objects of dead run %r", len(removed), run)

@@ -1,0 +1,607 @@
+"""The ring protocol: slots passed from target ranks (producers) to drafter ranks (consumers).
+
+Objects of run R (see names.py): control block `/ringtrain.R.ctl` (layout in
+control.py), host payload `/ringtrain.R.data` (host transport only), one `free`
+semaphore per producer (initial value = its slot count), one shared `ready` semaphore
+(initial 0), and a lock file whose `fcntl.lockf` lock guards the ready FIFO.
+
+Slot life cycle (slot g belongs to producer g // slots_per_producer):
+
+    FREE --acquire--> WRITING --publish--> READY --take--> READING --copied--> FREE
+
+Producer p, `acquire()`: wait on free[p]; the wait guarantees one of p's slots is FREE
+(only p moves its slots out of FREE, consumers move them back before releasing
+free[p]). Mark it WRITING with owner, generation, sequence number and pid, and hand
+out views of its payload memory. `publish()`: make the payload writes visible (host:
+synchronise the producer's stream; device: record the slot's interprocess CUDA event
+on it), store the descriptor (sizes, meta; msgpack in a fixed-size field), mark READY,
+append the slot index to the FIFO under the lock, then release `ready`.
+
+Consumer, `take()`: wait on `ready`, pop one index from the FIFO under the lock, mark
+it READING, copy the payload into the consumer's own buffers (device: its copy stream
+waits on the slot's event; the copy is synchronised before going on), mark FREE and
+release free[owner]. Semaphore operations are the memory barriers between writes and
+reads; nobody spins on shared flags.
+
+End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
+consumer that gets a token but finds the FIFO empty returns None if every producer
+finished (and releases `ready` again so the next consumer wakes too), else waits on.
+Tokens released = items + finishes, and a consumer only discards a token while some
+producer is unfinished, so at least one token is always left for the final wake-up.
+
+Liveness: each rank beats its heartbeat from a daemon thread about once a second.
+Every blocking wait lasts at most `wait_timeout_s`; then the peers are checked: a
+rank whose pid is gone (or reused: kernel start time differs, or is a zombie), whose
+heartbeat is older than `heartbeat_timeout_s`, that recorded an error, or that set
+the ring's closing flag raises PeerDied naming that rank, its role and its last
+error. A slot held by a rank that died mid-write or mid-read is not recovered: the
+run treats any dead rank as fatal, so survivors raise PeerDied within one wait
+timeout. POSIX semaphores survive their holders, so they are counters only.
+
+Lifetime: local rank 0 `create()`s (after removing objects of dead runs and checking
+/dev/shm space); the others `attach()` by run id after a barrier; after a second
+barrier `unlink()` removes every name, so a crash leaks nothing in /dev/shm (the
+mappings and open descriptors keep the objects alive until the last process exits).
+`ringtrain-stat` finds rings through /proc/<pid>/fd and maps them read-only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import posix_ipc
+import torch
+
+from ringtrain.ring import control as cb
+from ringtrain.ring.errors import PeerDied, RingClosed, RingError, RingTimeout
+from ringtrain.ring.liveness import monotonic_ns, own_identity
+from ringtrain.ring.names import (
+    check_shm_space,
+    clean_stale,
+    ctl_name,
+    free_sem_name,
+    lock_path,
+    ready_sem_name,
+    remove_run,
+    shm_path,
+)
+from ringtrain.ring.snapshot import RingSnapshot, death_reason, take_snapshot
+from ringtrain.ring.spec import RingSpec, SlotLayout
+from ringtrain.ring.transport import (
+    DevicePayload,
+    HostPayload,
+    create_host_segment,
+    resolve_transport,
+)
+
+log = logging.getLogger(__name__)
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+@dataclass
+class WriteSlot:
+    """A slot a producer holds between acquire() and publish(); views into payload memory."""
+
+    index: int
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+@dataclass
+class ReadItem:
+    """One item in the consumer's own buffers, valid until its next take()."""
+
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    num_tokens: int
+    num_docs: int
+    meta: dict[str, int]
+    producer_rank: int
+    seq: int
+
+
+class Ring:
+    """One process's handle on the node's ring (see the module docstring for the protocol)."""
+
+    def __init__(self, spec: RingSpec, local_index: int, device: torch.device) -> None:
+        """Open every object of an existing ring; use create() / attach() instead."""
+        if not 0 <= local_index < spec.num_ranks:
+            raise RingError(
+                f"local index {local_index} is outside the ring's {spec.num_ranks} ranks"
+            )
+        self.spec, self.local_index, self.device = spec, local_index, device
+        self.role = spec.roles[local_index]
+        self.layout = SlotLayout.of(spec)
+        self._shm = posix_ipc.SharedMemory(ctl_name(spec.run_id))
+        self._mm = mmap.mmap(self._shm.fd, self._shm.size)
+        self.control = cb.ControlBlock(self._mm, spec)
+        self.transport = "device" if int(self.control.header["transport"]) else "host"
+        self._lock_fd = os.open(lock_path(spec.lock_dir, spec.run_id), os.O_RDWR)
+        self._ready = posix_ipc.Semaphore(ready_sem_name(spec.run_id))
+        self._free = [
+            posix_ipc.Semaphore(free_sem_name(spec.run_id, p)) for p in range(len(spec.producers))
+        ]
+        self.payload: HostPayload | DevicePayload
+        if self.transport == "host":
+            self.payload = HostPayload(spec, self.layout, device)
+        else:
+            self.payload = DevicePayload(spec, self.layout, device, self.control)
+        self._row = self.control.ranks[local_index]
+        self._closed = False
+        self._finished = False
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._register_rank()
+        self._start_thread(self._heartbeat_loop, "ring-heartbeat")
+
+    # ---- lifetime -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, spec: RingSpec, local_index: int, device: torch.device | str) -> Ring:
+        """Create the ring's objects (local rank 0): clean stale runs, check /dev/shm, attach."""
+        device = torch.device(device)
+        clean_stale(spec.run_id, spec.lock_dir)
+        transport, reason = resolve_transport(spec.transport, device)
+        layout = cb.ControlLayout(spec)
+        slot_layout = SlotLayout.of(spec)
+        data_bytes = spec.num_slots * slot_layout.slot_bytes if transport == "host" else 0
+        check_shm_space(layout.total_bytes + data_bytes)
+        encoded = spec.encode()
+        if len(encoded) > cb.SPEC_BYTES:
+            raise RingError(
+                f"ring spec encodes to {len(encoded)} bytes, over {cb.SPEC_BYTES}: too many ranks"
+            )
+        shm = posix_ipc.SharedMemory(
+            ctl_name(spec.run_id), posix_ipc.O_CREX, mode=0o600, size=layout.total_bytes
+        )
+        try:
+            with mmap.mmap(shm.fd, layout.total_bytes) as mm:
+                cls._init_control(mm, spec, transport, reason, encoded)
+            fd = os.open(
+                lock_path(spec.lock_dir, spec.run_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600
+            )
+            os.close(fd)
+            posix_ipc.Semaphore(ready_sem_name(spec.run_id), posix_ipc.O_CREX, 0o600, 0).close()
+            for p in range(len(spec.producers)):
+                posix_ipc.Semaphore(
+                    free_sem_name(spec.run_id, p), posix_ipc.O_CREX, 0o600, spec.slots_per_producer
+                ).close()
+            if transport == "host":
+                create_host_segment(spec, slot_layout)
+        except BaseException:
+            remove_run(spec.run_id, spec.lock_dir)
+            raise
+        finally:
+            shm.close_fd()
+        log.info("ring %s: %s transport (%s)", spec.run_id, transport, reason)
+        return cls(spec, local_index, device)
+
+    @staticmethod
+    def _init_control(
+        mm: mmap.mmap, spec: RingSpec, transport: str, reason: str, encoded: bytes
+    ) -> None:
+        """Fill a fresh control block; the magic number goes last."""
+        ctl = cb.ControlBlock(mm, spec)
+        h = ctl.header
+        h["creator_pid"], h["creator_start"] = own_identity()
+        h["version"] = cb.VERSION
+        h["num_ranks"], h["num_slots"] = spec.num_ranks, spec.num_slots
+        h["transport"] = cb.TRANSPORT_CODES[transport]
+        h["generation"] = spec.generation
+        h["slot_bytes"] = SlotLayout.of(spec).slot_bytes
+        h["created_wall_ns"] = time.time_ns()
+        h["created_mono_ns"] = monotonic_ns()
+        h["closing_rank"] = -1
+        cb.put_bytes(h, "reason", reason.encode())
+        cb.put_bytes(h, "spec", encoded)
+        ctl.slots["owner"] = [g // spec.slots_per_producer for g in range(spec.num_slots)]
+        ctl.slots["reader"] = -1
+        ctl.slots["seq"] = -1
+        ctl.ranks["role"] = [cb.ROLE_CODES[r] for r in spec.roles]
+        ctl.ranks["global_rank"] = spec.global_ranks
+        ctl.ranks["device"] = -1
+        h["magic"] = cb.MAGIC
+        ctl.drop()
+
+    @classmethod
+    def attach(cls, run_id: str, local_index: int, device: torch.device | str) -> Ring:
+        """Open the ring `run_id` created by local rank 0 (call after a barrier)."""
+        name = ctl_name(run_id)
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise RingError(
+                f"ring {run_id!r} does not exist ({shm_path(name)} missing): local rank 0 must "
+                f"create it before the other ranks attach, and nobody may unlink it before"
+            ) from None
+        try:
+            with mmap.mmap(shm.fd, shm.size, prot=mmap.PROT_READ) as mm:
+                spec = cb.ControlBlock.read_spec(mm, shm_path(name))
+        finally:
+            shm.close_fd()
+        return cls(spec, local_index, torch.device(device))
+
+    def _register_rank(self) -> None:
+        row = self._row
+        if int(row["status"]) != cb.EMPTY:
+            raise RingError(
+                f"ring index {self.local_index} (rank {self.spec.global_ranks[self.local_index]}) "
+                f"is already attached by pid {int(row['pid'])}"
+            )
+        now = monotonic_ns()
+        row["pid"], row["start_time"] = own_identity()
+        row["device"] = -1 if self.device.type != "cuda" else (self.device.index or 0)
+        row["attached_ns"] = now
+        row["heartbeat_ns"] = now
+        row["status"] = cb.ATTACHED
+
+    def unlink(self) -> None:
+        """Remove every name of this ring (idempotent; mappings stay valid)."""
+        try:
+            ours = os.fstat(self._shm.fd).st_ino
+            named = os.stat(shm_path(ctl_name(self.spec.run_id))).st_ino
+        except OSError:
+            return
+        if ours == named:
+            remove_run(self.spec.run_id, self.spec.lock_dir)
+
+    def close(self, clean: bool = True) -> None:
+        """Leave the ring: mark clean exit or failure, stop threads, unregister, unmap.
+
+        An unclean close sets the ring's closing flag and wakes every waiter, so the
+        other ranks raise PeerDied at once. Also unlinks the names (idempotent).
+        """
+        if self._closed:
+            return
+        if self.role == "target" and not self._finished and clean:
+            self._finish()
+        self._row["status"] = cb.CLOSED if clean else cb.FAILED
+        if not clean:
+            self.control.header["closing_rank"] = self.local_index
+            self.control.closing[...] = 1
+            for _ in self.spec.consumers:
+                self._ready.release()
+            for sem in self._free:
+                for _ in range(self.spec.slots_per_producer):
+                    sem.release()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        self._closed = True
+        self.unlink()
+        self.payload.close()
+        self.control.drop()
+        self._row = None
+        try:
+            self._mm.close()
+        except BufferError:
+            log.debug("control block still referenced; unmapped when the views go")
+        self._shm.close_fd()
+        os.close(self._lock_fd)
+        for sem in [self._ready, *self._free]:
+            sem.close()
+
+    # ---- liveness and statistics ---------------------------------------------------
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _heartbeat_loop(self) -> None:
+        interval = min(HEARTBEAT_INTERVAL_S, self.spec.heartbeat_timeout_s / 4)
+        while not self._stop.wait(interval):
+            self._row["heartbeat_ns"] = monotonic_ns()
+
+    def beat(self, step: int) -> None:
+        """Record progress (the training step) and refresh the heartbeat."""
+        self._row["step"] = step
+        self._row["heartbeat_ns"] = monotonic_ns()
+
+    def set_error(self, text: str) -> None:
+        """Record this rank's last error; peers treat the rank as failed from now on."""
+        cb.put_bytes(self._row, "error", text.encode("utf-8", "replace"))
+        self._row["status"] = cb.FAILED
+
+    def check_peers(self) -> None:
+        """Raise PeerDied if another rank died, failed, went silent or aborted the ring."""
+        now = monotonic_ns()
+        timeout_ns = int(self.spec.heartbeat_timeout_s * 1e9)
+        ranks = self.control.ranks
+        if int(self.control.closing):
+            index = int(self.control.header["closing_rank"])
+            if index != self.local_index:
+                raise self._peer_died(index, "aborted the ring")
+        for index in range(self.spec.num_ranks):
+            if index != self.local_index:
+                reason = death_reason(ranks[index], now, timeout_ns)
+                if reason:
+                    raise self._peer_died(index, reason)
+
+    def _peer_died(self, index: int, reason: str) -> PeerDied:
+        row = self.control.ranks[index]
+        error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
+        rank, role = self.spec.global_ranks[index], self.spec.roles[index]
+        return PeerDied(
+            f"ring {self.spec.run_id}: rank {rank} ({role}, pid {int(row['pid'])}) {reason}; "
+            f"its last error: {error or 'none recorded'}",
+            rank=rank,
+            role=role,
+            last_error=error,
+        )
+
+    def start_watchdog(self, on_dead: Callable[[PeerDied], None]) -> None:
+        """Check peers every wait_timeout_s in a daemon thread; call on_dead once on a death."""
+
+        def watch() -> None:
+            while not self._stop.wait(self.spec.wait_timeout_s):
+                try:
+                    self.check_peers()
+                except PeerDied as exc:
+                    on_dead(exc)
+                    return
+
+        self._start_thread(watch, "ring-watchdog")
+
+    def snapshot(self) -> RingSnapshot:
+        """Statistics of the whole ring as `ringtrain-stat` shows them."""
+        return take_snapshot(self.control, self.spec)
+
+    # ---- protocol helpers ----------------------------------------------------------
+
+    def _wait(
+        self, sem: posix_ipc.Semaphore, counter: str, timeout: float | None, waits_on: str
+    ) -> None:
+        """Acquire `sem`; time spent blocked goes to this rank's `counter` (ns)."""
+        try:
+            sem.acquire(0)
+            return
+        except posix_ipc.BusyError:
+            pass
+        start = monotonic_ns()
+        deadline = None if timeout is None else start + int(timeout * 1e9)
+        self._row["wait_start_ns"] = start
+        try:
+            while True:
+                try:
+                    sem.acquire(self.spec.wait_timeout_s)
+                    return
+                except posix_ipc.BusyError:
+                    self.check_peers()
+                    self._check_consumers_open(waits_on)
+                    if deadline is not None and monotonic_ns() >= deadline:
+                        raise RingTimeout(
+                            f"ring {self.spec.run_id}: rank {self.spec.global_ranks[self.local_index]} "
+                            f"waited {timeout} s for {waits_on} (every peer alive)"
+                        ) from None
+        finally:
+            self._row[counter] += monotonic_ns() - start
+            self._row["wait_start_ns"] = 0
+
+    def _check_consumers_open(self, waits_on: str) -> None:
+        """A producer waiting for a slot that no consumer will ever free raises RingClosed.
+
+        (Consumers need no such check: finished or closed producers leave a wake-up token.)
+        """
+        status = self.control.ranks["status"]
+        if self.role == "target" and all(int(status[i]) == cb.CLOSED for i in self.spec.consumers):
+            raise RingClosed(
+                f"ring {self.spec.run_id}: every drafter rank closed while target rank "
+                f"{self.spec.global_ranks[self.local_index]} waits for {waits_on}"
+            )
+
+    def _check_open(self) -> None:
+        if int(self.control.closing):
+            self.check_peers()
+
+    def _push(self, slot: int) -> None:
+        ctl = self.control
+        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            tail = int(ctl.fifo_tail)
+            ctl.fifo[tail % self.spec.num_slots] = slot
+            ctl.fifo_tail[...] = tail + 1
+        finally:
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+
+    def _pop(self) -> int:
+        """Next ready slot index, or -1 when the FIFO is empty."""
+        ctl = self.control
+        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            head = int(ctl.fifo_head)
+            if head == int(ctl.fifo_tail):
+                return -1
+            slot = int(ctl.fifo[head % self.spec.num_slots])
+            ctl.fifo_head[...] = head + 1
+            return slot
+        finally:
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+
+    def _finish(self) -> None:
+        self._row["status"] = cb.FINISHED
+        self._finished = True
+        self._ready.release()
+
+    def _all_producers_finished(self) -> bool:
+        status = self.control.ranks["status"]
+        return all(int(status[i]) in (cb.FINISHED, cb.CLOSED) for i in self.spec.producers)
+
+    # ---- roles ---------------------------------------------------------------------
+
+    def producer(self) -> Producer:
+        """The producer end (target ranks only)."""
+        if self.role != "target":
+            raise RingError(
+                f"ring index {self.local_index} is a {self.role}, not a target: no producer()"
+            )
+        return Producer(self)
+
+    def consumer(self, device: torch.device | str | None = None) -> Consumer:
+        """The consumer end (drafter ranks only), with buffers on `device` (default: the ring's)."""
+        if self.role != "drafter":
+            raise RingError(
+                f"ring index {self.local_index} is a {self.role}, not a drafter: no consumer()"
+            )
+        return Consumer(self, torch.device(device) if device is not None else self.device)
+
+
+class Producer:
+    """Writes items into this target's own slots (see the module docstring)."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        spec = ring.spec
+        self.index = spec.producers.index(ring.local_index)
+        self.first = self.index * spec.slots_per_producer
+        self._sem = ring._free[self.index]
+        self._seq = 0
+        if isinstance(ring.payload, DevicePayload):
+            ring.payload.export(ring.local_index, self.index)
+        self._slots = [
+            WriteSlot(index=g, **ring.payload.writer_views(g))
+            for g in range(self.first, self.first + spec.slots_per_producer)
+        ]
+        self._pending: WriteSlot | None = None
+
+    def acquire(self, timeout: float | None = None) -> WriteSlot:
+        """Block until one of this producer's slots is free (peers checked while waiting)."""
+        ring = self.ring
+        if self._pending is not None:
+            raise RingError("acquire() called twice without publish(): publish the held slot first")
+        ring._wait(self._sem, "blocked_ns", timeout, "a free slot")
+        ring._check_open()
+        states = ring.control.slot_state
+        for slot in self._slots:
+            if int(states[slot.index]) == cb.FREE:
+                break
+        else:
+            raise RingError(f"producer {self.index}: free semaphore granted but no slot is FREE")
+        row = ring.control.slots[slot.index]
+        row["generation"] = ring.spec.generation
+        row["seq"] = self._seq
+        row["producer_pid"] = os.getpid()
+        states[slot.index] = cb.WRITING
+        self._pending = slot
+        return slot
+
+    def publish(
+        self, slot: WriteSlot, num_tokens: int, num_docs: int, meta: dict[str, int]
+    ) -> None:
+        """Hand the slot to the consumers: `num_tokens` rows, `num_docs` documents, `meta`."""
+        ring, spec = self.ring, self.ring.spec
+        if slot is not self._pending:
+            raise RingError(f"publish() of slot {slot.index}, which this producer does not hold")
+        if not (0 <= num_tokens <= spec.max_tokens and 0 <= num_docs <= spec.max_docs):
+            raise RingError(
+                f"publish(num_tokens={num_tokens}, num_docs={num_docs}) exceeds the slot "
+                f"(max_tokens={spec.max_tokens}, max_docs={spec.max_docs})"
+            )
+        ring.payload.after_write(slot.index)
+        row = ring.control.slots[slot.index]
+        desc = msgspec.msgpack.encode((num_tokens, num_docs, meta))
+        if len(desc) > cb.DESC_BYTES:
+            raise RingError(
+                f"publish(): meta {meta} encodes to {len(desc)} bytes, over {cb.DESC_BYTES}"
+            )
+        cb.put_bytes(row, "desc", desc)
+        ring.control.slot_state[slot.index] = cb.READY
+        self._pending = None
+        self._seq += 1
+        ring._push(slot.index)
+        ring._ready.release()
+        ring._row["items"] += 1
+
+    def finish(self) -> None:
+        """No more items from this producer; consumers drain the FIFO and then see None."""
+        if not self.ring._finished:
+            self.ring._finish()
+
+
+class Consumer:
+    """Takes ready slots from any producer into its own preallocated buffers."""
+
+    def __init__(self, ring: Ring, device: torch.device) -> None:
+        self.ring = ring
+        self.device = device
+        spec = ring.spec
+        n = spec.max_tokens
+        self._buffers = {
+            "hidden": torch.empty((n, spec.hidden_width), dtype=spec.hidden_dtype, device=device),
+            "input_ids": torch.empty(n, dtype=torch.int32, device=device),
+            "loss_mask": torch.empty(n, dtype=torch.uint8, device=device),
+            "position_ids": torch.empty(n, dtype=torch.int32, device=device),
+            "cu_seqlens": torch.empty(spec.max_docs + 1, dtype=torch.int32, device=device),
+        }
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def take(self, timeout: float | None = None) -> ReadItem | None:
+        """The next item (copied into this consumer's buffers), or None once all producers finished."""
+        ring = self.ring
+        while True:
+            ring._wait(ring._ready, "starved_ns", timeout, "a ready slot")
+            ring._check_open()
+            slot = ring._pop()
+            if slot >= 0:
+                return self._read(slot)
+            if ring._all_producers_finished():
+                ring._ready.release()
+                return None
+
+    def _read(self, slot: int) -> ReadItem:
+        ring, spec = self.ring, self.ring.spec
+        ctl = ring.control
+        row = ctl.slots[slot]
+        row["reader"] = ring.local_index
+        row["consumer_pid"] = os.getpid()
+        ctl.slot_state[slot] = cb.READING
+        num_tokens, num_docs, meta = msgspec.msgpack.decode(
+            cb.get_bytes(row["desc"], row["desc_len"])
+        )
+        seq = int(row["seq"])
+        sizes = {
+            "hidden": num_tokens,
+            "input_ids": num_tokens,
+            "loss_mask": num_tokens,
+            "position_ids": num_tokens,
+            "cu_seqlens": num_docs + 1,
+        }
+        source = ring.payload.reader_views(slot)
+        out = {name: buf[: sizes[name]] for name, buf in self._buffers.items()}
+        if self._stream is None:
+            for name, dst in out.items():
+                dst.copy_(source[name][: sizes[name]])
+        else:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            ring.payload.before_read(slot, self._stream)
+            with torch.cuda.stream(self._stream):
+                for name, dst in out.items():
+                    dst.copy_(source[name][: sizes[name]], non_blocking=True)
+            self._stream.synchronize()
+        owner = slot // spec.slots_per_producer
+        row["reader"] = -1
+        ctl.slot_state[slot] = cb.FREE
+        ring._free[owner].release()
+        ring._row["items"] += 1
+        return ReadItem(
+            num_tokens=num_tokens,
+            num_docs=num_docs,
+            meta=meta,
+            producer_rank=spec.global_ranks[spec.producers[owner]],
+            seq=seq,
+            **out,
+        )

@@ -1,0 +1,300 @@
+"""Read-only statistics of a ring: discovery of live rings, snapshots, intervals, verdict.
+
+Used by `ringtrain-stat` (which only formats) and by the trainer's progress line. Never
+disturbs the ring it reads: maps the control block read-only, takes no lock and
+touches no semaphore. Live rings are found through /proc/<pid>/fd links to their
+(already unlinked) control segments, plus any control segment still named in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ringtrain.ring import control as cb
+from ringtrain.ring.liveness import monotonic_ns, process_alive
+from ringtrain.ring.names import PREFIX, SHM_DIR
+from ringtrain.ring.spec import RingSpec
+
+# A side is the bottleneck once the other side waits at least this share of the time.
+BOTTLENECK_PCT = 10.0
+_CTL_LINK = re.compile(
+    rf"^{re.escape(SHM_DIR)}/{re.escape(PREFIX)}([A-Za-z0-9_-]+)\.ctl( \(deleted\))?$"
+)
+
+
+def death_reason(row: np.ndarray, now_ns: int, heartbeat_timeout_ns: int) -> str | None:
+    """Why the rank of rank-table entry `row` counts as dead, or None while it lives.
+
+    Dead means: it recorded a failure, its process is gone (or the pid was reused),
+    or its heartbeat is older than the timeout. Ranks not yet attached or cleanly
+    closed are not dead.
+    """
+    status = int(row["status"])
+    if status in (cb.EMPTY, cb.CLOSED):
+        return None
+    if status == cb.FAILED:
+        return "failed"
+    pid = int(row["pid"])
+    if not process_alive(pid, int(row["start_time"])):
+        return f"died (process {pid} is gone)"
+    age_s = (now_ns - int(row["heartbeat_ns"])) / 1e9
+    if age_s * 1e9 > heartbeat_timeout_ns:
+        return f"stopped beating ({age_s:.1f} s since its last heartbeat)"
+    return None
+
+
+@dataclass
+class RankSnapshot:
+    """One rank of the ring as seen from outside."""
+
+    rank: int
+    index: int
+    role: str
+    pid: int
+    device: int
+    status: str
+    alive: bool
+    dead_reason: str | None
+    heartbeat_age_s: float
+    uptime_s: float
+    step: int
+    items: int
+    items_per_s: float
+    blocked_pct: float
+    starved_pct: float
+    blocked_ns: int
+    starved_ns: int
+    last_error: str
+    interval_items_per_s: float | None = None
+    interval_blocked_pct: float | None = None
+    interval_starved_pct: float | None = None
+
+
+@dataclass
+class RingSnapshot:
+    """The whole ring at one instant (`taken_ns` on the monotonic clock)."""
+
+    run: str
+    generation: int
+    transport: str
+    transport_reason: str
+    num_slots: int
+    slots_per_producer: int
+    slot_bytes: int
+    closing: bool
+    age_s: float
+    taken_ns: int
+    slot_states: list[str]
+    slot_owners: list[int]
+    slot_seqs: list[int]
+    slot_counts: dict[str, int]
+    occupancy: float
+    producers_blocked_pct: float
+    consumers_starved_pct: float
+    ranks: list[RankSnapshot]
+    verdict: str
+    interval_s: float | None = None
+    interval_producers_blocked_pct: float | None = None
+    interval_consumers_starved_pct: float | None = None
+    interval_items_per_s: float | None = None
+
+    @property
+    def dead(self) -> list[RankSnapshot]:
+        """Ranks that count as dead."""
+        return [r for r in self.ranks if not r.alive]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def verdict(dead: list[RankSnapshot], blocked_pct: float, starved_pct: float) -> str:
+    """One line saying which side limits the ring (or who is dead)."""
+    if dead:
+        r = dead[0]
+        return f"rank {r.rank} ({r.role}) is dead: {r.dead_reason} - the run cannot continue"
+    if blocked_pct >= BOTTLENECK_PCT and blocked_pct >= starved_pct:
+        return (
+            f"drafters are the bottleneck: ring full {blocked_pct:.0f}% of the time - "
+            f"add drafters or lower targets"
+        )
+    if starved_pct >= BOTTLENECK_PCT:
+        return (
+            f"targets are the bottleneck: drafters starved {starved_pct:.0f}% of the time - "
+            f"add targets or lower drafters"
+        )
+    return (
+        f"balanced: ring full {blocked_pct:.0f}%, drafters starved {starved_pct:.0f}% of the time"
+    )
+
+
+def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -> RankSnapshot:
+    row = ctl.ranks[index]
+    status = int(row["status"])
+    reason = death_reason(row, now, int(spec.heartbeat_timeout_s * 1e9))
+    attached = int(row["attached_ns"])
+    uptime_s = (now - attached) / 1e9 if status != cb.EMPTY else 0.0
+    waiting = int(row["wait_start_ns"])
+    live_wait = now - waiting if waiting and reason is None else 0
+    role = spec.roles[index]
+    blocked = int(row["blocked_ns"]) + (live_wait if role == "target" else 0)
+    starved = int(row["starved_ns"]) + (live_wait if role == "drafter" else 0)
+    items = int(row["items"])
+    span_ns = max(now - attached, 1)
+    return RankSnapshot(
+        rank=spec.global_ranks[index],
+        index=index,
+        role=role,
+        pid=int(row["pid"]),
+        device=int(row["device"]),
+        status=cb.RANK_STATUS[status] if reason is None else "dead",
+        alive=reason is None,
+        dead_reason=reason,
+        heartbeat_age_s=(now - int(row["heartbeat_ns"])) / 1e9 if status != cb.EMPTY else 0.0,
+        uptime_s=uptime_s,
+        step=int(row["step"]),
+        items=items,
+        items_per_s=items / uptime_s if uptime_s > 0 else 0.0,
+        blocked_pct=100.0 * blocked / span_ns if status != cb.EMPTY else 0.0,
+        starved_pct=100.0 * starved / span_ns if status != cb.EMPTY else 0.0,
+        blocked_ns=blocked,
+        starved_ns=starved,
+        last_error=cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace"),
+    )
+
+
+def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
+    """Read the statistics of the ring behind `ctl` (no locks, no writes)."""
+    now = monotonic_ns()
+    header = ctl.header
+    states = [cb.SLOT_STATES[int(s)] for s in ctl.slot_state]
+    counts = {name: states.count(name) for name in cb.SLOT_STATES}
+    ranks = [_rank_snapshot(ctl, spec, i, now) for i in range(spec.num_ranks)]
+    blocked = _mean([r.blocked_pct for r in ranks if r.role == "target"])
+    starved = _mean([r.starved_pct for r in ranks if r.role == "drafter"])
+    transport = "device" if int(header["transport"]) else "host"
+    return RingSnapshot(
+        run=spec.run_id,
+        generation=int(header["generation"]),
+        transport=transport,
+        transport_reason=cb.get_bytes(header["reason"], header["reason_len"]).decode(),
+        num_slots=spec.num_slots,
+        slots_per_producer=spec.slots_per_producer,
+        slot_bytes=int(header["slot_bytes"]),
+        closing=bool(int(header["closing"])),
+        age_s=(now - int(header["created_mono_ns"])) / 1e9,
+        taken_ns=now,
+        slot_states=states,
+        slot_owners=[spec.global_ranks[spec.producers[int(o)]] for o in ctl.slots["owner"]],
+        slot_seqs=[int(s) for s in ctl.slots["seq"]],
+        slot_counts=counts,
+        occupancy=(spec.num_slots - counts["free"]) / spec.num_slots,
+        producers_blocked_pct=blocked,
+        consumers_starved_pct=starved,
+        ranks=ranks,
+        verdict=verdict([r for r in ranks if not r.alive], blocked, starved),
+    )
+
+
+def with_interval(previous: RingSnapshot, current: RingSnapshot) -> RingSnapshot:
+    """`current` plus rates and wait percentages over the time since `previous`."""
+    span_ns = max(current.taken_ns - previous.taken_ns, 1)
+    before = {r.index: r for r in previous.ranks}
+    ranks = []
+    for r in current.ranks:
+        p = before.get(r.index, r)
+        ranks.append(
+            replace(
+                r,
+                interval_items_per_s=(r.items - p.items) * 1e9 / span_ns,
+                interval_blocked_pct=100.0 * (r.blocked_ns - p.blocked_ns) / span_ns,
+                interval_starved_pct=100.0 * (r.starved_ns - p.starved_ns) / span_ns,
+            )
+        )
+    blocked = _mean([r.interval_blocked_pct for r in ranks if r.role == "target"])
+    starved = _mean([r.interval_starved_pct for r in ranks if r.role == "drafter"])
+    consumed = sum(r.interval_items_per_s for r in ranks if r.role == "drafter")
+    return replace(
+        current,
+        ranks=ranks,
+        interval_s=span_ns / 1e9,
+        interval_producers_blocked_pct=blocked,
+        interval_consumers_starved_pct=starved,
+        interval_items_per_s=consumed,
+        verdict=verdict([r for r in ranks if not r.alive], blocked, starved),
+    )
+
+
+@dataclass(frozen=True)
+class RingLocation:
+    """Where a live ring's control block can be opened, and which processes map it."""
+
+    run: str
+    path: str
+    pids: tuple[int, ...]
+
+
+def discover() -> list[RingLocation]:
+    """Rings mapped by live processes (through /proc/<pid>/fd) or still named in /dev/shm."""
+    found: dict[str, tuple[str, list[int]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                match = _CTL_LINK.match(os.readlink(f"{fd_dir}/{fd}"))
+            except OSError:
+                continue
+            if match:
+                found.setdefault(match.group(1), (f"{fd_dir}/{fd}", []))[1].append(int(entry))
+    for entry in os.listdir(SHM_DIR):
+        match = _CTL_LINK.match(f"{SHM_DIR}/{entry}")
+        if match and match.group(1) not in found:
+            found[match.group(1)] = (f"{SHM_DIR}/{entry}", [])
+    return [RingLocation(run, path, tuple(pids)) for run, (path, pids) in sorted(found.items())]
+
+
+class RingReader:
+    """A read-only mapping of one ring's control block."""
+
+    def __init__(self, location: RingLocation) -> None:
+        self.location = location
+        with open(location.path, "rb") as f:
+            self._mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        self.spec = cb.ControlBlock.read_spec(self._mm, location.path)
+        self.control = cb.ControlBlock(self._mm, self.spec)
+
+    def snapshot(self) -> RingSnapshot:
+        """Current statistics of the ring."""
+        return take_snapshot(self.control, self.spec)
+
+    def close(self) -> None:
+        """Drop the views and unmap."""
+        self.control.drop()
+        self._mm.close()
+
+
+def open_ring(run: str | None = None) -> RingReader:
+    """Open the live ring `run` (or the only live ring) read-only; errors list what exists."""
+    rings = discover()
+    if run is None:
+        if len(rings) != 1:
+            raise LookupError(
+                f"{len(rings)} live rings ({', '.join(r.run for r in rings) or 'none'}): name one"
+            )
+        return RingReader(rings[0])
+    for location in rings:
+        if location.run == run:
+            return RingReader(location)
+    names = ", ".join(r.run for r in rings) or "none"
+    raise LookupError(f"no live ring named {run!r} (live rings: {names})")

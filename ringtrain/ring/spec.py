@@ -1,0 +1,163 @@
+"""What a ring looks like: the run-wide RingSpec and the byte layout of one payload slot.
+
+The spec is written into the control block by the creating rank, so attaching ranks
+only need the run id. `SlotLayout` places the five payload arrays of one slot
+(hidden, input_ids, loss_mask, position_ids, cu_seqlens) at aligned offsets; the same
+layout is used for host slots and for device slabs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import msgspec
+import torch
+
+ROLES = ("target", "drafter")
+TRANSPORTS = ("auto", "device", "host")
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Every payload array starts on this boundary (covers any dtype and DMA alignment).
+ALIGN = 512
+
+_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name of a supported hidden-state dtype ("bfloat16", ...)."""
+    for name, value in _DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(
+        f"hidden_dtype {dtype} is not supported by the ring: use one of {list(_DTYPES)}"
+    )
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """Geometry, roles and limits of one node-local ring (identical in every rank)."""
+
+    run_id: str
+    generation: int
+    roles: list[str]
+    global_ranks: list[int]
+    slots_per_producer: int
+    max_tokens: int
+    max_docs: int
+    hidden_width: int
+    hidden_dtype: torch.dtype
+    transport: str = "auto"
+    wait_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 60.0
+    lock_dir: str = "/dev/shm"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not RUN_ID_PATTERN.match(self.run_id):
+            problems.append(f"run_id {self.run_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
+        if len(self.roles) != len(self.global_ranks):
+            problems.append(
+                f"roles ({len(self.roles)}) and global_ranks ({len(self.global_ranks)}) differ in length"
+            )
+        if bad := [r for r in self.roles if r not in ROLES]:
+            problems.append(f"unknown roles {bad}: use {ROLES}")
+        if "target" not in self.roles or "drafter" not in self.roles:
+            problems.append(f"roles {self.roles} need at least one target and one drafter")
+        if self.transport not in TRANSPORTS:
+            problems.append(f"transport {self.transport!r} must be one of {TRANSPORTS}")
+        for name in ("slots_per_producer", "max_tokens", "max_docs", "hidden_width"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.wait_timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
+            problems.append("wait_timeout_s and heartbeat_timeout_s must be > 0")
+        dtype_name(self.hidden_dtype)
+        if problems:
+            raise ValueError("invalid ring spec: " + "; ".join(problems))
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ring-local ranks (targets + drafters)."""
+        return len(self.roles)
+
+    @property
+    def producers(self) -> list[int]:
+        """Ring-local indices of the target ranks, in producer order."""
+        return [i for i, role in enumerate(self.roles) if role == "target"]
+
+    @property
+    def consumers(self) -> list[int]:
+        """Ring-local indices of the drafter ranks."""
+        return [i for i, role in enumerate(self.roles) if role == "drafter"]
+
+    @property
+    def num_slots(self) -> int:
+        """Slots of the whole ring."""
+        return self.slots_per_producer * len(self.producers)
+
+    def encode(self) -> bytes:
+        """msgpack bytes that `decode` turns back into an equal spec."""
+        fields = asdict(self)
+        fields["hidden_dtype"] = dtype_name(self.hidden_dtype)
+        return msgspec.msgpack.encode(fields)
+
+    @classmethod
+    def decode(cls, data: bytes) -> RingSpec:
+        """Inverse of `encode`."""
+        fields = msgspec.msgpack.decode(data)
+        fields["hidden_dtype"] = _DTYPES[fields["hidden_dtype"]]
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Byte offsets of the payload arrays inside one slot, and the slot's size."""
+
+    hidden: int
+    input_ids: int
+    loss_mask: int
+    position_ids: int
+    cu_seqlens: int
+    slot_bytes: int
+
+    @classmethod
+    def of(cls, spec: RingSpec) -> SlotLayout:
+        """Lay out one slot of `spec` (hidden first, every array aligned)."""
+        itemsize = torch.empty((), dtype=spec.hidden_dtype).element_size()
+        sizes = [
+            spec.max_tokens * spec.hidden_width * itemsize,
+            spec.max_tokens * 4,
+            spec.max_tokens,
+            spec.max_tokens * 4,
+            (spec.max_docs + 1) * 4,
+        ]
+        offsets = []
+        cursor = 0
+        for size in sizes:
+            offsets.append(cursor)
+            cursor += _align(size)
+        return cls(*offsets, slot_bytes=cursor)
+
+    def views(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> dict[str, torch.Tensor]:
+        """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
+        base = slot * self.slot_bytes
+        n, w = spec.max_tokens, spec.hidden_width
+
+        def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+            size = torch.empty((), dtype=dtype).element_size()
+            return slab[base + offset : base + offset + count * size].view(dtype)
+
+        return {
+            "hidden": view(self.hidden, n * w, spec.hidden_dtype).view(n, w),
+            "input_ids": view(self.input_ids, n, torch.int32),
+            "loss_mask": view(self.loss_mask, n, torch.uint8),
+            "position_ids": view(self.position_ids, n, torch.int32),
+            "cu_seqlens": view(self.cu_seqlens, spec.max_docs + 1, torch.int32),
+        }

@@ -1,0 +1,221 @@
+"""Payload memory of the ring: host slots in /dev/shm, or per-producer GPU slabs via CUDA IPC.
+
+Both transports expose the same four operations to the ring protocol:
+`writer_views(slot)` (where a producer writes), `after_write(slot)` (make the write
+visible before the slot turns READY), `reader_views(slot)` and `before_read(slot,
+stream)` (what a consumer copies from, and what its copy stream must wait for).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+
+import msgspec
+import numpy as np
+import posix_ipc
+import torch
+
+from ringtrain.ring import cuda
+from ringtrain.ring.control import ControlBlock, get_bytes, put_bytes
+from ringtrain.ring.errors import RingError
+from ringtrain.ring.names import data_name
+from ringtrain.ring.spec import RingSpec, SlotLayout
+
+log = logging.getLogger(__name__)
+PAGE = mmap.PAGESIZE
+
+
+def resolve_transport(requested: str, device: torch.device) -> tuple[str, str]:
+    """(transport, reason) for a ring created on `device` with `requested` transport."""
+    if requested == "host":
+        return "host", "requested in the config"
+    usable = torch.cuda.is_available() and device.type == "cuda"
+    if requested == "device":
+        if not usable:
+            raise RingError(
+                f"ring.transport = 'device' needs CUDA ranks, but the creating rank runs on {device} "
+                f"(CUDA available: {torch.cuda.is_available()}); use transport 'host' or 'auto'"
+            )
+        return "device", "requested in the config"
+    if not usable:
+        return "host", f"auto: ranks run on {device}, not on a CUDA GPU"
+    count = torch.cuda.device_count()
+    for a in range(count):
+        for b in range(count):
+            if a != b and not torch.cuda.can_device_access_peer(a, b):
+                return (
+                    "host",
+                    f"auto: GPUs {a} and {b} have no peer access, so CUDA IPC cannot cross them",
+                )
+    return "device", "auto: CUDA IPC between GPUs with peer access"
+
+
+def create_host_segment(spec: RingSpec, layout: SlotLayout) -> None:
+    """Create and prefault the host payload segment (creating rank only)."""
+    nbytes = spec.num_slots * layout.slot_bytes
+    shm = posix_ipc.SharedMemory(data_name(spec.run_id), posix_ipc.O_CREX, mode=0o600, size=nbytes)
+    try:
+        with mmap.mmap(shm.fd, nbytes) as mm:
+            # Touch every page now, so tmpfs over-commit fails here and not as SIGBUS later.
+            np.frombuffer(mm, dtype=np.uint8)[::PAGE] = 0
+    finally:
+        shm.close_fd()
+
+
+class HostPayload:
+    """Slots in the shared /dev/shm segment, pinned with cudaHostRegister on CUDA ranks."""
+
+    def __init__(self, spec: RingSpec, layout: SlotLayout, device: torch.device) -> None:
+        self.spec, self.layout, self.device = spec, layout, device
+        shm = posix_ipc.SharedMemory(data_name(spec.run_id))
+        try:
+            self._mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        self._base = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._registered = device.type == "cuda"
+        if self._registered:
+            cuda.host_register(self._base.data_ptr(), self._base.numel())
+        self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
+
+    def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
+        """Producer's views of `slot`."""
+        return self._views[slot]
+
+    def after_write(self, slot: int) -> None:
+        """Wait for the producer's device->host copies into the slot."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def reader_views(self, slot: int) -> dict[str, torch.Tensor]:
+        """Consumer's views of `slot`."""
+        return self._views[slot]
+
+    def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
+        """Nothing to wait for: the producer synchronised before publishing."""
+
+    def close(self) -> None:
+        """Unregister and unmap (views handed out keep the mapping alive until dropped)."""
+        if self._registered:
+            cuda.host_unregister(self._base.data_ptr())
+            self._registered = False
+        self._views = []
+        self._base = None
+        try:
+            self._mm.close()
+        except BufferError:
+            log.debug("host payload still referenced by live views; unmapped when they go")
+
+
+class _Export(msgspec.Struct, array_like=True):
+    """What a producer publishes once about its slab: IPC handles and geometry."""
+
+    slab: bytes
+    nbytes: int
+    device: int
+    events: list[bytes]
+
+
+class _Import:
+    """A consumer's cached mapping of one producer's slab and events."""
+
+    def __init__(self, export: _Export, device: torch.device) -> None:
+        self.ptr = cuda.ipc_open_handle(export.slab, device)
+        self.slab = cuda.wrap_device_pointer(self.ptr, export.nbytes)
+        self.events = [torch.cuda.Event.from_ipc_handle(device, h) for h in export.events]
+
+
+class DevicePayload:
+    """One cudaMalloc slab per producer on its GPU, shared through CUDA IPC handles."""
+
+    def __init__(
+        self, spec: RingSpec, layout: SlotLayout, device: torch.device, control: ControlBlock
+    ) -> None:
+        self.spec, self.layout, self.device, self.control = spec, layout, device, control
+        self._own_ptr = 0
+        self._first = 0
+        self._own_events: list[torch.cuda.Event] = []
+        self._own_views: list[dict[str, torch.Tensor]] = []
+        self._imports: dict[int, _Import] = {}
+        self._import_views: dict[int, dict[str, torch.Tensor]] = {}
+
+    def export(self, local_index: int, producer: int) -> None:
+        """Allocate this producer's slab and events and publish their handles (once)."""
+        per = self.spec.slots_per_producer
+        nbytes = per * self.layout.slot_bytes
+        self._own_ptr = cuda.device_malloc(nbytes, self.device)
+        slab = cuda.wrap_device_pointer(self._own_ptr, nbytes)
+        with torch.cuda.device(self.device):
+            self._own_events = [torch.cuda.Event(interprocess=True) for _ in range(per)]
+            handles = [bytes(e.ipc_handle()) for e in self._own_events]
+        self._own_views = [self.layout.views(slab, k, self.spec) for k in range(per)]
+        self._first = producer * per
+        export = _Export(
+            cuda.ipc_get_handle(self._own_ptr), nbytes, self.device.index or 0, handles
+        )
+        row = self.control.ranks[local_index]
+        encoded = msgspec.msgpack.encode(export)
+        if len(encoded) > row["handles"].shape[0]:
+            raise RingError(f"device handles of {len(encoded)} bytes do not fit the control block")
+        put_bytes(row, "handles", encoded)
+
+    def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
+        """Producer's views of `slot` (in its own slab)."""
+        return self._own_views[slot - self._first]
+
+    def after_write(self, slot: int) -> None:
+        """Record the slot's interprocess event on the producer's current stream."""
+        self._own_events[slot - self._first].record(torch.cuda.current_stream(self.device))
+
+    def _import(self, producer: int) -> _Import:
+        imported = self._imports.get(producer)
+        if imported is None:
+            local_index = self.spec.producers[producer]
+            row = self.control.ranks[local_index]
+            raw = get_bytes(row["handles"], row["handles_len"])
+            if not raw:
+                raise RingError(
+                    f"producer {producer} published no device handles before its first item"
+                )
+            try:
+                imported = _Import(msgspec.msgpack.decode(raw, type=_Export), self.device)
+            except RuntimeError as exc:
+                rank = self.spec.global_ranks[local_index]
+                raise RingError(
+                    f"cannot open the CUDA IPC slab of target rank {rank} on {self.device}: {exc}. "
+                    f"A process cannot open its own handle, and GPUs without peer access cannot "
+                    f"share memory; set ring.transport = 'host'"
+                ) from exc
+            self._imports[producer] = imported
+        return imported
+
+    def reader_views(self, slot: int) -> dict[str, torch.Tensor]:
+        """Consumer's views of `slot` inside its producer's slab (opened once, cached)."""
+        views = self._import_views.get(slot)
+        if views is None:
+            per = self.spec.slots_per_producer
+            imported = self._import(slot // per)
+            views = self.layout.views(imported.slab, slot % per, self.spec)
+            self._import_views[slot] = views
+        return views
+
+    def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
+        """Make the consumer's copy stream wait for the producer's writes into `slot`."""
+        per = self.spec.slots_per_producer
+        assert stream is not None
+        stream.wait_event(self._import(slot // per).events[slot % per])
+
+    def close(self) -> None:
+        """Close imported mappings and free this producer's slab."""
+        self._import_views.clear()
+        for imported in self._imports.values():
+            imported.slab = None
+            cuda.ipc_close(imported.ptr, self.device)
+        self._imports.clear()
+        self._own_views = []
+        self._own_events = []
+        if self._own_ptr:
+            torch.cuda.synchronize(self.device)
+            cuda.device_free(self._own_ptr, self.device)
+            self._own_ptr = 0
