@@ -1,0 +1,26 @@
+"""Speculative decoding with a trained DFlash drafter, and its metrics (ringtrain-eval)."""
+
+from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
+from ringtrain.eval.prompts import PromptFileError, load_prompts, read_prompt_records
+from ringtrain.eval.speculative import (
+    BlockDrafter,
+    Generation,
+    greedy_generate,
+    speculative_generate,
+)
+from ringtrain.eval.target import VerifyingTarget, load_verifying_target
+
+__all__ = [
+    "BlockDrafter",
+    "EvalReport",
+    "Generation",
+    "PromptFileError",
+    "PromptOutcome",
+    "VerifyingTarget",
+    "greedy_generate",
+    "load_prompts",
+    "load_verifying_target",
+    "read_prompt_records",
+    "speculative_generate",
+    "summarize",
+]

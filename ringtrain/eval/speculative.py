@@ -1,0 +1,135 @@
+"""Greedy DFlash speculative decoding of one prompt, and the plain greedy reference.
+
+One step: the drafter sees the target's tapped features of every committed token and
+the block [anchor, MASK x (B-1)] at positions n..n+B-1 and proposes B-1 tokens; the
+target scores the block in one forward; the longest prefix of proposals equal to the
+target's own greedy choices is accepted, plus the target's next token (the bonus), which
+becomes the next anchor. The output is therefore exactly the target's greedy output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import GenerationConfig
+
+from ringtrain.eval.target import VerifyingTarget
+
+
+class BlockDrafter(Protocol):
+    """What speculative decoding needs from a drafter."""
+
+    block_size: int
+    mask_token_id: int
+    tap_layers: list[int]
+
+    def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
+        """Draft tokens [B-1] for block positions 1..B-1.
+
+        ``context`` [n, K*H]: the target's tapped features of positions 0..n-1;
+        ``block`` [B]: [anchor, MASK x (B-1)] at positions ``start``..``start``+B-1
+        (``start`` == n).
+        """
+        ...
+
+
+@dataclass
+class Generation:
+    """One decoded continuation: its tokens, per-block acceptance and wall time."""
+
+    tokens: list[int]
+    # Drafted tokens accepted by each verification forward (0..B-1; the bonus not included).
+    accepted: list[int]
+    seconds: float
+
+
+def _truncate(tokens: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> list[int]:
+    """Cut at ``max_new_tokens`` and after the first stop token (kept, as greedy keeps it)."""
+    tokens = tokens[:max_new_tokens]
+    stops = set(stop_ids)
+    for i, token in enumerate(tokens):
+        if token in stops:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def speculative_generate(
+    target: VerifyingTarget,
+    drafter: BlockDrafter,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+) -> Generation:
+    """Decode ``prompt_ids`` [n] greedily with DFlash speculation; lossless by construction."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    device = target.device
+    block_size = drafter.block_size
+    prompt_len = int(prompt_ids.shape[0])
+    capacity = prompt_len + max_new_tokens + block_size
+    sequence = torch.empty(capacity, dtype=torch.long, device=device)
+    features = torch.empty(capacity, target.tap_width, dtype=target.dtype, device=device)
+    block = torch.full((block_size,), drafter.mask_token_id, dtype=torch.long, device=device)
+    stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    _sync(device)
+    started = time.perf_counter()
+    sequence[:prompt_len] = prompt_ids.to(device)
+    sequence[prompt_len] = target.prefill(sequence[:prompt_len], features[:prompt_len])
+    committed = prompt_len  # tokens whose taps are known; sequence[committed] is the anchor
+    accepted: list[int] = []
+    stopped = len(stops) > 0 and bool(torch.isin(sequence[prompt_len], stops))
+    while not stopped and committed + 1 - prompt_len < max_new_tokens:
+        block[0] = sequence[committed]
+        drafts = drafter.propose(features[:committed], block, committed)
+        sequence[committed + 1 : committed + block_size] = drafts
+        greedy = target.verify(
+            sequence, committed, block_size, features[committed : committed + block_size]
+        )
+        matches = (drafts == greedy[:-1]).to(torch.int32)
+        count = int(matches.cumprod(0).sum())
+        sequence[committed + count + 1] = greedy[count]
+        target.rollback(committed + count + 1)
+        new_tokens = sequence[committed + 1 : committed + count + 2]
+        committed += count + 1
+        accepted.append(count)
+        stopped = len(stops) > 0 and bool(torch.isin(new_tokens, stops).any())
+    _sync(device)
+    seconds = time.perf_counter() - started
+    tokens = sequence[prompt_len : committed + 1].tolist()
+    return Generation(_truncate(tokens, max_new_tokens, stop_ids), accepted, seconds)
+
+
+def greedy_generate(
+    target: VerifyingTarget,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+) -> Generation:
+    """The reference: plain greedy decoding of the target through ``generate`` (KV cache)."""
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=list(stop_ids) or None,
+        pad_token_id=stop_ids[0] if stop_ids else 0,
+    )
+    device = target.device
+    inputs = prompt_ids.to(device).unsqueeze(0)
+    _sync(device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        output = target.model.generate(
+            inputs, attention_mask=torch.ones_like(inputs), generation_config=config
+        )
+    _sync(device)
+    seconds = time.perf_counter() - started
+    tokens = output[0, inputs.shape[1] :].tolist()
+    return Generation(_truncate(tokens, max_new_tokens, stop_ids), [], seconds)

@@ -1,0 +1,180 @@
+"""The target side of speculative decoding: the full causal LM with its tapped layers.
+
+``VerifyingTarget`` loads a local Hugging Face causal LM (with its LM head), registers
+forward hooks that copy the tapped layers' OUTPUTS of the newest positions into a
+caller-given buffer, and offers the two forwards speculative decoding needs: a prefill
+over the prompt and a verification over one block.
+
+Two verification modes:
+- ``cache``: a KV cache that is cut back to the accepted tokens after every block.
+  Only targets whose every layer is plain full attention can be cut back exactly.
+- ``recompute``: every verification runs over the whole sequence so far plus the block,
+  without a cache. Exact for every architecture (hybrid Gated DeltaNet targets keep
+  recurrent states that cannot be rolled back), and cheap for short toy sequences.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+MODES = ("auto", "cache", "recompute")
+
+
+def resolve_eval_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``"auto"``: bf16 on CUDA, float32 on CPU; otherwise the named dtype."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def supports_cache_rollback(config: object) -> bool:
+    """Whether a KV cache of this target can be cut back exactly (all full attention)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return set(layer_types) == {"full_attention"} and not getattr(
+        config, "use_sliding_window", False
+    )
+
+
+def _cache_keyword(model: nn.Module) -> str:
+    """The forward keyword of the KV cache: ``cache`` (newer transformers) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class VerifyingTarget:
+    """A frozen causal LM whose tapped layers' outputs are captured by forward hooks.
+
+    Attributes: ``model`` (the HF causal LM), ``tap_layers``, ``hidden_size``,
+    ``vocab_size``, ``device``, ``dtype``, ``mode`` ("cache" or "recompute").
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tap_layers: list[int],
+        mode: str = "auto",
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"verification mode {mode!r} is not one of {', '.join(MODES)}")
+        config = model.config
+        layers = model.model.layers
+        for layer in tap_layers:
+            if not 0 <= layer < len(layers):
+                raise ValueError(
+                    f"tapped layer {layer} is out of range: the target has {len(layers)} layers "
+                    f"(valid 0..{len(layers) - 1}); the drafter belongs to another target"
+                )
+        rollback = supports_cache_rollback(config)
+        if mode == "cache" and not rollback:
+            raise ValueError(
+                "verification mode 'cache' needs a target whose layers are all full attention; "
+                "this one has linear-attention or sliding-window layers: use 'recompute'"
+            )
+        self.model = model
+        self.tap_layers = list(tap_layers)
+        self.hidden_size = int(config.hidden_size)
+        self.vocab_size = int(config.vocab_size)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.mode = ("cache" if rollback else "recompute") if mode == "auto" else mode
+        self._cache_keyword = _cache_keyword(model)
+        self._cache: DynamicCache | None = None
+        self._dest: torch.Tensor | None = None
+        for k, layer in enumerate(self.tap_layers):
+            layers[layer].register_forward_hook(self._tap_hook(k))
+
+    @property
+    def tap_width(self) -> int:
+        """Columns of the context features: K tapped layers of H each."""
+        return len(self.tap_layers) * self.hidden_size
+
+    def prefill(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Run the prompt [n]; write its taps into ``features`` [n, K*H]; return the next token.
+
+        Starts a new sequence (a fresh cache in ``cache`` mode).
+        """
+        if self.mode == "cache":
+            self._cache = DynamicCache(config=self.model.config)
+        logits = self._forward(prompt_ids, features, keep=1)
+        return logits[-1].argmax()
+
+    def verify(
+        self, sequence: torch.Tensor, committed: int, block_size: int, features: torch.Tensor
+    ) -> torch.Tensor:
+        """Score one block; return the target's greedy token after each block position.
+
+        ``sequence`` holds the ``committed`` tokens whose taps are known, followed by the
+        block [anchor, drafts...] of ``block_size`` tokens. The block's taps go into
+        ``features`` [block_size, K*H]. Returns [block_size] token ids: entry k is the
+        target's greedy choice for the position after block position k. In ``cache`` mode
+        the cache then holds all block tokens: call ``rollback`` with the kept count.
+        """
+        if self.mode == "cache":
+            tokens = sequence[committed : committed + block_size]
+        else:
+            tokens = sequence[: committed + block_size]
+        logits = self._forward(tokens, features, keep=block_size)
+        return logits.argmax(dim=-1)
+
+    def rollback(self, length: int) -> None:
+        """Cut the cache back to its first ``length`` positions (no-op in ``recompute`` mode)."""
+        if self._cache is None:
+            return
+        remove = self._cache.get_seq_length() - length
+        if remove > 0:
+            self._cache.crop(-remove)
+
+    def _forward(self, tokens: torch.Tensor, features: torch.Tensor, keep: int) -> torch.Tensor:
+        """One forward of ``tokens`` [L]; taps of the last ``features.shape[0]`` positions go
+        into ``features``; returns the logits [keep, V] of the last ``keep`` positions."""
+        kwargs: dict[str, object] = {"use_cache": self.mode == "cache", "logits_to_keep": keep}
+        if self._cache is not None and self.mode == "cache":
+            kwargs[self._cache_keyword] = self._cache
+        self._dest = features
+        try:
+            with torch.inference_mode():
+                output = self.model(input_ids=tokens.unsqueeze(0), **kwargs)
+        finally:
+            self._dest = None
+        return output.logits[0]
+
+    def _tap_hook(self, k: int) -> Callable[[nn.Module, tuple, object], None]:
+        columns = slice(k * self.hidden_size, (k + 1) * self.hidden_size)
+
+        def hook(_module: nn.Module, _args: tuple, output: object) -> None:
+            if self._dest is None:
+                return
+            hidden = output[0] if isinstance(output, tuple) else output
+            rows = self._dest.shape[0]
+            self._dest[:, columns].copy_(hidden[0, -rows:])
+
+        return hook
+
+
+def load_verifying_target(
+    path: str | Path,
+    tap_layers: list[int],
+    device: torch.device | str = "cpu",
+    dtype: str = "auto",
+    mode: str = "auto",
+) -> VerifyingTarget:
+    """Load the full causal LM of a local HF directory (never the hub), frozen, in eval mode."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: no config.json; --target must be a local Hugging Face model directory"
+        )
+    device = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_eval_dtype(dtype, device), local_files_only=True
+    )
+    model.to(device).eval().requires_grad_(False)
+    return VerifyingTarget(model, tap_layers, mode)

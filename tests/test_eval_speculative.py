@@ -1,0 +1,148 @@
+"""Speculative decoding against scripted drafters on tiny dense and hybrid targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringtrain.eval import (
+    PromptOutcome,
+    VerifyingTarget,
+    greedy_generate,
+    load_verifying_target,
+    speculative_generate,
+    summarize,
+)
+from ringtrain.target.tiny import build_tiny_target
+
+TAPS = [1, 3, 5]
+BLOCK = 6
+NEW_TOKENS = 40
+
+
+class ScriptedDrafter:
+    """Proposes the known greedy continuation, right on its first ``correct`` positions only.
+
+    Records every context it is given, to check the features against a full forward."""
+
+    def __init__(self, sequence: list[int], correct: int, vocab_size: int) -> None:
+        self.block_size = BLOCK
+        self.mask_token_id = vocab_size - 1
+        self.tap_layers = TAPS
+        self.sequence = sequence
+        self.correct = correct
+        self.vocab_size = vocab_size
+        self.contexts: list[torch.Tensor] = []
+
+    def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
+        assert context.shape[0] == start
+        assert int(block[0]) == self.sequence[start]
+        assert (block[1:] == self.mask_token_id).all()
+        self.contexts.append(context.clone())
+        truth = self.sequence[start + 1 : start + self.block_size]
+        truth = truth + [0] * (self.block_size - 1 - len(truth))
+        drafts = [t if k < self.correct else (t + 1) % self.vocab_size for k, t in enumerate(truth)]
+        return torch.tensor(drafts, dtype=torch.long)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["dense", "hybrid"])
+def target_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    hybrid = request.param
+    return build_tiny_target(tmp_path_factory.mktemp("target"), seed=3, hybrid=hybrid)
+
+
+def _prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def _tapped_features(target: VerifyingTarget, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[layer + 1][0] for layer in TAPS], dim=-1)
+
+
+@pytest.mark.parametrize("correct", [0, 2, BLOCK - 1])
+def test_output_equals_greedy_and_tau_counts_accepted_drafts(
+    target_dir: Path, correct: int
+) -> None:
+    target = load_verifying_target(target_dir, TAPS)
+    prompt = _prompt(12, seed=correct)
+    greedy = greedy_generate(target, prompt, NEW_TOKENS)
+    assert len(greedy.tokens) == NEW_TOKENS
+    drafter = ScriptedDrafter(prompt.tolist() + greedy.tokens, correct, target.vocab_size)
+    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS)
+    assert spec.tokens == greedy.tokens
+    assert spec.accepted[:-1] == [correct] * (len(spec.accepted) - 1)
+    report = summarize([PromptOutcome(0, len(prompt), spec, greedy)], BLOCK)
+    assert report.lossless
+    assert report.verify_forwards == len(spec.accepted)
+    expected_forwards = -(-(NEW_TOKENS - 1) // (correct + 1))
+    assert report.verify_forwards == expected_forwards
+    assert report.acceptance[correct:] == [0.0] * (BLOCK - 1 - correct)
+    if correct:
+        assert report.acceptance[correct - 1] > 0.5
+
+
+def test_drafter_sees_the_targets_tapped_features(target_dir: Path) -> None:
+    target = load_verifying_target(target_dir, TAPS)
+    prompt = _prompt(9, seed=7)
+    greedy = greedy_generate(target, prompt, 20)
+    sequence = prompt.tolist() + greedy.tokens
+    drafter = ScriptedDrafter(sequence, 2, target.vocab_size)
+    speculative_generate(target, drafter, prompt, 20)
+    last = drafter.contexts[-1]
+    expected = _tapped_features(target, sequence[: last.shape[0]])
+    torch.testing.assert_close(last, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_and_recompute_modes_agree(tmp_path: Path) -> None:
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    cached = load_verifying_target(directory, TAPS, mode="cache")
+    recomputed = load_verifying_target(directory, TAPS, mode="recompute")
+    assert (cached.mode, recomputed.mode) == ("cache", "recompute")
+    prompt = _prompt(10, seed=1)
+    greedy = greedy_generate(cached, prompt, 30)
+    sequence = prompt.tolist() + greedy.tokens
+    runs = []
+    for target in (cached, recomputed):
+        drafter = ScriptedDrafter(sequence, 3, target.vocab_size)
+        runs.append(speculative_generate(target, drafter, prompt, 30))
+        torch.testing.assert_close(
+            drafter.contexts[-1],
+            _tapped_features(target, sequence[: drafter.contexts[-1].shape[0]]),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+    assert runs[0].tokens == runs[1].tokens == greedy.tokens
+
+
+def test_stop_token_ends_both_decodings(tmp_path: Path) -> None:
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    target = load_verifying_target(directory, TAPS)
+    prompt = _prompt(10, seed=2)
+    free = greedy_generate(target, prompt, 30).tokens
+    stop = free[7]
+    greedy = greedy_generate(target, prompt, 30, stop_ids=[stop])
+    assert greedy.tokens == free[: free.index(stop) + 1]
+    drafter = ScriptedDrafter(prompt.tolist() + free, BLOCK - 1, target.vocab_size)
+    spec = speculative_generate(target, drafter, prompt, 30, stop_ids=[stop])
+    assert spec.tokens == greedy.tokens
+
+
+def test_cache_mode_is_refused_for_hybrid_targets(tmp_path: Path) -> None:
+    directory = build_tiny_target(tmp_path / "hybrid", seed=5, hybrid=True)
+    with pytest.raises(ValueError, match="recompute"):
+        load_verifying_target(directory, TAPS, mode="cache")
+    assert load_verifying_target(directory, TAPS).mode == "recompute"
+
+
+def test_mismatch_is_reported() -> None:
+    from ringtrain.eval import Generation
+
+    outcome = PromptOutcome(3, 5, Generation([1, 2, 3], [2], 0.1), Generation([1, 2, 4], [], 0.1))
+    report = summarize([outcome], BLOCK)
+    assert not report.lossless
+    assert report.mismatches[0]["prompt"] == 3
+    assert report.mismatches[0]["position"] == 2
