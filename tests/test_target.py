@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModel
 
-from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError
+from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, read_target_config
 from ringtrain.target.loader import load_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.taps import default_tap_layers
@@ -202,6 +202,8 @@ def test_multimodal_layout_with_sharded_index(tiny_dirs: dict[bool, Path], tmp_p
     weight_map = {key: name for name, shard_keys in shards.items() for key in shard_keys}
     (nested / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
+    config = read_target_config(nested)
+    assert (config.model_type, config.num_hidden_layers) == ("qwen3_5_text", NUM_LAYERS)
     batch = Padded(make_docs(6, (30, 11), 512), width=32)
     from_nested = run_taps(TargetRunner(load_target(nested, num_taps=3)), batch)
     from_plain = run_taps(TargetRunner(load_target(plain, num_taps=3)), batch)

@@ -36,6 +36,15 @@ class TargetLoadError(ValueError):
     """A target directory that cannot be used; the message names the problem and the fix."""
 
 
+def truncated_config_values(values: dict, num_layers: int) -> dict:
+    """Config values cut to the first ``num_layers`` layers (per-layer lists included)."""
+    cut = {**values, "num_hidden_layers": num_layers}
+    for key in PER_LAYER_CONFIG_KEYS:
+        if isinstance(cut.get(key), list):
+            cut[key] = cut[key][:num_layers]
+    return cut
+
+
 class TargetCheckpoint:
     """One local target directory: parsed text config and an index of its weight files."""
 
@@ -75,13 +84,9 @@ class TargetCheckpoint:
         Per-layer entries (``layer_types``) are cut together with ``num_hidden_layers``,
         so a model built from the result never allocates the dropped layers.
         """
-        values = dict(self.text_config_dict)
-        values["model_type"] = self.model_type
+        values = {**self.text_config_dict, "model_type": self.model_type}
         if num_layers is not None:
-            values["num_hidden_layers"] = num_layers
-            for key in PER_LAYER_CONFIG_KEYS:
-                if isinstance(values.get(key), list):
-                    values[key] = values[key][:num_layers]
+            values = truncated_config_values(values, num_layers)
         return CONFIG_MAPPING[self.model_type].from_dict(values)
 
     def text_key(self, name: str) -> str:
@@ -166,3 +171,12 @@ class TargetCheckpoint:
             f"{self.path}: no token embedding (*embed_tokens.weight) among the checkpoint's "
             f"weights; this is not a supported decoder checkpoint"
         )
+
+
+def read_target_config(path: str | Path) -> PretrainedConfig:
+    """The FULL HF text config of a target directory, after checking config and weights.
+
+    Cheap (reads config.json and the weight index or safetensors headers only), so
+    every rank can validate its inputs with it before any GPU work.
+    """
+    return TargetCheckpoint(path).text_config()

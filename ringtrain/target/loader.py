@@ -106,16 +106,32 @@ def load_target(
             "flash-linear-attention is not installed: the hybrid target runs the slow torch "
             "fallback on GPU (install the 'gpu' extra)"
         )
-    config = checkpoint.text_config(num_layers=kept)
+    module = build_truncated_model(
+        checkpoint.text_config(num_layers=kept), device, dtype, attn_implementation
+    )
+    _load_weights(module, checkpoint, device)
+    log.info("target loaded in %.1f s", time.perf_counter() - started)
+    return TappedTarget(module, full_config, taps, device, dtype)
+
+
+def build_truncated_model(
+    config: PretrainedConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str = "sdpa",
+) -> nn.Module:
+    """The frozen HF text model of an (already truncated) config, weights NOT yet set.
+
+    Built on the meta device, final norm replaced by identity, then given uninitialised
+    storage on ``device``; computed buffers (rotary frequencies) are real. The caller
+    fills every parameter (from a checkpoint, or randomly for benchmarks).
+    """
     with torch.device("meta"):
         module = AutoModel.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     module.norm = nn.Identity()
     module.to_empty(device=device)
-    _load_weights(module, checkpoint, device)
     _rebuild_computed_buffers(module, device)
-    module.eval().requires_grad_(False)
-    log.info("target loaded in %.1f s", time.perf_counter() - started)
-    return TappedTarget(module, full_config, taps, device, dtype)
+    return module.eval().requires_grad_(False)
 
 
 def _load_weights(module: nn.Module, checkpoint: TargetCheckpoint, device: torch.device) -> None:

@@ -48,7 +48,12 @@ class TargetRunner:
     matching the ring slot's packed layout (and the data pipeline's ``token_index``).
     """
 
-    def __init__(self, target: TappedTarget) -> None:
+    def __init__(self, target: TappedTarget, device: torch.device | str | None = None) -> None:
+        if device is not None and torch.device(device) != target.device:
+            raise ValueError(
+                f"TargetRunner on {device} for a target loaded on {target.device}; pass the "
+                f"device the target was loaded on (or none)"
+            )
         self.target = target
         self.device = target.device
         self._cuda = self.device.type == "cuda"

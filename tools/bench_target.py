@@ -1,0 +1,281 @@
+"""Benchmark the target forward: tokens/s, MFU, first-call time and peak memory.
+
+Random-weight targets are built in memory from a config (no files), truncated after the
+deepest of the 5 DFlash taps, and run through TargetRunner (pinned staging, side-stream
+H2D) into a packed [N, K*H] output on the GPU ("device" out) and in pinned host memory
+("host" out, the host-ring transport). Shapes:
+
+- qwen3-8b: Qwen3-8B (36 layers, hidden 4096, 32 q / 8 kv heads of 128, MLP 12288,
+  vocab 151936);
+- qwen3.5-hybrid: transformers' Qwen3.5 text config defaults (Gated DeltaNet layers,
+  3 linear : 1 full attention); FLA Triton kernels when flash-linear-attention is
+  installed, else the torch fallback.
+
+FLOPs (forward, per token): 2 x every decoder-layer linear weight kept, plus causal
+attention 4 * q_heads * head_dim * (S+1)/2, plus for Gated DeltaNet layers the causal
+convolution 2 * channels * kernel and the chunked delta-rule core, estimated as
+v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 989e12
+(H200 dense bf16).
+
+    python tools/bench_target.py --json                     # both shapes, 8192 and 16384 tokens
+    python tools/bench_target.py --shape qwen3-8b --tokens 8192 --json
+    python tools/bench_target.py --device cpu --small --json  # smoke run without a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from torch import nn
+from transformers import CONFIG_MAPPING, PretrainedConfig
+
+from ringtrain.target.checkpoint import truncated_config_values
+from ringtrain.target.loader import build_truncated_model, linear_attention_backend
+from ringtrain.target.runner import TargetRunner
+from ringtrain.target.tapped import TappedTarget
+from ringtrain.target.taps import default_tap_layers
+
+PEAK_FLOPS = 989e12
+NUM_TAPS = 5
+GDN_CHUNK = 64
+SHAPES: dict[str, tuple[str, dict]] = {
+    "qwen3-8b": (
+        "qwen3",
+        {
+            "vocab_size": 151936,
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+        },
+    ),
+    "qwen3.5-hybrid": ("qwen3_5_text", {}),
+}
+# --small: the same model types at toy size, for a CPU smoke run.
+SMALL: dict[str, dict] = {
+    "qwen3-8b": {
+        "vocab_size": 2048,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    },
+    "qwen3.5-hybrid": {
+        "vocab_size": 2048,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+    },
+}
+
+
+def build_config(shape: str, small: bool) -> PretrainedConfig:
+    """The full (untruncated) text config of a benchmark shape."""
+    model_type, values = SHAPES[shape]
+    if small:
+        values = {**values, **SMALL[shape]}
+    return CONFIG_MAPPING[model_type](**values)
+
+
+def fill_random(module: nn.Module, seed: int) -> None:
+    """Random weights of sane scale (unit norms, Gated DeltaNet decay in its usual range)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("A_log"):
+                param.uniform_(1.0, 16.0).log_()
+            elif name.endswith("dt_bias") or param.dim() == 1:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02)
+
+
+def flops_per_token(config: PretrainedConfig, module: nn.Module, seq_len: int) -> float:
+    """Forward FLOPs per token of the kept layers (see the module docstring)."""
+    linear = sum(m.weight.numel() for m in module.layers.modules() if isinstance(m, nn.Linear))
+    total = 2.0 * linear
+    head_dim = config.head_dim
+    for layer_type in getattr(config, "layer_types", None) or ["full_attention"] * len(
+        module.layers
+    ):
+        if layer_type == "linear_attention":
+            dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+            heads_v, heads_k = config.linear_num_value_heads, config.linear_num_key_heads
+            channels = 2 * heads_k * dk + heads_v * dv
+            total += 2 * channels * config.linear_conv_kernel_dim
+            total += heads_v * (6 * dk * dv + 2 * GDN_CHUNK * (dk + dv))
+        else:
+            total += 4 * config.num_attention_heads * head_dim * (seq_len + 1) / 2
+    return total
+
+
+def padded_batch(rows: int, seq_len: int, vocab_size: int) -> object:
+    """A full [rows, seq_len] batch (no padding) with random token ids."""
+    rng = np.random.default_rng(0)
+
+    class Batch:
+        input_ids = rng.integers(0, vocab_size, size=(rows, seq_len), dtype=np.int64)
+        attention_mask = np.ones((rows, seq_len), dtype=np.int64)
+
+    return Batch()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    runner: TargetRunner, batch: object, out: torch.Tensor, iters: int, device: torch.device
+) -> tuple[float, float]:
+    """(first call seconds, mean seconds per step over ``iters`` steps after warm-up)."""
+    started = time.perf_counter()
+    runner.prefetch(batch)
+    runner.forward_into(out)
+    synchronize(device)
+    first_call = time.perf_counter() - started
+    for _ in range(2):
+        runner.prefetch(batch)
+        runner.forward_into(out)
+    synchronize(device)
+    started = time.perf_counter()
+    runner.prefetch(batch)
+    for step in range(iters):
+        runner.forward_into(out)
+        if step + 1 < iters:
+            runner.prefetch(batch)
+    synchronize(device)
+    return first_call, (time.perf_counter() - started) / iters
+
+
+def bench_shape(args: argparse.Namespace, shape: str, device: torch.device) -> list[dict]:
+    """All token counts and output placements of one shape."""
+    config = build_config(shape, args.small)
+    taps = default_tap_layers(config.num_hidden_layers, NUM_TAPS)
+    kept = max(taps) + 1
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    truncated = CONFIG_MAPPING[config.model_type].from_dict(
+        truncated_config_values(config.to_dict(), kept)
+    )
+    backend = linear_attention_backend(config, device)
+    started = time.perf_counter()
+    module = build_truncated_model(truncated, device, dtype)
+    fill_random(module, seed=0)
+    synchronize(device)
+    build_s = time.perf_counter() - started
+    target = TappedTarget(module, config, taps, device, dtype)
+    runner = TargetRunner(target)
+    weights_gib = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**30
+    results = []
+    for tokens in args.tokens:
+        rows = max(1, tokens // args.seq_len)
+        seq_len = min(args.seq_len, tokens)
+        batch = padded_batch(rows, seq_len, config.vocab_size)
+        n = rows * seq_len
+        flops = flops_per_token(truncated, module, seq_len) * n
+        placements = ["device", "host"] if device.type == "cuda" else ["device"]
+        for placement in placements:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            out_device = device if placement == "device" else torch.device("cpu")
+            out = torch.empty(
+                n, target.tap_width, dtype=dtype, device=out_device, pin_memory=placement == "host"
+            )
+            first_call, step_s = measure(runner, batch, out, args.iters, device)
+            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+            results.append(
+                {
+                    "shape": shape,
+                    "model_type": config.model_type,
+                    "layers_kept": kept,
+                    "layers_total": config.num_hidden_layers,
+                    "taps": taps,
+                    "hidden_size": config.hidden_size,
+                    "linear_attention": backend,
+                    "tokens": n,
+                    "rows": rows,
+                    "seq_len": seq_len,
+                    "out": placement,
+                    "build_s": round(build_s, 2),
+                    "first_call_s": round(first_call, 3),
+                    "step_ms": round(step_s * 1e3, 3),
+                    "tokens_per_s": round(n / step_s),
+                    "tflops": round(flops / step_s / 1e12, 1),
+                    "mfu": round(flops / step_s / PEAK_FLOPS, 4),
+                    "weights_gib": round(weights_gib, 2),
+                    "peak_mem_gib": round(peak, 2),
+                }
+            )
+            del out
+    del runner, target, module
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return results
+
+
+def versions() -> dict[str, str | None]:
+    try:
+        fla = importlib.metadata.version("flash-linear-attention")
+    except importlib.metadata.PackageNotFoundError:
+        fla = None
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "flash_linear_attention": fla,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
+    parser.add_argument("--seq-len", type=int, default=2048, help="padded row length")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    results = []
+    for shape in args.shape or sorted(SHAPES):
+        results.extend(bench_shape(args, shape, device))
+
+    header = f"{'shape':<15} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} {'first s':>8} {'peak GiB':>8}"
+    print(header)
+    for r in results:
+        print(
+            f"{r['shape']:<15} {r['tokens']:>6} {r['out']:<6} {r['tokens_per_s']:>9} "
+            f"{r['mfu']:>6.3f} {r['first_call_s']:>8.2f} {r['peak_mem_gib']:>8.2f}"
+        )
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"device": device_name, **versions(), "results": results}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_target.json").write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
