@@ -124,6 +124,13 @@ def _check_mask_values(segment: Segment) -> None:
     )
 
 
+def validate_segment(segment: Segment, vocab_size: int | None) -> None:
+    """Check token ids against the vocabulary (if given) and that the mask is 0/1."""
+    if vocab_size is not None:
+        _check_vocab(segment, vocab_size)
+    _check_mask_values(segment)
+
+
 def _check_max_len(segment: Segment, max_len: int) -> None:
     too_long = np.flatnonzero(segment.lengths > max_len)
     if not len(too_long):
@@ -166,9 +173,7 @@ def open_dataset(
     kept_segment, kept_start, kept_length = [], [], []
     num_truncated = num_supervised = 0
     for index, segment in enumerate(segments):
-        if vocab_size is not None:
-            _check_vocab(segment, vocab_size)
-        _check_mask_values(segment)
+        validate_segment(segment, vocab_size)
         if not truncate:
             _check_max_len(segment, max_len)
         lengths = np.minimum(segment.lengths, max_len)

@@ -1,0 +1,207 @@
+"""ringtrain-data prepare/inspect round trip with a tokenizer built here (Qwen-style template)."""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data import BatchStream, open_dataset
+from ringtrain.data.chat import ConversationEncoder, conversation_messages
+from ringtrain.data.errors import DatasetError
+from ringtrain.data.prepare import prepare_dataset
+
+# The shape of Qwen2.5's template: a default system turn, <|im_start|>role\n...<|im_end|>\n.
+QWEN_STYLE_TEMPLATE = (
+    "{%- if not messages or messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a helpful assistant answers questions about trains and rings",
+    "what is the capital of france? paris is the capital of france.",
+    "write a short poem about the sea and the wind",
+    "you are a helpful assistant. system user assistant",
+]
+CONVERSATIONS = [
+    {
+        "messages": [
+            {"role": "user", "content": "what is the capital of france?"},
+            {"role": "assistant", "content": "paris is the capital of france."},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "system", "value": "you are a poet."},
+            {"from": "human", "value": "write a short poem about the sea"},
+            {"from": "gpt", "value": "the sea and the wind, the quick brown fox"},
+            {"from": "human", "value": "and about trains?"},
+            {"from": "gpt", "value": "trains and rings jump over the lazy dog"},
+        ]
+    },
+    {"messages": [{"role": "user", "content": "hello there"}]},  # nothing to supervise
+]
+ASSISTANT_TEXTS = [
+    ["paris is the capital of france."],
+    ["the sea and the wind, the quick brown fox", "trains and rings jump over the lazy dog"],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = Tokenizer(models.BPE())
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    model.train_from_iterator(SENTENCES, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=model, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = QWEN_STYLE_TEMPLATE
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("chats") / "chats.jsonl"
+    path.write_text("\n".join(json.dumps(c) for c in CONVERSATIONS) + "\n\n")
+    return path
+
+
+def _expected_mask(tokenizer, ids: np.ndarray, assistant_texts: list[str]) -> np.ndarray:
+    """Mark, by decoding, the tokens of each '<assistant text><|im_end|>' in order."""
+    pieces = [tokenizer.decode([int(i)]) for i in ids]
+    text = "".join(pieces)
+    ends = np.cumsum([len(p) for p in pieces])
+    starts = ends - [len(p) for p in pieces]
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    cursor = 0
+    for answer in assistant_texts:
+        begin = text.index("<|im_start|>assistant\n" + answer + "<|im_end|>", cursor)
+        begin += len("<|im_start|>assistant\n")
+        end = begin + len(answer + "<|im_end|>")
+        mask[(starts < end) & (ends > begin)] = 1
+        cursor = end
+    return mask
+
+
+def test_prepare_inspect_train_round_trip(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "data"
+    args = [
+        "prepare",
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--input",
+        str(chats),
+        "--output",
+        str(out),
+    ]
+    assert data_main([*args, "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 samples" in printed and "dropped 1" in printed
+
+    assert data_main(["inspect", str(out), "--vocab-size", "300", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["rows"] == 2 and 0 < stats["supervised_fraction"] < 1
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    ds = open_dataset(out, max_len=512, truncate=False, block_size=2, vocab_size=len(tokenizer))
+    assert ds.num_rows == 2
+    stream = BatchStream(ds, token_budget=512, bucket=32, seed=0, rank=0, world=1)
+    found = 0
+    for batch in islice(stream, stream.batches_per_epoch):
+        for d in range(batch.num_docs):
+            doc = slice(batch.cu_seqlens[d], batch.cu_seqlens[d + 1])
+            ids, mask = batch.input_ids[doc], batch.loss_mask[doc]
+            text = tokenizer.decode(ids)
+            index = 0 if "paris" in text else 1
+            rendered = tokenizer.apply_chat_template(
+                conversation_messages(CONVERSATIONS[index], "test"), tokenize=False
+            )
+            assert text == rendered  # the template's rendering, no extra special tokens
+            expected = _expected_mask(tokenizer, ids, ASSISTANT_TEXTS[index])
+            np.testing.assert_array_equal(mask, expected)
+            masked_text = tokenizer.decode(ids[mask.astype(bool)])
+            assert masked_text == "<|im_end|>".join(ASSISTANT_TEXTS[index]) + "<|im_end|>"
+            found += 1 << index
+    assert found == 3
+
+
+def test_parallel_prepare_matches_serial(tokenizer_dir: Path, chats: Path, tmp_path: Path) -> None:
+    serial = prepare_dataset(tokenizer_dir, chats, tmp_path / "a", workers=1, progress=None)
+    parallel = prepare_dataset(tokenizer_dir, chats, tmp_path / "b", workers=2, progress=None)
+    assert serial == parallel
+    a = (tmp_path / "a" / "data-00000.arrow").read_bytes()
+    assert a == (tmp_path / "b" / "data-00000.arrow").read_bytes()
+
+
+def test_max_len_truncates(tokenizer_dir: Path, chats: Path, tmp_path: Path) -> None:
+    # The rows have 59 and 133 tokens; their first assistant tokens are at 45 and 51.
+    totals = prepare_dataset(tokenizer_dir, chats, tmp_path / "t", max_len=56, progress=None)
+    assert totals.truncated == 2 and totals.tokens == 112
+    assert totals.supervised_tokens == (56 - 45) + (56 - 51)
+    assert open_dataset(tmp_path / "t", max_len=56, truncate=False, block_size=1).max_row_len == 56
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"chats\.jsonl:2: not valid JSON"),
+        ('{"text": "hi"}', r"chats\.jsonl:2: expected an object with a non-empty 'messages'"),
+        (
+            '{"messages": [{"role": "robot", "content": "x"}]}',
+            r"chats\.jsonl:2: message 0 has role 'robot'",
+        ),
+        ('{"messages": [{"role": "user"}]}', r"chats\.jsonl:2: message 0 has no text 'content'"),
+    ],
+)
+def test_bad_input_lines_are_named(
+    tokenizer_dir: Path, tmp_path: Path, line: str, message: str
+) -> None:
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(CONVERSATIONS[0]) + "\n" + line + "\n")
+    with pytest.raises(DatasetError, match=message):
+        prepare_dataset(tokenizer_dir, path, tmp_path / "out", progress=None)
+    assert not any((tmp_path / "out").iterdir())  # no partial dataset left behind
+
+
+def test_existing_output_is_refused(tokenizer_dir: Path, chats: Path, tmp_path: Path) -> None:
+    prepare_dataset(tokenizer_dir, chats, tmp_path / "o", progress=None)
+    with pytest.raises(DatasetError, match="already holds a dataset"):
+        prepare_dataset(tokenizer_dir, chats, tmp_path / "o", progress=None)
+
+
+def test_inspect_fails_on_bad_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "bad.arrow").write_bytes(b"garbage")
+    assert data_main(["inspect", str(tmp_path)]) == 2
+    assert "bad.arrow: cannot read" in capsys.readouterr().err
+
+
+def test_template_without_end_marker_is_rejected(tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(DatasetError, match="no end-of-turn marker"):
+        ConversationEncoder(tokenizer)
