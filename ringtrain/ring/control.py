@@ -149,11 +149,15 @@ class ControlBlock:
         self.fifo = np.ndarray(
             (spec.num_slots,), dtype="<i4", buffer=buffer, offset=layout.fifo_offset
         )
-        # Per-field views, so hot paths index plain integer arrays.
-        self.slot_state = self.slots["state"]
+        # Per-field column views, so hot paths index plain integer arrays.
+        self.slot = {name: self.slots[name] for name in SLOT.names}
+        self.rank = {name: self.ranks[name] for name in layout.rank.names}
+        self.slot_state = self.slot["state"]
         self.fifo_head = self.header["fifo_head"]
         self.fifo_tail = self.header["fifo_tail"]
         self.closing = self.header["closing"]
+        self._buffer = buffer
+        self._desc_offset = layout.slots_offset + SLOT.fields["desc"][1]
 
     @staticmethod
     def read_spec(buffer: mmap.mmap, where: str) -> RingSpec:
@@ -168,16 +172,22 @@ class ControlBlock:
             )
         return RingSpec.decode(get_bytes(header["spec"], header["spec_len"]))
 
+    def write_desc(self, slot: int, data: bytes) -> None:
+        """Store a slot's encoded descriptor (raises ValueError if it does not fit)."""
+        if len(data) > DESC_BYTES:
+            raise ValueError(f"descriptor of {len(data)} bytes exceeds {DESC_BYTES}")
+        start = self._desc_offset + slot * SLOT.itemsize
+        self._buffer[start : start + len(data)] = data
+        self.slot["desc_len"][slot] = len(data)
+
+    def read_desc(self, slot: int) -> bytes:
+        """The encoded descriptor of `slot`."""
+        start = self._desc_offset + slot * SLOT.itemsize
+        return self._buffer[start : start + int(self.slot["desc_len"][slot])]
+
     def drop(self) -> None:
         """Release every view so the mapping can be closed."""
-        for name in (
-            "header",
-            "slots",
-            "ranks",
-            "fifo",
-            "slot_state",
-            "fifo_head",
-            "fifo_tail",
-            "closing",
-        ):
+        for name in ("header", "slots", "ranks", "fifo", "slot", "rank", "slot_state"):
+            setattr(self, name, None)
+        for name in ("fifo_head", "fifo_tail", "closing", "_buffer"):
             setattr(self, name, None)

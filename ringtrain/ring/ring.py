@@ -84,6 +84,8 @@ from ringtrain.ring.transport import (
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
+# Consumers cache (buffer, payload) views per (slot, tokens, docs); shapes are bucketed.
+VIEW_CACHE_SIZE = 4096
 
 
 @dataclass
@@ -374,7 +376,8 @@ class Ring:
             pass
         start = monotonic_ns()
         deadline = None if timeout is None else start + int(timeout * 1e9)
-        self._row["wait_start_ns"] = start
+        wait_start = self.control.rank["wait_start_ns"]
+        wait_start[self.local_index] = start
         try:
             while True:
                 try:
@@ -389,8 +392,8 @@ class Ring:
                             f"waited {timeout} s for {waits_on} (every peer alive)"
                         ) from None
         finally:
-            self._row[counter] += monotonic_ns() - start
-            self._row["wait_start_ns"] = 0
+            self.control.rank[counter][self.local_index] += monotonic_ns() - start
+            wait_start[self.local_index] = 0
 
     def _check_consumers_open(self, waits_on: str) -> None:
         """A producer waiting for a slot that no consumer will ever free raises RingClosed.
@@ -470,6 +473,8 @@ class Producer:
         self.first = self.index * spec.slots_per_producer
         self._sem = ring._free[self.index]
         self._seq = 0
+        self._pid = os.getpid()
+        self._encode = msgspec.msgpack.Encoder().encode
         if isinstance(ring.payload, DevicePayload):
             ring.payload.export(ring.local_index, self.index)
         self._slots = [
@@ -491,10 +496,10 @@ class Producer:
                 break
         else:
             raise RingError(f"producer {self.index}: free semaphore granted but no slot is FREE")
-        row = ring.control.slots[slot.index]
-        row["generation"] = ring.spec.generation
-        row["seq"] = self._seq
-        row["producer_pid"] = os.getpid()
+        column = ring.control.slot
+        column["generation"][slot.index] = ring.spec.generation
+        column["seq"][slot.index] = self._seq
+        column["producer_pid"][slot.index] = self._pid
         states[slot.index] = cb.WRITING
         self._pending = slot
         return slot
@@ -512,19 +517,16 @@ class Producer:
                 f"(max_tokens={spec.max_tokens}, max_docs={spec.max_docs})"
             )
         ring.payload.after_write(slot.index)
-        row = ring.control.slots[slot.index]
-        desc = msgspec.msgpack.encode((num_tokens, num_docs, meta))
-        if len(desc) > cb.DESC_BYTES:
-            raise RingError(
-                f"publish(): meta {meta} encodes to {len(desc)} bytes, over {cb.DESC_BYTES}"
-            )
-        cb.put_bytes(row, "desc", desc)
+        try:
+            ring.control.write_desc(slot.index, self._encode((num_tokens, num_docs, meta)))
+        except ValueError as exc:
+            raise RingError(f"publish(): meta {meta} is too large: {exc}") from None
         ring.control.slot_state[slot.index] = cb.READY
         self._pending = None
         self._seq += 1
         ring._push(slot.index)
         ring._ready.release()
-        ring._row["items"] += 1
+        ring.control.rank["items"][ring.local_index] += 1
 
     def finish(self) -> None:
         """No more items from this producer; consumers drain the FIFO and then see None."""
@@ -548,6 +550,10 @@ class Consumer:
             "cu_seqlens": torch.empty(spec.max_docs + 1, dtype=torch.int32, device=device),
         }
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._pid = os.getpid()
+        self._decode = msgspec.msgpack.Decoder().decode
+        self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
+        self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
 
     def take(self, timeout: float | None = None) -> ReadItem | None:
         """The next item (copied into this consumer's buffers), or None once all producers finished."""
@@ -562,46 +568,62 @@ class Consumer:
                 ring._ready.release()
                 return None
 
+    def _pairs(
+        self, slot: int, num_tokens: int, num_docs: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(own buffer, slot payload) view pairs for one item shape, cached (bucketed shapes)."""
+        key = (slot, num_tokens, num_docs)
+        pairs = self._pair_cache.get(key)
+        if pairs is None:
+            if len(self._pair_cache) >= VIEW_CACHE_SIZE:
+                self._pair_cache.clear()
+            source = self.ring.payload.reader_views(slot)
+            sizes = {name: num_tokens for name in self._buffers} | {"cu_seqlens": num_docs + 1}
+            views = [buffer[: sizes[name]] for name, buffer in self._buffers.items()]
+            copies = [
+                (view, source[name][: sizes[name]])
+                for view, name in zip(views, self._buffers, strict=True)
+                if sizes[name]
+            ]
+            pairs = (views, copies)
+            self._pair_cache[key] = pairs
+        return pairs
+
     def _read(self, slot: int) -> ReadItem:
-        ring, spec = self.ring, self.ring.spec
+        ring, spec, index = self.ring, self.ring.spec, self.ring.local_index
         ctl = ring.control
-        row = ctl.slots[slot]
-        row["reader"] = ring.local_index
-        row["consumer_pid"] = os.getpid()
+        column = ctl.slot
+        column["reader"][slot] = index
+        column["consumer_pid"][slot] = self._pid
         ctl.slot_state[slot] = cb.READING
-        num_tokens, num_docs, meta = msgspec.msgpack.decode(
-            cb.get_bytes(row["desc"], row["desc_len"])
-        )
-        seq = int(row["seq"])
-        sizes = {
-            "hidden": num_tokens,
-            "input_ids": num_tokens,
-            "loss_mask": num_tokens,
-            "position_ids": num_tokens,
-            "cu_seqlens": num_docs + 1,
-        }
-        source = ring.payload.reader_views(slot)
-        out = {name: buf[: sizes[name]] for name, buf in self._buffers.items()}
+        num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
+        seq = int(column["seq"][slot])
+        views, pairs = self._pairs(slot, num_tokens, num_docs)
         if self._stream is None:
-            for name, dst in out.items():
-                dst.copy_(source[name][: sizes[name]])
+            for dst, src in pairs:
+                dst.copy_(src)
         else:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             ring.payload.before_read(slot, self._stream)
             with torch.cuda.stream(self._stream):
-                for name, dst in out.items():
-                    dst.copy_(source[name][: sizes[name]], non_blocking=True)
+                for dst, src in pairs:
+                    dst.copy_(src, non_blocking=True)
             self._stream.synchronize()
         owner = slot // spec.slots_per_producer
-        row["reader"] = -1
+        column["reader"][slot] = -1
         ctl.slot_state[slot] = cb.FREE
         ring._free[owner].release()
-        ring._row["items"] += 1
+        ctl.rank["items"][index] += 1
+        hidden, input_ids, loss_mask, position_ids, cu_seqlens = views
         return ReadItem(
+            hidden=hidden,
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            position_ids=position_ids,
+            cu_seqlens=cu_seqlens,
             num_tokens=num_tokens,
             num_docs=num_docs,
             meta=meta,
-            producer_rank=spec.global_ranks[spec.producers[owner]],
+            producer_rank=self._producer_ranks[owner],
             seq=seq,
-            **out,
         )

@@ -8,6 +8,7 @@ layout is used for host slots and for device slabs.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass
 
@@ -87,15 +88,15 @@ class RingSpec:
         """Number of ring-local ranks (targets + drafters)."""
         return len(self.roles)
 
-    @property
-    def producers(self) -> list[int]:
+    @functools.cached_property
+    def producers(self) -> tuple[int, ...]:
         """Ring-local indices of the target ranks, in producer order."""
-        return [i for i, role in enumerate(self.roles) if role == "target"]
+        return tuple(i for i, role in enumerate(self.roles) if role == "target")
 
-    @property
-    def consumers(self) -> list[int]:
+    @functools.cached_property
+    def consumers(self) -> tuple[int, ...]:
         """Ring-local indices of the drafter ranks."""
-        return [i for i, role in enumerate(self.roles) if role == "drafter"]
+        return tuple(i for i, role in enumerate(self.roles) if role == "drafter")
 
     @property
     def num_slots(self) -> int:

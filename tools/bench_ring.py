@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Benchmark the ring with real processes: throughput, integrity and control latency.
+
+    tools/bench_ring.py --transport {host,device} --producers P --consumers C --slots S \
+        --item-mb M --items N [--control-items K] [--json]
+
+Phase 1 (throughput): P producer and C consumer processes move N items of M MiB of
+hidden state. Every item is stamped with (producer, sequence number) at its first and
+last elements and at strided positions (on the device for GPU buffers); consumers
+check the stamps and the descriptor. Producers write in place (as target hooks do),
+except for the host transport on CUDA, where each producer copies a full item from
+its GPU into the slot and each consumer copies it back to its GPU. `copy_gbps` is
+one plain copy of the same size on the same path (device->device, pinned
+host->device, or memcpy on CPU) measured in the same run; `ratio = gbps / copy_gbps`.
+
+Phase 2 (control): one producer, one consumer, one slot, empty payload; the round
+trip producer publish -> consumer take -> slot free again, p50 / p99 in microseconds.
+
+Prints a short table, then one JSON object as the LAST line (also written to
+$OUT/bench_ring.json when $OUT is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ringtrain.ring import Ring, RingSpec
+
+ROWS = 1024
+STAMPS = 64
+
+
+def _device_for(index: int) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", index % torch.cuda.device_count())
+
+
+def _spec(
+    run_id: str, producers: int, consumers: int, slots: int, item_bytes: int, transport: str
+) -> RingSpec:
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    width = max(1, item_bytes // (ROWS * dtype.itemsize))
+    return RingSpec(
+        run_id=run_id,
+        generation=0,
+        roles=["target"] * producers + ["drafter"] * consumers,
+        global_ranks=list(range(producers + consumers)),
+        slots_per_producer=slots,
+        max_tokens=ROWS,
+        max_docs=1,
+        hidden_width=width,
+        hidden_dtype=dtype,
+        transport=transport,
+        wait_timeout_s=1.0,
+        heartbeat_timeout_s=60.0,
+    )
+
+
+def _stamp_positions(hidden: torch.Tensor) -> torch.Tensor:
+    words = hidden.numel() * hidden.element_size() // 4
+    return torch.linspace(0, words - 1, STAMPS, device=hidden.device).long()
+
+
+def _words(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden.reshape(-1).view(torch.int32)
+
+
+def _pattern(producer: int, seq: int) -> int:
+    return (producer << 24) | seq
+
+
+def _worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
+    """One rank: index 0 creates the ring; targets produce `items` each, drafters consume."""
+    device = _device_for(index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ring = Ring.create(spec, index, device) if index == 0 else None
+    barrier.wait()
+    ring = ring or Ring.attach(spec.run_id, index, device)
+    barrier.wait()
+    ring.unlink()
+    try:
+        if spec.roles[index] == "target":
+            results.put(("target", index, _produce(ring, index, items, barrier, device)))
+        else:
+            results.put(("drafter", index, _consume(ring, barrier, device)))
+        ring.close(clean=True)
+    except BaseException as exc:
+        ring.set_error(repr(exc))
+        ring.close(clean=False)
+        raise
+
+
+def _produce(ring: Ring, index: int, items: int, barrier, device: torch.device) -> dict:
+    producer = ring.producer()
+    copy_full = ring.transport == "host" and device.type == "cuda"
+    source = None
+    if copy_full:
+        source = torch.zeros(
+            (ring.spec.max_tokens, ring.spec.hidden_width),
+            dtype=ring.spec.hidden_dtype,
+            device=device,
+        )
+    positions = None
+    barrier.wait()
+    start = time.monotonic_ns()
+    for seq in range(items):
+        slot = producer.acquire()
+        target = source if copy_full else slot.hidden
+        if positions is None:
+            positions = _stamp_positions(target)
+        _words(target).index_fill_(0, positions, _pattern(index, seq))
+        if copy_full:
+            slot.hidden.copy_(source, non_blocking=True)
+        producer.publish(slot, ring.spec.max_tokens, 1, {"producer": index, "seq": seq})
+    producer.finish()
+    return {"produced": items, "start_ns": start}
+
+
+def _consume(ring: Ring, barrier, device: torch.device) -> dict:
+    consumer = ring.consumer(device)
+    seen: list[tuple[int, int]] = []
+    bad = torch.zeros((), dtype=torch.int64, device=device)
+    nbytes = 0
+    positions = None
+    barrier.wait()
+    end = time.monotonic_ns()
+    while (item := consumer.take()) is not None:
+        producer, seq = item.meta["producer"], item.meta["seq"]
+        if positions is None:
+            positions = _stamp_positions(item.hidden)
+        stamps = _words(item.hidden).index_select(0, positions)
+        bad += (
+            (stamps != _pattern(producer, seq)).any()
+            | (item.seq != seq)
+            | (item.producer_rank != producer)
+        )
+        seen.append((producer, seq))
+        nbytes += item.hidden.numel() * item.hidden.element_size()
+        end = time.monotonic_ns()
+    return {"seen": seen, "corrupted": int(bad), "bytes": nbytes, "end_ns": end}
+
+
+def _control_worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
+    """Round trips with an empty payload through a one-slot ring."""
+    device = _device_for(0)
+    ring = Ring.create(spec, index, device) if index == 0 else None
+    barrier.wait()
+    ring = ring or Ring.attach(spec.run_id, index, device)
+    barrier.wait()
+    ring.unlink()
+    if index == 0:
+        producer = ring.producer()
+        trips = []
+        slot = producer.acquire()
+        for seq in range(items):
+            start = time.perf_counter_ns()
+            producer.publish(slot, 0, 0, {"seq": seq})
+            slot = producer.acquire()
+            trips.append((time.perf_counter_ns() - start) / 1e3)
+        producer.publish(slot, 0, 0, {"seq": items})
+        producer.finish()
+        results.put(trips)
+    else:
+        consumer = ring.consumer(device)
+        while consumer.take() is not None:
+            pass
+    ring.close(clean=True)
+
+
+def _run(target, nprocs: int, args: tuple, expected: int) -> list:
+    """Start `nprocs` spawned ranks of `target` and collect `expected` results."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(nprocs)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(i, *args, barrier, results)) for i in range(nprocs)]
+    for p in procs:
+        p.start()
+    out = [results.get() for _ in range(expected)]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit(f"bench worker {p.name} exited with {p.exitcode}")
+    return out
+
+
+def _copy_gbps(transport: str, item_bytes: int) -> float:
+    """One plain copy of `item_bytes` on the path the transport uses, in GB/s."""
+    if not torch.cuda.is_available():
+        src = torch.ones(item_bytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        reps = 10
+        start = time.perf_counter()
+        for _ in range(reps):
+            dst.copy_(src)
+        return reps * item_bytes / (time.perf_counter() - start) / 1e9
+    dev = torch.device("cuda", 0)
+    dst = torch.empty(item_bytes, dtype=torch.uint8, device=dev)
+    if transport == "device":
+        src = torch.ones(item_bytes, dtype=torch.uint8, device=dev)
+    else:
+        src = torch.ones(item_bytes, dtype=torch.uint8).pin_memory()
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reps = 20
+    begin.record()
+    for _ in range(reps):
+        dst.copy_(src, non_blocking=True)
+    end.record()
+    torch.cuda.synchronize()
+    return reps * item_bytes / (begin.elapsed_time(end) / 1e3) / 1e9
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run both phases and print the table and the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transport", choices=["host", "device"], default="host")
+    parser.add_argument("--producers", type=int, default=1)
+    parser.add_argument("--consumers", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=4, help="slots per producer")
+    parser.add_argument("--item-mb", type=float, default=8.0)
+    parser.add_argument(
+        "--items", type=int, default=200, help="items in all (split over producers)"
+    )
+    parser.add_argument("--control-items", type=int, default=2000)
+    parser.add_argument(
+        "--json", action="store_true", help="(the JSON line is always printed last)"
+    )
+    args = parser.parse_args(argv)
+
+    item_bytes = int(args.item_mb * (1 << 20))
+    run = f"bench{os.getpid()}"
+    spec = _spec(run, args.producers, args.consumers, args.slots, item_bytes, args.transport)
+    per_producer = -(-args.items // args.producers)
+    results = _run(
+        _worker,
+        args.producers + args.consumers,
+        (spec, per_producer),
+        args.producers + args.consumers,
+    )
+    targets = [r for kind, _, r in results if kind == "target"]
+    drafters = [r for kind, _, r in results if kind == "drafter"]
+    produced = sum(t["produced"] for t in targets)
+    seen = [s for d in drafters for s in d["seen"]]
+    unique = set(seen)
+    seconds = (max(d["end_ns"] for d in drafters) - min(t["start_ns"] for t in targets)) / 1e9
+    delivered = sum(d["bytes"] for d in drafters)
+    gbps = delivered / seconds / 1e9
+    copy_gbps = _copy_gbps(
+        args.transport, spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
+    )
+
+    control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
+    trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
+    report = {
+        "transport": args.transport,
+        "producers": args.producers,
+        "consumers": args.consumers,
+        "slots": args.slots,
+        "item_mb": args.item_mb,
+        "produced": produced,
+        "consumed": len(seen),
+        "lost": produced - len(unique),
+        "duplicated": len(seen) - len(unique),
+        "corrupted": sum(d["corrupted"] for d in drafters),
+        "seconds": round(seconds, 4),
+        "gbps": round(gbps, 3),
+        "copy_gbps": round(copy_gbps, 3),
+        "ratio": round(gbps / copy_gbps, 3),
+        "control_p50_us": round(statistics.median(trips), 2),
+        "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
+        "cuda": torch.cuda.is_available(),
+    }
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+    line = json.dumps(report)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_ring.json").write_text(line + "\n")
+    print(line)
+    return report
+
+
+if __name__ == "__main__":
+    main()
