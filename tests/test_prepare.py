@@ -85,18 +85,18 @@ def chats(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _expected_mask(tokenizer, ids: np.ndarray, assistant_texts: list[str]) -> np.ndarray:
-    """Mark, by decoding, the tokens of each '<assistant text><|im_end|>' in order."""
+def _expected_mask(tokenizer, ids: np.ndarray, generated: list[str]) -> np.ndarray:
+    """Mark, by decoding, the tokens of each generated text after an assistant header."""
     pieces = [tokenizer.decode([int(i)]) for i in ids]
     text = "".join(pieces)
     ends = np.cumsum([len(p) for p in pieces])
     starts = ends - [len(p) for p in pieces]
     mask = np.zeros(len(ids), dtype=np.uint8)
     cursor = 0
-    for answer in assistant_texts:
-        begin = text.index("<|im_start|>assistant\n" + answer + "<|im_end|>", cursor)
+    for answer in generated:
+        begin = text.index("<|im_start|>assistant\n" + answer, cursor)
         begin += len("<|im_start|>assistant\n")
-        end = begin + len(answer + "<|im_end|>")
+        end = begin + len(answer)
         mask[(starts < end) & (ends > begin)] = 1
         cursor = end
     return mask
@@ -140,7 +140,8 @@ def test_prepare_inspect_train_round_trip(
                 conversation_messages(CONVERSATIONS[index], "test"), tokenize=False
             )
             assert text == rendered  # the template's rendering, no extra special tokens
-            expected = _expected_mask(tokenizer, ids, ASSISTANT_TEXTS[index])
+            generated = [answer + "<|im_end|>" for answer in ASSISTANT_TEXTS[index]]
+            expected = _expected_mask(tokenizer, ids, generated)
             np.testing.assert_array_equal(mask, expected)
             masked_text = tokenizer.decode(ids[mask.astype(bool)])
             assert masked_text == "<|im_end|>".join(ASSISTANT_TEXTS[index]) + "<|im_end|>"
@@ -205,3 +206,34 @@ def test_template_without_end_marker_is_rejected(tokenizer_dir: Path) -> None:
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(DatasetError, match="no end-of-turn marker"):
         ConversationEncoder(tokenizer)
+
+
+# Qwen3's shape: assistant turns after the last user message carry a (here empty)
+# reasoning block that the model generates; earlier turns are rendered without it.
+QWEN3_STYLE_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}"
+    "{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' and loop.index0 > ns.last_query %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_qwen3_style_reasoning_block_is_supervised(tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    encoder = ConversationEncoder(tokenizer)
+    messages = conversation_messages(CONVERSATIONS[1], "test")
+    ids, mask, truncated = encoder.encode(messages, "test")
+    assert not truncated
+    first, last = ASSISTANT_TEXTS[1]
+    generated = [first + "<|im_end|>", "<think>\n\n</think>\n\n" + last + "<|im_end|>"]
+    np.testing.assert_array_equal(mask, _expected_mask(tokenizer, ids, generated))
+    assert tokenizer.decode(ids[mask.astype(bool)]) == "".join(generated)
