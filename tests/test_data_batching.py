@@ -16,6 +16,7 @@ from ringtrain.data import (
     write_synthetic_dataset,
 )
 from ringtrain.data.batching import BATCH_ID_STRIDE
+from ringtrain.data.writer import TokenFileWriter
 
 BUDGET, BUCKET, BLOCK = 2048, 32, 4
 
@@ -50,8 +51,8 @@ def _signature(batch) -> tuple:
     )
 
 
-def test_batches_respect_budget_and_layout(dataset: TokenDataset) -> None:
-    stream = _stream(dataset)
+def _check_one_epoch(dataset: TokenDataset, stream: BatchStream) -> None:
+    """Every batch of one epoch obeys the budget and layout; the epoch covers all rows."""
     # Index every row by its content, to check that batches hold whole dataset rows.
     rows = {_row_tokens(dataset, r)[0].tobytes(): r for r in range(dataset.num_rows)}
     seen = []
@@ -84,6 +85,27 @@ def test_batches_respect_budget_and_layout(dataset: TokenDataset) -> None:
         assert padded.padding_fraction == pytest.approx(1 - batch.num_tokens / (docs * width))
     # One epoch on one rank covers every row exactly once.
     assert sorted(seen) == list(range(dataset.num_rows))
+
+
+def test_batches_respect_budget_and_layout(dataset: TokenDataset) -> None:
+    _check_one_epoch(dataset, _stream(dataset))
+
+
+def test_batches_gather_across_files_and_record_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ringtrain.data.writer.MAX_BATCH_TOKENS", 3000)
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        lengths = rng.integers(40, 300, size=60)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ids = rng.integers(0, 10**6, size=offsets[-1], dtype=np.int32)  # rows are distinct
+        mask = (rng.random(offsets[-1]) < 0.8).astype(np.uint8)
+        with TokenFileWriter(tmp_path / f"{name}.arrow") as writer:
+            writer.write(offsets, ids, mask)
+    ds = open_dataset(tmp_path, max_len=256, truncate=True, block_size=BLOCK)
+    assert len(ds.segments) >= 8
+    _check_one_epoch(ds, _stream(ds))
 
 
 def test_same_seed_same_batches_and_epochs_reshuffle(dataset: TokenDataset) -> None:
