@@ -1,0 +1,126 @@
+"""ringtrain-stat: look at live rings without disturbing them.
+
+    ringtrain-stat                 list live rings
+    ringtrain-stat RUN             slot states, occupancy, wait percentages, ranks, verdict
+    ringtrain-stat RUN --watch 2   refresh every 2 s, adding rates over the last interval
+    --json                         machine-readable output (one JSON document per refresh)
+
+Rings are mapped read-only (see ringtrain.ring.snapshot); this module only formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from ringtrain.ring.snapshot import RingSnapshot, discover, open_ring, with_interval
+
+_STATE_MARK = {"free": ".", "writing": "w", "ready": "R", "reading": "r"}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:5.1f}%"
+
+
+def format_snapshot(snap: RingSnapshot) -> str:
+    """Human-readable report of one snapshot."""
+    counts = ", ".join(f"{n} {state}" for state, n in snap.slot_counts.items())
+    lines = [
+        f"ring {snap.run}  generation {snap.generation}  transport {snap.transport} "
+        f"({snap.transport_reason})  up {snap.age_s:.0f} s" + ("  CLOSING" if snap.closing else ""),
+        f"slots {snap.num_slots} x {snap.slot_bytes / (1 << 20):.1f} MiB: {counts}; "
+        f"occupancy {100 * snap.occupancy:.0f}%",
+        "slot states: "
+        + "".join(_STATE_MARK[s] for s in snap.slot_states)
+        + "  (. free, w writing, R ready, r reading)",
+        f"producers blocked {_pct(snap.producers_blocked_pct)} over the run"
+        + (
+            f", {_pct(snap.interval_producers_blocked_pct)} last {snap.interval_s:.1f} s"
+            if snap.interval_s
+            else ""
+        )
+        + f"; consumers starved {_pct(snap.consumers_starved_pct)} over the run"
+        + (
+            f", {_pct(snap.interval_consumers_starved_pct)} last interval"
+            if snap.interval_s
+            else ""
+        ),
+        "",
+        f"{'rank':>4} {'role':<7} {'pid':>7} {'status':<8} {'beat':>6} {'step':>7} {'items':>8} "
+        f"{'items/s':>8} {'blocked':>7} {'starved':>7}  last error",
+    ]
+    for r in snap.ranks:
+        rate = r.interval_items_per_s if r.interval_items_per_s is not None else r.items_per_s
+        blocked = r.interval_blocked_pct if r.interval_blocked_pct is not None else r.blocked_pct
+        starved = r.interval_starved_pct if r.interval_starved_pct is not None else r.starved_pct
+        status = r.status if r.alive else f"DEAD ({r.dead_reason})"
+        lines.append(
+            f"{r.rank:>4} {r.role:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
+            f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.role == 'target' else '-':>7} "
+            f"{_pct(starved) if r.role == 'drafter' else '-':>7}  {r.last_error[:60]}"
+        )
+    lines += ["", snap.verdict]
+    return "\n".join(lines)
+
+
+def _list(as_json: bool) -> int:
+    rings = discover()
+    if as_json:
+        print(json.dumps([{"run": r.run, "path": r.path, "pids": list(r.pids)} for r in rings]))
+    elif not rings:
+        print("no live rings")
+    else:
+        for r in rings:
+            print(f"{r.run}  (mapped by pids {', '.join(map(str, r.pids)) or 'none'})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ringtrain-stat console script."""
+    parser = argparse.ArgumentParser(
+        prog="ringtrain-stat", description="Inspect live ringtrain rings (read-only)."
+    )
+    parser.add_argument("run", nargs="?", help="run id of the ring; omit to list live rings")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2)",
+    )
+    args = parser.parse_args(argv)
+    if args.run is None:
+        return _list(args.json)
+    try:
+        reader = open_ring(args.run)
+    except (LookupError, ValueError) as exc:
+        print(f"ringtrain-stat: {exc}", file=sys.stderr)
+        return 2
+    try:
+        previous = None
+        while True:
+            snap = reader.snapshot()
+            if previous is not None:
+                snap = with_interval(previous, snap)
+            if args.json:
+                print(json.dumps(dataclasses.asdict(snap)), flush=True)
+            else:
+                print(format_snapshot(snap) + ("\n" if args.watch else ""), flush=True)
+            if args.watch is None:
+                return 0
+            previous = snap
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        reader.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

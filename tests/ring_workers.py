@@ -1,0 +1,173 @@
+"""Process bodies for the ring tests (spawned with multiprocessing; importable by name).
+
+Every worker reports through a multiprocessing queue as (tag, local index, payload).
+Items carry a verifiable pattern: hidden rows = producer * 1e5 + seq, input_ids =
+seq + row, cu_seqlens = [0, n], meta = {"producer", "seq"}.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import torch
+
+from ringtrain.ring import PeerDied, Ring, RingSpec
+
+MAX_TOKENS = 64
+WIDTH = 8
+
+
+def make_spec(
+    run_id: str, producers: int, consumers: int, slots: int = 2, heartbeat_timeout_s: float = 30.0
+) -> RingSpec:
+    """A small CPU ring: targets first, then drafters; global rank = 10 + local index."""
+    n = producers + consumers
+    return RingSpec(
+        run_id=run_id,
+        generation=3,
+        roles=["target"] * producers + ["drafter"] * consumers,
+        global_ranks=[10 + i for i in range(n)],
+        slots_per_producer=slots,
+        max_tokens=MAX_TOKENS,
+        max_docs=4,
+        hidden_width=WIDTH,
+        hidden_dtype=torch.float32,
+        transport="host",
+        wait_timeout_s=0.2,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+    )
+
+
+def write_item(slot, producer: int, seq: int, num_tokens: int, device: torch.device) -> None:
+    """Stamp the test pattern into a WriteSlot from tensors built on `device`."""
+    n = num_tokens
+    rows = torch.arange(n, dtype=torch.int32, device=device)
+    parts = {
+        "hidden": torch.full((n, WIDTH), float(producer * 100_000 + seq), device=device),
+        "input_ids": rows + seq,
+        "loss_mask": torch.full((n,), seq % 2, dtype=torch.uint8, device=device),
+        "position_ids": rows,
+        "cu_seqlens": torch.tensor([0, n], dtype=torch.int32, device=device),
+    }
+    for name, value in parts.items():
+        getattr(slot, name)[: len(value)].copy_(value, non_blocking=True)
+
+
+def item_ok(item) -> bool:
+    """Whether a ReadItem carries exactly the pattern of its (producer, seq)."""
+    producer, seq, n = item.meta["producer"], item.meta["seq"], item.num_tokens
+    return (
+        item.seq == seq
+        and item.num_docs == 1
+        and item.hidden.shape == (n, WIDTH)
+        and bool((item.hidden == float(producer * 100_000 + seq)).all())
+        and bool((item.input_ids.cpu() == torch.arange(n, dtype=torch.int32) + seq).all())
+        and bool((item.loss_mask.cpu() == seq % 2).all())
+        and item.cu_seqlens.cpu().tolist() == [0, n]
+    )
+
+
+def join_ring(spec: RingSpec, index: int, barrier, device: str = "cpu") -> Ring:
+    """Index 0 creates, the others attach after a barrier; everybody unlinks after a second one."""
+    ring = Ring.create(spec, index, device) if index == 0 else None
+    barrier.wait()
+    ring = ring or Ring.attach(spec.run_id, index, device)
+    barrier.wait()
+    ring.unlink()
+    return ring
+
+
+def rank_main(spec: RingSpec, index: int, barrier, results, job: str, *args) -> None:
+    """One rank of a test ring running `job` (a function name of this module)."""
+    device = "cuda" if job.endswith("_cuda") else "cpu"
+    ring = join_ring(spec, index, barrier, device)
+    try:
+        results.put((job, index, globals()[job](ring, *args)))
+        ring.close(clean=True)
+    except PeerDied as exc:
+        results.put(("peer_died", index, str(exc)))
+        ring.close(clean=True)
+
+
+def produce_random(ring: Ring, items: int, seed: int) -> int:
+    """Publish `items` items of random sizes; returns the count."""
+    rng = random.Random(seed)
+    producer = ring.producer()
+    me = ring.spec.producers.index(ring.local_index)
+    for seq in range(items):
+        n = rng.randint(1, MAX_TOKENS)
+        slot = producer.acquire()
+        write_item(slot, me, seq, n, ring.device)
+        producer.publish(slot, n, 1, {"producer": me, "seq": seq})
+    producer.finish()
+    return items
+
+
+produce_random_cuda = produce_random
+
+
+def consume_verify(ring: Ring) -> tuple[list[tuple[int, int]], int]:
+    """Take until the end; returns ((producer, seq) seen, number of corrupted items)."""
+    consumer = ring.consumer()
+    seen, corrupted = [], 0
+    while (item := consumer.take()) is not None:
+        seen.append((item.meta["producer"], item.meta["seq"]))
+        corrupted += not item_ok(item)
+    return seen, corrupted
+
+
+consume_verify_cuda = consume_verify
+
+
+def consume_on_command(ring: Ring, commands) -> None:
+    """Take one item per command received on a pipe; reply with (start time, seq)."""
+    consumer = ring.consumer()
+    while commands.recv() == "take":
+        started = time.monotonic_ns()
+        item = consumer.take()
+        commands.send((started, item.meta["seq"]))
+
+
+def hang_mid_read(ring: Ring, reached) -> None:
+    """Take one item but stop inside the copy (slot READING) until killed."""
+    consumer = ring.consumer()
+    payload = ring.payload
+
+    def stuck(slot: int):
+        reached.set()
+        signal.pause()
+
+    payload.reader_views = stuck
+    consumer.take()
+
+
+def take_until_error(ring: Ring, ready) -> str:
+    """Wait for items; return the PeerDied message (raised through rank_main)."""
+    consumer = ring.consumer()
+    ready.set()
+    while consumer.take() is not None:
+        pass
+    return "end of stream"
+
+
+def hang_mid_write(ring: Ring, reached) -> None:
+    """Acquire a slot and stop before publishing (slot WRITING) until killed."""
+    ring.producer().acquire()
+    reached.set()
+    signal.pause()
+
+
+def wait_for_kill(ring: Ring, attached) -> None:
+    """Stay attached and alive until killed."""
+    attached.set()
+    signal.pause()
+
+
+def crash_after_create(spec: RingSpec, created) -> None:
+    """Create a ring (names not unlinked) and die at once with SIGKILL."""
+    Ring.create(spec, 0, "cpu")
+    created.set()
+    os.kill(os.getpid(), signal.SIGKILL)
