@@ -57,21 +57,23 @@ def conversation_messages(record: Any, where: str) -> list[dict[str, str]]:
     return messages
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool, where: str
+) -> str:
     try:
         return tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation_prompt
         )
     except Exception as exc:  # template errors come in many types (jinja, ValueError, ...)
         raise DatasetError(
-            f"the chat template cannot render {len(messages)} message(s): {exc}"
+            f"{where}: the chat template cannot render the first {len(messages)} message(s): {exc}"
         ) from None
 
 
 def end_of_turn_marker(tokenizer: Any) -> str:
     """The text the chat template puts after an assistant message (trailing space cut)."""
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
-    rendered = _render(tokenizer, probe, generation_prompt=False)
+    rendered = _render(tokenizer, probe, generation_prompt=False, where="template probe")
     marker = rendered[rendered.rfind(_SENTINEL) + len(_SENTINEL) :].rstrip()
     if _SENTINEL not in rendered or not marker:
         raise DatasetError(
@@ -104,7 +106,7 @@ class ConversationEncoder:
         for index, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            prompt = _render(self.tokenizer, messages[:index], generation_prompt=True)
+            prompt = _render(self.tokenizer, messages[:index], generation_prompt=True, where=where)
             if not text.startswith(prompt):
                 raise DatasetError(
                     f"{where}: the chat template renders the conversation before assistant "
@@ -124,7 +126,7 @@ class ConversationEncoder:
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """(input_ids, loss_mask, truncated) of one conversation; the mask marks tokens
         that overlap an assistant span; rows are cut to `max_len` tokens if set."""
-        text = _render(self.tokenizer, messages, generation_prompt=False)
+        text = _render(self.tokenizer, messages, generation_prompt=False, where=where)
         spans = self.assistant_spans(messages, text, where)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(encoding["input_ids"], dtype=np.int32)
