@@ -31,7 +31,7 @@ INIT_STD = 0.02
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, scaled in the input's dtype (as Qwen3 does)."""
+    """Root-mean-square norm computed in (at least) fp32, scaled in the input's dtype (as Qwen3)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise the last dimension."""
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight.to(x.dtype) * normed.to(x.dtype)
 
@@ -228,7 +228,7 @@ class DFlashDrafter(nn.Module):
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
     ) -> torch.Tensor:
-        """Inference entry: logits [B, V] (fp32) of one block after the context of one sequence.
+        """Inference entry: logits [B, V] (fp32, or fp64 for an fp64 head) of one block after the context of one sequence.
 
         ctx_features [n, K*H] are the tapped target states of the tokens before the block
         (positions ctx_positions [n]); block_ids [B] = [last accepted token, MASK...] at
@@ -248,7 +248,8 @@ class DFlashDrafter(nn.Module):
             hidden = self._run(
                 ctx_features.to(embeds.dtype), ctx_positions, embeds, block_positions, attends
             )
-            return (hidden.to(head.lm_head.dtype) @ head.lm_head.t()).float()
+            logits = hidden.to(head.lm_head.dtype) @ head.lm_head.t()
+            return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     @torch.no_grad()
     def draft_tokens(

@@ -90,9 +90,9 @@ def _workspace(model: nn.Module, cfg: DrafterConfig, layout, device) -> _Workspa
     return per_model[key]
 
 
-def slot_weights(cfg: DrafterConfig, device: torch.device) -> torch.Tensor:
+def slot_weights(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """w_k = exp(-(k - 1) / gamma) for k = 0 .. B - 1 (k = 0 is never scored)."""
-    slots = torch.arange(cfg.block_size, device=device, dtype=torch.float32)
+    slots = torch.arange(cfg.block_size, device=device, dtype=dtype)
     return torch.exp(-(slots - 1) / loss_gamma(cfg))
 
 
@@ -169,7 +169,8 @@ def block_objective(
         num_blocks = batch.valid.shape[0]
         rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
         scored = batch.scored[:, 1:]
-        weights = slot_weights(cfg, device)[1:] * scored
+        loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
+        weights = slot_weights(cfg, device, loss_dtype)[1:] * scored
         loss_sum, correct = chunked_head_loss(
             rows.to(head.lm_head.dtype),
             head.lm_head,

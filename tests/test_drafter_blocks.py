@@ -1,0 +1,179 @@
+"""Anchor sampling, block labels and BlockMasks against independent references (CPU)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ringtrain.drafter.blocks import build_blocks, layout_sizes
+from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.masks import TILE, BlockMaskBuilder
+from ringtrain.drafter.synthetic import random_packed_batch
+
+MASK_ID = 99
+VOCAB = 100
+
+
+def random_case(seed: int, block_size: int = 8, num_anchors: int = 6):
+    """A random packed batch (random document lengths and holes) and its blocks."""
+    rng = np.random.default_rng(seed)
+    cfg = DrafterConfig(block_size=block_size, num_anchors=num_anchors, anchor_ref_len=40)
+    max_tokens = 250
+    lens: list[int] = []
+    while sum(lens) < 150:
+        lens.append(int(rng.integers(1, 90)))
+    lens = lens[:-1] if sum(lens) > max_tokens else lens
+    batch = random_packed_batch(lens, 4, VOCAB, "cpu", torch.float32, seed, mask_holes=10)
+    ctx_capacity, max_anchors = layout_sizes(cfg, max_tokens)
+    gen = torch.Generator().manual_seed(seed)
+    blocks = build_blocks(
+        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
+        batch.num_tokens, batch.num_docs, gen, cfg, MASK_ID, ctx_capacity, max_anchors,
+    )  # fmt: skip
+    return cfg, batch, blocks, ctx_capacity, max_anchors
+
+
+def reference_mask(blocks, batch, ctx_capacity, max_anchors, block_size, window):
+    """Dense [A*B, C + A*B] mask written from the rules, one row at a time."""
+    mask = np.zeros((max_anchors * block_size, ctx_capacity + max_anchors * block_size), bool)
+    for a, (p, valid) in enumerate(zip(blocks.anchor.tolist(), blocks.valid.tolist(), strict=True)):
+        own = ctx_capacity + a * block_size
+        for k in range(block_size):
+            row = a * block_size + k
+            mask[row, own : own + block_size] = True
+            if valid:
+                start, _ = batch.doc_bounds(p)
+                lo = max(start, p + k - window + 1) if window else start
+                mask[row, lo:p] = True
+    return mask
+
+
+def expand_block_mask(block_mask, mask_mod, q_len, kv_len):
+    """Dense mask a flex kernel computes: full tiles all True, partial tiles via mask_mod."""
+    dense_mod = mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :])
+    out = torch.zeros(q_len, kv_len, dtype=torch.bool)
+    tiles = [
+        (block_mask.kv_num_blocks, block_mask.kv_indices, False),
+        (block_mask.full_kv_num_blocks, block_mask.full_kv_indices, True),
+    ]
+    for num, indices, full in tiles:
+        for qt in range(q_len // TILE):
+            for kt in indices[0, 0, qt, : num[0, 0, qt]].tolist():
+                rows, cols = slice(qt * TILE, (qt + 1) * TILE), slice(kt * TILE, (kt + 1) * TILE)
+                out[rows, cols] = True if full else dense_mod[rows, cols]
+    return out.numpy()
+
+
+@pytest.mark.parametrize("window", [0, 24])
+def test_block_mask_equals_dense_reference(window: int) -> None:
+    for seed in range(25):
+        cfg, batch, blocks, ctx_capacity, max_anchors = random_case(seed)
+        builder = BlockMaskBuilder(
+            ctx_capacity, max_anchors, cfg.block_size, (window,), torch.device("cpu")
+        )
+        expected = reference_mask(blocks, batch, ctx_capacity, max_anchors, cfg.block_size, window)
+        block_mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)[window]
+        q_len, kv_len = expected.shape
+        got = expand_block_mask(block_mask, builder.mask_mods[window], q_len, kv_len)
+        np.testing.assert_array_equal(got, expected, err_msg=f"seed {seed}")
+        # Tight tiles: no listed partial tile is empty, no full tile is left partial.
+        tiles = expected.reshape(q_len // TILE, TILE, kv_len // TILE, TILE).sum((1, 3))
+        partial = block_mask.kv_num_blocks[0, 0].sum().item()
+        full = block_mask.full_kv_num_blocks[0, 0].sum().item()
+        assert partial == int(((tiles > 0) & (tiles < TILE * TILE)).sum()), f"seed {seed}"
+        assert full == int((tiles == TILE * TILE).sum()), f"seed {seed}"
+        dense = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, dense=True)[window]
+        np.testing.assert_array_equal(dense.numpy(), expected, err_msg=f"seed {seed}")
+
+
+def test_block_mask_has_full_tiles_for_long_documents() -> None:
+    cfg = DrafterConfig(block_size=16, num_anchors=64, anchor_ref_len=1024)
+    batch = random_packed_batch([1024], 4, VOCAB, "cpu", torch.float32, 0, prompt_fraction=0.0)
+    ctx_capacity, max_anchors = layout_sizes(cfg, 1024)
+    blocks = build_blocks(
+        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
+        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MASK_ID,
+        ctx_capacity, max_anchors,
+    )  # fmt: skip
+    builder = BlockMaskBuilder(ctx_capacity, max_anchors, 16, (0,), torch.device("cpu"))
+    block_mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)[0]
+    assert block_mask.full_kv_num_blocks.sum() > 0
+    expected = reference_mask(blocks, batch, ctx_capacity, max_anchors, 16, 0)
+    got = expand_block_mask(block_mask, builder.mask_mods[0], *expected.shape)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_anchors_are_eligible_unique_and_follow_the_quota() -> None:
+    for seed in range(25):
+        cfg, batch, blocks, _, max_anchors = random_case(seed)
+        mask = batch.loss_mask.tolist()
+        anchors = blocks.anchor[blocks.valid].tolist()
+        assert anchors == sorted(set(anchors)), "anchors are unique and sorted"
+        per_doc: dict[int, int] = {}
+        for p in anchors:
+            start, end = batch.doc_bounds(p)
+            assert p + 1 < end and mask[p] == 1 and mask[p + 1] == 1, f"seed {seed} anchor {p}"
+            per_doc[start] = per_doc.get(start, 0) + 1
+        bounds = batch.cu_seqlens.tolist()
+        total_quota = 0
+        for start, end in itertools.pairwise(bounds):
+            eligible = sum(mask[p] and mask[p + 1] for p in range(start, end - 1))
+            quota = min(eligible, math.ceil(cfg.num_anchors * (end - start) / cfg.anchor_ref_len))
+            total_quota += quota
+            assert per_doc.get(start, 0) <= quota
+        assert len(anchors) == min(total_quota, max_anchors), f"seed {seed}"
+
+
+def test_anchor_cap_keeps_a_share_of_every_document() -> None:
+    cfg = DrafterConfig(block_size=8, num_anchors=40, anchor_ref_len=40, max_anchors=32)
+    batch = random_packed_batch([100, 100], 4, VOCAB, "cpu", torch.float32, 1, prompt_fraction=0)
+    ctx_capacity, max_anchors = layout_sizes(cfg, 256)
+    blocks = build_blocks(
+        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
+        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MASK_ID,
+        ctx_capacity, max_anchors,
+    )  # fmt: skip
+    anchors = blocks.anchor[blocks.valid]
+    assert len(anchors) == max_anchors == 32
+    assert 12 <= int((anchors < 100).sum()) <= 20
+
+
+def test_anchor_sampling_is_reproducible_from_the_generator() -> None:
+    def anchors(seed: int) -> list[int]:
+        cfg = DrafterConfig(block_size=8, num_anchors=6, anchor_ref_len=40)
+        batch = random_packed_batch([120, 80], 4, VOCAB, "cpu", torch.float32, 3)
+        blocks = build_blocks(
+            batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+            batch.cu_seqlens, batch.num_tokens, batch.num_docs,
+            torch.Generator().manual_seed(seed), cfg, MASK_ID, *layout_sizes(cfg, 256),
+        )  # fmt: skip
+        return blocks.anchor[blocks.valid].tolist()
+
+    assert anchors(5) == anchors(5)
+    assert anchors(5) != anchors(6)
+
+
+def test_block_tokens_positions_and_labels() -> None:
+    """Slot k is labelled with the token AT anchor + k; slot 0, prompt and foreign rows never."""
+    for seed in range(10):
+        cfg, batch, blocks, _, _ = random_case(seed)
+        ids, mask, pos = batch.input_ids.tolist(), batch.loss_mask.tolist(), batch.position_ids
+        block = cfg.block_size
+        for a, p in enumerate(blocks.anchor.tolist()):
+            row_ids = blocks.block_ids[a * block : (a + 1) * block].tolist()
+            if not blocks.valid[a]:
+                assert not blocks.scored[a].any()
+                continue
+            _, end = batch.doc_bounds(p)
+            assert row_ids == [ids[p]] + [MASK_ID] * (block - 1)
+            expected_pos = [int(pos[p]) + k for k in range(block)]
+            assert blocks.block_positions[a * block : (a + 1) * block].tolist() == expected_pos
+            for k in range(block):
+                scored = k >= 1 and p + k < end and mask[p + k] == 1
+                assert bool(blocks.scored[a, k]) == scored, f"seed {seed} anchor {p} slot {k}"
+                if scored:
+                    assert int(blocks.labels[a, k]) == ids[p + k]

@@ -1,0 +1,213 @@
+"""The block objective against first-principles references, on a tiny fp64 drafter (CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ringtrain.drafter import (
+    DFlashDrafter,
+    FrozenHead,
+    ObjectiveSums,
+    block_objective,
+    build_optimizer,
+    drafter_spec_from_target,
+    optimizer_step,
+)
+from ringtrain.drafter.blocks import build_blocks, layout_sizes
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.objective import prepare_batch
+from ringtrain.drafter.synthetic import random_packed_batch
+
+TARGET = {
+    "hidden_size": 32,
+    "vocab_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+TAPS = [1, 3, 5]
+MAX_TOKENS = 160
+DOCS = [70, 45, 30]
+
+
+def make_cfg(windows: list[int]) -> DrafterConfig:
+    return DrafterConfig(
+        num_layers=2, block_size=8, num_anchors=6, anchor_ref_len=40,
+        sliding_windows=windows, loss_chunk=40, compile=False,
+    )  # fmt: skip
+
+
+def make_setup(windows: list[int], seed: int = 0):
+    cfg = make_cfg(windows)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    gen = torch.Generator().manual_seed(seed)
+    embed, lm_head = torch.randn(2, 64, 32, generator=gen, dtype=torch.float64) * 0.5
+    head = FrozenHead(embed, lm_head)
+    batch = random_packed_batch(DOCS, 3 * 32, 64, "cpu", torch.float64, seed, mask_holes=8)
+    return cfg, model, head, batch
+
+
+def objective(model, head, batch, cfg, seed: int) -> ObjectiveSums:
+    return block_objective(
+        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+        batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed),
+        cfg, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+
+
+def train(model, head, batch, cfg, steps: int) -> list[float]:
+    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
+    optimizer, scheduler = build_optimizer(model, optim_cfg, steps)
+    losses = []
+    for _ in range(steps):
+        sums = objective(model, head, batch, cfg, seed=0)
+        (sums.loss_sum / sums.weight_sum).backward()
+        optimizer_step(model, optimizer, scheduler, optim_cfg)
+        losses.append(float(sums.loss_sum.detach() / sums.weight_sum))
+    return losses
+
+
+def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str, object]:
+    """The objective from the inference entry, one block and one label at a time."""
+    blocks = build_blocks(
+        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
+        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed), cfg,
+        model.spec.mask_token_id, *layout_sizes(cfg, MAX_TOKENS),
+    )  # fmt: skip
+    ids, mask = batch.input_ids.tolist(), batch.loss_mask.tolist()
+    block = cfg.block_size
+    loss = weight = 0.0
+    correct, counted = [0] * (block - 1), [0] * (block - 1)
+    accepted = 0
+    anchors = blocks.anchor[blocks.valid].tolist()
+    for p in anchors:
+        start, end = batch.doc_bounds(p)
+        block_ids = torch.tensor([ids[p]] + [model.spec.mask_token_id] * (block - 1))
+        positions = batch.position_ids[p].long() + torch.arange(block)
+        logits = model.draft_logits(
+            head, batch.hidden[start:p], batch.position_ids[start:p].long(), block_ids, positions
+        )
+        prefix_open = True
+        for k in range(1, block):
+            scored = p + k < end and mask[p + k] == 1
+            hit = scored and int(logits[k].argmax()) == ids[p + k]
+            prefix_open = prefix_open and hit
+            accepted += prefix_open
+            if scored:
+                w = math.exp(-(k - 1) / gamma)
+                loss += w * float(torch.logsumexp(logits[k], 0) - logits[k, ids[p + k]])
+                weight += w
+                counted[k - 1] += 1
+                correct[k - 1] += hit
+    return {
+        "loss_sum": loss, "weight_sum": weight, "correct": correct, "counted": counted,
+        "accepted_sum": accepted, "block_count": len(anchors),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A drafter trained a little on one batch, so that some predictions are right."""
+    cfg, model, head, batch = make_setup([0, 24])
+    losses = train(model, head, batch, cfg, steps=25)
+    return cfg, model, head, batch, losses
+
+
+def test_a_few_optimizer_steps_lower_the_loss(trained) -> None:
+    *_, losses = trained
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_objective_equals_the_per_block_inference_reference(trained, seed: int) -> None:
+    cfg, model, head, batch, _ = trained
+    with torch.no_grad():
+        sums = objective(model, head, batch, cfg, seed)
+    ref = reference_sums(model, head, batch, cfg, seed, gamma=4.0)
+    assert sum(ref["correct"]) > 0 and ref["accepted_sum"] > 0, "the check needs some hits"
+    assert sum(ref["correct"]) < sum(ref["counted"]), "... and some misses"
+    assert math.isclose(float(sums.loss_sum), ref["loss_sum"], rel_tol=1e-9)
+    assert math.isclose(float(sums.weight_sum), ref["weight_sum"], rel_tol=1e-12)
+    assert sums.correct.tolist() == ref["correct"]
+    assert sums.counted.tolist() == ref["counted"]
+    assert int(sums.accepted_sum) == ref["accepted_sum"]
+    assert int(sums.block_count) == ref["block_count"]
+    metrics = ObjectiveSums.summarise(sums.as_vector(), cfg.block_size)
+    assert metrics["tau"] == pytest.approx(1 + ref["accepted_sum"] / ref["block_count"])
+
+
+def block_outputs(model, head, batch, cfg, hidden, flex: bool):
+    """Drafter outputs [A, B, H] of the blocks of `batch` with context `hidden`."""
+    blocks, masks, workspace = prepare_batch(
+        model, hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
+        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MAX_TOKENS,
+    )  # fmt: skip
+    if flex:
+        by_window = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)
+        masks = tuple(by_window[w] for w in model.spec.sliding_windows)
+    with torch.no_grad():
+        out = model(
+            blocks.ctx_features, blocks.ctx_positions, head.embed[blocks.block_ids],
+            blocks.block_positions, masks,
+        )  # fmt: skip
+    return blocks, out.view(blocks.valid.shape[0], cfg.block_size, -1)
+
+
+def test_context_is_strictly_before_the_anchor() -> None:
+    """A block ignores its anchor's row, later rows and other documents; it sees row p - 1.
+
+    Runs the dense-mask path; the flex path is tied to it by the test below and by the
+    BlockMask-versus-reference test.
+    """
+    flex = False
+    cfg, model, head, batch = make_setup([0, 0])
+    blocks, base = block_outputs(model, head, batch, cfg, batch.hidden, flex)
+    anchors = blocks.anchor.tolist()
+    candidates = [
+        a for a in torch.nonzero(blocks.valid).flatten().tolist()
+        if anchors[a] > batch.doc_bounds(anchors[a])[0]
+    ]  # fmt: skip
+    docs_seen = set()
+    for a in candidates:
+        p = anchors[a]
+        start, _ = batch.doc_bounds(p)
+        if start in docs_seen:
+            continue
+        docs_seen.add(start)
+        hidden = batch.hidden.clone()
+        hidden[p:] += 1.0
+        hidden[:start] += 1.0
+        _, out = block_outputs(model, head, batch, cfg, hidden, flex)
+        torch.testing.assert_close(out[a], base[a], rtol=0, atol=0, msg=f"anchor {p}")
+        hidden = batch.hidden.clone()
+        hidden[p - 1] += 1.0
+        _, out = block_outputs(model, head, batch, cfg, hidden, flex)
+        assert (out[a] - base[a]).abs().max() > 1e-6, f"anchor {p} must see row {p - 1}"
+    assert len(docs_seen) == len(DOCS)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_path_equals_dense_path() -> None:
+    cfg, model, head, batch = make_setup([0, 24], seed=2)
+    blocks, dense = block_outputs(model, head, batch, cfg, batch.hidden, flex=False)
+    _, flex = block_outputs(model, head, batch, cfg, batch.hidden, flex=True)
+    valid = blocks.valid
+    torch.testing.assert_close(flex[valid], dense[valid], rtol=1e-9, atol=1e-9)
+
+
+def test_draft_tokens_are_the_argmax_of_slots_one_on() -> None:
+    cfg, model, head, batch = make_setup([0, 0])
+    ctx, positions = batch.hidden[:20], batch.position_ids[:20].long()
+    tokens = model.draft_tokens(head, ctx, positions, last_token=7, start_position=20)
+    block_ids = torch.tensor([7] + [model.spec.mask_token_id] * (cfg.block_size - 1))
+    logits = model.draft_logits(head, ctx, positions, block_ids, 20 + torch.arange(8))
+    assert tokens.tolist() == logits[1:].argmax(-1).tolist()
+    assert tokens.shape == (cfg.block_size - 1,)
