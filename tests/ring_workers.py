@@ -144,10 +144,10 @@ def hang_mid_read(ring: Ring, reached) -> None:
     consumer.take()
 
 
-def take_until_error(ring: Ring, ready) -> str:
-    """Wait for items; return the PeerDied message (raised through rank_main)."""
+def take_after(ring: Ring, go) -> str:
+    """Wait for `go`, then take until the end of the stream (PeerDied goes to rank_main)."""
     consumer = ring.consumer()
-    ready.set()
+    go.wait()
     while consumer.take() is not None:
         pass
     return "end of stream"

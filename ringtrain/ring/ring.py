@@ -144,6 +144,8 @@ class Ring:
             self.payload = DevicePayload(spec, self.layout, device, self.control)
         self._row = self.control.ranks[local_index]
         self._closed = False
+        self._close_lock = threading.Lock()
+        self._owner_thread = threading.get_ident()
         self._finished = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -265,10 +267,21 @@ class Ring:
         """Leave the ring: mark clean exit or failure, stop threads, unregister, unmap.
 
         An unclean close sets the ring's closing flag and wakes every waiter, so the
-        other ranks raise PeerDied at once. Also unlinks the names (idempotent).
+        other ranks raise PeerDied at once. Also unlinks the names (idempotent). Called
+        from another thread than the one that opened the ring (e.g. a watchdog callback
+        about to exit the process), it only marks, wakes and unlinks: the opening thread
+        may still be inside a wait, so mappings and semaphores stay until process exit.
         """
-        if self._closed:
-            return
+        with self._close_lock:
+            first = not self._closed
+            self._closed = True
+        if first:
+            self._mark_closed(clean)
+        if threading.get_ident() == self._owner_thread and self._row is not None:
+            self._release()
+
+    def _mark_closed(self, clean: bool) -> None:
+        """Record the exit in the rank table, wake waiters if unclean, stop threads, unlink."""
         if self.role == "target" and not self._finished and clean:
             self._finish()
         self._row["status"] = cb.CLOSED if clean else cb.FAILED
@@ -282,9 +295,12 @@ class Ring:
                     sem.release()
         self._stop.set()
         for thread in self._threads:
-            thread.join()
-        self._closed = True
+            if thread is not threading.current_thread():
+                thread.join()
         self.unlink()
+
+    def _release(self) -> None:
+        """Unregister, drop views, unmap and close descriptors (opening thread only)."""
         self.payload.close()
         self.control.drop()
         self._row = None
@@ -311,11 +327,15 @@ class Ring:
 
     def beat(self, step: int) -> None:
         """Record progress (the training step) and refresh the heartbeat."""
+        if self._closed:
+            return
         self._row["step"] = step
         self._row["heartbeat_ns"] = monotonic_ns()
 
     def set_error(self, text: str) -> None:
         """Record this rank's last error; peers treat the rank as failed from now on."""
+        if self._closed:
+            return
         cb.put_bytes(self._row, "error", text.encode("utf-8", "replace"))
         self._row["status"] = cb.FAILED
 

@@ -1,0 +1,164 @@
+"""Dead peers: survivors raise PeerDied naming the dead rank, its role and its last error."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import ring_workers as rw
+import torch
+
+from ringtrain.ring import PeerDied, Ring, RingClosed
+
+CTX = mp.get_context("spawn")
+JOIN_S = 60
+# Survivors must notice within this many seconds (wait_timeout_s is 0.2 in the tests).
+DETECT_S = 5.0
+
+
+def run_id() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def test_consumer_killed_mid_read_fails_producer_and_other_consumer() -> None:
+    spec = rw.make_spec(run_id(), producers=1, consumers=2, slots=1)
+    barrier, results = CTX.Barrier(3), CTX.Queue()
+    reached, go = CTX.Event(), CTX.Event()
+    victim = CTX.Process(
+        target=rw.rank_main, args=(spec, 1, barrier, results, "hang_mid_read", reached)
+    )
+    survivor = CTX.Process(target=rw.rank_main, args=(spec, 2, barrier, results, "take_after", go))
+    victim.start()
+    survivor.start()
+    ring = rw.join_ring(spec, 0, barrier)
+    try:
+        producer = ring.producer()
+        slot = producer.acquire()
+        rw.write_item(slot, 0, 0, 8, torch.device("cpu"))
+        producer.publish(slot, 8, 1, {"producer": 0, "seq": 0})
+        assert reached.wait(JOIN_S)
+        assert ring.snapshot().slot_states == ["reading"]
+        go.set()
+        os.kill(victim.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(PeerDied, match=rf"rank 11 \(drafter, pid {victim.pid}\) died") as info:
+            producer.acquire()
+        assert time.monotonic() - start < DETECT_S
+        assert info.value.rank == 11 and info.value.role == "drafter"
+        tag, index, message = results.get(timeout=JOIN_S)
+        assert (tag, index) == ("peer_died", 2)
+        assert "rank 11 (drafter" in message
+        survivor.join(JOIN_S)
+        assert survivor.exitcode == 0
+    finally:
+        ring.close(clean=False)
+        victim.join(JOIN_S)
+
+
+def test_producer_killed_mid_write_fails_consumer() -> None:
+    spec = rw.make_spec(run_id(), producers=1, consumers=1, slots=2)
+    barrier, results = CTX.Barrier(2), CTX.Queue()
+    reached = CTX.Event()
+    victim = CTX.Process(
+        target=rw.rank_main, args=(spec, 0, barrier, results, "hang_mid_write", reached)
+    )
+    victim.start()
+    ring = rw.join_ring(spec, 1, barrier)
+    try:
+        consumer = ring.consumer()
+        assert reached.wait(JOIN_S)
+        assert ring.snapshot().slot_states == ["writing", "free"]
+        os.kill(victim.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(
+            PeerDied, match=rf"rank 10 \(target, pid {victim.pid}\) died.*last error: none"
+        ):
+            consumer.take()
+        assert time.monotonic() - start < DETECT_S
+    finally:
+        ring.close(clean=False)
+        victim.join(JOIN_S)
+
+
+def _pair(heartbeat_timeout_s: float = 30.0) -> tuple[Ring, Ring]:
+    spec = rw.make_spec(run_id(), producers=1, consumers=1, heartbeat_timeout_s=heartbeat_timeout_s)
+    first = Ring.create(spec, 0, "cpu")
+    return first, Ring.attach(spec.run_id, 1, "cpu")
+
+
+def test_recorded_error_is_named_and_watchdog_fires_once() -> None:
+    target, drafter = _pair()
+    try:
+        fired: list[PeerDied] = []
+        done = threading.Event()
+
+        def on_dead(exc: PeerDied) -> None:
+            fired.append(exc)
+            target.close(clean=False)  # as a trainer does before exiting; may not join itself
+            done.set()
+
+        target.start_watchdog(on_dead)
+        drafter.set_error("CUDA out of memory in drafter step 7")
+        assert done.wait(DETECT_S)
+        assert len(fired) == 1
+        assert "rank 11 (drafter" in str(fired[0])
+        assert fired[0].last_error == "CUDA out of memory in drafter step 7"
+        with pytest.raises(PeerDied, match="failed; its last error: CUDA out of memory"):
+            target.check_peers()
+        with pytest.raises(PeerDied, match=r"rank 10 \(target.*aborted the ring"):
+            drafter.check_peers()
+    finally:
+        drafter.close(clean=False)
+        target.close(clean=False)
+
+
+def test_unclean_close_wakes_a_blocked_waiter_at_once() -> None:
+    target, drafter = _pair()
+    try:
+        consumer = drafter.consumer()
+        outcome: list[BaseException] = []
+
+        def take() -> None:
+            try:
+                consumer.take()
+            except PeerDied as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        target.close(clean=False)
+        thread.join(DETECT_S)
+        assert outcome and "rank 10 (target" in str(outcome[0])
+    finally:
+        drafter.close(clean=False)
+
+
+def test_stale_heartbeat_counts_as_dead() -> None:
+    target, drafter = _pair(heartbeat_timeout_s=2.0)
+    try:
+        drafter.control.rank["heartbeat_ns"][1] = time.monotonic_ns() - 10**10
+        target.control.rank["heartbeat_ns"][1] = time.monotonic_ns() - 10**10
+        with pytest.raises(PeerDied, match=r"rank 11 \(drafter.*stopped beating"):
+            target.check_peers()
+    finally:
+        drafter.close()
+        target.close()
+
+
+def test_producer_waiting_on_closed_consumers_raises_ring_closed() -> None:
+    target, drafter = _pair()
+    try:
+        producer = target.producer()
+        for seq in range(2):
+            slot = producer.acquire()
+            producer.publish(slot, 0, 0, {"seq": seq})
+        drafter.close(clean=True)
+        with pytest.raises(RingClosed, match="every drafter rank closed"):
+            producer.acquire()
+    finally:
+        target.close()
