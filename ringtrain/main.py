@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ringtrain.config import Config, ConfigError, dump_config, load_config, parse_config
 from ringtrain.trainer.logs import get_logger, setup_logging
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
+from ringtrain.trainer.session import INPUT_ERRORS, run_session, validate_inputs
 from ringtrain.trainer.signals import StopRequest
 
 
@@ -94,14 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     stop.install()
     if info.device.type == "cuda":
         torch.cuda.set_device(info.device)
-    from ringtrain.trainer.session import run_session
-
+    try:
+        plan = validate_inputs(config, info, run_dir)
+    except INPUT_ERRORS as exc:
+        log.error("%s", exc)
+        if info.local_rank == 0:
+            print(f"ringtrain: {exc}", file=sys.stderr)
+        return 2
     try:
         group = init_distributed(info)
-        return run_session(config, info, run_dir, group, stop, resume=args.resume)
-    except ConfigError as exc:
-        log.error("%s", exc)
-        return 2
+        return run_session(config, info, run_dir, plan, group, stop, resume=args.resume)
     except Exception as exc:
         log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
         return 1

@@ -1,24 +1,22 @@
 """The embedded default's inputs: a tiny hybrid target and a synthetic dataset.
 
-When [target] path or [data] path is empty, local rank 0 of each node writes the
-built-in one under `<run_dir>/builtin/` (once; later runs reuse it) while the other ranks
-wait at a barrier. Writes go to a temporary name first, so a crash never leaves a
-half-written directory that looks complete.
+When [target] path or [data] path is empty, the built-in one is written under
+`<run_dir>/builtin/` (once; later runs reuse it). The first rank to take the file lock
+builds; the others wait on the lock and then find it built. Writes go to a temporary
+name first, so a crash never leaves a half-written directory that looks complete.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-
-import torch.distributed as dist
 
 from ringtrain.config import Config
 from ringtrain.data import write_synthetic_dataset
 from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.trainer.logs import get_logger
-from ringtrain.trainer.roles import RankInfo
 
 SYNTHETIC_ROWS = 3000
 SYNTHETIC_EVAL_ROWS = 200
@@ -35,7 +33,7 @@ def _build_once(path: Path, build: Callable[[Path], None]) -> None:
     partial.rename(path)
 
 
-def prepare_builtin_inputs(config: Config, info: RankInfo, run_dir: Path) -> tuple[Path, Path]:
+def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path]:
     """Paths of the target and dataset, building the built-in ones where none is given."""
     builtin = run_dir / "builtin"
     target_path = (
@@ -44,7 +42,9 @@ def prepare_builtin_inputs(config: Config, info: RankInfo, run_dir: Path) -> tup
     data_path = Path(config.data.path).expanduser() if config.data.path else builtin / "data"
     if config.target.path and config.data.path:
         return target_path, data_path
-    if info.local_rank == 0:
+    builtin.mkdir(parents=True, exist_ok=True)
+    with (builtin / ".lock").open("w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
         log = get_logger()
         if not config.target.path:
             log.info("writing the built-in tiny hybrid target to %s", target_path)
@@ -73,5 +73,4 @@ def prepare_builtin_inputs(config: Config, info: RankInfo, run_dir: Path) -> tup
                     seed=config.data.seed + 1,
                 ),
             )
-    dist.barrier()
     return target_path, data_path

@@ -19,7 +19,13 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.config import Config
-from ringtrain.drafter import DFlashDrafter, FrozenHead, ObjectiveSums, block_objective
+from ringtrain.drafter import (
+    DFlashDrafter,
+    FrozenHead,
+    ObjectiveSums,
+    block_objective,
+    compiled_graph_count,
+)
 from ringtrain.ring import Ring
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.ledger import BatchLedger
@@ -73,10 +79,6 @@ class DrafterState:
     ledger: BatchLedger
 
 
-def _compiled_frames() -> int:
-    return int(torch._dynamo.utils.counters["frames"]["ok"])
-
-
 def _record_from(
     stats: torch.Tensor,
     step: int,
@@ -100,7 +102,7 @@ def _record_from(
         lr=lr,
         batches=ids,
         wall=time.time(),
-        compiles=_compiled_frames(),
+        compiles=compiled_graph_count(),
         gpu_busy=gpu_busy,
     )
 
@@ -163,8 +165,8 @@ def run_drafter_loop(
             stats = bucket.stats
             stats[LOSS] = sums.loss_sum.detach()
             stats[WEIGHT] = sums.weight_sum
-            stats[PREFIX] = sums.prefix_sum
-            stats[BLOCKS] = sums.num_blocks
+            stats[PREFIX] = sums.accepted_sum
+            stats[BLOCKS] = sums.block_count
             stats[TOKENS] = float(item.num_tokens)
             stats[FIXED_STATS : FIXED_STATS + block_size - 1] = sums.correct
             stats[FIXED_STATS + block_size - 1 :] = sums.counted
@@ -175,7 +177,7 @@ def run_drafter_loop(
         if group is not None:
             dist.all_reduce(bucket.flat, group=group)
             dist.all_reduce(ids, group=group)
-        host_stats = bucket.stats.cpu()
+        host_stats = bucket.stats.to("cpu", copy=True)
         if host_stats[STOP] > 0:
             bucket.zero()
             log.info("stopping before step %d (%s)", step, stop.signal_name or "no more batches")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ringtrain.config import Config
-from ringtrain.ring import Ring, describe_ring
+from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.roles import RankInfo
@@ -24,6 +24,7 @@ class Progress:
         self._tokens = 0
         self._first: StepRecord | None = None
         self._last: StepRecord | None = None
+        self._ring_before: RingSnapshot = ring.snapshot()
 
     def step(self, record: StepRecord) -> None:
         self._first = self._first or record
@@ -44,7 +45,16 @@ class Progress:
             record.accuracy[0],
             record.tau,
             record.lr,
-            describe_ring(self._ring),
+            self._ring_line(),
+        )
+
+    def _ring_line(self) -> str:
+        """Ring occupancy and who waited on whom since the previous progress line."""
+        current = self._ring.snapshot()
+        window = with_interval(self._ring_before, current)
+        self._ring_before = current
+        return (
+            f"ring {window.slot_counts.get('READY', 0)}/{window.num_slots} ready | {window.verdict}"
         )
 
     def summary(self) -> None:

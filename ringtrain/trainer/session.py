@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.config import Config, ConfigError
-from ringtrain.data import BatchStream, TokenDataset, open_dataset
+from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import (
     DFlashDrafter,
     DrafterSpec,
@@ -31,8 +31,8 @@ from ringtrain.drafter import (
     load_frozen_head,
     save_checkpoint,
 )
-from ringtrain.ring import PeerDied, Ring, RingSpec
-from ringtrain.target import TargetRunner, load_target, read_target_config
+from ringtrain.ring import PeerDied, Ring, RingSpec, ShmTooSmall
+from ringtrain.target import TargetLoadError, TargetRunner, load_target, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.drafter_loop import DrafterState, StepRecord, run_drafter_loop
@@ -42,6 +42,9 @@ from ringtrain.trainer.progress import Progress
 from ringtrain.trainer.roles import RankInfo
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_loop import run_target_loop
+
+# Errors that mean "the inputs are wrong": reported as such, exit code 2.
+INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, ShmTooSmall)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
 
 def validate_inputs(config: Config, info: RankInfo, run_dir: Path) -> Plan:
     """Resolve the target and dataset and check that they fit together (no GPU work)."""
-    target_path, data_path = prepare_builtin_inputs(config, info, run_dir)
+    target_path, data_path = prepare_builtin_inputs(config, run_dir)
     target_config = read_target_config(target_path)
     num_layers = target_config.num_hidden_layers
     taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
@@ -134,13 +137,13 @@ def run_session(
     config: Config,
     info: RankInfo,
     run_dir: Path,
+    plan: Plan,
     group: dist.ProcessGroup | None,
     stop: StopRequest,
     resume: bool,
 ) -> int:
-    """Validate, join the ring, run this rank's role; returns the process exit code."""
+    """Join the ring and run this rank's role; returns the process exit code."""
     log = get_logger()
-    plan = validate_inputs(config, info, run_dir)
     checkpoints = run_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints) if resume else None
     if resume and resume_from is None:
@@ -235,7 +238,7 @@ def _run_drafter(
                 "resume with the original config and target"
             )
         model.load_state_dict(checkpoint.model.state_dict())
-        checkpoint.restore_training_state(optimizer, scheduler)
+        checkpoint.restore(optimizer, scheduler)
         state = DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
         log.info("resumed from %s at step %d", resume_from, state.step)
     lead = info.is_lead_drafter
@@ -276,9 +279,7 @@ def _run_drafter(
         save,
         metrics,
     )
-    if lead:
-        ring.request_close()
-        if progress is not None:
-            progress.summary()
-        if metrics is not None:
-            metrics.close()
+    if progress is not None:
+        progress.summary()
+    if metrics is not None:
+        metrics.close()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ringtrain.data import Batch, BatchStream
-from ringtrain.ring import Ring
+from ringtrain.ring import Ring, RingClosed
 from ringtrain.target import TargetRunner
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -40,8 +40,9 @@ def run_target_loop(
     produced = 0
     started = time.perf_counter()
     while not stop.requested:
-        slot = producer.acquire()
-        if slot is None:
+        try:
+            slot = producer.acquire()
+        except RingClosed:
             break
         n = batch.num_tokens
         runner.forward_into(slot.hidden[:n])
