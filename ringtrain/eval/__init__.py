@@ -8,7 +8,12 @@ from ringtrain.eval.speculative import (
     greedy_generate,
     speculative_generate,
 )
-from ringtrain.eval.target import VerifyingTarget, load_verifying_target
+from ringtrain.eval.target import (
+    VerifyingTarget,
+    load_causal_lm,
+    load_verifying_target,
+    stop_token_ids,
+)
 
 __all__ = [
     "BlockDrafter",
@@ -18,9 +23,11 @@ __all__ = [
     "PromptOutcome",
     "VerifyingTarget",
     "greedy_generate",
+    "load_causal_lm",
     "load_prompts",
     "load_verifying_target",
     "read_prompt_records",
     "speculative_generate",
+    "stop_token_ids",
     "summarize",
 ]

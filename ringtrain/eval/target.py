@@ -159,6 +159,30 @@ class VerifyingTarget:
         return hook
 
 
+def stop_token_ids(config: object) -> list[int]:
+    """The end-of-sequence ids of an HF config (``eos_token_id``: an int, a list or None)."""
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+
+
+def load_causal_lm(
+    path: str | Path, device: torch.device | str = "cpu", dtype: str = "auto"
+) -> PreTrainedModel:
+    """The full causal LM of a local HF directory (never the hub), frozen, in eval mode."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: no config.json; the target must be a local Hugging Face model directory"
+        )
+    device = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_eval_dtype(dtype, device), local_files_only=True
+    )
+    return model.to(device).eval().requires_grad_(False)
+
+
 def load_verifying_target(
     path: str | Path,
     tap_layers: list[int],
@@ -166,15 +190,5 @@ def load_verifying_target(
     dtype: str = "auto",
     mode: str = "auto",
 ) -> VerifyingTarget:
-    """Load the full causal LM of a local HF directory (never the hub), frozen, in eval mode."""
-    path = Path(path).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path}: no config.json; --target must be a local Hugging Face model directory"
-        )
-    device = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_eval_dtype(dtype, device), local_files_only=True
-    )
-    model.to(device).eval().requires_grad_(False)
-    return VerifyingTarget(model, tap_layers, mode)
+    """Load a local target directory as a VerifyingTarget tapping ``tap_layers``."""
+    return VerifyingTarget(load_causal_lm(path, device, dtype), tap_layers, mode)

@@ -1,0 +1,189 @@
+"""Target-generated training data: greedy responses of the target to a prompt set.
+
+DFlash drafters learn to predict what their target says, so the training rows are
+prompt + the target's own greedy response (loss_mask 1 on the response only), written
+as a ringtrain Arrow dataset (input_ids: list<int32>, loss_mask: list<uint8>).
+Generation runs in left-padded batches. The prompts can be carved from the local text
+corpus of the toy recipe (train and eval splits never share text), so the recipe needs
+no external data:
+
+    python tools/regenerate.py --target models/toy --make-prompts 2000 --prompt-len 32 \\
+        --prompts data/train-prompts.jsonl --output data/toy-train --max-new-tokens 96
+    python tools/regenerate.py --target models/toy --make-prompts 32 --prompt-len 32 \\
+        --split eval --prompts data/eval-prompts.jsonl --output data/toy-eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, PreTrainedModel
+
+from ringtrain.data.writer import TokenFileWriter
+from ringtrain.eval import load_causal_lm, load_prompts, stop_token_ids
+from ringtrain.eval.corpus import carve_prompts, read_corpus
+
+DATASET_FILE = "regenerated-00000.arrow"
+DEFAULT_CORPUS_BYTES = 3_000_000
+
+
+def log(message: str) -> None:
+    """Progress on stderr."""
+    print(f"[regenerate] {message}", file=sys.stderr, flush=True)
+
+
+def corpus_bytes_of(target: Path) -> int:
+    """The corpus size a toy target was trained on (toy_target.json), else the default."""
+    info = target / "toy_target.json"
+    if info.is_file():
+        return int(json.loads(info.read_text())["preset"]["corpus_bytes"])
+    return DEFAULT_CORPUS_BYTES
+
+
+def greedy_batch(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+) -> list[list[int]]:
+    """Greedy responses to a batch of prompts (left-padded), each cut after its stop token."""
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    with torch.inference_mode():
+        out = model.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop_ids or None,
+            pad_token_id=pad_id,
+        )
+    responses = []
+    stops = set(stop_ids)
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, token in enumerate(row) if token in stops), len(row))
+        responses.append(row[:end])
+    return responses
+
+
+def write_dataset(directory: Path, prompts: list[list[int]], responses: list[list[int]]) -> Path:
+    """Rows prompt + response, loss_mask 1 on the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    input_ids = np.fromiter(
+        (t for p, r in zip(prompts, responses, strict=True) for t in (*p, *r)),
+        dtype=np.int32,
+        count=int(offsets[-1]),
+    )
+    loss_mask = np.concatenate(
+        [
+            np.r_[np.zeros(len(p), np.uint8), np.ones(len(r), np.uint8)]
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    with TokenFileWriter(directory / DATASET_FILE) as writer:
+        writer.write(offsets, input_ids, loss_mask)
+    return writer.path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="local Hugging Face target directory")
+    parser.add_argument("--prompts", required=True, help="prompts JSONL (read, or written)")
+    parser.add_argument("--output", help="dataset directory to write (omit: only carve prompts)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument(
+        "--make-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first carve N prompts from the local corpus into --prompts",
+    )
+    parser.add_argument("--prompt-len", type=int, default=32, help="tokens per carved prompt")
+    parser.add_argument(
+        "--split",
+        default="train",
+        choices=["train", "eval"],
+        help="corpus part to carve from (the parts share no text)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads")
+    return parser.parse_args(argv)
+
+
+def make_prompts(args: argparse.Namespace, target: Path) -> None:
+    """Carve prompts from the corpus with the target's tokenizer; write them as JSONL."""
+    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    documents = read_corpus(corpus_bytes_of(target))
+    prompts = carve_prompts(
+        documents,
+        lambda text: tokenizer.encode(text, add_special_tokens=False),
+        args.make_prompts,
+        args.prompt_len,
+        args.split,
+        args.seed,
+    )
+    path = Path(args.prompts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for prompt in prompts:
+            prompt["prompt"] = tokenizer.decode(prompt["input_ids"])
+            out.write(json.dumps(prompt) + "\n")
+    log(f"wrote {len(prompts)} {args.split} prompts of {args.prompt_len} tokens to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target = Path(args.target).expanduser()
+    if args.make_prompts:
+        make_prompts(args, target)
+    if not args.output:
+        return 0
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
+    model = load_causal_lm(target, device)
+    tokenizer = None
+    if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    prompts = load_prompts(args.prompts, tokenizer, int(model.config.vocab_size))
+    stop_ids = stop_token_ids(model.config)
+    pad_id = model.config.pad_token_id
+    pad_id = int(pad_id) if pad_id is not None else (stop_ids[0] if stop_ids else 0)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    responses: list[list[int]] = [[] for _ in prompts]
+    started = time.perf_counter()
+    for first in range(0, len(order), args.batch_size):
+        rows = order[first : first + args.batch_size]
+        batch = greedy_batch(
+            model, [prompts[i] for i in rows], args.max_new_tokens, stop_ids, pad_id
+        )
+        for i, response in zip(rows, batch, strict=True):
+            responses[i] = response
+        done = min(first + args.batch_size, len(order))
+        log(f"{done}/{len(order)} prompts, {time.perf_counter() - started:.0f} s")
+    path = write_dataset(Path(args.output), prompts, responses)
+    tokens = sum(map(len, responses))
+    log(f"wrote {len(prompts)} rows ({tokens} response tokens) to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
