@@ -1,0 +1,301 @@
+"""Benchmark one drafter training step: forward + backward + optimiser, MFU, memory, recompiles.
+
+Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV heads of
+128, MLP 12288, vocabulary 151936, 5 taps) with a random frozen head, on packed batches of
+3 x 3072-token documents with 512 anchors per 3072 tokens and blocks of 16. After warm-up,
+20 steps run with varying document lengths and counts; their mean step time gives
+tokens/s (context tokens) and MFU, and the compiled-graph counter must not move
+(recompiles == 0).
+
+Model FLOPs are counted explicitly per step from the real (non-padding) blocks: block-token
+projections and MLP, context K/V projections, fc, attention over the (query, key) pairs the
+mask allows, and the LM head over slots 1..B-1. Trainable matmuls count 3x their forward
+(forward, input grad, weight grad); fc and the frozen LM head count 2x (one of the two
+gradients is not needed); attention counts 3x.
+
+    python tools/bench_drafter.py --json                         # H200, default variant
+    python tools/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
+    python tools/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+import traceback
+
+import torch
+
+from ringtrain.drafter import (
+    DFlashDrafter,
+    FrozenHead,
+    block_objective,
+    build_optimizer,
+    compiled_graph_count,
+    drafter_spec_from_target,
+    optimizer_step,
+)
+from ringtrain.drafter.blocks import build_blocks, layout_sizes
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.spec import DrafterSpec
+from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
+
+PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
+QWEN3_8B = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
+}
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
+}
+VARIANTS = {
+    "base": {"loss_chunk": 4096, "compile_mode": "default"},
+    "chunk2048": {"loss_chunk": 2048, "compile_mode": "default"},
+    "chunk8192": {"loss_chunk": 8192, "compile_mode": "default"},
+    "autotune": {"loss_chunk": 4096, "compile_mode": "max-autotune-no-cudagraphs"},
+}
+
+
+def log(message: str) -> None:
+    """A timestamped progress line (before the table and the final JSON line)."""
+    print(f"[bench_drafter {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def tap_layers(num_layers: int, num_taps: int) -> list[int]:
+    """DFlash's spread of taps from layer 1 to L - 3."""
+    return [round(1 + i * (num_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
+
+
+def doc_lengths(rng: torch.Generator, max_tokens: int, nominal: list[int], vary: bool) -> list[int]:
+    """The nominal documents, or 1-6 documents of random lengths filling 60-100% of the batch."""
+    if not vary:
+        return nominal
+    count = int(torch.randint(1, 7, (1,), generator=rng))
+    fill = 0.6 + 0.4 * float(torch.rand(1, generator=rng))
+    cuts = torch.rand(count, generator=rng) + 0.05
+    lengths = (cuts / cuts.sum() * fill * max_tokens).long().clamp(min=2)
+    return lengths.tolist()
+
+
+def step_flops(
+    spec: DrafterSpec,
+    batch: PackedBatch,
+    cfg: DrafterConfig,
+    max_tokens: int,
+    generator_state: torch.Tensor,
+) -> float:
+    """Model FLOPs of one training step on `batch` (see the module docstring).
+
+    The anchors are drawn again from the generator state the step started with, so the
+    blocks and mask are exactly the step's own.
+    """
+    generator = torch.Generator(batch.hidden.device)
+    generator.set_state(generator_state)
+    blocks = build_blocks(
+        batch.hidden[:, :1], batch.input_ids, batch.loss_mask, batch.position_ids,
+        batch.cu_seqlens, batch.num_tokens, batch.num_docs, generator, cfg,
+        spec.mask_token_id, *layout_sizes(cfg, max_tokens),
+    )  # fmt: skip
+    valid = blocks.valid
+    num_blocks = int(valid.sum())
+    visible = int(((blocks.ctx_hi - blocks.ctx_lo)[valid] + cfg.block_size).sum()) * cfg.block_size
+    hidden, q_width = spec.hidden_size, spec.num_attention_heads * spec.head_dim
+    kv_width = spec.num_key_value_heads * spec.head_dim
+    block_tokens, ctx_tokens = num_blocks * cfg.block_size, batch.num_tokens
+    per_layer = (
+        2 * block_tokens * hidden * (2 * q_width)  # q_proj, o_proj
+        + 2 * (block_tokens + ctx_tokens) * hidden * (2 * kv_width)  # k_proj, v_proj
+        + 2 * block_tokens * hidden * 3 * spec.intermediate_size  # gate, up, down
+        + 2 * 2 * visible * spec.head_dim * spec.num_attention_heads  # QK^T, PV
+    )
+    fc = 2 * ctx_tokens * spec.num_taps * hidden * hidden
+    lm_head = 2 * num_blocks * (cfg.block_size - 1) * hidden * spec.vocab_size
+    return 3 * spec.num_layers * per_layer + 2 * fc + 2 * lm_head
+
+
+def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dtype):
+    """Warm-up batches (nominal documents) and measured batches (varying documents)."""
+    rng = torch.Generator().manual_seed(0)
+    features = spec.num_taps * spec.hidden_size
+    shared_hidden = torch.randn(args.max_tokens, features, device=device, dtype=torch.float32)
+    shared_hidden = shared_hidden.to(dtype)
+    nominal = [args.doc_len] * args.docs
+
+    def batch(seed: int, vary: bool) -> PackedBatch:
+        lengths = doc_lengths(rng, args.max_tokens, nominal, vary)
+        meta = random_packed_batch(lengths, 1, spec.vocab_size, device, dtype, seed)
+        return dataclasses.replace(meta, hidden=shared_hidden)
+
+    warm = [batch(i, vary=i > 0 and i == args.warmup - 1) for i in range(args.warmup)]
+    measured = [batch(1000 + i, vary=True) for i in range(args.steps)]
+    return warm, measured
+
+
+def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
+    """Build a fresh drafter for one variant, warm up, then time the measured steps."""
+    target = TINY if args.small else QWEN3_8B
+    cfg = DrafterConfig(
+        num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
+        anchor_ref_len=args.doc_len, mask_token_id=151669 if not args.small else -1,
+        compile=device.type == "cuda", **overrides,
+    )  # fmt: skip
+    spec = drafter_spec_from_target(target, cfg, tap_layers(target["num_hidden_layers"], 5))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = DFlashDrafter(spec).to(device)
+    head = FrozenHead.random(spec.vocab_size, spec.hidden_size, device, dtype)
+    optim_cfg = OptimConfig()
+    optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=10_000)
+    warm, measured = make_batches(args, spec, device, dtype)
+    generator = torch.Generator(device).manual_seed(0)
+
+    def step(batch: PackedBatch) -> torch.Tensor:
+        sums = block_objective(
+            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+            batch.cu_seqlens, batch.num_tokens, batch.num_docs, generator, cfg,
+            max_tokens=args.max_tokens,
+        )  # fmt: skip
+        (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()
+        optimizer_step(model, optimizer, scheduler, optim_cfg)
+        return sums.loss_sum.detach() / sums.weight_sum
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for i, batch in enumerate(warm):
+        log(f"{name}: warm-up step {i + 1}/{len(warm)} (docs {batch.num_docs}, "
+            f"{batch.num_tokens} tokens){' (compiles on CUDA: minutes)' if i == 0 else ''}")  # fmt: skip
+        began = time.perf_counter()
+        loss = step(batch)
+        sync()
+        log(f"{name}: warm-up step {i + 1} took {time.perf_counter() - began:.1f} s, "
+            f"loss {float(loss):.3f}")  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    graphs_before = compiled_graph_count()
+    log(f"{name}: timing {len(measured)} steps with varying documents")
+    sync()
+    states = []
+    began = time.perf_counter()
+    for batch in measured:
+        states.append(generator.get_state())
+        loss = step(batch)
+    sync()
+    elapsed = time.perf_counter() - began
+    recompiles = compiled_graph_count() - graphs_before
+    step_s = elapsed / len(measured)
+    flops = sum(
+        step_flops(spec, b, cfg, args.max_tokens, state)
+        for b, state in zip(measured, states, strict=True)
+    ) / len(measured)
+    tokens = sum(b.num_tokens for b in measured) / len(measured)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {
+        "variant": name,
+        **overrides,
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "tflops_per_s": flops / step_s / 1e12,
+        "mfu": flops / step_s / PEAK_FLOPS[device.type] if device.type in PEAK_FLOPS else None,
+        "model_tflop_per_step": flops / 1e12,
+        "peak_mem_gib": peak,
+        "recompiles": recompiles,
+        "final_loss": float(loss),
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument("--variants", default="base", help="comma list of names, or 'all'")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args()
+    args.docs, args.block = 3, 16
+    args.layers = 2 if args.small else 5
+    args.doc_len = 96 if args.small else 3072
+    args.anchors = 16 if args.small else 512
+    args.max_tokens = args.docs * args.doc_len
+    if args.small:
+        args.steps = min(args.steps, 5)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    started = time.perf_counter()
+    results = []
+    for name in names:
+        if name not in VARIANTS:
+            results.append({"variant": name, "error": f"unknown variant (known: {list(VARIANTS)})"})
+            continue
+        if time.perf_counter() - started > args.time_budget:
+            results.append({"variant": name, "skipped": "time budget spent"})
+            continue
+        try:
+            results.append(run_variant(name, VARIANTS[name], args, device))
+        except Exception as exc:  # report and go on with the next variant
+            traceback.print_exc()
+            results.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        finally:
+            torch._dynamo.reset()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    print(
+        f"{'variant':<10} {'step_s':>8} {'tok/s':>10} {'TFLOP/s':>8} {'mfu':>6} {'mem GiB':>8} {'recomp':>6}"
+    )
+    for r in results:
+        if "step_s" not in r:
+            print(f"{r['variant']:<10} {r.get('error') or r.get('skipped')}")
+            continue
+        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
+        print(f"{r['variant']:<10} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
+              f"{r['tflops_per_s']:>8.1f} {r['mfu'] or 0:>6.3f} {mem:>8} {r['recompiles']:>6}")  # fmt: skip
+    report = {
+        "benchmark": "bench_drafter",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "shape": "small" if args.small else "qwen3-8b",
+        "docs": args.docs,
+        "doc_len": args.doc_len,
+        "anchors_per_doc": args.anchors,
+        "block_size": args.block,
+        "steps": args.steps,
+        "results": results,
+    }
+    best = [r for r in results if r.get("mfu") is not None]
+    if best:
+        report["best_mfu"] = max(r["mfu"] for r in best)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_drafter.json"), "w") as out:
+            json.dump(report, out, indent=2)
+    if args.json:
+        print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
