@@ -127,5 +127,5 @@ class BlockMaskBuilder:
 def _as_kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per q tile: how many kv tiles are set, and their indices first (ascending)."""
     num = tiles.sum(-1, dtype=torch.int32)
-    order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True)
+    order = torch.argsort(tiles.to(torch.int32), dim=-1, descending=True, stable=True)
     return num[None, None], order.to(torch.int32)[None, None]
