@@ -48,7 +48,9 @@ def truncated_config_values(values: dict, num_layers: int) -> dict:
 class TargetCheckpoint:
     """One local target directory: parsed text config and an index of its weight files."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, weights: bool = True) -> None:
+        """Parse config.json and index the weights (``weights=False``: config only, for
+        targets whose weights are drawn at random)."""
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise TargetLoadError(
@@ -70,8 +72,8 @@ class TargetCheckpoint:
             ) from None
         self.text_config_dict: dict = full.get("text_config") or full
         self.model_type = self._text_model_type(full)
-        self._key_to_file = self._index_weights()
-        self.key_prefix = self._detect_key_prefix()
+        self._key_to_file = self._index_weights() if weights else {}
+        self.key_prefix = self._detect_key_prefix() if weights else "model."
 
     @property
     def num_layers(self) -> int:
@@ -173,10 +175,11 @@ class TargetCheckpoint:
         )
 
 
-def read_target_config(path: str | Path) -> PretrainedConfig:
-    """The FULL HF text config of a target directory, after checking config and weights.
+def read_target_config(path: str | Path, weights: bool = True) -> PretrainedConfig:
+    """The FULL HF text config of a target directory, after checking config and weights
+    (``weights=False``: config only).
 
     Cheap (reads config.json and the weight index or safetensors headers only), so
     every rank can validate its inputs with it before any GPU work.
     """
-    return TargetCheckpoint(path).text_config()
+    return TargetCheckpoint(path, weights).text_config()

@@ -15,3 +15,6 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Layer indices whose outputs feed the drafter. Empty: DFlash default spread.
     tap_layers: list[int] = msgspec.field(default_factory=list)
     num_taps: int = 5
+    # Draw the weights at random instead of reading them: for benchmarks of large shapes
+    # from a directory holding only config.json. Never for real training.
+    random_weights: bool = False

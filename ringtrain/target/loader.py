@@ -70,15 +70,19 @@ def load_target(
     device: torch.device | str = "cpu",
     dtype: str | torch.dtype = "auto",
     attn_implementation: str = "sdpa",
+    random_weights: bool = False,
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
+
+    ``random_weights`` draws the weights at random instead of reading them (benchmarks
+    of large shapes from a config-only directory).
 
     ``tap_layers`` empty or None picks the DFlash spread over the FULL layer count
     (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights
     and tapped layers runs before any weight is read.
     """
     started = time.perf_counter()
-    checkpoint = TargetCheckpoint(path)
+    checkpoint = TargetCheckpoint(path, weights=not random_weights)
     full_layers = checkpoint.num_layers
     source = str(checkpoint.path)
     if tap_layers:
@@ -109,7 +113,10 @@ def load_target(
     module = build_truncated_model(
         checkpoint.text_config(num_layers=kept), device, dtype, attn_implementation
     )
-    _load_weights(module, checkpoint, device)
+    if random_weights:
+        _randomise_weights(module)
+    else:
+        _load_weights(module, checkpoint, device)
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     return TappedTarget(module, full_config, taps, device, dtype)
 
@@ -147,6 +154,16 @@ def _load_weights(module: nn.Module, checkpoint: TargetCheckpoint, device: torch
                     f"config.json implies {tuple(target.shape)}; config and weights disagree"
                 )
             target.copy_(tensor)
+
+
+def _randomise_weights(module: nn.Module) -> None:
+    """Benchmark weights: matrices N(0, 0.02), vectors (norms, gates, biases) ones."""
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.ndim >= 2:
+                param.normal_(0.0, 0.02)
+            else:
+                param.fill_(1.0)
 
 
 def _rebuild_computed_buffers(module: nn.Module, device: torch.device) -> None:

@@ -53,9 +53,7 @@ class Progress:
         current = self._ring.snapshot()
         window = with_interval(self._ring_before, current)
         self._ring_before = current
-        return (
-            f"ring {window.slot_counts.get('READY', 0)}/{window.num_slots} ready | {window.verdict}"
-        )
+        return f"ring {window.occupancy:.0%} occupied | {window.verdict}"
 
     def summary(self) -> None:
         """One closing line: throughput, loss first -> last, final tau."""

@@ -70,7 +70,7 @@ def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
 def validate_inputs(config: Config, info: RankInfo, run_dir: Path) -> Plan:
     """Resolve the target and dataset and check that they fit together (no GPU work)."""
     target_path, data_path = prepare_builtin_inputs(config, run_dir)
-    target_config = read_target_config(target_path)
+    target_config = read_target_config(target_path, weights=not config.target.random_weights)
     num_layers = target_config.num_hidden_layers
     taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
     taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
@@ -206,6 +206,7 @@ def _run_target(
         num_taps=len(plan.tap_layers),
         device=info.device,
         dtype=plan.hidden_dtype,
+        random_weights=config.target.random_weights,
     )
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     runner = TargetRunner(model, info.device)
