@@ -21,7 +21,12 @@ WIDTH = 8
 
 
 def make_spec(
-    run_id: str, producers: int, consumers: int, slots: int = 2, heartbeat_timeout_s: float = 30.0
+    run_id: str,
+    producers: int,
+    consumers: int,
+    slots: int = 2,
+    heartbeat_timeout_s: float = 30.0,
+    transport: str = "host",
 ) -> RingSpec:
     """A small CPU ring: targets first, then drafters; global rank = 10 + local index."""
     n = producers + consumers
@@ -35,7 +40,7 @@ def make_spec(
         max_docs=4,
         hidden_width=WIDTH,
         hidden_dtype=torch.float32,
-        transport="host",
+        transport=transport,
         wait_timeout_s=0.2,
         heartbeat_timeout_s=heartbeat_timeout_s,
     )
@@ -92,8 +97,8 @@ def rank_main(spec: RingSpec, index: int, barrier, results, job: str, *args) -> 
         ring.close(clean=True)
 
 
-def produce_random(ring: Ring, items: int, seed: int) -> int:
-    """Publish `items` items of random sizes; returns the count."""
+def produce_random(ring: Ring, items: int, seed: int) -> tuple[int, str]:
+    """Publish `items` items of random sizes; returns (count, transport used)."""
     rng = random.Random(seed)
     producer = ring.producer()
     me = ring.spec.producers.index(ring.local_index)
@@ -103,7 +108,7 @@ def produce_random(ring: Ring, items: int, seed: int) -> int:
         write_item(slot, me, seq, n, ring.device)
         producer.publish(slot, n, 1, {"producer": me, "seq": seq})
     producer.finish()
-    return items
+    return items, ring.transport
 
 
 produce_random_cuda = produce_random

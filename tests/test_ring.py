@@ -205,3 +205,14 @@ def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
 def test_attach_to_missing_ring_names_the_fix() -> None:
     with pytest.raises(RingError, match="local rank 0 must create it"):
         Ring.attach("nosuchring", 1, "cpu")
+
+
+def test_auto_transport_falls_back_to_host_without_cuda_ranks() -> None:
+    ring = Ring.create(rw.make_spec(run_id(), 1, 1, transport="auto"), 0, "cpu")
+    try:
+        assert ring.transport == "host"
+        assert "not on a CUDA GPU" in ring.snapshot().transport_reason
+    finally:
+        ring.close()
+    with pytest.raises(RingError, match="transport = 'device' needs CUDA ranks"):
+        Ring.create(rw.make_spec(run_id(), 1, 1, transport="device"), 0, "cpu")

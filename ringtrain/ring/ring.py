@@ -18,10 +18,15 @@ on it), store the descriptor (sizes, meta; msgpack in a fixed-size field), mark 
 append the slot index to the FIFO under the lock, then release `ready`.
 
 Consumer, `take()`: wait on `ready`, pop one index from the FIFO under the lock, mark
-it READING, copy the payload into the consumer's own buffers (device: its copy stream
-waits on the slot's event; the copy is synchronised before going on), mark FREE and
-release free[owner]. Semaphore operations are the memory barriers between writes and
-reads; nobody spins on shared flags.
+it READING, copy the payload into the consumer's own buffers and then mark it FREE
+and release free[owner]. On CPU the copy is a memcpy and the slot is freed at once.
+On CUDA the copy is queued on the consumer's copy stream (after the slot's event for
+the device transport, and after the consumer's current stream, whose kernels may
+still read the previous item), the current stream waits on the copy's event (so the
+item is ready for kernels on that stream without a host sync), and the slot is freed
+once its copy completed: by the next take() after it queued its own copy (so copies
+run back to back), or before that take() blocks, or at close. Semaphore operations
+are the memory barriers between writes and reads; nobody spins on shared flags.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
 consumer that gets a token but finds the FIFO empty returns None if every producer
@@ -102,7 +107,11 @@ class WriteSlot:
 
 @dataclass
 class ReadItem:
-    """One item in the consumer's own buffers, valid until its next take()."""
+    """One item in the consumer's own buffers, valid until its next take().
+
+    On CUDA, use it on the stream that was current during take() (that stream waits for
+    the copy); another stream must first wait_stream() on it.
+    """
 
     hidden: torch.Tensor
     input_ids: torch.Tensor
@@ -147,6 +156,8 @@ class Ring:
         self._close_lock = threading.Lock()
         self._owner_thread = threading.get_ident()
         self._finished = False
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._register_rank()
@@ -284,6 +295,10 @@ class Ring:
         """Record the exit in the rank table, wake waiters if unclean, stop threads, unlink."""
         if self.role == "target" and not self._finished and clean:
             self._finish()
+        if clean and self._producer is not None and self.transport == "device":
+            self._drain(self._producer)
+        if self._consumer is not None and threading.get_ident() == self._owner_thread:
+            self._consumer.release_copied()
         self._row["status"] = cb.CLOSED if clean else cb.FAILED
         if not clean:
             self.control.header["closing_rank"] = self.local_index
@@ -298,6 +313,19 @@ class Ring:
             if thread is not threading.current_thread():
                 thread.join()
         self.unlink()
+
+    def _drain(self, producer: Producer) -> None:
+        """Wait until consumers copied every published slot out of this producer's GPU slab.
+
+        The slab is freed on close, so it must outlive the items still in the FIFO.
+        Each free-semaphore token is one slot handed back; a dead or closed consumer
+        ends the wait (the slab is freed anyway; the failure is reported by the peers).
+        """
+        try:
+            for _ in range(self.spec.slots_per_producer - (producer._pending is not None)):
+                self._wait(producer._sem, "blocked_ns", None, "consumers to drain its slots")
+        except RingError as exc:
+            log.warning("ring %s: closing before consumers drained: %s", self.spec.run_id, exc)
 
     def _release(self) -> None:
         """Unregister, drop views, unmap and close descriptors (opening thread only)."""
@@ -386,14 +414,24 @@ class Ring:
     # ---- protocol helpers ----------------------------------------------------------
 
     def _wait(
-        self, sem: posix_ipc.Semaphore, counter: str, timeout: float | None, waits_on: str
+        self,
+        sem: posix_ipc.Semaphore,
+        counter: str,
+        timeout: float | None,
+        waits_on: str,
+        before_block: Callable[[], None] | None = None,
     ) -> None:
-        """Acquire `sem`; time spent blocked goes to this rank's `counter` (ns)."""
+        """Acquire `sem`; time spent blocked goes to this rank's `counter` (ns).
+
+        `before_block` runs once if the semaphore is not immediately available.
+        """
         try:
             sem.acquire(0)
             return
         except posix_ipc.BusyError:
             pass
+        if before_block is not None:
+            before_block()
         start = monotonic_ns()
         deadline = None if timeout is None else start + int(timeout * 1e9)
         wait_start = self.control.rank["wait_start_ns"]
@@ -472,7 +510,9 @@ class Ring:
             raise RingError(
                 f"ring index {self.local_index} is a {self.role}, not a target: no producer()"
             )
-        return Producer(self)
+        if self._producer is None:
+            self._producer = Producer(self)
+        return self._producer
 
     def consumer(self, device: torch.device | str | None = None) -> Consumer:
         """The consumer end (drafter ranks only), with buffers on `device` (default: the ring's)."""
@@ -480,7 +520,11 @@ class Ring:
             raise RingError(
                 f"ring index {self.local_index} is a {self.role}, not a drafter: no consumer()"
             )
-        return Consumer(self, torch.device(device) if device is not None else self.device)
+        if self._consumer is None:
+            self._consumer = Consumer(
+                self, torch.device(device) if device is not None else self.device
+            )
+        return self._consumer
 
 
 class Producer:
@@ -574,19 +618,38 @@ class Consumer:
         self._decode = msgspec.msgpack.Decoder().decode
         self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
         self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
+        # CUDA: slots whose copy is queued on the copy stream, released by the next take().
+        self._copying: list[tuple[int, torch.cuda.Event]] = []
+        self._copied = (
+            [torch.cuda.Event() for _ in range(spec.num_slots)] if self._stream is not None else []
+        )
 
     def take(self, timeout: float | None = None) -> ReadItem | None:
         """The next item (copied into this consumer's buffers), or None once all producers finished."""
         ring = self.ring
         while True:
-            ring._wait(ring._ready, "starved_ns", timeout, "a ready slot")
+            ring._wait(ring._ready, "starved_ns", timeout, "a ready slot", self.release_copied)
             ring._check_open()
             slot = ring._pop()
             if slot >= 0:
                 return self._read(slot)
             if ring._all_producers_finished():
+                self.release_copied()
                 ring._ready.release()
                 return None
+
+    def release_copied(self) -> None:
+        """Hand back slots whose copies were queued by earlier take()s (waits for the copies)."""
+        pending, self._copying = self._copying, []
+        for slot, done in pending:
+            done.synchronize()
+            self._free_slot(slot)
+
+    def _free_slot(self, slot: int) -> None:
+        ring = self.ring
+        ring.control.slot["reader"][slot] = -1
+        ring.control.slot_state[slot] = cb.FREE
+        ring._free[slot // ring.spec.slots_per_producer].release()
 
     def _pairs(
         self, slot: int, num_tokens: int, num_docs: int
@@ -619,20 +682,24 @@ class Consumer:
         num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
         seq = int(column["seq"][slot])
         views, pairs = self._pairs(slot, num_tokens, num_docs)
+        owner = slot // spec.slots_per_producer
         if self._stream is None:
             for dst, src in pairs:
                 dst.copy_(src)
+            self._free_slot(slot)
         else:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            compute = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(compute)  # earlier users of our buffers are done
             ring.payload.before_read(slot, self._stream)
             with torch.cuda.stream(self._stream):
                 for dst, src in pairs:
                     dst.copy_(src, non_blocking=True)
-            self._stream.synchronize()
-        owner = slot // spec.slots_per_producer
-        column["reader"][slot] = -1
-        ctl.slot_state[slot] = cb.FREE
-        ring._free[owner].release()
+            done = self._copied[slot]
+            done.record(self._stream)
+            compute.wait_event(done)
+            # The previous item's copy ran before this one on the copy stream: free its slot now.
+            self.release_copied()
+            self._copying.append((slot, done))
         ctl.rank["items"][index] += 1
         hidden, input_ids, loss_mask, position_ids, cu_seqlens = views
         return ReadItem(

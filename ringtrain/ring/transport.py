@@ -151,9 +151,8 @@ class DevicePayload:
             handles = [bytes(e.ipc_handle()) for e in self._own_events]
         self._own_views = [self.layout.views(slab, k, self.spec) for k in range(per)]
         self._first = producer * per
-        export = _Export(
-            cuda.ipc_get_handle(self._own_ptr), nbytes, self.device.index or 0, handles
-        )
+        index = torch.cuda.current_device() if self.device.index is None else self.device.index
+        export = _Export(cuda.ipc_get_handle(self._own_ptr), nbytes, index, handles)
         row = self.control.ranks[local_index]
         encoded = msgspec.msgpack.encode(export)
         if len(encoded) > row["handles"].shape[0]:

@@ -1,0 +1,104 @@
+"""ringtrain-stat against a live ring (CLI run as a subprocess; ring names already unlinked)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import ring_workers as rw
+import torch
+
+from ringtrain.cli.stat import format_snapshot
+from ringtrain.ring import Ring, with_interval
+
+CTX = mp.get_context("spawn")
+JOIN_S = 60
+
+
+def stat(*args: str) -> object:
+    out = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli.stat", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=JOIN_S,
+    )
+    return json.loads(out.stdout)
+
+
+def test_stat_reports_live_ring_and_dead_rank() -> None:
+    run = f"t{uuid.uuid4().hex[:10]}"
+    spec = rw.make_spec(run, producers=1, consumers=1, slots=4)
+    barrier, results, attached = CTX.Barrier(2), CTX.Queue(), CTX.Event()
+    drafter = CTX.Process(
+        target=rw.rank_main, args=(spec, 1, barrier, results, "wait_for_kill", attached)
+    )
+    drafter.start()
+    ring = rw.join_ring(spec, 0, barrier)
+    try:
+        assert attached.wait(JOIN_S)
+        assert not [e for e in os.listdir("/dev/shm") if run in e]  # found through /proc only
+        producer = ring.producer()
+        for seq in range(3):
+            slot = producer.acquire()
+            rw.write_item(slot, 0, seq, 5, torch.device("cpu"))
+            producer.publish(slot, 5, 1, {"producer": 0, "seq": seq})
+        ring.beat(42)
+
+        listed = stat("--json")
+        assert run in [entry["run"] for entry in listed]
+
+        report = stat("--json", run)
+        assert report["run"] == run and report["generation"] == 3
+        assert report["slot_counts"] == {"free": 1, "writing": 0, "ready": 3, "reading": 0}
+        assert report["occupancy"] == 0.75
+        assert report["slot_states"] == ["ready", "ready", "ready", "free"]
+        ranks = {r["rank"]: r for r in report["ranks"]}
+        assert ranks[10]["role"] == "target" and ranks[10]["pid"] == os.getpid()
+        assert ranks[10]["items"] == int(ring.control.rank["items"][0]) == 3
+        assert ranks[10]["step"] == 42
+        assert ranks[11]["role"] == "drafter" and ranks[11]["pid"] == drafter.pid
+        assert ranks[10]["alive"] and ranks[11]["alive"]
+        assert ranks[11]["status"] == "attached"
+
+        os.kill(drafter.pid, signal.SIGKILL)
+        drafter.join(JOIN_S)
+        report = stat("--json", run)
+        ranks = {r["rank"]: r for r in report["ranks"]}
+        assert ranks[11]["status"] == "dead" and not ranks[11]["alive"]
+        assert "is gone" in ranks[11]["dead_reason"]
+        assert report["verdict"].startswith("rank 11 (drafter) is dead")
+        # Reading changed nothing: the ring's own view is the same.
+        assert ring.snapshot().slot_counts["ready"] == 3
+    finally:
+        ring.close(clean=False)
+
+
+def test_interval_and_verdict_over_a_window() -> None:
+    spec = rw.make_spec(f"t{uuid.uuid4().hex[:10]}", producers=1, consumers=1, slots=1)
+    target = Ring.create(spec, 0, "cpu")
+    drafter = Ring.attach(spec.run_id, 1, "cpu")
+    try:
+        before = target.snapshot()
+        producer, consumer = target.producer(), drafter.consumer()
+        for seq in range(4):
+            slot = producer.acquire()
+            producer.publish(slot, 0, 0, {"seq": seq})
+            assert consumer.take() is not None
+        # Pretend the producer spent the whole window blocked on a full ring.
+        after = target.snapshot()
+        after.ranks[0].blocked_ns = before.ranks[0].blocked_ns + (after.taken_ns - before.taken_ns)
+        windowed = with_interval(before, after)
+        assert windowed.ranks[1].interval_items_per_s > 0
+        assert windowed.interval_producers_blocked_pct == 100.0
+        assert windowed.verdict.startswith("drafters are the bottleneck: ring full 100%")
+        text = format_snapshot(windowed)
+        assert spec.run_id in text and "drafters are the bottleneck" in text
+    finally:
+        drafter.close()
+        target.close()
