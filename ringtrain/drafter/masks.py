@@ -92,12 +92,16 @@ class BlockMaskBuilder:
         counts = self._tile_counts(lo, hi) + self._block_counts
         full = counts == TILE * TILE
         partial = (counts > 0) & ~full
+        kv_num_blocks, kv_indices = _as_kv_blocks(partial)
+        full_kv_num_blocks, full_kv_indices = _as_kv_blocks(full)
         return BlockMask.from_kv_blocks(
-            *_as_kv_blocks(partial),
-            *_as_kv_blocks(full),
-            TILE,
-            self.mask_mods[window],
-            (self.q_len, self.kv_len),
+            kv_num_blocks,
+            kv_indices,
+            full_kv_num_blocks,
+            full_kv_indices,
+            BLOCK_SIZE=TILE,
+            mask_mod=self.mask_mods[window],
+            seq_lengths=(self.q_len, self.kv_len),
         )
 
     def _dense_mask(self, window: int) -> torch.Tensor:

@@ -135,7 +135,7 @@ class DecoderLayer(nn.Module):
 def _flex_attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask, scale: float
 ) -> torch.Tensor:
-    return flex_attention(q, k, v, None, block_mask, scale, True)
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 def _dense_attend(
@@ -190,8 +190,8 @@ class DFlashDrafter(nn.Module):
         ctx = self.hidden_norm(self.fc(ctx_features))
         x = block_embeds
         cos, sin = self.rope(torch.cat((ctx_positions, block_positions)), x.dtype)
-        for layer, attend in zip(self.layers, attends, strict=True):
-            x = layer(x, ctx, cos, sin, attend)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, ctx, cos, sin, attends[index])
         return self.norm(x)
 
     def forward(
