@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run the GPU-marked tests and the GPU benchmarks on a CUDA machine, one after another,
+# collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
+# (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
+# Usage: tools/gpu_checks.sh [tests] [ring] [drafter] [target] [pipeline]   (default: all)
+set -uo pipefail
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+steps=${*:-tests ring drafter target pipeline}
+run() {
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name ($(date +%T))" | tee -a "$out/gpu_checks.log"
+    timeout "$limit" "$@" > "$out/step.log" 2>&1
+    echo "exit $? after $SECONDS s" | tee -a "$out/step.log"
+    cat "$out/step.log" >> "$out/gpu_checks.log"
+    tail -n 25 "$out/step.log"
+    rm -f "$out/step.log"
+}
+nvidia-smi -L
+for step in $steps; do
+    case $step in
+        tests) run tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests ;;
+        ring)
+            run ring_device 120 python tools/bench_ring.py --transport device --producers 1 \
+                --consumers 1 --slots 4 --item-mb 256 --items 200 --json
+            cp "$out/bench_ring.json" "$out/ring_device.json" 2>/dev/null
+            run ring_host 120 python tools/bench_ring.py --transport host --producers 1 \
+                --consumers 1 --slots 4 --item-mb 256 --items 100 --json
+            cp "$out/bench_ring.json" "$out/ring_host.json" 2>/dev/null
+            rm -f "$out/bench_ring.json" ;;
+        drafter) run drafter 420 python tools/bench_drafter.py --json ;;
+        target) run target 300 python tools/bench_target.py --json ;;
+        pipeline) run pipeline 560 python tools/bench_pipeline.py --skip-standalone --json ;;
+        *) echo "unknown step $step" ;;
+    esac
+done
