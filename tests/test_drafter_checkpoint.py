@@ -81,6 +81,8 @@ def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path)
         "target_layer_ids": [1, 2, 4],
     }
     assert spec_from_hf_config(raw) == spec
+    state_only = load_checkpoint(path, "cpu", weights=False)
+    assert state_only.model is None and state_only.extra == {"cursor": [3, 4]}
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:

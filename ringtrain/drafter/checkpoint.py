@@ -129,11 +129,11 @@ def latest_checkpoint(root_dir: str | Path) -> Path | None:
 
 @dataclass
 class LoadedCheckpoint:
-    """A loaded drafter with its spec and the saved training state."""
+    """A loaded drafter (None when loaded without weights), its spec and training state."""
 
     path: Path
     spec: DrafterSpec
-    model: DFlashDrafter
+    model: DFlashDrafter | None
     step: int
     training_state: dict[str, Any]
 
@@ -155,8 +155,14 @@ class LoadedCheckpoint:
             restore_rng_states(self.training_state["rng"])
 
 
-def load_checkpoint(path_or_root: str | Path, device: torch.device | str) -> LoadedCheckpoint:
-    """Load a checkpoint directory, or the latest complete one under a checkpoints root."""
+def load_checkpoint(
+    path_or_root: str | Path, device: torch.device | str, weights: bool = True
+) -> LoadedCheckpoint:
+    """Load a checkpoint directory, or the latest complete one under a checkpoints root.
+
+    With weights=False only the spec and the training state are read (model is None),
+    e.g. for a target rank that needs just the data cursors in `extra`.
+    """
     path = Path(path_or_root)
     if not (path / CONFIG_FILE).is_file():
         latest = latest_checkpoint(path)
@@ -167,9 +173,11 @@ def load_checkpoint(path_or_root: str | Path, device: torch.device | str) -> Loa
             )
         path = latest
     spec = spec_from_hf_config(json.loads((path / CONFIG_FILE).read_text()))
-    with torch.device(device):
-        model = DFlashDrafter(spec)
-    model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
+    model = None
+    if weights:
+        with torch.device(device):
+            model = DFlashDrafter(spec)
+        model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     return LoadedCheckpoint(
         path=path, spec=spec, model=model, step=state["step"], training_state=state
