@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache
 
 from ringtrain.eval.target import VerifyingTarget
 
@@ -114,22 +114,33 @@ def greedy_generate(
     max_new_tokens: int,
     stop_ids: Sequence[int] = (),
 ) -> Generation:
-    """The reference: plain greedy decoding of the target through ``generate`` (KV cache)."""
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=list(stop_ids) or None,
-        pad_token_id=stop_ids[0] if stop_ids else 0,
-    )
+    """The reference: plain greedy decoding, one token per forward, with the model's own cache.
+
+    The cache only ever grows here, so it is exact for every architecture (recurrent
+    states included); it shares nothing with the speculative path.
+    """
+    model = target.model
     device = target.device
-    inputs = prompt_ids.to(device).unsqueeze(0)
+    tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
+    stops = set(stop_ids)
+    cache = DynamicCache(config=model.config)
+    step_input = prompt_ids.to(device).unsqueeze(0)
+    produced = 0
     _sync(device)
     started = time.perf_counter()
     with torch.inference_mode():
-        output = target.model.generate(
-            inputs, attention_mask=torch.ones_like(inputs), generation_config=config
-        )
+        while produced < max_new_tokens:
+            logits = model(
+                input_ids=step_input,
+                use_cache=True,
+                logits_to_keep=1,
+                **{target.cache_keyword: cache},
+            ).logits
+            tokens[produced] = logits[0, -1].argmax()
+            step_input = tokens[produced : produced + 1].unsqueeze(0)
+            produced += 1
+            if stops and int(tokens[produced - 1]) in stops:
+                break
     _sync(device)
     seconds = time.perf_counter() - started
-    tokens = output[0, inputs.shape[1] :].tolist()
-    return Generation(_truncate(tokens, max_new_tokens, stop_ids), [], seconds)
+    return Generation(tokens[:produced].tolist(), [], seconds)

@@ -53,7 +53,8 @@ class VerifyingTarget:
     """A frozen causal LM whose tapped layers' outputs are captured by forward hooks.
 
     Attributes: ``model`` (the HF causal LM), ``tap_layers``, ``hidden_size``,
-    ``vocab_size``, ``device``, ``dtype``, ``mode`` ("cache" or "recompute").
+    ``vocab_size``, ``device``, ``dtype``, ``mode`` ("cache" or "recompute"),
+    ``cache_keyword`` (the forward keyword that takes a KV cache).
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class VerifyingTarget:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.mode = ("cache" if rollback else "recompute") if mode == "auto" else mode
-        self._cache_keyword = _cache_keyword(model)
+        self.cache_keyword = _cache_keyword(model)
         self._cache: DynamicCache | None = None
         self._dest: torch.Tensor | None = None
         for k, layer in enumerate(self.tap_layers):
@@ -137,7 +138,7 @@ class VerifyingTarget:
         into ``features``; returns the logits [keep, V] of the last ``keep`` positions."""
         kwargs: dict[str, object] = {"use_cache": self.mode == "cache", "logits_to_keep": keep}
         if self._cache is not None and self.mode == "cache":
-            kwargs[self._cache_keyword] = self._cache
+            kwargs[self.cache_keyword] = self._cache
         self._dest = features
         try:
             with torch.inference_mode():

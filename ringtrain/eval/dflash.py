@@ -1,0 +1,113 @@
+"""A trained DFlash drafter as the BlockDrafter of speculative decoding.
+
+The drafter directory is a checkpoint (config.json with ``dflash_config`` +
+model.safetensors, as the trainer writes and DFlash inference code reads), a
+checkpoints root, or a run directory (its newest complete checkpoint is used). Only the
+config and weights are read, so an exported drafter without training state works too.
+The frozen embedding and LM head are the loaded target's own tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ringtrain.drafter import DFlashDrafter, DrafterSpec, FrozenHead, latest_checkpoint
+from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from ringtrain.drafter.spec import spec_from_hf_config
+from ringtrain.eval.target import VerifyingTarget
+
+
+def resolve_drafter_dir(path: str | Path) -> Path:
+    """The checkpoint directory named by ``path`` (itself, or the newest one below it)."""
+    path = Path(path).expanduser()
+    if (path / CONFIG_FILE).is_file():
+        return path
+    for root in (path, path / "checkpoints"):
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            return latest
+    raise FileNotFoundError(
+        f"{path}: not a drafter checkpoint (no {CONFIG_FILE}) and no complete step_N "
+        f"checkpoint below it or below {path / 'checkpoints'}; pass a checkpoint directory "
+        f"or the run directory of a training run"
+    )
+
+
+def read_drafter_spec(path: str | Path) -> DrafterSpec:
+    """The drafter's architecture, taps, block size and mask id from its config.json."""
+    config_file = resolve_drafter_dir(path) / CONFIG_FILE
+    try:
+        return spec_from_hf_config(json.loads(config_file.read_text()))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_file}: {exc}") from None
+
+
+def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) -> None:
+    """Raise ValueError when the drafter was not trained for this target's shape."""
+    config = target.model.config
+    pairs = {
+        "hidden_size": (spec.hidden_size, target.hidden_size),
+        "vocab_size": (spec.vocab_size, target.vocab_size),
+        "num_target_layers": (spec.num_target_layers, int(config.num_hidden_layers)),
+    }
+    for name, (drafter_value, target_value) in pairs.items():
+        if drafter_value != target_value:
+            raise ValueError(
+                f"{source}: the drafter has {name} = {drafter_value} but the target has "
+                f"{target_value}; evaluate the drafter with the target it was trained on"
+            )
+
+
+class DFlashBlockDrafter:
+    """Greedy block proposals of a DFlashDrafter over one sequence's target features."""
+
+    def __init__(self, model: DFlashDrafter, head: FrozenHead, max_positions: int) -> None:
+        spec = model.spec
+        self.model = model
+        self.head = head
+        self.block_size = spec.block_size
+        self.mask_token_id = spec.mask_token_id
+        self.tap_layers = list(spec.tap_layers)
+        device = head.embed.device
+        self._positions = torch.arange(max_positions + spec.block_size, device=device)
+
+    def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
+        """Draft tokens [B-1] for block positions 1..B-1 (see BlockDrafter)."""
+        positions = self._positions
+        if start + self.block_size > len(positions):
+            self._positions = positions = torch.arange(
+                2 * (start + self.block_size), device=positions.device
+            )
+        logits = self.model.draft_logits(
+            self.head,
+            context,
+            positions[:start],
+            block,
+            positions[start : start + self.block_size],
+        )
+        return logits[1:].argmax(-1)
+
+
+def load_dflash_drafter(
+    path: str | Path, target: VerifyingTarget, max_positions: int = 4096
+) -> DFlashBlockDrafter:
+    """Load a drafter checkpoint for ``target`` (whose embedding and LM head it shares)."""
+    directory = resolve_drafter_dir(path)
+    spec = read_drafter_spec(directory)
+    check_compatible(spec, target, str(directory))
+    if list(spec.tap_layers) != target.tap_layers:
+        raise ValueError(
+            f"{directory}: the drafter taps layers {list(spec.tap_layers)} but the target was "
+            f"loaded with taps {target.tap_layers}; load the target with the drafter's taps"
+        )
+    with torch.device(target.device):
+        model = DFlashDrafter(spec)
+    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(target.device)))
+    model.eval().requires_grad_(False)
+    lm = target.model
+    head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
+    return DFlashBlockDrafter(model, head, max_positions)

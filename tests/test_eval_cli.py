@@ -1,0 +1,105 @@
+"""ringtrain-eval end to end on a tiny target with an untrained DFlash drafter."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ringtrain.cli.eval import main
+from ringtrain.drafter import DFlashDrafter, drafter_spec_from_target
+from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.spec import hf_config_dict
+from ringtrain.target import read_target_config
+from ringtrain.target.tiny import build_tiny_target
+
+TAPS = [1, 3, 5]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:
+    spec = drafter_spec_from_target(
+        read_target_config(target_dir), DrafterConfig(num_layers=1, block_size=block_size), TAPS
+    )
+    torch.manual_seed(0)
+    model = DFlashDrafter(spec)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(hf_config_dict(spec)))
+    save_file(model.state_dict(), str(directory / "model.safetensors"))
+    return directory
+
+
+def _write_prompts(path: Path) -> Path:
+    lines = [
+        {"prompt": "def main():\n    return"},
+        {"input_ids": [5, 17, 99, 3, 250, 41]},
+        {"prompt": "import os"},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
+def test_untrained_drafter_is_lossless_with_tau_near_one(
+    tmp_path: Path, hybrid: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=hybrid)
+    drafter = _write_drafter(tmp_path / "drafter", target)
+    prompts = _write_prompts(tmp_path / "prompts.jsonl")
+    code = main(
+        [
+            "--target", str(target),
+            "--drafter", str(drafter),
+            "--prompts", str(prompts),
+            "--max-new-tokens", "24",
+            "--device", "cpu",
+            "--json",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["lossless"] and result["mismatches"] == []
+    assert result["prompts"] == 3
+    assert 1.0 <= result["tau_real"] < 1.5
+    assert len(result["acceptance"]) == 7
+    assert result["generated_tokens"] == 3 * 24
+    assert result["verify_forwards"] >= 3 * 23 / result["tau_real"] - 3
+    assert result["tokens_per_s"] > 0
+    assert "tau_real" in out
+
+
+def test_drafter_of_another_target_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=False)
+    other = build_tiny_target(tmp_path / "other", seed=1, hybrid=False, vocab_size=600)
+    drafter = _write_drafter(tmp_path / "drafter", other)
+    prompts = _write_prompts(tmp_path / "prompts.jsonl")
+    code = main(["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)])
+    assert code == 2
+    assert "vocab_size = 600" in capsys.readouterr().err
+
+
+def test_bad_prompt_line_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=False)
+    drafter = _write_drafter(tmp_path / "drafter", target)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "x"}\n{"text": "y"}\n')
+    code = main(["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)])
+    assert code == 2
+    assert f"{prompts}:2" in capsys.readouterr().err
