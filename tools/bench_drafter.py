@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import time
@@ -263,6 +264,7 @@ def main() -> None:
             results.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
         finally:
             torch._dynamo.reset()
+            gc.collect()  # the drafter and its compiled wrapper form a reference cycle
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(
