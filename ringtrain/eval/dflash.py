@@ -24,14 +24,14 @@ from ringtrain.eval.target import VerifyingTarget
 def resolve_drafter_dir(path: str | Path) -> Path:
     """The checkpoint directory named by ``path`` (itself, or the newest one below it)."""
     path = Path(path).expanduser()
-    if (path / CONFIG_FILE).is_file():
+    if (path / CONFIG_FILE).is_file() and (path / WEIGHTS_FILE).is_file():
         return path
     for root in (path, path / "checkpoints"):
         latest = latest_checkpoint(root)
         if latest is not None:
             return latest
     raise FileNotFoundError(
-        f"{path}: not a drafter checkpoint (no {CONFIG_FILE}) and no complete step_N "
+        f"{path}: not a drafter checkpoint ({CONFIG_FILE} + {WEIGHTS_FILE}) and no complete step_N "
         f"checkpoint below it or below {path / 'checkpoints'}; pass a checkpoint directory "
         f"or the run directory of a training run"
     )
