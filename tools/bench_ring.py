@@ -70,7 +70,8 @@ def _spec(
 
 def _stamp_positions(hidden: torch.Tensor) -> torch.Tensor:
     words = hidden.numel() * hidden.element_size() // 4
-    return torch.linspace(0, words - 1, STAMPS, device=hidden.device).long()
+    # Integer spacing: a float32 linspace rounds the last index past the end on large items.
+    return torch.arange(STAMPS, device=hidden.device) * (words - 1) // (STAMPS - 1)
 
 
 def _words(hidden: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
     load_checkpoint,
+    read_checkpoint_extra,
     save_checkpoint,
 )
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
@@ -26,5 +27,6 @@ __all__ = [
     "load_checkpoint",
     "load_frozen_head",
     "optimizer_step",
+    "read_checkpoint_extra",
     "save_checkpoint",
 ]

@@ -34,7 +34,10 @@ from ringtrain.drafter.spec import DrafterSpec, hf_config_dict, spec_from_hf_con
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "training_state.pt"
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE)
+# The trainer's `extra` (data cursors) again as JSON: cheap to read for ranks that need
+# nothing else (a target resuming its data stream must not load optimiser state).
+EXTRA_FILE = "trainer_state.json"
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, EXTRA_FILE)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -99,6 +102,7 @@ def save_checkpoint(
         "extra": extra,
     }
     torch.save(state, tmp / STATE_FILE)
+    (tmp / EXTRA_FILE).write_text(json.dumps({"step": step, "extra": extra}) + "\n")
     for file in REQUIRED_FILES:
         _fsync_path(tmp / file)
     _fsync_path(tmp)
@@ -153,6 +157,11 @@ class LoadedCheckpoint:
         scheduler.load_state_dict(self.training_state["scheduler"])
         if rng:
             restore_rng_states(self.training_state["rng"])
+
+
+def read_checkpoint_extra(path: str | Path) -> dict[str, Any]:
+    """The `extra` dict of one checkpoint directory, without loading weights or state."""
+    return json.loads((Path(path) / EXTRA_FILE).read_text())["extra"]
 
 
 def load_checkpoint(

@@ -75,5 +75,6 @@ def optimizer_step(
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     optimizer.step()
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    # In place, not set_to_none: a trainer may keep .grad as views into one flat buffer.
+    optimizer.zero_grad(set_to_none=False)
     return norm

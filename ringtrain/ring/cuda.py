@@ -82,7 +82,8 @@ def ipc_get_handle(ptr: int) -> bytes:
     """The 64-byte CUDA IPC handle of a cudaMalloc pointer."""
     handle = _IpcMemHandle()
     _check(_cudart().cudaIpcGetMemHandle(ctypes.byref(handle), ptr), "cudaIpcGetMemHandle")
-    return bytes(handle.reserved)
+    # Not `handle.reserved`: a c_char array field reads back cut at its first NUL byte.
+    return ctypes.string_at(ctypes.addressof(handle), IPC_HANDLE_BYTES)
 
 
 def ipc_open_handle(handle: bytes, device: torch.device) -> int:
@@ -90,7 +91,9 @@ def ipc_open_handle(handle: bytes, device: torch.device) -> int:
     ptr = ctypes.c_void_p()
     with torch.cuda.device(device):
         code = _cudart().cudaIpcOpenMemHandle(
-            ctypes.byref(ptr), _IpcMemHandle(handle), _IPC_LAZY_ENABLE_PEER_ACCESS
+            ctypes.byref(ptr),
+            _IpcMemHandle.from_buffer_copy(handle),
+            _IPC_LAZY_ENABLE_PEER_ACCESS,
         )
     _check(code, "cudaIpcOpenMemHandle")
     return int(ptr.value)

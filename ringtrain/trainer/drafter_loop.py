@@ -25,6 +25,7 @@ from ringtrain.drafter import (
     ObjectiveSums,
     block_objective,
     compiled_graph_count,
+    optimizer_step,
 )
 from ringtrain.ring import Ring
 from ringtrain.trainer.gpu_busy import GpuBusySampler
@@ -183,11 +184,8 @@ def run_drafter_loop(
             log.info("stopping before step %d (%s)", step, stop.signal_name or "no more batches")
             break
         bucket.grads.div_(max(float(host_stats[WEIGHT]), 1.0))
-        if config.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, config.optim.grad_clip, foreach=True)
-        optimizer.step()
-        scheduler.step()
-        bucket.zero()
+        optimizer_step(model, optimizer, scheduler, config.optim)
+        bucket.stats.zero_()
         batch_ids = ids.cpu().tolist()
         for producer, seq, _batch_id in batch_ids:
             state.ledger.record(int(producer), int(seq))

@@ -24,11 +24,13 @@ from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import (
     DFlashDrafter,
     DrafterSpec,
+    FrozenHead,
     build_optimizer,
     drafter_spec_from_target,
     latest_checkpoint,
     load_checkpoint,
     load_frozen_head,
+    read_checkpoint_extra,
     save_checkpoint,
 )
 from ringtrain.ring import PeerDied, Ring, RingSpec, ShmTooSmall
@@ -111,6 +113,7 @@ def open_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan, max_doc
         transport=config.ring.transport,
         wait_timeout_s=config.ring.wait_timeout_s,
         heartbeat_timeout_s=config.ring.heartbeat_timeout_s,
+        lock_dir=config.ring.lock_dir,
     )
     ring = Ring.create(spec, info.local_rank, info.device) if info.local_rank == 0 else None
     dist.barrier()
@@ -182,11 +185,7 @@ def _run_target(
     log = get_logger()
     cursor = {"start": 0, "skip": []}
     if resume_from is not None:
-        cursor = (
-            load_checkpoint(resume_from, "cpu", weights=False)
-            .extra["cursors"]
-            .get(str(info.role_index), cursor)
-        )
+        cursor = read_checkpoint_extra(resume_from)["cursors"].get(str(info.role_index), cursor)
         log.info("resuming at batch %d of this target's stream", cursor["start"])
     stream = BatchStream(
         plan.dataset,
@@ -225,8 +224,13 @@ def _run_drafter(
 ) -> None:
     log = get_logger()
     device = info.device
-    log.info("loading frozen embedding and LM head from %s", plan.target_path)
-    head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
+    if config.target.random_weights:
+        head = FrozenHead.random(
+            plan.spec.vocab_size, plan.spec.hidden_size, device, plan.hidden_dtype
+        )
+    else:
+        log.info("loading frozen embedding and LM head from %s", plan.target_path)
+        head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
     model = DFlashDrafter(plan.spec).to(device)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     state = DrafterState(step=0, ledger=BatchLedger())
