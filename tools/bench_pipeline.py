@@ -29,6 +29,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGET_SHAPES = {
+    "tiny": {
+        "model_type": "qwen3",
+        "hidden_size": 128,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 256,
+        "vocab_size": 1024,
+        "mask_token_id": 1023,
+    },
     "qwen3-8b": {
         "model_type": "qwen3",
         "hidden_size": 4096,
@@ -109,7 +120,7 @@ def write_target_dir(path: Path, shape: dict) -> None:
 
 
 def run_pipeline(
-    work: Path, name: str, shape: dict, steps: int, budget: int, cache_dir: Path
+    work: Path, name: str, shape: dict, args: argparse.Namespace, cache_dir: Path
 ) -> dict:
     """Train 1 target + 1 drafter on one GPU; rate after warm-up and launch->first step."""
     target_dir = work / f"{name}-target"
@@ -119,7 +130,7 @@ def run_pipeline(
     overrides = {
         "run.run_dir": json.dumps(str(run_dir)),
         "run.name": json.dumps(f"bench-{name}"),
-        "run.max_steps": steps,
+        "run.max_steps": args.steps,
         "run.log_every": 5,
         "run.checkpoint_every": 0,
         "run.cache_dir": json.dumps(str(cache_dir)),
@@ -129,12 +140,16 @@ def run_pipeline(
         "ring.transport": '"device"',
         "ring.slots_per_producer": 3,
         "data.path": json.dumps(str(data_dir)),
-        "data.token_budget": budget,
-        "data.max_len": 4096,
+        "data.token_budget": args.budget,
+        "data.max_len": min(4096, args.budget),
         "target.path": json.dumps(str(target_dir)),
         "target.random_weights": "true",
         "drafter.mask_token_id": shape["mask_token_id"],
     }
+    if args.device == "cpu":
+        overrides.update(
+            {"run.device": '"cpu"', "layout.gpu_map": "[]", "ring.transport": '"host"'}
+        )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node=2", "-m", "ringtrain.main", "--config", "configs/bench.toml"]
     for key, value in overrides.items():
@@ -170,6 +185,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--budget", type=int, default=16384)
     parser.add_argument("--skip-standalone", action="store_true")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument(
+        "--cold-shapes",
+        default="qwen3-8b,tiny",
+        help="shapes that also get a cold-cache run first (the others run once)",
+    )
+    parser.add_argument("--mean-len", type=int, default=3072, help="dataset row length")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict = {"shapes": {}}
@@ -180,8 +202,12 @@ def main() -> None:
                 sys.executable,
                 "-c",
                 "import sys; from ringtrain.data import write_synthetic_dataset as w; "
-                "w(sys.argv[1], rows=4000, vocab_size=151000, mean_len=3072, seed=0)",
+                "w(sys.argv[1], rows=4000, vocab_size=int(sys.argv[2]), mean_len=int(sys.argv[3]), "
+                "seed=0, max_len=int(sys.argv[4]))",
                 str(work / "data"),
+                str(min(s["vocab_size"] for s in TARGET_SHAPES.values())),
+                str(args.mean_len),
+                str(min(4096, args.budget)),
             ],
             check=True,
             cwd=ROOT,
@@ -205,8 +231,9 @@ def main() -> None:
                     entry["drafter"] = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
             cache = work / f"cache-{name}"
             shutil.rmtree(cache, ignore_errors=True)
-            entry["cold"] = run_pipeline(work, name, shape, args.steps, args.budget, cache)
-            entry["warm"] = run_pipeline(work, name, shape, args.steps, args.budget, cache)
+            if name in args.cold_shapes.split(","):
+                entry["cold"] = run_pipeline(work, name, shape, args, cache)
+            entry["warm"] = run_pipeline(work, name, shape, args, cache)
             a = entry.get("target", {}).get("tokens_per_s")
             b = entry.get("drafter", {}).get("tokens_per_s")
             rate = entry["warm"].get("tokens_per_s")

@@ -2,7 +2,8 @@
 # Run the GPU-marked tests and the GPU benchmarks on a CUDA machine, one after another,
 # collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
-# Usage: tools/gpu_checks.sh [tests] [ring] [drafter] [target] [pipeline]   (default: all)
+# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [drafter] [target] [pipeline]
+# (default: tests ring drafter target pipeline)
 set -uo pipefail
 out=${OUT:-gpu-results}
 mkdir -p "$out"
@@ -21,6 +22,8 @@ nvidia-smi -L
 for step in $steps; do
     case $step in
         tests) run tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests ;;
+        quicktests) run tests 200 python -m pytest -q -m gpu -p no:cacheprovider \
+            tests/test_ring_gpu.py tests/test_target_gpu.py ;;
         ring)
             run ring_device 120 python tools/bench_ring.py --transport device --producers 1 \
                 --consumers 1 --slots 4 --item-mb 256 --items 200 --json
@@ -30,8 +33,10 @@ for step in $steps; do
             cp "$out/bench_ring.json" "$out/ring_host.json" 2>/dev/null
             rm -f "$out/bench_ring.json" ;;
         drafter) run drafter 420 python tools/bench_drafter.py --json ;;
-        target) run target 300 python tools/bench_target.py --json ;;
-        pipeline) run pipeline 560 python tools/bench_pipeline.py --skip-standalone --json ;;
+        target) run target 300 python tools/bench_target.py --shape qwen3-8b \
+            --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --json ;;
+        pipeline) run pipeline 560 python tools/bench_pipeline.py --skip-standalone \
+            --budget 9216 --steps 30 --json ;;
         *) echo "unknown step $step" ;;
     esac
 done
