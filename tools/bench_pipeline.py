@@ -179,6 +179,12 @@ def run_pipeline(
     }
 
 
+def save(results: dict) -> None:
+    """Write the results so far to $OUT/bench_pipeline.json (when $OUT is set)."""
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench_pipeline.json").write_text(json.dumps(results))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="qwen3-8b,qwen3.5-hybrid")
@@ -242,6 +248,7 @@ def main() -> None:
                 entry["ideal_tokens_per_s"] = ideal
                 entry["pipeline_efficiency"] = rate / ideal
             results["shapes"][name] = entry
+            save(results)
     print(f"{'shape':16} {'tok/s':>10} {'eff':>6} {'cold s':>7} {'warm s':>7} {'recomp':>6}")
     for name, entry in results["shapes"].items():
         warm, cold = entry.get("warm", {}), entry.get("cold", {})
@@ -250,10 +257,8 @@ def main() -> None:
             f"{entry.get('pipeline_efficiency', 0):6.3f} {cold.get('first_step_s', 0):7.1f} "
             f"{warm.get('first_step_s', 0):7.1f} {warm.get('steady_recompiles', -1):6}"
         )
-    text = json.dumps(results)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_pipeline.json").write_text(text)
-    print(text)
+    save(results)
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":
