@@ -1,4 +1,4 @@
-"""The DFlash drafter: model, block objective, metrics, optimiser and checkpoints."""
+"""The DFlash drafter: model, block objective, evaluation, optimiser and checkpoints."""
 
 from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
@@ -7,6 +7,7 @@ from ringtrain.drafter.checkpoint import (
     read_checkpoint_extra,
     save_checkpoint,
 )
+from ringtrain.drafter.evaluation import EvalSums, evaluate_batch
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
 from ringtrain.drafter.model import DFlashDrafter
 from ringtrain.drafter.objective import ObjectiveSums, block_objective, compiled_graph_count
@@ -16,6 +17,7 @@ from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
 __all__ = [
     "DFlashDrafter",
     "DrafterSpec",
+    "EvalSums",
     "FrozenHead",
     "LoadedCheckpoint",
     "ObjectiveSums",
@@ -23,6 +25,7 @@ __all__ = [
     "build_optimizer",
     "compiled_graph_count",
     "drafter_spec_from_target",
+    "evaluate_batch",
     "latest_checkpoint",
     "load_checkpoint",
     "load_frozen_head",

@@ -7,6 +7,8 @@ each document keeps the same share of its draws (the ones drawn first). A block 
 `[token at p, MASK x (B - 1)]` at positions p .. p + B - 1 of its document; slot k is scored
 against the token AT p + k (not shifted) where k >= 1, p + k is inside the document and
 loss_mask[p + k] == 1. Everything is computed on the batch's device from a torch.Generator.
+`pack_context` and `blocks_at` are the two halves around the sampling, for callers that
+choose the anchors themselves (evaluation anchors every eligible row).
 """
 
 from __future__ import annotations
@@ -60,7 +62,21 @@ def _padded(values: torch.Tensor, num_tokens: int, rows: int, dtype: torch.dtype
     return out
 
 
-def build_blocks(
+@dataclass(frozen=True)
+class PackedContext:
+    """One batch padded to the static context layout, with every row's document bounds."""
+
+    ctx_features: torch.Tensor  # [C, K*H], rows >= num_tokens are zero
+    ids: torch.Tensor  # [C] int64
+    positions: torch.Tensor  # [C] int64, per-document positions
+    supervised: torch.Tensor  # [C + 1] bool, loss_mask != 0 (False past num_tokens)
+    starts: torch.Tensor  # [D + 1] int64, document starts (entry D: the padding "document")
+    ends: torch.Tensor  # [D + 1] int64, document ends
+    doc: torch.Tensor  # [C] int64, document of each row (D for padding rows)
+    eligible: torch.Tensor  # [C] bool, loss_mask[p] == loss_mask[p + 1] == 1, p + 1 in the doc
+
+
+def pack_context(
     hidden: torch.Tensor,
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -68,13 +84,9 @@ def build_blocks(
     cu_seqlens: torch.Tensor,
     num_tokens: int,
     num_docs: int,
-    generator: torch.Generator,
-    cfg: DrafterConfig,
-    mask_token_id: int,
     ctx_capacity: int,
-    max_anchors: int,
-) -> BlockBatch:
-    """Sample anchors and lay out the blocks of one packed batch (see the module docstring)."""
+) -> PackedContext:
+    """Pad one packed batch to ctx_capacity rows and find its anchor-eligible rows."""
     if num_tokens > ctx_capacity or num_tokens > hidden.shape[0]:
         raise ValueError(
             f"batch has {num_tokens} tokens but the context capacity is {ctx_capacity} and "
@@ -85,7 +97,7 @@ def build_blocks(
             f"num_docs={num_docs} needs {num_docs + 1} cu_seqlens entries, got {cu_seqlens.shape[0]}"
         )
     device = hidden.device
-    rows, block = ctx_capacity, cfg.block_size
+    rows = ctx_capacity
     ids = _padded(input_ids.to(device), num_tokens, rows, torch.int64)
     positions = _padded(position_ids.to(device), num_tokens, rows, torch.int64)
     supervised = _padded(loss_mask.to(device) != 0, num_tokens, rows + 1, torch.bool)
@@ -101,8 +113,18 @@ def build_blocks(
     doc = ends_marks.cumsum(0)[:rows]  # document of each row; num_docs for padding rows
     row = torch.arange(rows, device=device)
     eligible = supervised[:rows] & supervised[1:] & (row + 1 < ends[doc])
+    return PackedContext(ctx_features, ids, positions, supervised, starts, ends, doc, eligible)
 
-    lengths = ends - starts
+
+def _sample_anchors(
+    packed: PackedContext, generator: torch.Generator, cfg: DrafterConfig, max_anchors: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(anchor rows [A] sorted, padding rows 0; valid [A]) drawn as the module docstring says."""
+    doc, eligible = packed.doc, packed.eligible
+    rows, device = doc.shape[0], doc.device
+    num_docs = packed.starts.shape[0] - 1
+    row = torch.arange(rows, device=device)
+    lengths = packed.ends - packed.starts
     quota = (cfg.num_anchors * lengths + cfg.anchor_ref_len - 1) // cfg.anchor_ref_len
     noise = torch.rand(rows, generator=generator, device=generator.device, dtype=torch.float64)
     key = torch.where(eligible, doc.double() + noise.to(device), torch.inf)
@@ -117,24 +139,58 @@ def build_blocks(
     share_kept, picked = torch.topk(share, max_anchors, largest=False)
     anchor = torch.where(share_kept.isfinite(), order[picked], rows).sort().values
     valid = anchor < rows
-    anchor = torch.where(valid, anchor, 0)
-    anchor_doc = doc[anchor]
+    return torch.where(valid, anchor, 0), valid
 
-    slot = torch.arange(block, device=device)
+
+def blocks_at(
+    packed: PackedContext,
+    anchor: torch.Tensor,
+    valid: torch.Tensor,
+    block_size: int,
+    mask_token_id: int,
+) -> BlockBatch:
+    """The blocks anchored at packed rows anchor [A] (entries with valid False are padding)."""
+    rows, device = packed.ids.shape[0], anchor.device
+    anchor_doc = packed.doc[anchor]
+    slot = torch.arange(block_size, device=device)
     label_rows = anchor[:, None] + slot
-    inside = label_rows < ends[anchor_doc][:, None]
+    inside = label_rows < packed.ends[anchor_doc][:, None]
     label_rows = label_rows.clamp(max=rows - 1)
-    block_ids = torch.full((max_anchors, block), mask_token_id, dtype=torch.int64, device=device)
-    block_ids[:, 0] = torch.where(valid, ids[anchor], mask_token_id)
+    block_ids = torch.full(
+        (anchor.shape[0], block_size), mask_token_id, dtype=torch.int64, device=device
+    )
+    block_ids[:, 0] = torch.where(valid, packed.ids[anchor], mask_token_id)
     return BlockBatch(
-        ctx_features=ctx_features,
-        ctx_positions=positions,
+        ctx_features=packed.ctx_features,
+        ctx_positions=packed.positions,
         block_ids=block_ids.view(-1),
-        block_positions=(positions[anchor][:, None] + slot).view(-1),
-        labels=torch.where(inside, ids[label_rows], 0),
-        scored=valid[:, None] & inside & supervised[label_rows] & (slot >= 1),
+        block_positions=(packed.positions[anchor][:, None] + slot).view(-1),
+        labels=torch.where(inside, packed.ids[label_rows], 0),
+        scored=valid[:, None] & inside & packed.supervised[label_rows] & (slot >= 1),
         valid=valid,
         anchor=anchor,
-        ctx_lo=torch.where(valid, starts[anchor_doc], 0),
+        ctx_lo=torch.where(valid, packed.starts[anchor_doc], 0),
         ctx_hi=anchor,
     )
+
+
+def build_blocks(
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_tokens: int,
+    num_docs: int,
+    generator: torch.Generator,
+    cfg: DrafterConfig,
+    mask_token_id: int,
+    ctx_capacity: int,
+    max_anchors: int,
+) -> BlockBatch:
+    """Sample anchors and lay out the blocks of one packed batch (see the module docstring)."""
+    packed = pack_context(
+        hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs, ctx_capacity
+    )
+    anchor, valid = _sample_anchors(packed, generator, cfg, max_anchors)
+    return blocks_at(packed, anchor, valid, cfg.block_size, mask_token_id)

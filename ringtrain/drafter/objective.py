@@ -96,6 +96,36 @@ def slot_weights(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype) -
     return torch.exp(-(slots - 1) / loss_gamma(cfg))
 
 
+def checked_workspace(
+    model: nn.Module, hidden: torch.Tensor, cfg: DrafterConfig, max_tokens: int
+) -> tuple[tuple[int, int], _Workspace]:
+    """The static layout (C, A) and the workspace for batches of max_tokens tokens.
+
+    Raises ValueError when the config's block size or the hidden width do not fit the model.
+    """
+    spec = _drafter_of(model).spec
+    if cfg.block_size != spec.block_size:
+        raise ValueError(
+            f"[drafter] block_size={cfg.block_size} but the model was built with "
+            f"{spec.block_size}; rebuild the model or fix the config"
+        )
+    if hidden.shape[1] != spec.num_taps * spec.hidden_size:
+        raise ValueError(
+            f"hidden has {hidden.shape[1]} features; the drafter expects "
+            f"{spec.num_taps} taps x {spec.hidden_size} = {spec.num_taps * spec.hidden_size}"
+        )
+    layout = layout_sizes(cfg, max_tokens)
+    return layout, _workspace(model, cfg, layout, hidden.device)
+
+
+def block_masks(model: nn.Module, workspace: _Workspace, batch: BlockBatch) -> tuple:
+    """One attention mask per drafter layer for the blocks of `batch` (dense off CUDA)."""
+    spec = _drafter_of(model).spec
+    dense = batch.ctx_features.device.type != "cuda"
+    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, dense=dense)
+    return tuple(masks[w] for w in spec.sliding_windows)
+
+
 def prepare_batch(
     model: nn.Module,
     hidden: torch.Tensor,
@@ -110,26 +140,57 @@ def prepare_batch(
     max_tokens: int,
 ) -> tuple[BlockBatch, tuple, _Workspace]:
     """Blocks, per-layer BlockMasks and the workspace for one batch (no forward yet)."""
-    spec = _drafter_of(model).spec
-    if cfg.block_size != spec.block_size:
-        raise ValueError(
-            f"[drafter] block_size={cfg.block_size} but the model was built with "
-            f"{spec.block_size}; rebuild the model or fix the config"
-        )
-    if hidden.shape[1] != spec.num_taps * spec.hidden_size:
-        raise ValueError(
-            f"hidden has {hidden.shape[1]} features; the drafter expects "
-            f"{spec.num_taps} taps x {spec.hidden_size} = {spec.num_taps * spec.hidden_size}"
-        )
-    layout = layout_sizes(cfg, max_tokens)
-    workspace = _workspace(model, cfg, layout, hidden.device)
+    layout, workspace = checked_workspace(model, hidden, cfg, max_tokens)
     batch = build_blocks(
         hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
-        generator, cfg, spec.mask_token_id, *layout,
+        generator, cfg, _drafter_of(model).spec.mask_token_id, *layout,
     )  # fmt: skip
-    dense = hidden.device.type != "cuda"
-    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, dense=dense)
-    return batch, tuple(masks[w] for w in spec.sliding_windows), workspace
+    return batch, block_masks(model, workspace, batch), workspace
+
+
+def score_blocks(
+    workspace: _Workspace,
+    head: FrozenHead,
+    batch: BlockBatch,
+    masks: tuple,
+    cfg: DrafterConfig,
+) -> tuple[ObjectiveSums, torch.Tensor]:
+    """Run the drafter on prepared blocks: the objective's sums, and accepted [A].
+
+    accepted[a] is block a's correct prefix: the leading scored slots k = 1 .. B - 1
+    whose argmax is the label (0 for padding blocks).
+    """
+    device = batch.ctx_features.device
+    block = cfg.block_size
+    with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
+        embeds = head.embed[batch.block_ids]
+        out = workspace.forward(
+            batch.ctx_features, batch.ctx_positions, embeds, batch.block_positions, masks
+        )
+        num_blocks = batch.valid.shape[0]
+        rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
+        scored = batch.scored[:, 1:]
+        loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
+        weights = slot_weights(cfg, device, loss_dtype)[1:] * scored
+        loss_sum, correct = chunked_head_loss(
+            rows.to(head.lm_head.dtype),
+            head.lm_head,
+            batch.labels[:, 1:].reshape(-1),
+            weights.reshape(-1),
+            cfg.loss_chunk,
+            workspace.chunk_fns,
+        )
+    hits = correct.view(num_blocks, block - 1) & scored
+    accepted = hits.long().cumprod(1).sum(1)
+    sums = ObjectiveSums(
+        loss_sum=loss_sum,
+        weight_sum=weights.sum(),
+        correct=hits.sum(0),
+        counted=scored.sum(0),
+        accepted_sum=accepted.sum(),
+        block_count=batch.valid.sum(),
+    )
+    return sums, accepted
 
 
 def block_objective(
@@ -159,35 +220,7 @@ def block_objective(
         model, hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
         generator, cfg, max_tokens,
     )  # fmt: skip
-    device = hidden.device
-    block = cfg.block_size
-    with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
-        embeds = head.embed[batch.block_ids]
-        out = workspace.forward(
-            batch.ctx_features, batch.ctx_positions, embeds, batch.block_positions, masks
-        )
-        num_blocks = batch.valid.shape[0]
-        rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
-        scored = batch.scored[:, 1:]
-        loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
-        weights = slot_weights(cfg, device, loss_dtype)[1:] * scored
-        loss_sum, correct = chunked_head_loss(
-            rows.to(head.lm_head.dtype),
-            head.lm_head,
-            batch.labels[:, 1:].reshape(-1),
-            weights.reshape(-1),
-            cfg.loss_chunk,
-            workspace.chunk_fns,
-        )
-    hits = correct.view(num_blocks, block - 1) & scored
-    return ObjectiveSums(
-        loss_sum=loss_sum,
-        weight_sum=weights.sum(),
-        correct=hits.sum(0),
-        counted=scored.sum(0),
-        accepted_sum=hits.long().cumprod(1).sum(),
-        block_count=batch.valid.sum(),
-    )
+    return score_blocks(workspace, head, batch, masks, cfg)[0]
 
 
 def compiled_graph_count() -> int:

@@ -1,0 +1,268 @@
+"""Drafter evaluation: every decoding anchor, and the replay of speculative decoding (CPU)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from ringtrain.drafter import (
+    DFlashDrafter,
+    EvalSums,
+    FrozenHead,
+    block_objective,
+    build_optimizer,
+    drafter_spec_from_target,
+    evaluate_batch,
+    optimizer_step,
+)
+from ringtrain.drafter import objective as objective_module
+from ringtrain.drafter.blocks import pack_context
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.evaluation import replay_sums
+from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
+
+TARGET = {
+    "hidden_size": 32,
+    "vocab_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+TAPS = [1, 3, 5]
+MAX_TOKENS = 160
+DOCS = [70, 45, 30]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def spans_of(mask: list[int], bounds: list[int]) -> list[tuple[int, int]]:
+    """(q, r) of every maximal run of mask == 1 inside a document."""
+    spans = []
+    for start, end in itertools.pairwise(bounds):
+        p = start
+        while p < end:
+            if not mask[p]:
+                p += 1
+                continue
+            r = p
+            while r + 1 < end and mask[r + 1]:
+                r += 1
+            spans.append((p, r))
+            p = r + 1
+    return spans
+
+
+def walk(mask: list[int], bounds: list[int], accepted: list[int]) -> tuple[int, int, list[int]]:
+    """Reference replay, one anchor at a time: (tokens, steps, anchors visited)."""
+    tokens = steps = 0
+    visited = []
+    for q, r in spans_of(mask, bounds):
+        p = q
+        while p < r:
+            visited.append(p)
+            steps += 1
+            tokens += accepted[p] + 1
+            p += accepted[p] + 1
+    return tokens, steps, visited
+
+
+def packed_of(mask: list[int], bounds: list[int]):
+    """A PackedContext of the given loss mask and documents (features do not matter here)."""
+    n = len(mask)
+    return pack_context(
+        torch.zeros(n, 1), torch.zeros(n, dtype=torch.int32), torch.tensor(mask, dtype=torch.uint8),
+        torch.zeros(n, dtype=torch.int32), torch.tensor(bounds, dtype=torch.int32), n,
+        len(bounds) - 1, ctx_capacity=n + 5,
+    )  # fmt: skip
+
+
+def replay(mask: list[int], bounds: list[int], accepted: list[int]) -> tuple[int, int]:
+    packed = packed_of(mask, bounds)
+    padded = torch.tensor(accepted + [7] * (packed.eligible.shape[0] - len(accepted)))
+    tokens, steps = replay_sums(packed, padded)
+    return int(tokens), int(steps)
+
+
+def test_replay_by_hand() -> None:
+    # doc 0 = rows 0..11: prompt 0..2, span 3..7, prompt row 8, span 9..11 (to the doc end).
+    # doc 1 = rows 12..17: span 12..13 right at the doc start, prompt 14, one-row span 15,
+    # prompt 16..17.
+    mask = [0, 0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0]
+    bounds = [0, 12, 18]
+    accepted = [9] * len(mask)  # rows that are no anchor must be ignored
+    accepted[3:7] = [1, 0, 2, 0]  # 3 -> 5 -> 8 (>= r = 7): 2 steps, 5 tokens
+    accepted[9:11] = [0, 1]  # 9 -> 10 -> 12: 2 steps, 3 tokens
+    accepted[12] = 1  # 12 -> 14: 1 step, 2 tokens; the one-row span 15 has no anchor
+    assert replay(mask, bounds, accepted) == (5 + 3 + 2, 2 + 2 + 1)
+    assert walk(mask, bounds, accepted)[:2] == (10, 5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replay_equals_the_reference_walk(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    block = int(rng.integers(2, 9))
+    lens = [int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 6)))]
+    bounds = [0, *np.cumsum(lens).tolist()]
+    mask = (rng.random(bounds[-1]) < 0.8).astype(int).tolist()
+    accepted = [0] * len(mask)
+    for q, r in spans_of(mask, bounds):
+        for p in range(q, r):
+            accepted[p] = int(rng.integers(0, min(block - 1, r - p) + 1))
+    tokens, steps, _ = walk(mask, bounds, accepted)
+    assert replay(mask, bounds, accepted) == (tokens, steps)
+
+
+def make_cfg(**overrides) -> DrafterConfig:
+    values = {
+        "num_layers": 2, "block_size": 8, "num_anchors": 6, "anchor_ref_len": 40,
+        "sliding_windows": [0, 24], "loss_chunk": 40, "compile": False,
+    }  # fmt: skip
+    return DrafterConfig(**{**values, **overrides})
+
+
+def make_setup(seed: int = 0):
+    cfg = make_cfg()
+    torch.manual_seed(seed)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    gen = torch.Generator().manual_seed(seed)
+    embed, lm_head = torch.randn(2, 64, 32, generator=gen, dtype=torch.float64) * 0.5
+    batch = random_packed_batch(DOCS, 3 * 32, 64, "cpu", torch.float64, seed, mask_holes=8)
+    return cfg, model, FrozenHead(embed, lm_head), batch
+
+
+def evaluate(model, head, batch: PackedBatch, cfg: DrafterConfig, max_tokens: int = MAX_TOKENS):
+    return evaluate_batch(
+        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+        batch.cu_seqlens, batch.num_tokens, batch.num_docs, cfg, max_tokens,
+    )  # fmt: skip
+
+
+def train(model, head, batch: PackedBatch, cfg: DrafterConfig, steps: int, max_tokens: int):
+    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
+    optimizer, scheduler = build_optimizer(model, optim_cfg, steps)
+    for step in range(steps):
+        sums = block_objective(
+            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+            batch.cu_seqlens, batch.num_tokens, batch.num_docs,
+            torch.Generator().manual_seed(step), cfg, max_tokens,
+        )  # fmt: skip
+        (sums.loss_sum / sums.weight_sum).backward()
+        optimizer_step(model, optimizer, scheduler, optim_cfg)
+
+
+def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -> None:
+    """Slots 1..j always right, the rest always wrong: decoding gains j + 1 per step."""
+    block, j = 8, 3
+    cfg = make_cfg(max_anchors=16)  # several chunks per batch
+    _, model, head, _ = make_setup()
+    prompt, response = 9, 1 + 20 * (j + 1)  # r - q = 80: the walk lands on r exactly
+    doc = prompt + response
+    batch = random_packed_batch([doc, doc], 3 * 32, 64, "cpu", torch.float64, 0, prompt / doc)
+
+    def scripted_loss(hidden, weight, labels, row_weights, chunk, fns):
+        slot = torch.arange(hidden.shape[0]) % (block - 1) + 1
+        return row_weights.sum() * 0.0, slot <= j
+
+    monkeypatch.setattr(objective_module, "chunked_head_loss", scripted_loss)
+    sums = evaluate(model, head, batch, cfg, max_tokens=2 * doc)
+    metrics = EvalSums.summarise(sums.as_vector(), block)
+    assert metrics["tau_sim"] == j + 1
+    assert metrics["replay_steps"] == 2 * 20
+    assert metrics["replay_tokens"] == 2 * (response - 1)
+    # Uniform anchors q .. r - 1 accept min(j, r - p): j everywhere but near the end.
+    per_span = [min(j, response - 1 - i) for i in range(response - 1)]
+    assert int(sums.block_count) == 2 * len(per_span)
+    assert metrics["tau"] == pytest.approx(1 + sum(per_span) / len(per_span))
+    assert metrics["tau"] < metrics["tau_sim"]
+    assert metrics["accuracy_per_slot"][:j] == [1.0] * j
+    assert metrics["accuracy_per_slot"][j:] == [0.0] * (block - 1 - j)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A drafter trained a little on one batch, so that some predictions are right."""
+    cfg, model, head, batch = make_setup()
+    train(model, head, batch, cfg, steps=25, max_tokens=MAX_TOKENS)
+    return cfg, model, head, batch
+
+
+def test_evaluation_runs_without_grad_and_changes_nothing(trained) -> None:
+    cfg, model, head, batch = trained
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    sums = evaluate(model, head, batch, cfg)
+    vector = sums.as_vector()
+    assert torch.isfinite(vector).all()
+    assert not any(getattr(sums, name).requires_grad for name in ("loss_sum", "correct"))
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    metrics = EvalSums.summarise(vector, cfg.block_size)
+    assert metrics["replay_steps"] > 0 and 1.0 <= metrics["tau_sim"] <= cfg.block_size
+    assert metrics["tau"] > 1.0, "the checks below need some accepted drafts"
+
+
+def test_evaluation_equals_the_objective_over_every_anchor(trained) -> None:
+    """Training with a quota of every eligible row samples exactly the evaluation anchors."""
+    _, model, head, batch = trained
+    every = make_cfg(num_anchors=40, max_anchors=MAX_TOKENS + 96)  # quota = doc length
+    ours = evaluate(model, head, batch, make_cfg(max_anchors=16))
+    with torch.no_grad():
+        theirs = block_objective(
+            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+            batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator(), every,
+            MAX_TOKENS,
+        )  # fmt: skip
+    assert math.isclose(float(ours.loss_sum), float(theirs.loss_sum), rel_tol=1e-9)
+    assert math.isclose(float(ours.weight_sum), float(theirs.weight_sum), rel_tol=1e-12)
+    for name in ("correct", "counted", "accepted_sum", "block_count"):
+        assert getattr(ours, name).tolist() == getattr(theirs, name).tolist(), name
+
+
+def accepted_by_inference(model, head, batch: PackedBatch, block: int) -> dict[int, int]:
+    """a(p) at every decoding anchor p from the inference entry, one block at a time."""
+    ids, mask = batch.input_ids.tolist(), batch.loss_mask.tolist()
+    accepted = {}
+    for start, end in itertools.pairwise(batch.cu_seqlens.tolist()):
+        for p in range(start, end - 1):
+            if not (mask[p] and mask[p + 1]):
+                continue
+            block_ids = torch.tensor([ids[p]] + [model.spec.mask_token_id] * (block - 1))
+            logits = model.draft_logits(
+                head, batch.hidden[start:p], batch.position_ids[start:p].long(), block_ids,
+                batch.position_ids[p].long() + torch.arange(block),
+            )  # fmt: skip
+            drafts = logits[1:].argmax(-1).tolist()
+            accepted[p] = 0
+            for k in range(1, block):
+                if p + k >= end or not mask[p + k] or drafts[k - 1] != ids[p + k]:
+                    break
+                accepted[p] += 1
+    return accepted
+
+
+def test_tau_sim_equals_a_replay_of_inference_drafts(trained) -> None:
+    cfg, model, head, batch = trained
+    accepted = accepted_by_inference(model, head, batch, cfg.block_size)
+    per_row = [accepted.get(p, 0) for p in range(batch.num_tokens)]
+    tokens, steps, visited = walk(batch.loss_mask.tolist(), batch.cu_seqlens.tolist(), per_row)
+    assert any(per_row[p] for p in visited), "the check needs accepted drafts on the walk"
+    sums = evaluate(model, head, batch, make_cfg(max_anchors=16))
+    assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
+    assert int(sums.accepted_sum) == sum(accepted.values())
+    assert int(sums.block_count) == len(accepted)
