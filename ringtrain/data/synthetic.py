@@ -33,12 +33,25 @@ def synthetic_lengths(
     return np.clip(lengths, min_len, max_len)
 
 
+def motif_bank(
+    rng: np.random.Generator, vocab_size: int, motif_len: int, num_motifs: int = 0
+) -> np.ndarray:
+    """The [motifs, motif_len] token bank (num_motifs 0: vocab_size // 2, at most 4096).
+
+    When the bank fits in the vocabulary every token gets one place in it, so each token
+    determines the next one (a fast-to-learn language); otherwise tokens repeat."""
+    count = num_motifs or max(2, min(4096, vocab_size // 2))
+    if count * motif_len <= vocab_size:
+        unique = rng.permutation(vocab_size)[: count * motif_len]
+        return unique.astype(np.int32).reshape(count, motif_len)
+    return rng.integers(0, vocab_size, size=(count, motif_len), dtype=np.int32)
+
+
 def _motif_tokens(
-    rng: np.random.Generator, total: int, vocab_size: int, motif_len: int, jump_prob: float
+    rng: np.random.Generator, total: int, bank: np.ndarray, jump_prob: float
 ) -> np.ndarray:
     """`total` tokens of a random walk through a bank of motifs."""
-    num_motifs = max(2, min(4096, vocab_size // 2))
-    bank = rng.integers(0, vocab_size, size=(num_motifs, motif_len), dtype=np.int32)
+    num_motifs, motif_len = bank.shape
     steps = -(-total // motif_len)
     increments = np.ones(steps, dtype=np.int64)
     jumps = rng.random(steps) < jump_prob
@@ -80,11 +93,15 @@ def write_synthetic_dataset(
     motif_len: int = 12,
     jump_prob: float = 0.05,
     noise: float = 0.02,
+    num_motifs: int = 0,
+    bank_seed: int | None = None,
 ) -> Path:
     """Write a learnable synthetic dataset into `directory` (created); return its file.
 
     `rows` rows with log-normal lengths of mean `mean_len` (shape `sigma`, clipped to
     [min_len, max_len]), token ids below `vocab_size`; deterministic for a `seed`.
+    The motif bank (the "language") comes from `bank_seed` (default: `seed`), so a
+    held-out split with another `seed` and the same `bank_seed` speaks the same language.
     """
     if rows < 1 or vocab_size < 2 or not 1 <= min_len <= mean_len <= max_len:
         raise ValueError(
@@ -97,7 +114,9 @@ def write_synthetic_dataset(
     offsets = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
-    input_ids = _motif_tokens(rng, total, vocab_size, motif_len, jump_prob)
+    bank_rng = np.random.default_rng(seed if bank_seed is None else bank_seed)
+    bank = motif_bank(bank_rng, vocab_size, motif_len, num_motifs)
+    input_ids = _motif_tokens(rng, total, bank, jump_prob)
     noisy = rng.integers(0, total, size=rng.binomial(total, noise))
     input_ids[noisy] = rng.integers(0, vocab_size, size=len(noisy), dtype=np.int32)
     loss_mask = _conversation_mask(rng, offsets)

@@ -150,10 +150,10 @@ def build_tiny_target(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        # A trained model's embedding and LM head give logits of a few units; the default
-        # 0.02-std initialisation would give logits near zero, which no drafter can learn
-        # from in a short run. Scale them like a trained head: logit std about 4.
-        head_std = 4.0 / hidden_size**0.5
+        # A trained model's LM head can give logits of several units; the default
+        # 0.02-std initialisation caps them near zero, which no drafter can learn from in a
+        # short run. Unit-norm rows: logits of unit spread, up to about sqrt(hidden).
+        head_std = 1.0 / hidden_size**0.5
         with torch.no_grad():
             model.get_input_embeddings().weight.normal_(0.0, head_std)
             model.get_output_embeddings().weight.normal_(0.0, head_std)
