@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,10 @@ from ringtrain.drafter.blocks import pack_context
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.evaluation import replay_sums
 from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
+from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
+from ringtrain.eval.dflash import DFlashBlockDrafter
+from ringtrain.eval.target import load_causal_lm
+from ringtrain.target.tiny import build_tiny_target
 
 TARGET = {
     "hidden_size": 32,
@@ -266,3 +271,52 @@ def test_tau_sim_equals_a_replay_of_inference_drafts(trained) -> None:
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
     assert int(sums.accepted_sum) == sum(accepted.values())
     assert int(sums.block_count) == len(accepted)
+
+
+def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None:
+    """On a target's own greedy responses, the replay is speculative decoding step by step."""
+    target = VerifyingTarget(
+        load_causal_lm(build_tiny_target(tmp_path, seed=4, hybrid=False), dtype="float32").double(),
+        TAPS,
+        mode="cache",
+    )
+    prompt_len, new_tokens = 10, 40
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (prompt_len,), generator=gen) for _ in range(3)]
+    docs = [p.tolist() + greedy_generate(target, p, new_tokens).tokens for p in prompts]
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor(docs), output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[layer + 1] for layer in TAPS], dim=-1)
+    doc_len = prompt_len + new_tokens
+    batch = PackedBatch(
+        hidden=taps.reshape(len(docs) * doc_len, -1).clone(),
+        input_ids=torch.tensor(docs, dtype=torch.int32).flatten(),
+        loss_mask=(torch.arange(doc_len) >= prompt_len).to(torch.uint8).repeat(len(docs)),
+        position_ids=torch.arange(doc_len, dtype=torch.int32).repeat(len(docs)),
+        cu_seqlens=torch.arange(len(docs) + 1, dtype=torch.int32) * doc_len,
+        num_tokens=len(docs) * doc_len,
+        num_docs=len(docs),
+    )
+    cfg = make_cfg(sliding_windows=[], num_anchors=40, anchor_ref_len=doc_len)
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(target.model.config, cfg, TAPS)).double()
+    lm = target.model
+    head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
+    train(model, head, batch, cfg, steps=30, max_tokens=batch.num_tokens)
+
+    drafter = DFlashBlockDrafter(model.eval().requires_grad_(False), head, doc_len)
+    tokens = steps = 0
+    for prompt, doc in zip(prompts, docs, strict=True):
+        decoded = speculative_generate(target, drafter, prompt, new_tokens)
+        assert decoded.tokens == doc[prompt_len:]
+        anchor = 0  # response coordinates: the prefill produced token 0, the first anchor
+        for count in decoded.accepted:
+            # The replay stops accepting at the response end; decoding may match past it.
+            tokens += min(count, new_tokens - 1 - anchor) + 1
+            steps += 1
+            anchor += count + 1
+    assert tokens > steps, "the check needs accepted drafts"
+    sums = evaluate(model, head, batch, cfg, max_tokens=batch.num_tokens)
+    assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
+    metrics = EvalSums.summarise(sums.as_vector(), cfg.block_size)
+    assert metrics["tau_sim"] == tokens / steps
