@@ -125,6 +125,12 @@ class ReadItem:
     seq: int
 
 
+def shm_bytes(spec: RingSpec, transport: str) -> int:
+    """Bytes the ring takes in /dev/shm: its control block, plus the slots on the host transport."""
+    data_bytes = spec.num_slots * SlotLayout.of(spec).slot_bytes if transport == "host" else 0
+    return cb.ControlLayout(spec).total_bytes + data_bytes
+
+
 class Ring:
     """One process's handle on the node's ring (see the module docstring for the protocol)."""
 
@@ -173,8 +179,7 @@ class Ring:
         transport, reason = resolve_transport(spec.transport, device)
         layout = cb.ControlLayout(spec)
         slot_layout = SlotLayout.of(spec)
-        data_bytes = spec.num_slots * slot_layout.slot_bytes if transport == "host" else 0
-        check_shm_space(layout.total_bytes + data_bytes)
+        check_shm_space(shm_bytes(spec, transport))
         encoded = spec.encode()
         if len(encoded) > cb.SPEC_BYTES:
             raise RingError(
@@ -204,6 +209,15 @@ class Ring:
             shm.close_fd()
         log.info("ring %s: %s transport (%s)", spec.run_id, transport, reason)
         return cls(spec, local_index, device)
+
+    @staticmethod
+    def check_space(spec: RingSpec, device: torch.device | str) -> None:
+        """Raise ShmTooSmall unless /dev/shm can hold the ring `spec` created on `device`.
+
+        Cheap and side-effect free: for validating inputs before any process starts work.
+        """
+        transport, _ = resolve_transport(spec.transport, torch.device(device))
+        check_shm_space(shm_bytes(spec, transport))
 
     @staticmethod
     def _init_control(
@@ -352,6 +366,11 @@ class Ring:
         interval = min(HEARTBEAT_INTERVAL_S, self.spec.heartbeat_timeout_s / 4)
         while not self._stop.wait(interval):
             self._row["heartbeat_ns"] = monotonic_ns()
+
+    def drafter_step(self) -> int:
+        """The highest training step any drafter rank has recorded with beat()."""
+        steps = self.control.ranks["step"]
+        return max(int(steps[i]) for i in self.spec.consumers)
 
     def beat(self, step: int) -> None:
         """Record progress (the training step) and refresh the heartbeat."""
