@@ -17,6 +17,7 @@ from ringtrain.drafter import (
     FrozenHead,
     block_objective,
     build_optimizer,
+    compiled_graph_count,
     drafter_spec_from_target,
     evaluate_batch,
     optimizer_step,
@@ -320,3 +321,42 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
     metrics = EvalSums.summarise(sums.as_vector(), cfg.block_size)
     assert metrics["tau_sim"] == tokens / steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_evaluation_between_training_steps_never_recompiles() -> None:
+    target = {**TARGET, "hidden_size": 256, "vocab_size": 1024, "head_dim": 64}
+    cfg = DrafterConfig(
+        num_layers=2, block_size=16, num_anchors=64, anchor_ref_len=512, loss_chunk=512
+    )
+    max_tokens = 1024
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(target, cfg, TAPS)).cuda()
+    head = FrozenHead.random(1024, 256, "cuda", torch.bfloat16)
+    optim_cfg = OptimConfig(warmup_fraction=0.0)
+    optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=20)
+    generator = torch.Generator("cuda").manual_seed(0)
+    layouts = [[512, 512], [1000], [100, 200, 300, 400], [7, 900], [64] * 16]
+
+    def train_then_evaluate(lengths: list[int], seed: int) -> tuple[EvalSums, PackedBatch]:
+        batch = random_packed_batch(lengths, 3 * 256, 1024, "cuda", torch.bfloat16, seed)
+        args = (batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+                batch.cu_seqlens, batch.num_tokens, batch.num_docs)  # fmt: skip
+        sums = block_objective(model, head, *args, generator, cfg, max_tokens)
+        (sums.loss_sum / sums.weight_sum).backward()
+        optimizer_step(model, optimizer, scheduler, optim_cfg)
+        return evaluate_batch(model, head, *args, cfg, max_tokens), batch
+
+    train_then_evaluate(layouts[0], 0)
+    train_then_evaluate(layouts[1], 1)
+    before = compiled_graph_count()
+    for i, lengths in enumerate(layouts * 2):
+        sums, batch = train_then_evaluate(lengths, 2 + i)
+        mask, bounds = batch.loss_mask.tolist(), batch.cu_seqlens.tolist()
+        anchors = sum(r - q for q, r in spans_of(mask, bounds))
+        assert int(sums.block_count) == anchors
+        assert torch.isfinite(sums.as_vector()).all()
+        metrics = EvalSums.summarise(sums.as_vector(), cfg.block_size)
+        assert 1.0 <= metrics["tau_sim"] <= cfg.block_size
+    assert compiled_graph_count() == before
