@@ -48,6 +48,7 @@ class ObjectiveSums:
         accepted_sum, blocks = values[2 + 2 * slots], values[3 + 2 * slots]
         return {
             "loss": loss_sum / max(weight_sum, 1e-12),
+            "weight_sum": weight_sum,
             "accuracy": sum(correct) / max(sum(counted), 1.0),
             "accuracy_per_slot": [c / max(n, 1.0) for c, n in zip(correct, counted, strict=True)],
             "tau": 1.0 + accepted_sum / max(blocks, 1.0),

@@ -19,7 +19,7 @@ from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.trainer.logs import get_logger
 
 SYNTHETIC_ROWS = 3000
-SYNTHETIC_EVAL_ROWS = 200
+SYNTHETIC_EVAL_ROWS = 30
 SYNTHETIC_MEAN_LEN = 200
 # Few enough motifs that every token has one place in the bank: each token determines
 # the next, so the default run shows a drafter learning within a minute on a CPU.
@@ -36,15 +36,20 @@ def _build_once(path: Path, build: Callable[[Path], None]) -> None:
     partial.rename(path)
 
 
-def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path]:
-    """Paths of the target and dataset, building the built-in ones where none is given."""
+def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, Path | None]:
+    """Paths of the target, the dataset and the held-out split (None: none given), building
+    the built-in ones where none is given (the built-in dataset comes with a held-out split)."""
     builtin = run_dir / "builtin"
     target_path = (
         Path(config.target.path).expanduser() if config.target.path else builtin / "target"
     )
     data_path = Path(config.data.path).expanduser() if config.data.path else builtin / "data"
+    if config.data.eval_path:
+        eval_path: Path | None = Path(config.data.eval_path).expanduser()
+    else:
+        eval_path = None if config.data.path else builtin / "eval"
     if config.target.path and config.data.path:
-        return target_path, data_path
+        return target_path, data_path, eval_path
     builtin.mkdir(parents=True, exist_ok=True)
     with (builtin / ".lock").open("w") as lock:
         fcntl.lockf(lock, fcntl.LOCK_EX)
@@ -66,9 +71,8 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path]:
                     num_motifs=SYNTHETIC_MOTIFS,
                 ),
             )
-            eval_path = builtin / "eval"
             _build_once(
-                eval_path,
+                builtin / "eval",
                 lambda d: write_synthetic_dataset(
                     d,
                     rows=SYNTHETIC_EVAL_ROWS,
@@ -79,4 +83,4 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path]:
                     bank_seed=config.data.seed,
                 ),
             )
-    return target_path, data_path
+    return target_path, data_path, eval_path

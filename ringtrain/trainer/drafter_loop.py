@@ -1,11 +1,13 @@
 """The drafter rank's loop: take a slot, run the DFlash objective, all-reduce, step.
 
-One global step = one batch per drafter rank. Gradients live in one flat buffer that is
-all-reduced once per step together with the step statistics; the summed gradients are
-then divided by the global weight sum, which gives exactly the loss normalised by the
-global count of supervised labels. A drafter that finds no batch (ring closed, SIGTERM)
-raises a stop flag in the same all-reduce: the step is then discarded on every rank, so
-all drafters stop after the same completed step and no batch is half-trained.
+One global step = one training batch per drafter rank. Gradients live in one flat
+buffer, all-reduced once per step; a second small fp64 vector carries the step's sums
+(objective metrics, tokens, stop flag, batch ids, evaluation sums) in the same way. The
+summed gradients are divided by the global weight sum, which is exactly the loss
+normalised by the global count of supervised labels. A drafter that finds no batch
+(ring closed, SIGTERM) raises the stop flag: the step is then discarded on every rank,
+so all drafters stop after the same completed step and no batch is half-trained.
+Evaluation batches (see trainer/evaluation.py) are evaluated as they arrive.
 """
 
 from __future__ import annotations
@@ -21,38 +23,55 @@ import torch.distributed as dist
 from ringtrain.config import Config
 from ringtrain.drafter import (
     DFlashDrafter,
+    EvalSums,
     FrozenHead,
     ObjectiveSums,
     block_objective,
     compiled_graph_count,
+    evaluate_batch,
     optimizer_step,
 )
-from ringtrain.ring import Ring
+from ringtrain.ring import ReadItem, Ring
+from ringtrain.trainer.evaluation import EVAL, EvalTally, final_round
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.signals import StopRequest
 
-# Layout of the statistics tail of the all-reduced buffer (then correct[k], counted[k]).
-LOSS, WEIGHT, PREFIX, BLOCKS, TOKENS, STOP = range(6)
-FIXED_STATS = 6
-
 
 class GradientBucket:
-    """Every parameter's .grad as a view into one flat fp32 buffer, plus a stats tail."""
+    """Every parameter's .grad as a view into one flat fp32 buffer."""
 
-    def __init__(self, params: list[torch.nn.Parameter], stats_len: int) -> None:
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
         total = sum(p.numel() for p in params)
-        self.flat = torch.zeros(total + stats_len, dtype=torch.float32, device=params[0].device)
+        self.flat = torch.zeros(total, dtype=torch.float32, device=params[0].device)
         offset = 0
         for p in params:
             p.grad = self.flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        self.grads = self.flat[:total]
-        self.stats = self.flat[total:]
 
-    def zero(self) -> None:
-        self.flat.zero_()
+
+class StepSums:
+    """The fp64 vector all-reduced each step, with named sections.
+
+    [objective sums | tokens, stop | (producer, seq, batch_id) per drafter | eval batches,
+    eval sums]"""
+
+    def __init__(self, objective_len: int, eval_len: int, drafters: int, device) -> None:
+        self.objective = slice(0, objective_len)
+        self.tokens = objective_len
+        self.stop = objective_len + 1
+        ids_start = objective_len + 2
+        self.ids = slice(ids_start, ids_start + 3 * drafters)
+        self.eval_batches = self.ids.stop
+        self.eval = slice(self.eval_batches + 1, self.eval_batches + 1 + eval_len)
+        self.vector = torch.zeros(self.eval.stop, dtype=torch.float64, device=device)
+
+    def set_ids(self, drafter_index: int, meta: dict[str, int]) -> None:
+        start = self.ids.start + 3 * drafter_index
+        self.vector[start : start + 3] = torch.tensor(
+            [meta["producer"], meta["seq"], meta["batch_id"]], dtype=torch.float64
+        )
 
 
 @dataclass
@@ -68,7 +87,7 @@ class StepRecord:
     lr: float
     batches: list[list[int]]
     wall: float  # time.time() at the end of the step
-    compiles: int  # frames compiled so far in this process (flat in steady state)
+    compiles: int  # graphs compiled so far in this process (flat in steady state)
     gpu_busy: float | None  # this rank's GPU busy fraction since the last step (NVML)
 
 
@@ -80,133 +99,200 @@ class DrafterState:
     ledger: BatchLedger
 
 
-def _record_from(
-    stats: torch.Tensor,
-    step: int,
-    seconds: float,
-    lr: float,
-    ids: list[list[int]],
-    gpu_busy: float | None,
-) -> StepRecord:
-    block = (len(stats) - FIXED_STATS) // 2
-    correct = stats[FIXED_STATS : FIXED_STATS + block]
-    counted = stats[FIXED_STATS + block :]
-    weight = max(float(stats[WEIGHT]), 1e-12)
-    blocks = max(float(stats[BLOCKS]), 1.0)
-    return StepRecord(
-        step=step,
-        loss=float(stats[LOSS]) / weight,
-        accuracy=[float(c) / max(float(n), 1.0) for c, n in zip(correct, counted, strict=True)],
-        tau=1.0 + float(stats[PREFIX]) / blocks,
-        tokens=int(stats[TOKENS]),
-        seconds=seconds,
-        lr=lr,
-        batches=ids,
-        wall=time.time(),
-        compiles=compiled_graph_count(),
-        gpu_busy=gpu_busy,
-    )
+class DrafterLoop:
+    """One drafter rank's training loop (see the module docstring)."""
 
-
-def run_drafter_loop(
-    config: Config,
-    ring: Ring,
-    model: DFlashDrafter,
-    head: FrozenHead,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    state: DrafterState,
-    drafter_index: int,
-    drafter_count: int,
-    group: dist.ProcessGroup | None,
-    stop: StopRequest,
-    on_step: Callable[[StepRecord], None],
-    save: Callable[[DrafterState], None],
-    metrics: MetricsWriter | None,
-) -> DrafterState:
-    """Train until max_steps, a stop request, or a closed ring; returns the final state."""
-    log = get_logger()
-    device = next(model.parameters()).device
-    block_size = config.drafter.block_size
-    params = [p for p in model.parameters() if p.requires_grad]
-    bucket = GradientBucket(params, FIXED_STATS + 2 * (block_size - 1))
-    ids = torch.zeros(drafter_count, 3, dtype=torch.int64, device=device)
-    consumer = ring.consumer(device)
-    busy = GpuBusySampler(device)
-    generator = torch.Generator(device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    max_steps = config.run.max_steps
-    checkpoint_every = config.run.checkpoint_every
-    last_saved = state.step
-    while state.step < max_steps:
-        step = state.step + 1
-        started = time.perf_counter()
-        item = None if stop.requested else consumer.take()
-        ids.zero_()
-        if item is None:
-            bucket.stats[STOP] = 1.0
-        else:
-            generator.manual_seed(config.run.seed * 1_000_003 + step * 1009 + drafter_index)
-            with autocast:
-                sums: ObjectiveSums = block_objective(
-                    model,
-                    head,
-                    item.hidden,
-                    item.input_ids,
-                    item.loss_mask,
-                    item.position_ids,
-                    item.cu_seqlens,
-                    item.num_tokens,
-                    item.num_docs,
-                    generator,
-                    config.drafter,
-                    max_tokens=config.data.token_budget,
-                )
-            sums.loss_sum.backward()
-            stats = bucket.stats
-            stats[LOSS] = sums.loss_sum.detach()
-            stats[WEIGHT] = sums.weight_sum
-            stats[PREFIX] = sums.accepted_sum
-            stats[BLOCKS] = sums.block_count
-            stats[TOKENS] = float(item.num_tokens)
-            stats[FIXED_STATS : FIXED_STATS + block_size - 1] = sums.correct
-            stats[FIXED_STATS + block_size - 1 :] = sums.counted
-            meta = item.meta
-            ids[drafter_index, 0] = meta["producer"]
-            ids[drafter_index, 1] = meta["seq"]
-            ids[drafter_index, 2] = meta["batch_id"]
-        if group is not None:
-            dist.all_reduce(bucket.flat, group=group)
-            dist.all_reduce(ids, group=group)
-        host_stats = bucket.stats.to("cpu", copy=True)
-        if host_stats[STOP] > 0:
-            bucket.zero()
-            log.info("stopping before step %d (%s)", step, stop.signal_name or "no more batches")
-            break
-        bucket.grads.div_(max(float(host_stats[WEIGHT]), 1.0))
-        optimizer_step(model, optimizer, scheduler, config.optim)
-        bucket.stats.zero_()
-        batch_ids = ids.cpu().tolist()
-        for producer, seq, _batch_id in batch_ids:
-            state.ledger.record(int(producer), int(seq))
-        state.step = step
-        ring.beat(step)
-        record = _record_from(
-            host_stats,
-            step,
-            time.perf_counter() - started,
-            scheduler.get_last_lr()[0],
-            batch_ids,
-            busy.sample(),
+    def __init__(
+        self,
+        config: Config,
+        ring: Ring,
+        model: DFlashDrafter,
+        head: FrozenHead,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        drafter_index: int,
+        drafter_count: int,
+        group: dist.ProcessGroup | None,
+        eval_batches_per_round: int,
+    ) -> None:
+        self.config = config
+        self.ring = ring
+        self.model = model
+        self.head = head
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.drafter_index = drafter_index
+        self.group = group
+        self.device = next(model.parameters()).device
+        self.block_size = config.drafter.block_size
+        self.bucket = GradientBucket([p for p in model.parameters() if p.requires_grad])
+        vector_len = 4 + 2 * (self.block_size - 1)
+        self.sums = StepSums(vector_len, vector_len + 2, drafter_count, self.device)
+        self.consumer = ring.consumer(self.device)
+        self.busy = GpuBusySampler(self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.eval_batches_per_round = eval_batches_per_round
+        self.autocast = torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
         )
-        if not math.isfinite(record.loss):
-            raise FloatingPointError(f"loss is {record.loss} at step {step}: lower optim.lr")
-        if metrics is not None:
-            metrics.write({"event": "step", **record.__dict__})
-        on_step(record)
-        if checkpoint_every and step % checkpoint_every == 0:
+
+    def _payload(self, item: ReadItem) -> tuple:
+        return (
+            item.hidden,
+            item.input_ids,
+            item.loss_mask,
+            item.position_ids,
+            item.cu_seqlens,
+            item.num_tokens,
+            item.num_docs,
+        )
+
+    def _evaluate(self, item: ReadItem) -> None:
+        with torch.no_grad(), self.autocast:
+            sums: EvalSums = evaluate_batch(
+                self.model,
+                self.head,
+                *self._payload(item),
+                self.config.drafter,
+                max_tokens=self.config.data.token_budget,
+            )
+        vector = self.sums.vector
+        vector[self.sums.eval_batches] += 1
+        vector[self.sums.eval] += sums.as_vector()
+
+    def _take_training_item(self, stop: StopRequest) -> ReadItem | None:
+        """The next training item, evaluating any evaluation items on the way."""
+        while not stop.requested:
+            item = self.consumer.take()
+            if item is None or item.meta.get("kind") != EVAL:
+                return item
+            self._evaluate(item)
+        return None
+
+    def _reduce(self) -> torch.Tensor:
+        if self.group is not None:
+            dist.all_reduce(self.bucket.flat, group=self.group)
+            dist.all_reduce(self.sums.vector, group=self.group)
+        return self.sums.vector.to("cpu", copy=True)
+
+    def _eval_metrics(self, tally: EvalTally, host: torch.Tensor) -> dict | None:
+        return tally.absorb(int(host[self.sums.eval_batches]), host[self.sums.eval])
+
+    def train(
+        self,
+        state: DrafterState,
+        stop: StopRequest,
+        on_step: Callable[[StepRecord], None],
+        on_eval: Callable[[int, dict], None],
+        save: Callable[[DrafterState], None],
+        metrics: MetricsWriter | None,
+    ) -> DrafterState:
+        """Train until max_steps, a stop request, or a closed ring; returns the final state."""
+        log = get_logger()
+        config = self.config
+        max_steps, eval_every = config.run.max_steps, config.run.eval_every
+        rounds_done = state.step // eval_every if eval_every else 0
+        tally = EvalTally(
+            self.sums.eval.stop - self.sums.eval.start,
+            self.eval_batches_per_round,
+            self.block_size,
+            rounds_done,
+        )
+        checkpoint_every = config.run.checkpoint_every
+        last_saved = state.step
+        sums = self.sums
+        while state.step < max_steps:
+            step = state.step + 1
+            started = time.perf_counter()
+            item = self._take_training_item(stop)
+            if item is None:
+                sums.vector[sums.stop] = 1.0
+            else:
+                seed = config.run.seed * 1_000_003 + step * 1009 + self.drafter_index
+                self.generator.manual_seed(seed)
+                with self.autocast:
+                    objective: ObjectiveSums = block_objective(
+                        self.model,
+                        self.head,
+                        *self._payload(item),
+                        self.generator,
+                        config.drafter,
+                        max_tokens=config.data.token_budget,
+                    )
+                objective.loss_sum.backward()
+                sums.vector[sums.objective] = objective.as_vector()
+                sums.vector[sums.tokens] = float(item.num_tokens)
+                sums.set_ids(self.drafter_index, item.meta)
+            host = self._reduce()
+            sums.vector.zero_()
+            evaluated = self._eval_metrics(tally, host)
+            if evaluated is not None:
+                on_eval(state.step, evaluated)
+            if host[sums.stop] > 0:
+                self.bucket.flat.zero_()
+                log.info(
+                    "stopping before step %d (%s)", step, stop.signal_name or "no more batches"
+                )
+                break
+            summary = ObjectiveSums.summarise(host[sums.objective], self.block_size)
+            self.bucket.flat.div_(max(summary["weight_sum"], 1e-12))
+            optimizer_step(self.model, self.optimizer, self.scheduler, config.optim)
+            ids = host[sums.ids].view(-1, 3).long().tolist()
+            for producer, seq, _batch_id in ids:
+                state.ledger.record(producer, seq)
+            state.step = step
+            self.ring.beat(step)
+            if not math.isfinite(summary["loss"]):
+                raise FloatingPointError(
+                    f"loss is {summary['loss']} at step {step}: lower optim.lr"
+                )
+            record = StepRecord(
+                step=step,
+                loss=summary["loss"],
+                accuracy=summary["accuracy_per_slot"],
+                tau=summary["tau"],
+                tokens=int(host[sums.tokens]),
+                seconds=time.perf_counter() - started,
+                lr=self.scheduler.get_last_lr()[0],
+                batches=ids,
+                wall=time.time(),
+                compiles=compiled_graph_count(),
+                gpu_busy=self.busy.sample(),
+            )
+            if metrics is not None:
+                metrics.write({"event": "step", **record.__dict__})
+            on_step(record)
+            if checkpoint_every and step % checkpoint_every == 0:
+                save(state)
+                last_saved = step
+        if state.step != last_saved:
             save(state)
-            last_saved = step
-    if state.step != last_saved:
-        save(state)
-    return state
+        if state.step == max_steps and tally.completed_rounds < final_round(max_steps, eval_every):
+            self._finish_final_round(tally, stop, on_eval, state.step)
+        return state
+
+    def _finish_final_round(
+        self,
+        tally: EvalTally,
+        stop: StopRequest,
+        on_eval: Callable[[int, dict], None],
+        step: int,
+    ) -> None:
+        """Evaluate the round due at the last step; training items taken meanwhile are dropped."""
+        sums = self.sums
+        target = tally.completed_rounds + 1
+        while tally.completed_rounds < target:
+            item = None if stop.requested else self.consumer.take()
+            if item is None:
+                sums.vector[sums.stop] = 1.0
+            elif item.meta.get("kind") == EVAL:
+                self._evaluate(item)
+            if self.group is not None:
+                dist.all_reduce(sums.vector, group=self.group)
+            host = sums.vector.to("cpu", copy=True)
+            sums.vector.zero_()
+            evaluated = self._eval_metrics(tally, host)
+            if evaluated is not None:
+                on_eval(step, evaluated)
+            if host[sums.stop] > 0:
+                return

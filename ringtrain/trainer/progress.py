@@ -25,6 +25,7 @@ class Progress:
         self._first: StepRecord | None = None
         self._last: StepRecord | None = None
         self._ring_before: RingSnapshot = ring.snapshot()
+        self._evaluated: dict | None = None
 
     def step(self, record: StepRecord) -> None:
         self._first = self._first or record
@@ -55,6 +56,20 @@ class Progress:
         self._ring_before = current
         return f"ring {window.occupancy:.0%} occupied | {window.verdict}"
 
+    def evaluation(self, step: int, metrics: dict) -> None:
+        """One line per completed held-out evaluation round."""
+        self._evaluated = metrics
+        get_logger().info(
+            "eval round %d after step %d | loss %.4f | acc %.3f | tau_sim %.3f "
+            "(replayed decoding) | uniform-anchor tau %.3f",
+            metrics["round"],
+            step,
+            metrics["loss"],
+            metrics["accuracy"],
+            metrics["tau_sim"],
+            metrics["tau"],
+        )
+
     def summary(self) -> None:
         """One closing line: throughput, loss first -> last, final tau."""
         if self._first is None or self._last is None:
@@ -72,3 +87,10 @@ class Progress:
             self._first.tau,
             self._last.tau,
         )
+        if self._evaluated is not None:
+            get_logger().info(
+                "held-out: tau_sim %.3f (replayed speculative decoding), loss %.4f, acc %.3f",
+                self._evaluated["tau_sim"],
+                self._evaluated["loss"],
+                self._evaluated["accuracy"],
+            )

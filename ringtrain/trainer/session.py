@@ -8,6 +8,7 @@ the problem and the fix.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -33,11 +34,14 @@ from ringtrain.drafter import (
     read_checkpoint_extra,
     save_checkpoint,
 )
-from ringtrain.ring import PeerDied, Ring, RingSpec, ShmTooSmall
+from ringtrain.drafter.checkpoint import CONFIG_FILE
+from ringtrain.drafter.spec import spec_from_hf_config
+from ringtrain.ring import PeerDied, Ring, RingError, RingSpec
 from ringtrain.target import TargetLoadError, TargetRunner, load_target, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
-from ringtrain.trainer.drafter_loop import DrafterState, StepRecord, run_drafter_loop
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord
+from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.progress import Progress
@@ -46,7 +50,7 @@ from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_loop import run_target_loop
 
 # Errors that mean "the inputs are wrong": reported as such, exit code 2.
-INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, ShmTooSmall)
+INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, RingError)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class Plan:
     dataset: TokenDataset
     spec: DrafterSpec
     hidden_dtype: torch.dtype
+    max_docs: int  # most documents one batch can hold (sizes the ring's slots)
+    eval_dataset: TokenDataset | None  # held-out split (None: no evaluation)
 
 
 def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
@@ -69,45 +75,114 @@ def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
     return f"{name}-{digest:08x}-n{node_rank}"
 
 
-def validate_inputs(config: Config, info: RankInfo, run_dir: Path) -> Plan:
-    """Resolve the target and dataset and check that they fit together (no GPU work)."""
-    target_path, data_path = prepare_builtin_inputs(config, run_dir)
+def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
+    """Raise ConfigError if `checkpoint` holds a drafter of another shape than `spec`."""
+    saved = spec_from_hf_config(json.loads((checkpoint / CONFIG_FILE).read_text()))
+    if saved == spec:
+        return
+    differences = ", ".join(
+        f"{field} {getattr(saved, field)} in the checkpoint vs {getattr(spec, field)} now"
+        for field in spec.__struct_fields__
+        if getattr(saved, field) != getattr(spec, field)
+    )
+    raise ConfigError(
+        f"--resume: checkpoint {checkpoint} was trained for another drafter shape "
+        f"({differences}); resume with the original config and target, or start a new "
+        "run directory"
+    )
+
+
+def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool = False) -> Plan:
+    """Resolve the target and dataset and check that they fit together (no GPU work).
+
+    Also checks, with `resume`, that the newest checkpoint fits this drafter, and that
+    /dev/shm can hold the ring."""
+    target_path, data_path, eval_path = prepare_builtin_inputs(config, run_dir)
     target_config = read_target_config(target_path, weights=not config.target.random_weights)
     num_layers = target_config.num_hidden_layers
-    taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
-    taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
-    dataset = open_dataset(
-        data_path,
-        max_len=config.data.max_len,
-        truncate=config.data.truncate,
-        block_size=config.drafter.block_size,
-        vocab_size=target_config.vocab_size,
-    )
+    try:
+        taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
+        taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    datasets = [
+        open_dataset(
+            path,
+            max_len=config.data.max_len,
+            truncate=config.data.truncate,
+            block_size=config.drafter.block_size,
+            vocab_size=target_config.vocab_size,
+        )
+        for path in (data_path, eval_path)
+        if path is not None
+    ]
+    dataset, eval_dataset = datasets[0], (datasets[1] if eval_path is not None else None)
+    if config.run.eval_every and eval_dataset is None:
+        raise ConfigError(
+            f"run.eval_every = {config.run.eval_every} but no held-out split is given: set "
+            "data.eval_path to a dataset directory, or run.eval_every = 0"
+        )
     if config.data.max_len > config.data.token_budget:
         raise ConfigError(
             f"data.max_len = {config.data.max_len} exceeds data.token_budget = "
             f"{config.data.token_budget}: a batch must hold the longest row; raise the "
             "budget or lower max_len"
         )
-    spec = drafter_spec_from_target(target_config, config.drafter, taps)
+    try:
+        spec = drafter_spec_from_target(target_config, config.drafter, taps)
+    except ValueError as exc:
+        raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
+    if resume and (checkpoint := latest_checkpoint(run_dir / "checkpoints")) is not None:
+        check_resume_spec(checkpoint, spec)
+    probe = BatchStream(
+        dataset,
+        token_budget=config.data.token_budget,
+        bucket=config.data.bucket,
+        seed=config.data.seed,
+        rank=0,
+        world=1,
+    )
     cuda = info.device.type == "cuda"
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
-    return Plan(target_path, data_path, target_config, taps, dataset, spec, dtype)
+    max_docs = probe.max_docs
+    if eval_dataset is not None:
+        max_docs = max(max_docs, eval_stream(config, eval_dataset, 0, 1).max_docs)
+    plan = Plan(
+        target_path, data_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset
+    )
+    try:
+        ring = ring_spec(config, info, run_dir, plan)
+    except ValueError as exc:
+        raise ConfigError(f"[ring]: {exc}") from None
+    Ring.check_space(ring, info.device)
+    return plan
 
 
-def open_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan, max_docs: int) -> Ring:
-    """Local rank 0 creates the node's ring, the others attach, then names are unlinked."""
+def eval_stream(config: Config, dataset: TokenDataset, rank: int, world: int) -> BatchStream:
+    """The held-out batches of one target rank (the same every round)."""
+    return BatchStream(
+        dataset,
+        token_budget=config.data.token_budget,
+        bucket=config.data.bucket,
+        seed=config.data.seed,
+        rank=rank,
+        world=world,
+    )
+
+
+def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> RingSpec:
+    """The spec of this node's ring, identical on every local rank."""
     roles = ["target"] * info.targets_per_node + ["drafter"] * info.drafters_per_node
     first = info.node_rank * info.local_world_size
-    spec = RingSpec(
+    return RingSpec(
         run_id=ring_run_id(config, run_dir, info.node_rank),
         generation=info.restart_count,
         roles=roles,
         global_ranks=[first + i for i in range(info.local_world_size)],
         slots_per_producer=config.ring.slots_per_producer,
         max_tokens=config.data.token_budget,
-        max_docs=max_docs,
+        max_docs=plan.max_docs,
         hidden_width=len(plan.tap_layers) * plan.spec.hidden_size,
         hidden_dtype=plan.hidden_dtype,
         transport=config.ring.transport,
@@ -115,6 +190,11 @@ def open_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan, max_doc
         heartbeat_timeout_s=config.ring.heartbeat_timeout_s,
         lock_dir=config.ring.lock_dir,
     )
+
+
+def open_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring:
+    """Local rank 0 creates the node's ring, the others attach, then names are unlinked."""
+    spec = ring_spec(config, info, run_dir, plan)
     ring = Ring.create(spec, info.local_rank, info.device) if info.local_rank == 0 else None
     dist.barrier()
     if ring is None:
@@ -130,6 +210,8 @@ def _die_on_peer_death(ring: Ring):
         get_logger().error("%s; stopping this rank", exc)
         for handler in get_logger().handlers:
             handler.flush()
+        # Ranks that see this one abort then report the original death, not just the abort.
+        ring.set_error(str(exc))
         ring.close(clean=False)
         os._exit(1)
 
@@ -151,21 +233,16 @@ def run_session(
     resume_from = latest_checkpoint(checkpoints) if resume else None
     if resume and resume_from is None:
         log.warning("--resume: no complete checkpoint under %s; starting fresh", checkpoints)
-    probe = BatchStream(
-        plan.dataset,
-        token_budget=config.data.token_budget,
-        bucket=config.data.bucket,
-        seed=config.data.seed,
-        rank=0,
-        world=1,
-    )
-    ring = open_ring(config, info, run_dir, plan, probe.max_docs)
+    ring = open_ring(config, info, run_dir, plan)
     ring.start_watchdog(_die_on_peer_death(ring))
     try:
         if info.is_target:
             _run_target(config, info, plan, ring, resume_from, stop)
         else:
             _run_drafter(config, info, run_dir, plan, ring, resume_from, group, stop)
+        if stop.requested:
+            # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
+            ring.check_peers()
     except BaseException as exc:
         ring.set_error(f"{type(exc).__name__}: {exc}")
         ring.close(clean=False)
@@ -184,9 +261,16 @@ def _run_target(
 ) -> None:
     log = get_logger()
     cursor = {"start": 0, "skip": []}
+    resumed_step = 0
     if resume_from is not None:
-        cursor = read_checkpoint_extra(resume_from)["cursors"].get(str(info.role_index), cursor)
+        extra = read_checkpoint_extra(resume_from)
+        cursor = extra["cursors"].get(str(info.role_index), cursor)
+        resumed_step = extra["step"]
         log.info("resuming at batch %d of this target's stream", cursor["start"])
+    schedule = None
+    if config.run.eval_every and plan.eval_dataset is not None:
+        held_out = eval_stream(config, plan.eval_dataset, info.role_index, info.role_count)
+        schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
     stream = BatchStream(
         plan.dataset,
         token_budget=config.data.token_budget,
@@ -209,7 +293,7 @@ def _run_target(
     )
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     runner = TargetRunner(model, info.device)
-    run_target_loop(ring, runner, stream, config.data.bucket, info.role_index, stop)
+    run_target_loop(ring, runner, stream, schedule, config.data.bucket, info.role_index, stop)
 
 
 def _run_drafter(
@@ -236,12 +320,6 @@ def _run_drafter(
     state = DrafterState(step=0, ledger=BatchLedger())
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from, device)
-        if checkpoint.spec != plan.spec:
-            raise ConfigError(
-                f"checkpoint {resume_from} was trained for a different drafter shape "
-                f"({checkpoint.spec}) than this config and target give ({plan.spec}); "
-                "resume with the original config and target"
-            )
         model.load_state_dict(checkpoint.model.state_dict())
         checkpoint.restore(optimizer, scheduler)
         state = DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
@@ -260,7 +338,11 @@ def _run_drafter(
             plan.spec,
             optimizer,
             scheduler,
-            extra={"cursors": current.ledger.state(), "tap_layers": plan.tap_layers},
+            extra={
+                "cursors": current.ledger.state(),
+                "tap_layers": plan.tap_layers,
+                "step": current.step,
+            },
         )
         log.info("checkpoint written: %s", path)
 
@@ -268,22 +350,29 @@ def _run_drafter(
         if progress is not None:
             progress.step(record)
 
-    state = run_drafter_loop(
+    def on_eval(step: int, evaluated: dict) -> None:
+        if metrics is not None:
+            metrics.write({"event": "eval", "step": step, **evaluated})
+        if progress is not None:
+            progress.evaluation(step, evaluated)
+
+    eval_batches = 0
+    if config.run.eval_every and plan.eval_dataset is not None:
+        targets = info.num_nodes * info.targets_per_node
+        eval_batches = eval_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
+    loop = DrafterLoop(
         config,
         ring,
         model,
         head,
         optimizer,
         scheduler,
-        state,
         info.role_index,
         info.role_count,
         group,
-        stop,
-        on_step,
-        save,
-        metrics,
+        eval_batches,
     )
+    state = loop.train(state, stop, on_step, on_eval, save, metrics)
     if progress is not None:
         progress.summary()
     if metrics is not None:

@@ -3,12 +3,14 @@
 Each iteration takes a free slot of this producer, runs the target forward with the
 hooks writing the tapped layers straight into the slot, fills in the token arrays and
 publishes the slot. The next batch's host-to-device copy is started while the current
-forward runs. The loop ends when the ring closes (the drafters are done) or on SIGTERM.
+forward runs. Held-out batches are inserted when evaluation is due (trainer/evaluation.py).
+The loop ends when the ring closes (the drafters are done) or on SIGTERM.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ import torch
 from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Ring, RingClosed
 from ringtrain.target import TargetRunner
+from ringtrain.trainer.evaluation import EVAL, TRAIN, EvalSchedule
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 
@@ -24,10 +27,23 @@ def _fill(view: torch.Tensor, values: np.ndarray) -> None:
     view[: len(values)].copy_(torch.from_numpy(values), non_blocking=True)
 
 
+def _batches(
+    ring: Ring, stream: BatchStream, schedule: EvalSchedule | None
+) -> Iterator[tuple[Batch, int, int]]:
+    """(batch, kind, eval round) in production order: training batches, with this target's
+    held-out shard inserted whenever the drafters reach the next evaluation step."""
+    while True:
+        if schedule is not None and schedule.due(ring.drafter_step()):
+            for batch, round_id in schedule.round_batches():
+                yield batch, EVAL, round_id
+        yield next(stream), TRAIN, 0
+
+
 def run_target_loop(
     ring: Ring,
     runner: TargetRunner,
     stream: BatchStream,
+    schedule: EvalSchedule | None,
     bucket: int,
     producer_index: int,
     stop: StopRequest,
@@ -35,7 +51,8 @@ def run_target_loop(
     """Produce batches until the ring closes or a stop is requested; returns batches produced."""
     log = get_logger()
     producer = ring.producer()
-    batch: Batch = next(stream)
+    source = _batches(ring, stream, schedule)
+    batch, kind, round_id = next(source)
     runner.prefetch(batch.padded(bucket))
     produced = 0
     started = time.perf_counter()
@@ -44,30 +61,27 @@ def run_target_loop(
             slot = producer.acquire()
         except RingClosed:
             break
-        n = batch.num_tokens
+        n, docs = batch.num_tokens, batch.num_docs
         runner.forward_into(slot.hidden[:n])
         _fill(slot.input_ids, batch.input_ids)
         _fill(slot.loss_mask, batch.loss_mask)
         _fill(slot.position_ids, batch.position_ids)
         _fill(slot.cu_seqlens, batch.cu_seqlens)
-        upcoming = next(stream)
-        runner.prefetch(upcoming.padded(bucket))
-        producer.publish(
-            slot,
-            n,
-            batch.num_docs,
-            {
-                "batch_id": batch.batch_id,
-                "epoch": batch.epoch,
-                "seq": batch.seq,
-                "producer": producer_index,
-            },
-        )
+        meta = {
+            "batch_id": batch.batch_id,
+            "epoch": batch.epoch,
+            "seq": batch.seq,
+            "producer": producer_index,
+            "kind": kind,
+            "round": round_id,
+        }
+        batch, kind, round_id = next(source)
+        runner.prefetch(batch.padded(bucket))
+        producer.publish(slot, n, docs, meta)
         produced += 1
         ring.beat(produced)
         if produced == 1:
             log.info("first batch published after %.1f s", time.perf_counter() - started)
-        batch = upcoming
     producer.finish()
     log.info("target done: %d batches produced", produced)
     return produced
