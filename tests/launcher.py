@@ -65,13 +65,23 @@ def run_training(
     )
 
 
-def step_records(run_dir: Path) -> list[dict]:
-    """The per-step records of metrics.jsonl, in file order."""
+def metric_records(run_dir: Path, event: str) -> list[dict]:
+    """The records of one event type ("step", "eval") in metrics.jsonl, in file order."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if r.get("event") == "step"]
+    return [r for r in records if r.get("event") == event]
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """The per-step records of metrics.jsonl, in file order."""
+    return metric_records(run_dir, "step")
+
+
+def eval_records(run_dir: Path) -> list[dict]:
+    """The held-out evaluation records of metrics.jsonl, in file order."""
+    return metric_records(run_dir, "eval")
 
 
 def trained_batches(records: list[dict]) -> list[tuple[int, int, int]]:

@@ -13,6 +13,7 @@ import pytest
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from tests.launcher import (
     RUN_TIMEOUT_S,
+    eval_records,
     run_env,
     run_training,
     shm_entries,
@@ -35,21 +36,28 @@ def _mean(values: list[float]) -> float:
 def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_training(
-        run_dir, 2, 1, ["run.max_steps=30", "run.checkpoint_every=10", "run.name=t2d1"]
+        run_dir,
+        2,
+        1,
+        ["run.max_steps=40", "run.checkpoint_every=10", "run.eval_every=20", "run.name=t2d1"],
     )
     _assert_ok(proc)
     records = step_records(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 31))
+    assert [r["step"] for r in records] == list(range(1, 41))
     losses = [r["loss"] for r in records]
     assert _mean(losses[-5:]) < 0.8 * _mean(losses[:5])
     batches = trained_batches(records)
-    assert len(set(batches)) == len(batches) == 30
+    assert len(set(batches)) == len(batches) == 40
+    evals = eval_records(run_dir)
+    assert [e["round"] for e in evals] == [1, 2]
+    assert all(1.0 <= e["tau_sim"] <= 8.0 for e in evals)
+    assert evals[-1]["loss"] < evals[0]["loss"]
     assert {producer for producer, _, _ in batches} == {0, 1}
     for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
         assert (run_dir / "logs" / f"rank{rank}-{role}.log").stat().st_size > 0
-    assert "done: 30 steps" in proc.stdout
+    assert "done: 40 steps" in proc.stdout
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None and checkpoint.name.endswith("30")
+    assert checkpoint is not None and checkpoint.name.endswith("40")
     mid = sorted((run_dir / "checkpoints").glob("*10"))
     assert mid, "the step-10 checkpoint is kept"
     loaded = load_checkpoint(mid[0], "cpu")
@@ -59,7 +67,7 @@ def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
 
 def test_one_target_two_drafters(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = run_training(run_dir, 1, 2, ["run.max_steps=16", "run.name=t1d2"])
+    proc = run_training(run_dir, 1, 2, ["run.max_steps=16", "run.eval_every=0", "run.name=t1d2"])
     _assert_ok(proc)
     records = step_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, 17))
@@ -82,7 +90,12 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen[str], step: int) -> Non
 
 
 def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
-    overrides = ["run.max_steps=20", "run.checkpoint_every=0", "run.name=resume"]
+    overrides = [
+        "run.max_steps=20",
+        "run.checkpoint_every=0",
+        "run.eval_every=0",
+        "run.name=resume",
+    ]
     reference_dir = tmp_path / "reference"
     _assert_ok(run_training(reference_dir, 1, 1, overrides))
     reference = trained_batches(step_records(reference_dir))
