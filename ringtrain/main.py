@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if info.device.type == "cuda":
         torch.cuda.set_device(info.device)
     try:
-        plan = validate_inputs(config, info, run_dir)
+        plan = validate_inputs(config, info, run_dir, resume=args.resume)
     except INPUT_ERRORS as exc:
         log.error("%s", exc)
         if info.local_rank == 0:
@@ -104,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         group = init_distributed(info)
-        return run_session(config, info, run_dir, plan, group, stop, resume=args.resume)
+        code = run_session(config, info, run_dir, plan, group, stop, resume=args.resume)
     except Exception as exc:
         log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
         return 1
+    log.info("%s exiting with code %d", info.tag, code)
+    return code
 
 
 if __name__ == "__main__":
