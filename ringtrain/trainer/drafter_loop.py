@@ -201,6 +201,11 @@ class DrafterLoop:
         checkpoint_every = config.run.checkpoint_every
         last_saved = state.step
         sums = self.sums
+        if config.drafter.compile and self.device.type == "cuda":
+            log.info(
+                "the first step compiles the drafter (Inductor, flex_attention); this takes "
+                "a minute or so with empty caches and seconds with warm ones"
+            )
         while state.step < max_steps:
             step = state.step + 1
             started = time.perf_counter()

@@ -18,6 +18,7 @@ import torch
 from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Ring, RingClosed
 from ringtrain.target import TargetRunner
+from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer.evaluation import EVAL, TRAIN, EvalSchedule
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -56,6 +57,11 @@ def run_target_loop(
     runner.prefetch(batch.padded(bucket))
     produced = 0
     started = time.perf_counter()
+    if runner.device.type == "cuda" and is_hybrid(runner.config):
+        log.info(
+            "the first forward autotunes the Gated DeltaNet Triton kernels; this takes "
+            "about a minute with empty caches"
+        )
     while not stop.requested:
         try:
             slot = producer.acquire()
