@@ -23,17 +23,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+from ringtrain.target.loader import resolve_dtype
+
 MODES = ("auto", "cache", "recompute")
-
-
-def resolve_eval_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``"auto"``: bf16 on CUDA, float32 on CPU; otherwise the named dtype."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def supports_cache_rollback(config: object) -> bool:
@@ -179,7 +171,7 @@ def load_causal_lm(
         )
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_eval_dtype(dtype, device), local_files_only=True
+        path, dtype=resolve_dtype(dtype, device, setting="dtype"), local_files_only=True
     )
     return model.to(device).eval().requires_grad_(False)
 

@@ -27,14 +27,20 @@ log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"``: bf16 on GPU, float32 on CPU; otherwise the named dtype."""
+def resolve_dtype(
+    dtype: str | torch.dtype, device: torch.device, setting: str = "target.dtype"
+) -> torch.dtype:
+    """``"auto"``: bf16 on GPU, float32 on CPU; otherwise the named dtype.
+
+    ``setting`` names where the value came from (a config key or a command-line option),
+    for the error on an unknown name.
+    """
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise ValueError(f"target.dtype {dtype!r} is not one of 'auto', {', '.join(DTYPES)}")
+        raise ValueError(f"{setting} {dtype!r} is not one of 'auto', {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
