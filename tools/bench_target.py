@@ -38,7 +38,11 @@ from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.checkpoint import truncated_config_values
-from ringtrain.target.loader import build_truncated_model, linear_attention_backend
+from ringtrain.target.loader import (
+    build_truncated_model,
+    linear_attention_backend,
+    randomise_weights,
+)
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
@@ -95,19 +99,6 @@ def build_config(shape: str, small: bool) -> PretrainedConfig:
     if small:
         values = {**values, **SMALL[shape]}
     return CONFIG_MAPPING[model_type](**values)
-
-
-def fill_random(module: nn.Module, seed: int) -> None:
-    """Random weights of sane scale (unit norms, Gated DeltaNet decay in its usual range)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            if name.endswith("A_log"):
-                param.uniform_(1.0, 16.0).log_()
-            elif name.endswith("dt_bias") or param.dim() == 1:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02)
 
 
 def flops_per_token(config: PretrainedConfig, module: nn.Module, seq_len: int) -> float:
@@ -180,7 +171,8 @@ def bench_shape(args: argparse.Namespace, shape: str, device: torch.device) -> l
     backend = linear_attention_backend(config, device)
     started = time.perf_counter()
     module = build_truncated_model(truncated, device, dtype)
-    fill_random(module, seed=0)
+    torch.manual_seed(0)
+    randomise_weights(module)
     synchronize(device)
     build_s = time.perf_counter() - started
     target = TappedTarget(module, config, taps, device, dtype)

@@ -120,7 +120,7 @@ def load_target(
         checkpoint.text_config(num_layers=kept), device, dtype, attn_implementation
     )
     if random_weights:
-        _randomise_weights(module)
+        randomise_weights(module)
     else:
         _load_weights(module, checkpoint, device)
     log.info("target loaded in %.1f s", time.perf_counter() - started)
@@ -162,14 +162,20 @@ def _load_weights(module: nn.Module, checkpoint: TargetCheckpoint, device: torch
             target.copy_(tensor)
 
 
-def _randomise_weights(module: nn.Module) -> None:
-    """Benchmark weights: matrices N(0, 0.02), vectors (norms, gates, biases) ones."""
+def randomise_weights(module: nn.Module) -> None:
+    """Benchmark weights of sane scale, drawn from torch's global generator.
+
+    Matrices N(0, 0.02); vectors (norms, biases, Gated DeltaNet ``dt_bias``) ones, so
+    norms are unit; Gated DeltaNet ``A_log`` = log U(1, 16), its decay in the usual range.
+    """
     with torch.no_grad():
-        for param in module.parameters():
-            if param.ndim >= 2:
-                param.normal_(0.0, 0.02)
-            else:
+        for name, param in module.named_parameters():
+            if name.endswith("A_log"):
+                param.uniform_(1.0, 16.0).log_()
+            elif param.ndim == 1:
                 param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02)
 
 
 def _rebuild_computed_buffers(module: nn.Module, device: torch.device) -> None:
