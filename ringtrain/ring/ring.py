@@ -460,7 +460,9 @@ class Ring:
                 try:
                     sem.acquire(self.spec.wait_timeout_s)
                     return
-                except posix_ipc.BusyError:
+                except (posix_ipc.BusyError, posix_ipc.SignalError):
+                    # A signal (SIGTERM from torchrun, handled by the trainer) cuts the wait
+                    # short: the process decides at a safe point, the wait goes on.
                     self.check_peers()
                     self._check_consumers_open(waits_on)
                     if deadline is not None and monotonic_ns() >= deadline:

@@ -1,0 +1,503 @@
+"""Failure semantics of whole runs: killed ranks, SIGTERM to the launcher, torn
+checkpoints, and hostile input that must be refused before any model is loaded.
+
+Runs use real torchrun processes on CPU with the embedded tiny config. Every wait polls
+files or processes against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
+import pytest
+import torch
+
+from ringtrain.cli.stat import format_snapshot
+from ringtrain.config import parse_config
+from ringtrain.data import BatchStream, open_dataset, write_synthetic_dataset
+from ringtrain.data.writer import TokenFileWriter
+from ringtrain.drafter import (
+    DFlashDrafter,
+    build_optimizer,
+    drafter_spec_from_target,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ringtrain.drafter.checkpoint import WEIGHTS_FILE
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.ring import RingReader, discover
+from ringtrain.target import build_tiny_target, read_target_config
+from ringtrain.target.taps import default_tap_layers
+from tests.launcher import (
+    RUN_TIMEOUT_S,
+    run_env,
+    run_training,
+    shm_entries,
+    step_records,
+    torchrun_command,
+    trained_batches,
+)
+
+# Every surviving rank must be gone this long after a peer was killed.
+EXIT_AFTER_KILL_S = 30.0
+# A run refused for bad input exits well within this (it never starts distributed work).
+VALIDATION_TIMEOUT_S = 90.0
+POLL_S = 0.1
+
+
+# ---- helpers for torchrun runs -----------------------------------------------------------
+
+
+@dataclass
+class Launched:
+    """A torchrun launch in the background, its output going to a file."""
+
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    output: Path
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def _launch(run_dir: Path, targets: int, drafters: int, overrides: list[str]) -> Launched:
+    output = run_dir.with_name(run_dir.name + ".out")
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            torchrun_command(run_dir, targets, drafters, overrides),
+            env=run_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Launched(proc, run_dir, output)
+
+
+def _stop_all(launched: Launched) -> None:
+    """Make sure nothing of a launch outlives its test (the workers have their own sessions)."""
+    if launched.proc.poll() is None:
+        launched.proc.kill()
+        launched.proc.wait(RUN_TIMEOUT_S)
+
+
+def _wait_for_step(launched: Launched, step: int) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        records = step_records(launched.run_dir)
+        if records and records[-1]["step"] >= step:
+            return
+        assert launched.proc.poll() is None, "run ended early:\n" + launched.text()[-3000:]
+        time.sleep(POLL_S)
+    raise AssertionError(f"step {step} never reached:\n" + launched.text()[-3000:])
+
+
+def _ring_reader(name: str) -> RingReader:
+    """A read-only mapping of the live ring of run `name` (as ringtrain-stat makes one)."""
+    rings = [r for r in discover() if r.run.startswith(f"{name}-") and r.pids]
+    assert len(rings) == 1, f"expected one live ring of run {name}, found {rings}"
+    return RingReader(rings[0])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], timeout: float) -> float:
+    """Seconds until every pid in `pids` is gone; fails after `timeout`."""
+    start = time.monotonic()
+    while any(_pid_alive(pid) for pid in pids):
+        assert time.monotonic() - start < timeout, f"pids {pids} still alive after {timeout} s"
+        time.sleep(POLL_S)
+    return time.monotonic() - start
+
+
+def _rank_log(run_dir: Path, rank: int, role: str) -> str:
+    return (run_dir / "logs" / f"rank{rank}-{role}.log").read_text()
+
+
+# ---- SIGKILL of one rank -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("targets", "drafters", "victim_rank"),
+    [
+        pytest.param(2, 1, 0, id="target-killed"),
+        pytest.param(1, 2, 2, id="drafter-killed"),
+    ],
+)
+def test_killed_rank_stops_every_other_rank(
+    tmp_path: Path, targets: int, drafters: int, victim_rank: int
+) -> None:
+    name = f"kill{victim_rank}{os.getpid()}"
+    run_dir = tmp_path / "run"
+    launched = _launch(
+        run_dir,
+        targets,
+        drafters,
+        [
+            "run.max_steps=500",
+            "run.log_every=1",
+            "run.checkpoint_every=1",
+            "run.eval_every=0",
+            f"run.name={name}",
+            "ring.heartbeat_timeout_s=20",
+        ],
+    )
+    try:
+        # Step 2 has begun only after the step-1 checkpoint was written.
+        _wait_for_step(launched, 2)
+        reader = _ring_reader(name)
+        try:
+            ranks = {r.rank: r for r in reader.snapshot().ranks}
+            assert sorted(ranks) == list(range(targets + drafters))
+            victim = ranks[victim_rank]
+            survivors = [r for r in ranks.values() if r.rank != victim_rank]
+            os.kill(victim.pid, signal.SIGKILL)
+            took = _wait_gone([r.pid for r in survivors], EXIT_AFTER_KILL_S)
+            launched.proc.wait(EXIT_AFTER_KILL_S)
+            snapshot = reader.snapshot()
+        finally:
+            reader.close()
+    finally:
+        _stop_all(launched)
+    output = launched.text()
+    assert launched.proc.returncode != 0, output[-3000:]
+    named = f"rank {victim_rank} ({victim.role}, pid {victim.pid})"
+    assert named in output, f"the terminal does not name {named} ({took:.1f} s):\n{output[-3000:]}"
+    for survivor in survivors:
+        log = _rank_log(run_dir, survivor.rank, survivor.role)
+        assert named in log, f"rank {survivor.rank}'s log does not name {named}:\n{log[-2000:]}"
+        assert "exiting with code 0" not in log
+    # ringtrain-stat's reading of the ring shows the killed rank as dead, not slow.
+    dead = next(r for r in snapshot.ranks if r.rank == victim_rank)
+    assert not dead.alive and f"process {victim.pid} is gone" in dead.dead_reason
+    assert "DEAD (died" in format_snapshot(snapshot)
+    assert shm_entries(name) == []
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None
+    loaded = load_checkpoint(checkpoint, "cpu")
+    assert loaded.step >= 1 and loaded.model is not None
+
+
+# ---- SIGTERM to the launcher, then an exact resume ------------------------------------------
+
+
+def _tiny_config(overrides: list[str]):
+    text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
+    return parse_config(text, "<tiny.toml>", overrides)
+
+
+def _expected_batch_ids(run_dir: Path, targets: int, upto: dict[int, int]) -> dict[int, list[int]]:
+    """The batch ids each target's deterministic stream yields for seq 0..upto[target]-1."""
+    config = _tiny_config([])
+    data = config.data
+    dataset = open_dataset(
+        run_dir / "builtin" / "data",
+        max_len=data.max_len,
+        truncate=data.truncate,
+        block_size=config.drafter.block_size,
+    )
+    expected = {}
+    for target, count in upto.items():
+        stream = BatchStream(
+            dataset,
+            token_budget=data.token_budget,
+            bucket=data.bucket,
+            seed=data.seed,
+            rank=target,
+            world=targets,
+        )
+        expected[target] = [next(stream).batch_id for _ in range(count)]
+    return expected
+
+
+def _plant_torn_checkpoints(root: Path, complete: Path) -> None:
+    """What a crash mid-save can leave: a temporary copy and a step dir missing a file."""
+    shutil.copytree(complete, root / ".tmp-step_99999990-12345")
+    torn = root / "step_99999999"
+    shutil.copytree(complete, torn)
+    (torn / WEIGHTS_FILE).unlink()
+
+
+@pytest.mark.slow
+def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> None:
+    name = f"term{os.getpid()}"
+    overrides = [
+        "run.max_steps=12",
+        "run.checkpoint_every=0",
+        "run.eval_every=0",
+        "run.log_every=1",
+        f"run.name={name}",
+    ]
+    run_dir = tmp_path / "run"
+    launched = _launch(run_dir, 2, 1, overrides)
+    try:
+        _wait_for_step(launched, 3)
+        os.kill(launched.proc.pid, signal.SIGTERM)  # the launcher only, not the workers
+        launched.proc.wait(RUN_TIMEOUT_S)
+    finally:
+        _stop_all(launched)
+    output = launched.text()
+    for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
+        log = _rank_log(run_dir, rank, role)
+        assert "exiting with code 0" in log, f"rank {rank} did not exit cleanly:\n{log[-2000:]}"
+    assert "stopping before step" in _rank_log(run_dir, 2, "drafter")
+    interrupted = trained_batches(step_records(run_dir))
+    assert 3 <= len(interrupted) < 12, output[-3000:]
+    root = run_dir / "checkpoints"
+    checkpoint = latest_checkpoint(root)
+    assert checkpoint is not None, output[-3000:]
+    assert load_checkpoint(checkpoint, "cpu").step == len(interrupted)
+    assert shm_entries(name) == []
+
+    _plant_torn_checkpoints(root, checkpoint)
+    assert latest_checkpoint(root) == checkpoint
+    resumed_proc = run_training(run_dir, 2, 1, overrides, resume=True)
+    assert resumed_proc.returncode == 0, resumed_proc.stdout[-3000:] + resumed_proc.stderr[-3000:]
+    assert f"resumed from {checkpoint} at step {len(interrupted)}" in _rank_log(
+        run_dir, 2, "drafter"
+    )
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 13))
+    batches = trained_batches(records)
+    assert len(set((p, s) for p, s, _ in batches)) == len(batches) == 12, "a batch trained twice"
+    # One drafter takes each target's slots in publication order, so each target's trained
+    # sequence numbers must be a gapless prefix of its stream: nothing skipped.
+    seqs = {p: sorted(s for q, s, _ in batches if q == p) for p in (0, 1)}
+    for target, got in seqs.items():
+        assert got == list(range(len(got))), f"target {target} trained seqs {got}"
+    expected = _expected_batch_ids(run_dir, 2, {p: len(s) for p, s in seqs.items()})
+    for target in (0, 1):
+        got_ids = [b for q, s, b in sorted(batches) if q == target]
+        assert got_ids == expected[target], f"target {target} trained other batches"
+    assert shm_entries(name) == []
+
+
+# ---- a crash while a checkpoint is written ------------------------------------------------------
+
+
+def test_crash_mid_checkpoint_never_leaves_a_complete_looking_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = build_tiny_target(tmp_path / "target", num_layers=4)
+    config = read_target_config(target)
+    spec = drafter_spec_from_target(config, DrafterConfig(num_layers=1, block_size=4), [1, 2])
+    model = DFlashDrafter(spec)
+    optimizer, scheduler = build_optimizer(model, OptimConfig(), 10)
+    root = tmp_path / "checkpoints"
+    good = save_checkpoint(root, 1, model, spec, optimizer, scheduler, extra={"cursors": {}})
+
+    def crash(*_args: object, **_kwargs: object) -> None:
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        save_checkpoint(root, 2, model, spec, optimizer, scheduler, extra={"cursors": {}})
+    monkeypatch.undo()
+    assert not (root / "step_00000002").exists()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".tmp-")], "the torn copy stays"
+    assert latest_checkpoint(root) == good
+    _plant_torn_checkpoints(root, good)
+    assert latest_checkpoint(root) == good
+    assert load_checkpoint(root, "cpu").path == good
+
+
+# ---- hostile input ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A tiny target and datasets, shared by the hostile-input cases."""
+
+    target: Path
+    data: Path
+    vocab_size: int
+
+
+def _write_rows(path: Path, rows: list[int], mask_value: int = 1) -> Path:
+    """An Arrow dataset of rows of the given lengths (every token supervised)."""
+    path.mkdir(parents=True)
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    ids = (np.arange(offsets[-1]) % 100 + 1).astype(np.int32)
+    with TokenFileWriter(path / "part-0.arrow") as writer:
+        writer.write(offsets, ids, np.full(offsets[-1], mask_value, dtype=np.uint8))
+    return path
+
+
+def _case_setup(root: Path, inputs: Inputs, case: str) -> list[str]:
+    """Build what hostile case `case` needs under `root`; returns its extra arguments."""
+    if case == "unknown-key":
+        return ["--set", "run.max_stepz=3"]
+    if case == "tap-out-of-range":
+        return ["--set", "target.tap_layers=[1, 99]"]
+    if case == "drafter-override-conflicts":
+        return ["--set", f"drafter.mask_token_id={inputs.vocab_size}"]
+    if case == "drafter-hidden-size-key":
+        return ["--set", "drafter.hidden_size=128"]
+    if case == "resume-other-target":
+        other = build_tiny_target(root / "other-target", hidden_size=32, vocab_size=640)
+        cfg = _tiny_config([])
+        taps = default_tap_layers(8, cfg.target.num_taps)
+        spec = drafter_spec_from_target(read_target_config(other), cfg.drafter, taps)
+        model = DFlashDrafter(spec)
+        optimizer, scheduler = build_optimizer(model, cfg.optim, 10)
+        save_checkpoint(
+            root / "run" / "checkpoints", 4, model, spec, optimizer, scheduler, {"cursors": {}}
+        )
+        return ["--resume"]
+    if case == "row-over-budget":
+        data = _write_rows(root / "long-data", [200, 700, 300])
+        return [
+            "--set",
+            f"data.path={json.dumps(str(data))}",
+            "--set",
+            "data.truncate=false",
+            "--set",
+            "data.max_len=512",
+            "--set",
+            "data.token_budget=512",
+        ]
+    if case == "no-loss-mask":
+        data = root / "no-mask"
+        data.mkdir()
+        table = pa.table({"input_ids": pa.array([[1, 2, 3]] * 4, type=pa.list_(pa.int32()))})
+        with pa.ipc.new_file(str(data / "part-0.arrow"), table.schema) as writer:
+            writer.write_table(table)
+        return ["--set", f"data.path={json.dumps(str(data))}"]
+    if case == "shm-too-small":
+        return ["--set", "ring.slots_per_producer=1000000000"]
+    if case == "target-without-weights":
+        bare = root / "bare-target"
+        bare.mkdir()
+        shutil.copy(inputs.target / "config.json", bare / "config.json")
+        return ["--set", f"target.path={json.dumps(str(bare))}"]
+    raise AssertionError(case)
+
+
+# case -> fragments the error must contain (the problem, where, and the fix).
+HOSTILE_CASES: dict[str, list[str]] = {
+    "unknown-key": ["unknown field `max_stepz`", "$.run", "fix or remove that key"],
+    "tap-out-of-range": ["tapped layer 99 is out of range", "valid indices are 0..7"],
+    "drafter-override-conflicts": ["mask_token_id=512", "outside the vocabulary", "-1"],
+    "drafter-hidden-size-key": ["unknown field `hidden_size`", "$.drafter"],
+    "resume-other-target": [
+        "--resume",
+        "hidden_size 32 in the checkpoint vs 64 now",
+        "vocab_size 640 in the checkpoint vs 512 now",
+        "resume with the original config and target",
+    ],
+    "row-over-budget": ["row 1 has 700 tokens", "max_len = 512", "data.truncate = true"],
+    "no-loss-mask": ["missing column 'loss_mask'", "ringtrain-data prepare"],
+    "shm-too-small": ["/dev/shm", "--shm-size", "ring.slots_per_producer"],
+    "target-without-weights": ["no weights (*.safetensors) found", "bare-target"],
+}
+
+
+@dataclass
+class Refusal:
+    """How one single-rank run with hostile input ended."""
+
+    returncode: int
+    stderr: str
+    log: str
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Refusal]]:
+    """Start every hostile case at once (rank 0 of a 3-rank run, no torchrun) and collect them.
+
+    Validation runs before any collective, so a refused run exits on its own; one that
+    passed validation would block in distributed start-up and time out instead.
+    """
+    shared = tmp_path_factory.mktemp("inputs")
+    target = build_tiny_target(shared / "target")
+    vocab = read_target_config(target).vocab_size
+    data = write_synthetic_dataset(
+        shared / "data", rows=300, vocab_size=vocab, mean_len=120, seed=0
+    )
+    inputs = Inputs(target, data, vocab)
+    env = run_env() | {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "3",
+        "LOCAL_WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29431",
+    }
+    started: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    for case in HOSTILE_CASES:
+        root = tmp_path_factory.mktemp(case)
+        run_dir = root / "run"
+        extra = _case_setup(root, inputs, case)
+        command = [
+            sys.executable,
+            "-m",
+            "ringtrain.main",
+            "--set",
+            f"run.run_dir={json.dumps(str(run_dir))}",
+            "--set",
+            'run.device="cpu"',
+            "--set",
+            f"target.path={json.dumps(str(target))}",
+            "--set",
+            f"data.path={json.dumps(str(data))}",
+            "--set",
+            "run.eval_every=0",
+            *extra,
+        ]
+        proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        started[case] = (proc, run_dir)
+    results = {}
+    try:
+        for case, (proc, run_dir) in started.items():
+            try:
+                _, stderr = proc.communicate(timeout=VALIDATION_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stderr = proc.communicate()
+                stderr += "\n<timed out: validation passed and the rank waited for its peers>"
+            log_file = run_dir / "logs" / "rank0-target.log"
+            log = log_file.read_text() if log_file.exists() else ""
+            results[case] = Refusal(proc.returncode, stderr, log)
+        yield results
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_CASES))
+def test_hostile_input_is_refused_before_any_model_loads(
+    refusals: dict[str, Refusal], case: str
+) -> None:
+    refusal = refusals[case]
+    assert refusal.returncode == 2, refusal.stderr[-3000:]
+    message = refusal.stderr.strip()
+    assert message.startswith("ringtrain: "), message
+    assert "Traceback" not in message
+    for fragment in HOSTILE_CASES[case]:
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+    assert "loading target" not in refusal.log
+    assert "ring " not in refusal.log
