@@ -29,6 +29,7 @@ import time
 import traceback
 
 import torch
+from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -43,19 +44,10 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
+from ringtrain.target.taps import default_tap_layers
 
 PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
-QWEN3_8B = {
-    "hidden_size": 4096,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 12288,
-    "vocab_size": 151936,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1e6,
-}
+QWEN3_8B_TARGET = {**QWEN3_8B, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -78,11 +70,6 @@ VARIANTS = {
 def log(message: str) -> None:
     """A timestamped progress line (before the table and the final JSON line)."""
     print(f"[bench_drafter {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def tap_layers(num_layers: int, num_taps: int) -> list[int]:
-    """DFlash's spread of taps from layer 1 to L - 3."""
-    return [round(1 + i * (num_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
 
 
 def doc_lengths(rng: torch.Generator, max_tokens: int, nominal: list[int], vary: bool) -> list[int]:
@@ -152,13 +139,13 @@ def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dty
 
 def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     """Build a fresh drafter for one variant, warm up, then time the measured steps."""
-    target = TINY if args.small else QWEN3_8B
+    target = TINY if args.small else QWEN3_8B_TARGET
     cfg = DrafterConfig(
         num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
-        anchor_ref_len=args.doc_len, mask_token_id=151669 if not args.small else -1,
+        anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
         compile=device.type == "cuda", **overrides,
     )  # fmt: skip
-    spec = drafter_spec_from_target(target, cfg, tap_layers(target["num_hidden_layers"], 5))
+    spec = drafter_spec_from_target(target, cfg, default_tap_layers(target["num_hidden_layers"], 5))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     model = DFlashDrafter(spec).to(device)

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
+
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGET_SHAPES = {
@@ -40,17 +42,7 @@ TARGET_SHAPES = {
         "vocab_size": 1024,
         "mask_token_id": 1023,
     },
-    "qwen3-8b": {
-        "model_type": "qwen3",
-        "hidden_size": 4096,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 12288,
-        "vocab_size": 151936,
-        "mask_token_id": 151669,
-    },
+    "qwen3-8b": {"model_type": "qwen3", **QWEN3_8B, "mask_token_id": QWEN3_MASK_TOKEN_ID},
     "qwen3.5-hybrid": {
         "model_type": "qwen3_5_text",
         "hidden_size": 2048,

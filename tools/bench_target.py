@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from model_shapes import QWEN3_8B
 from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
@@ -51,40 +52,23 @@ PEAK_FLOPS = 989e12
 NUM_TAPS = 5
 GDN_CHUNK = 64
 SHAPES: dict[str, tuple[str, dict]] = {
-    "qwen3-8b": (
-        "qwen3",
-        {
-            "vocab_size": 151936,
-            "hidden_size": 4096,
-            "intermediate_size": 12288,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "max_position_embeddings": 40960,
-        },
-    ),
+    "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
     "qwen3.5-hybrid": ("qwen3_5_text", {}),
 }
 # --small: the same model types at toy size, for a CPU smoke run.
+SMALL_SIZES = {
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
 SMALL: dict[str, dict] = {
-    "qwen3-8b": {
-        "vocab_size": 2048,
-        "hidden_size": 256,
-        "intermediate_size": 768,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-    },
+    "qwen3-8b": SMALL_SIZES,
     "qwen3.5-hybrid": {
-        "vocab_size": 2048,
-        "hidden_size": 256,
-        "intermediate_size": 768,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
+        **SMALL_SIZES,
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
         "linear_key_head_dim": 64,
