@@ -119,7 +119,6 @@ def evaluate_batch(
     """
     layout, workspace = checked_workspace(model, hidden, cfg, max_tokens)
     ctx_capacity, max_anchors = layout
-    mask_token_id = getattr(model, "module", model).spec.mask_token_id
     packed = pack_context(
         hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs, ctx_capacity
     )
@@ -134,9 +133,9 @@ def evaluate_batch(
         anchor = torch.zeros(max_anchors, dtype=torch.int64, device=device)
         anchor[: chunk.shape[0]] = chunk
         valid = slots < chunk.shape[0]
-        batch = blocks_at(packed, anchor, valid, cfg.block_size, mask_token_id)
+        batch = blocks_at(packed, anchor, valid, cfg.block_size, workspace.spec.mask_token_id)
         sums, block_accepted = score_blocks(
-            workspace, head, batch, block_masks(model, workspace, batch), cfg
+            workspace, head, batch, block_masks(workspace, batch), cfg
         )
         accepted[torch.where(valid, anchor, ctx_capacity)] = block_accepted
         total = sums if total is None else _added(total, sums)

@@ -58,10 +58,11 @@ class ObjectiveSums:
 
 
 class _Workspace:
-    """Per-model, per-layout state: the mask builder and the (compiled) callables."""
+    """Per-model, per-layout state: the drafter spec, mask builder and (compiled) callables."""
 
     def __init__(self, model: nn.Module, spec, cfg: DrafterConfig, layout, device) -> None:
         ctx_capacity, max_anchors = layout
+        self.spec = spec
         self.builder = BlockMaskBuilder(
             ctx_capacity, max_anchors, spec.block_size, spec.sliding_windows, device
         )
@@ -119,12 +120,11 @@ def checked_workspace(
     return layout, _workspace(model, cfg, layout, hidden.device)
 
 
-def block_masks(model: nn.Module, workspace: _Workspace, batch: BlockBatch) -> tuple:
+def block_masks(workspace: _Workspace, batch: BlockBatch) -> tuple:
     """One attention mask per drafter layer for the blocks of `batch` (dense off CUDA)."""
-    spec = _drafter_of(model).spec
     dense = batch.ctx_features.device.type != "cuda"
     masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, dense=dense)
-    return tuple(masks[w] for w in spec.sliding_windows)
+    return tuple(masks[w] for w in workspace.spec.sliding_windows)
 
 
 def prepare_batch(
@@ -144,9 +144,9 @@ def prepare_batch(
     layout, workspace = checked_workspace(model, hidden, cfg, max_tokens)
     batch = build_blocks(
         hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
-        generator, cfg, _drafter_of(model).spec.mask_token_id, *layout,
+        generator, cfg, workspace.spec.mask_token_id, *layout,
     )  # fmt: skip
-    return batch, block_masks(model, workspace, batch), workspace
+    return batch, block_masks(workspace, batch), workspace
 
 
 def score_blocks(
