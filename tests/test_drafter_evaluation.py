@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg, make_setup, objective, train
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -32,29 +32,7 @@ from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.target import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 
-TARGET = {
-    "hidden_size": 32,
-    "vocab_size": 64,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "intermediate_size": 64,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-}
-TAPS = [1, 3, 5]
-MAX_TOKENS = 160
-DOCS = [70, 45, 30]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def spans_of(mask: list[int], bounds: list[int]) -> list[tuple[int, int]]:
@@ -134,42 +112,11 @@ def test_replay_equals_the_reference_walk(seed: int) -> None:
     assert replay(mask, bounds, accepted) == (tokens, steps)
 
 
-def make_cfg(**overrides) -> DrafterConfig:
-    values = {
-        "num_layers": 2, "block_size": 8, "num_anchors": 6, "anchor_ref_len": 40,
-        "sliding_windows": [0, 24], "loss_chunk": 40, "compile": False,
-    }  # fmt: skip
-    return DrafterConfig(**{**values, **overrides})
-
-
-def make_setup(seed: int = 0):
-    cfg = make_cfg()
-    torch.manual_seed(seed)
-    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
-    gen = torch.Generator().manual_seed(seed)
-    embed, lm_head = torch.randn(2, 64, 32, generator=gen, dtype=torch.float64) * 0.5
-    batch = random_packed_batch(DOCS, 3 * 32, 64, "cpu", torch.float64, seed, mask_holes=8)
-    return cfg, model, FrozenHead(embed, lm_head), batch
-
-
 def evaluate(model, head, batch: PackedBatch, cfg: DrafterConfig, max_tokens: int = MAX_TOKENS):
     return evaluate_batch(
         model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
         batch.cu_seqlens, batch.num_tokens, batch.num_docs, cfg, max_tokens,
     )  # fmt: skip
-
-
-def train(model, head, batch: PackedBatch, cfg: DrafterConfig, steps: int, max_tokens: int):
-    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
-    optimizer, scheduler = build_optimizer(model, optim_cfg, steps)
-    for step in range(steps):
-        sums = block_objective(
-            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-            batch.cu_seqlens, batch.num_tokens, batch.num_docs,
-            torch.Generator().manual_seed(step), cfg, max_tokens,
-        )  # fmt: skip
-        (sums.loss_sum / sums.weight_sum).backward()
-        optimizer_step(model, optimizer, scheduler, optim_cfg)
 
 
 def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -> None:
@@ -204,7 +151,7 @@ def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -
 def trained():
     """A drafter trained a little on one batch, so that some predictions are right."""
     cfg, model, head, batch = make_setup()
-    train(model, head, batch, cfg, steps=25, max_tokens=MAX_TOKENS)
+    train(model, head, batch, cfg, seeds=range(25))
     return cfg, model, head, batch
 
 
@@ -229,11 +176,7 @@ def test_evaluation_equals_the_objective_over_every_anchor(trained) -> None:
     every = make_cfg(num_anchors=40, max_anchors=MAX_TOKENS + 96)  # quota = doc length
     ours = evaluate(model, head, batch, make_cfg(max_anchors=16))
     with torch.no_grad():
-        theirs = block_objective(
-            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-            batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator(), every,
-            MAX_TOKENS,
-        )  # fmt: skip
+        theirs = objective(model, head, batch, every, seed=0)
     assert math.isclose(float(ours.loss_sum), float(theirs.loss_sum), rel_tol=1e-9)
     assert math.isclose(float(ours.weight_sum), float(theirs.weight_sum), rel_tol=1e-12)
     for name in ("correct", "counted", "accepted_sum", "block_count"):
@@ -303,7 +246,7 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
     model = DFlashDrafter(drafter_spec_from_target(target.model.config, cfg, TAPS)).double()
     lm = target.model
     head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
-    train(model, head, batch, cfg, steps=30, max_tokens=batch.num_tokens)
+    train(model, head, batch, cfg, seeds=range(30), max_tokens=batch.num_tokens)
 
     drafter = DFlashBlockDrafter(model.eval().requires_grad_(False), head, doc_len)
     tokens = steps = 0

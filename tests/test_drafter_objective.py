@@ -6,73 +6,11 @@ import math
 
 import pytest
 import torch
+from tiny_drafter import DOCS, MAX_TOKENS, make_setup, objective, train
 
-from ringtrain.drafter import (
-    DFlashDrafter,
-    FrozenHead,
-    ObjectiveSums,
-    block_objective,
-    build_optimizer,
-    drafter_spec_from_target,
-    optimizer_step,
-)
+from ringtrain.drafter import ObjectiveSums
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.objective import prepare_batch
-from ringtrain.drafter.synthetic import random_packed_batch
-
-TARGET = {
-    "hidden_size": 32,
-    "vocab_size": 64,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "intermediate_size": 64,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-}
-TAPS = [1, 3, 5]
-MAX_TOKENS = 160
-DOCS = [70, 45, 30]
-
-
-def make_cfg(windows: list[int]) -> DrafterConfig:
-    return DrafterConfig(
-        num_layers=2, block_size=8, num_anchors=6, anchor_ref_len=40,
-        sliding_windows=windows, loss_chunk=40, compile=False,
-    )  # fmt: skip
-
-
-def make_setup(windows: list[int], seed: int = 0):
-    cfg = make_cfg(windows)
-    torch.manual_seed(seed)
-    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
-    gen = torch.Generator().manual_seed(seed)
-    embed, lm_head = torch.randn(2, 64, 32, generator=gen, dtype=torch.float64) * 0.5
-    head = FrozenHead(embed, lm_head)
-    batch = random_packed_batch(DOCS, 3 * 32, 64, "cpu", torch.float64, seed, mask_holes=8)
-    return cfg, model, head, batch
-
-
-def objective(model, head, batch, cfg, seed: int) -> ObjectiveSums:
-    return block_objective(
-        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-        batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed),
-        cfg, max_tokens=MAX_TOKENS,
-    )  # fmt: skip
-
-
-def train(model, head, batch, cfg, steps: int) -> list[float]:
-    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
-    optimizer, scheduler = build_optimizer(model, optim_cfg, steps)
-    losses = []
-    for _ in range(steps):
-        sums = objective(model, head, batch, cfg, seed=0)
-        (sums.loss_sum / sums.weight_sum).backward()
-        optimizer_step(model, optimizer, scheduler, optim_cfg)
-        losses.append(float(sums.loss_sum.detach() / sums.weight_sum))
-    return losses
 
 
 def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str, object]:
@@ -116,8 +54,8 @@ def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str
 @pytest.fixture(scope="module")
 def trained():
     """A drafter trained a little on one batch, so that some predictions are right."""
-    cfg, model, head, batch = make_setup([0, 24])
-    losses = train(model, head, batch, cfg, steps=25)
+    cfg, model, head, batch = make_setup(sliding_windows=[0, 24])
+    losses = train(model, head, batch, cfg, seeds=[0] * 25)
     return cfg, model, head, batch, losses
 
 
@@ -168,7 +106,7 @@ def test_context_is_strictly_before_the_anchor() -> None:
     BlockMask-versus-reference test.
     """
     flex = False
-    cfg, model, head, batch = make_setup([0, 0])
+    cfg, model, head, batch = make_setup(sliding_windows=[0, 0])
     blocks, base = block_outputs(model, head, batch, cfg, batch.hidden, flex)
     anchors = blocks.anchor.tolist()
     candidates = [
@@ -196,7 +134,7 @@ def test_context_is_strictly_before_the_anchor() -> None:
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_block_mask_path_equals_dense_path() -> None:
-    cfg, model, head, batch = make_setup([0, 24], seed=2)
+    cfg, model, head, batch = make_setup(seed=2, sliding_windows=[0, 24])
     blocks, dense = block_outputs(model, head, batch, cfg, batch.hidden, flex=False)
     _, flex = block_outputs(model, head, batch, cfg, batch.hidden, flex=True)
     valid = blocks.valid
@@ -204,7 +142,7 @@ def test_flex_block_mask_path_equals_dense_path() -> None:
 
 
 def test_draft_tokens_are_the_argmax_of_slots_one_on() -> None:
-    cfg, model, head, batch = make_setup([0, 0])
+    cfg, model, head, batch = make_setup(sliding_windows=[0, 0])
     ctx, positions = batch.hidden[:20], batch.position_ids[:20].long()
     tokens = model.draft_tokens(head, ctx, positions, last_token=7, start_position=20)
     block_ids = torch.tensor([7] + [model.spec.mask_token_id] * (cfg.block_size - 1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,7 @@ from ringtrain.target.tiny import build_tiny_target
 
 TAPS = [1, 3, 5]
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,8 @@ from ringtrain.target.tiny import build_tiny_target
 TAPS = [1, 3, 5]
 BLOCK = 6
 NEW_TOKENS = 40
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ScriptedDrafter:
@@ -52,15 +53,6 @@ class ScriptedDrafter:
 def target_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     hybrid = request.param
     return build_tiny_target(tmp_path_factory.mktemp("target"), seed=3, hybrid=hybrid)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _prompt(length: int, seed: int) -> torch.Tensor:

@@ -1,0 +1,93 @@
+"""The tiny fp64 drafter, its batch and its training loop, shared by the CPU drafter tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ringtrain.drafter import (
+    DFlashDrafter,
+    FrozenHead,
+    ObjectiveSums,
+    block_objective,
+    build_optimizer,
+    drafter_spec_from_target,
+    optimizer_step,
+)
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
+
+TARGET = {
+    "hidden_size": 32,
+    "vocab_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+TAPS = [1, 3, 5]
+MAX_TOKENS = 160
+DOCS = [70, 45, 30]
+
+
+def make_cfg(**overrides) -> DrafterConfig:
+    """Two layers (full and 24-token window), blocks of 8, 6 anchors per 40 tokens, eager."""
+    values = {
+        "num_layers": 2, "block_size": 8, "num_anchors": 6, "anchor_ref_len": 40,
+        "sliding_windows": [0, 24], "loss_chunk": 40, "compile": False,
+    }  # fmt: skip
+    return DrafterConfig(**{**values, **overrides})
+
+
+def make_setup(
+    seed: int = 0, **overrides
+) -> tuple[DrafterConfig, DFlashDrafter, FrozenHead, PackedBatch]:
+    """(config, fp64 drafter, random head, batch of DOCS with loss-mask holes) for ``seed``."""
+    cfg = make_cfg(**overrides)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    gen = torch.Generator().manual_seed(seed)
+    embed, lm_head = torch.randn(2, 64, 32, generator=gen, dtype=torch.float64) * 0.5
+    batch = random_packed_batch(DOCS, 3 * 32, 64, "cpu", torch.float64, seed, mask_holes=8)
+    return cfg, model, FrozenHead(embed, lm_head), batch
+
+
+def objective(
+    model: DFlashDrafter,
+    head: FrozenHead,
+    batch: PackedBatch,
+    cfg: DrafterConfig,
+    seed: int,
+    max_tokens: int = MAX_TOKENS,
+) -> ObjectiveSums:
+    """block_objective on ``batch``, its anchors drawn by a CPU generator seeded ``seed``."""
+    return block_objective(
+        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
+        batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed),
+        cfg, max_tokens=max_tokens,
+    )  # fmt: skip
+
+
+def train(
+    model: DFlashDrafter,
+    head: FrozenHead,
+    batch: PackedBatch,
+    cfg: DrafterConfig,
+    seeds: Iterable[int],
+    max_tokens: int = MAX_TOKENS,
+) -> list[float]:
+    """One optimizer step (lr 1e-2, no warm-up) per anchor seed; returns the step losses."""
+    seeds = list(seeds)
+    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
+    optimizer, scheduler = build_optimizer(model, optim_cfg, len(seeds))
+    losses = []
+    for seed in seeds:
+        sums = objective(model, head, batch, cfg, seed, max_tokens)
+        (sums.loss_sum / sums.weight_sum).backward()
+        optimizer_step(model, optimizer, scheduler, optim_cfg)
+        losses.append(float(sums.loss_sum.detach() / sums.weight_sum))
+    return losses
