@@ -242,7 +242,7 @@ def _plant_torn_checkpoints(root: Path, complete: Path) -> None:
 def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> None:
     name = f"term{os.getpid()}"
     overrides = [
-        "run.max_steps=12",
+        "run.max_steps=10",
         "run.checkpoint_every=0",
         "run.eval_every=0",
         "run.log_every=1",
@@ -251,7 +251,7 @@ def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     launched = _launch(run_dir, 2, 1, overrides)
     try:
-        _wait_for_step(launched, 3)
+        _wait_for_step(launched, 2)
         os.kill(launched.proc.pid, signal.SIGTERM)  # the launcher only, not the workers
         launched.proc.wait(RUN_TIMEOUT_S)
     finally:
@@ -262,7 +262,7 @@ def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> 
         assert "exiting with code 0" in log, f"rank {rank} did not exit cleanly:\n{log[-2000:]}"
     assert "stopping before step" in _rank_log(run_dir, 2, "drafter")
     interrupted = trained_batches(step_records(run_dir))
-    assert 3 <= len(interrupted) < 12, output[-3000:]
+    assert 2 <= len(interrupted) < 10, output[-3000:]
     root = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(root)
     assert checkpoint is not None, output[-3000:]
@@ -277,9 +277,9 @@ def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> 
         run_dir, 2, "drafter"
     )
     records = step_records(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 13))
+    assert [r["step"] for r in records] == list(range(1, 11))
     batches = trained_batches(records)
-    assert len(set((p, s) for p, s, _ in batches)) == len(batches) == 12, "a batch trained twice"
+    assert len(set((p, s) for p, s, _ in batches)) == len(batches) == 10, "a batch trained twice"
     # One drafter takes each target's slots in publication order, so each target's trained
     # sequence numbers must be a gapless prefix of its stream: nothing skipped.
     seqs = {p: sorted(s for q, s, _ in batches if q == p) for p in (0, 1)}
@@ -384,7 +384,7 @@ def _case_setup(root: Path, inputs: Inputs, case: str) -> list[str]:
             writer.write_table(table)
         return ["--set", f"data.path={json.dumps(str(data))}"]
     if case == "shm-too-small":
-        return ["--set", "ring.slots_per_producer=1000000000"]
+        return ["--set", "ring.slots_per_producer=1000000"]
     if case == "target-without-weights":
         bare = root / "bare-target"
         bare.mkdir()
@@ -500,4 +500,4 @@ def test_hostile_input_is_refused_before_any_model_loads(
     for fragment in HOSTILE_CASES[case]:
         assert fragment in message, f"{fragment!r} missing from: {message}"
     assert "loading target" not in refusal.log
-    assert "ring " not in refusal.log
+    assert "ready: transport" not in refusal.log, "the ring was set up"
