@@ -186,6 +186,8 @@ def test_killed_rank_stops_every_other_rank(
     for survivor in survivors:
         log = _rank_log(run_dir, survivor.rank, survivor.role)
         assert named in log, f"rank {survivor.rank}'s log does not name {named}:\n{log[-2000:]}"
+        # It failed (exit 1) or its watchdog stopped it (exit 1); it never exited cleanly.
+        assert "failed:" in log or "stopping this rank" in log, log[-2000:]
         assert "exiting with code 0" not in log
     # ringtrain-stat's reading of the ring shows the killed rank as dead, not slow.
     dead = next(r for r in snapshot.ranks if r.rank == victim_rank)
