@@ -4,8 +4,9 @@ The protocol is documented in ringtrain/ring/ring.py; the control block layout i
 control.py; read-only statistics (for ringtrain-stat and progress lines) in snapshot.py.
 """
 
+from ringtrain.ring.ends import Consumer, Producer, ReadItem, WriteSlot
 from ringtrain.ring.errors import PeerDied, RingClosed, RingError, RingTimeout, ShmTooSmall
-from ringtrain.ring.ring import Consumer, Producer, ReadItem, Ring, WriteSlot
+from ringtrain.ring.ring import Ring
 from ringtrain.ring.snapshot import (
     RankSnapshot,
     RingLocation,

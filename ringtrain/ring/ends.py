@@ -1,0 +1,245 @@
+"""The two ends of the ring: a target's Producer and a drafter's Consumer.
+
+They follow the protocol documented in ring.py (slot life cycle, semaphores, FIFO);
+this module holds their side of it: views of a slot, descriptors, and the copies.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import torch
+
+from ringtrain.ring import control as cb
+from ringtrain.ring.errors import RingError
+from ringtrain.ring.transport import DevicePayload
+
+if TYPE_CHECKING:
+    from ringtrain.ring.ring import Ring
+
+# Consumers cache (buffer, payload) views per (slot, tokens, docs); shapes are bucketed.
+VIEW_CACHE_SIZE = 4096
+
+
+@dataclass
+class WriteSlot:
+    """A slot a producer holds between acquire() and publish(); views into payload memory."""
+
+    index: int
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+@dataclass
+class ReadItem:
+    """One item in the consumer's own buffers, valid until its next take().
+
+    On CUDA, use it on the stream that was current during take() (that stream waits for
+    the copy); another stream must first wait_stream() on it.
+    """
+
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    num_tokens: int
+    num_docs: int
+    meta: dict[str, int]
+    producer_rank: int
+    seq: int
+
+
+class Producer:
+    """Writes items into this target's own slots (see the module docstring)."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        spec = ring.spec
+        self.index = spec.producers.index(ring.local_index)
+        self.first = self.index * spec.slots_per_producer
+        self._sem = ring._free[self.index]
+        self._seq = 0
+        self._pid = os.getpid()
+        self._encode = msgspec.msgpack.Encoder().encode
+        if isinstance(ring.payload, DevicePayload):
+            ring.payload.export(ring.local_index, self.index)
+        self._slots = [
+            WriteSlot(index=g, **ring.payload.writer_views(g))
+            for g in range(self.first, self.first + spec.slots_per_producer)
+        ]
+        self._pending: WriteSlot | None = None
+
+    def acquire(self, timeout: float | None = None) -> WriteSlot:
+        """Block until one of this producer's slots is free (peers checked while waiting)."""
+        ring = self.ring
+        if self._pending is not None:
+            raise RingError("acquire() called twice without publish(): publish the held slot first")
+        ring._wait(self._sem, "blocked_ns", timeout, "a free slot")
+        ring._check_open()
+        states = ring.control.slot_state
+        for slot in self._slots:
+            if int(states[slot.index]) == cb.FREE:
+                break
+        else:
+            raise RingError(f"producer {self.index}: free semaphore granted but no slot is FREE")
+        column = ring.control.slot
+        column["generation"][slot.index] = ring.spec.generation
+        column["seq"][slot.index] = self._seq
+        column["producer_pid"][slot.index] = self._pid
+        states[slot.index] = cb.WRITING
+        self._pending = slot
+        return slot
+
+    def publish(
+        self, slot: WriteSlot, num_tokens: int, num_docs: int, meta: dict[str, int]
+    ) -> None:
+        """Hand the slot to the consumers: `num_tokens` rows, `num_docs` documents, `meta`."""
+        ring, spec = self.ring, self.ring.spec
+        if slot is not self._pending:
+            raise RingError(f"publish() of slot {slot.index}, which this producer does not hold")
+        if not (0 <= num_tokens <= spec.max_tokens and 0 <= num_docs <= spec.max_docs):
+            raise RingError(
+                f"publish(num_tokens={num_tokens}, num_docs={num_docs}) exceeds the slot "
+                f"(max_tokens={spec.max_tokens}, max_docs={spec.max_docs})"
+            )
+        ring.payload.after_write(slot.index)
+        try:
+            ring.control.write_desc(slot.index, self._encode((num_tokens, num_docs, meta)))
+        except ValueError as exc:
+            raise RingError(f"publish(): meta {meta} is too large: {exc}") from None
+        ring.control.slot_state[slot.index] = cb.READY
+        self._pending = None
+        self._seq += 1
+        ring._push(slot.index)
+        ring._ready.release()
+        ring.control.rank["items"][ring.local_index] += 1
+
+    def finish(self) -> None:
+        """No more items from this producer; consumers drain the FIFO and then see None."""
+        if not self.ring._finished:
+            self.ring._finish()
+
+
+class Consumer:
+    """Takes ready slots from any producer into its own preallocated buffers."""
+
+    def __init__(self, ring: Ring, device: torch.device) -> None:
+        self.ring = ring
+        self.device = device
+        spec = ring.spec
+        n = spec.max_tokens
+        self._buffers = {
+            "hidden": torch.empty((n, spec.hidden_width), dtype=spec.hidden_dtype, device=device),
+            "input_ids": torch.empty(n, dtype=torch.int32, device=device),
+            "loss_mask": torch.empty(n, dtype=torch.uint8, device=device),
+            "position_ids": torch.empty(n, dtype=torch.int32, device=device),
+            "cu_seqlens": torch.empty(spec.max_docs + 1, dtype=torch.int32, device=device),
+        }
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._pid = os.getpid()
+        self._decode = msgspec.msgpack.Decoder().decode
+        self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
+        self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
+        # CUDA: slots whose copy is queued on the copy stream, released by the next take().
+        self._copying: list[tuple[int, torch.cuda.Event]] = []
+        self._copied = (
+            [torch.cuda.Event() for _ in range(spec.num_slots)] if self._stream is not None else []
+        )
+
+    def take(self, timeout: float | None = None) -> ReadItem | None:
+        """The next item (copied into this consumer's buffers), or None once all producers finished."""
+        ring = self.ring
+        while True:
+            ring._wait(ring._ready, "starved_ns", timeout, "a ready slot", self.release_copied)
+            ring._check_open()
+            slot = ring._pop()
+            if slot >= 0:
+                return self._read(slot)
+            if ring._all_producers_finished():
+                self.release_copied()
+                ring._ready.release()
+                return None
+
+    def release_copied(self) -> None:
+        """Hand back slots whose copies were queued by earlier take()s (waits for the copies)."""
+        pending, self._copying = self._copying, []
+        for slot, done in pending:
+            done.synchronize()
+            self._free_slot(slot)
+
+    def _free_slot(self, slot: int) -> None:
+        ring = self.ring
+        ring.control.slot["reader"][slot] = -1
+        ring.control.slot_state[slot] = cb.FREE
+        ring._free[slot // ring.spec.slots_per_producer].release()
+
+    def _pairs(
+        self, slot: int, num_tokens: int, num_docs: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(own buffer, slot payload) view pairs for one item shape, cached (bucketed shapes)."""
+        key = (slot, num_tokens, num_docs)
+        pairs = self._pair_cache.get(key)
+        if pairs is None:
+            if len(self._pair_cache) >= VIEW_CACHE_SIZE:
+                self._pair_cache.clear()
+            source = self.ring.payload.reader_views(slot)
+            sizes = {name: num_tokens for name in self._buffers} | {"cu_seqlens": num_docs + 1}
+            views = [buffer[: sizes[name]] for name, buffer in self._buffers.items()]
+            copies = [
+                (view, source[name][: sizes[name]])
+                for view, name in zip(views, self._buffers, strict=True)
+                if sizes[name]
+            ]
+            pairs = (views, copies)
+            self._pair_cache[key] = pairs
+        return pairs
+
+    def _read(self, slot: int) -> ReadItem:
+        ring, spec, index = self.ring, self.ring.spec, self.ring.local_index
+        ctl = ring.control
+        column = ctl.slot
+        column["reader"][slot] = index
+        column["consumer_pid"][slot] = self._pid
+        ctl.slot_state[slot] = cb.READING
+        num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
+        seq = int(column["seq"][slot])
+        views, pairs = self._pairs(slot, num_tokens, num_docs)
+        owner = slot // spec.slots_per_producer
+        if self._stream is None:
+            for dst, src in pairs:
+                dst.copy_(src)
+            self._free_slot(slot)
+        else:
+            compute = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(compute)  # earlier users of our buffers are done
+            ring.payload.before_read(slot, self._stream)
+            with torch.cuda.stream(self._stream):
+                for dst, src in pairs:
+                    dst.copy_(src, non_blocking=True)
+            done = self._copied[slot]
+            done.record(self._stream)
+            compute.wait_event(done)
+            # The previous item's copy ran before this one on the copy stream: free its slot now.
+            self.release_copied()
+            self._copying.append((slot, done))
+        ctl.rank["items"][index] += 1
+        hidden, input_ids, loss_mask, position_ids, cu_seqlens = views
+        return ReadItem(
+            hidden=hidden,
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            position_ids=position_ids,
+            cu_seqlens=cu_seqlens,
+            num_tokens=num_tokens,
+            num_docs=num_docs,
+            meta=meta,
+            producer_rank=self._producer_ranks[owner],
+            seq=seq,
+        )
