@@ -386,7 +386,8 @@ def _case_setup(root: Path, inputs: Inputs, case: str) -> list[str]:
             writer.write_table(table)
         return ["--set", f"data.path={json.dumps(str(data))}"]
     if case == "shm-too-small":
-        return ["--set", "ring.slots_per_producer=1000000"]
+        # 1024 slots of a million tokens each: far more than any /dev/shm holds.
+        return ["--set", "ring.slots_per_producer=1024", "--set", "data.token_budget=1000000"]
     if case == "target-without-weights":
         bare = root / "bare-target"
         bare.mkdir()

@@ -87,8 +87,9 @@ def save_checkpoint(
     name = f"step_{step:08d}"
     final = root / name
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    # One writer per run: any temporary here is this one's or a crashed save's leftover.
+    for leftover in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
     tmp.mkdir()
     drafter = getattr(model, "module", model)
     weights = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}

@@ -17,6 +17,8 @@ import torch
 
 ROLES = ("target", "drafter")
 TRANSPORTS = ("auto", "device", "host")
+# More slots than this never help a producer and would make the control block huge.
+MAX_SLOTS_PER_PRODUCER = 1024
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Every payload array starts on this boundary (covers any dtype and DMA alignment).
 ALIGN = 512
@@ -77,6 +79,11 @@ class RingSpec:
         for name in ("slots_per_producer", "max_tokens", "max_docs", "hidden_width"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.slots_per_producer > MAX_SLOTS_PER_PRODUCER:
+            problems.append(
+                f"slots_per_producer = {self.slots_per_producer} is more than "
+                f"{MAX_SLOTS_PER_PRODUCER}; a few slots per target keep it busy (4 is typical)"
+            )
         if self.wait_timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
             problems.append("wait_timeout_s and heartbeat_timeout_s must be > 0")
         dtype_name(self.hidden_dtype)
