@@ -58,7 +58,6 @@ class Plan:
     """The validated inputs of a run, identical on every rank."""
 
     target_path: Path
-    data_path: Path
     target_config: Any
     tap_layers: list[int]
     dataset: TokenDataset
@@ -148,9 +147,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     max_docs = probe.max_docs
     if eval_dataset is not None:
         max_docs = max(max_docs, eval_stream(config, eval_dataset, 0, 1).max_docs)
-    plan = Plan(
-        target_path, data_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset
-    )
+    plan = Plan(target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset)
     try:
         ring = ring_spec(config, info, run_dir, plan)
     except ValueError as exc:
