@@ -261,7 +261,10 @@ def discover() -> list[RingLocation]:
         match = _CTL_LINK.match(f"{SHM_DIR}/{entry}")
         if match and match.group(1) not in found:
             found[match.group(1)] = (f"{SHM_DIR}/{entry}", [])
-    return [RingLocation(run, path, tuple(pids)) for run, (path, pids) in sorted(found.items())]
+    return [
+        RingLocation(run, path, tuple(sorted(set(pids))))
+        for run, (path, pids) in sorted(found.items())
+    ]
 
 
 class RingReader:
