@@ -159,14 +159,24 @@ def run_pipeline(
     window = steps_done[warm:]
     seconds = window[-1]["wall"] - window[0]["wall"]
     tokens = sum(r["tokens"] for r in window[1:])
-    busy = [r.get("gpu_busy") for r in window if r.get("gpu_busy")]
+    # Ranks of the run: 0 is the target, 1 the drafter (configs/bench.toml); the mean of
+    # each rank's published NVML samples over the window.
+    by_role = {"target": [], "drafter": []}
+    for record in window:
+        for rank, value in record.get("gpu_busy_by_rank", {}).items():
+            by_role["target" if int(rank) == 0 else "drafter"].append(value)
     return {
         "tokens_per_s": tokens / max(seconds, 1e-9),
         "first_step_s": steps_done[0]["wall"] - started,
         "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
         "loss_first": steps_done[0]["loss"],
         "loss_last": steps_done[-1]["loss"],
-        "gpu_busy": busy[-1] if busy else None,
+        "gpu_busy_target": sum(by_role["target"]) / len(by_role["target"])
+        if by_role["target"]
+        else None,
+        "gpu_busy_drafter": sum(by_role["drafter"]) / len(by_role["drafter"])
+        if by_role["drafter"]
+        else None,
         "steps": len(steps_done),
     }
 

@@ -50,7 +50,7 @@ def format_snapshot(snap: RingSnapshot) -> str:
         ),
         "",
         f"{'rank':>4} {'role':<7} {'pid':>7} {'status':<8} {'beat':>6} {'step':>7} {'items':>8} "
-        f"{'items/s':>8} {'blocked':>7} {'starved':>7}  last error",
+        f"{'items/s':>8} {'blocked':>7} {'starved':>7} {'gpu':>6}  last error",
     ]
     for r in snap.ranks:
         rate = r.interval_items_per_s if r.interval_items_per_s is not None else r.items_per_s
@@ -60,7 +60,8 @@ def format_snapshot(snap: RingSnapshot) -> str:
         lines.append(
             f"{r.rank:>4} {r.role:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
             f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.role == 'target' else '-':>7} "
-            f"{_pct(starved) if r.role == 'drafter' else '-':>7}  {r.last_error[:60]}"
+            f"{_pct(starved) if r.role == 'drafter' else '-':>7} "
+            f"{'-' if r.gpu_busy is None else _pct(100.0 * r.gpu_busy):>6}  {r.last_error[:60]}"
         )
     lines += ["", snap.verdict]
     return "\n".join(lines)

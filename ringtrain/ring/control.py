@@ -96,6 +96,8 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("starved_ns", "<i8"),
             # Start of the wait in progress (0 when not waiting), so live waits show up.
             ("wait_start_ns", "<i8"),
+            # This rank's GPU busy fraction as it last sampled it; negative: unknown.
+            ("gpu_busy", "<f8"),
             ("error_len", "<i4"),
             ("handles_len", "<i4"),
             ("error", "u1", (ERROR_BYTES,)),

@@ -241,6 +241,7 @@ class Ring:
         row["device"] = -1 if self.device.type != "cuda" else (self.device.index or 0)
         row["attached_ns"] = now
         row["heartbeat_ns"] = now
+        row["gpu_busy"] = -1.0
         row["status"] = cb.ATTACHED
 
     def unlink(self) -> None:
@@ -331,6 +332,16 @@ class Ring:
         interval = min(HEARTBEAT_INTERVAL_S, self.spec.heartbeat_timeout_s / 4)
         while not self._stop.wait(interval):
             self._row["heartbeat_ns"] = monotonic_ns()
+
+    def report_gpu_busy(self, fraction: float | None) -> None:
+        """Publish this rank's GPU busy fraction (None: not measurable here)."""
+        if not self._closed:
+            self._row["gpu_busy"] = -1.0 if fraction is None else fraction
+
+    def gpu_busy_by_rank(self) -> dict[int, float]:
+        """The last GPU busy fraction each rank published (ranks that measured one)."""
+        values = self.control.ranks["gpu_busy"]
+        return {self.spec.global_ranks[i]: float(v) for i, v in enumerate(values) if float(v) >= 0}
 
     def drafter_step(self) -> int:
         """The highest training step any drafter rank has recorded with beat()."""

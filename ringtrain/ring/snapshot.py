@@ -70,6 +70,7 @@ class RankSnapshot:
     blocked_ns: int
     starved_ns: int
     last_error: str
+    gpu_busy: float | None  # the rank's own last NVML sample; None: unknown
     interval_items_per_s: float | None = None
     interval_blocked_pct: float | None = None
     interval_starved_pct: float | None = None
@@ -165,6 +166,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         blocked_ns=blocked,
         starved_ns=starved,
         last_error=cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace"),
+        gpu_busy=float(row["gpu_busy"]) if float(row["gpu_busy"]) >= 0 else None,
     )
 
 

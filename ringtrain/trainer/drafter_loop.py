@@ -89,6 +89,7 @@ class StepRecord:
     wall: float  # time.time() at the end of the step
     compiles: int  # graphs compiled so far in this process (flat in steady state)
     gpu_busy: float | None  # this rank's GPU busy fraction since the last step (NVML)
+    gpu_busy_by_rank: dict[int, float]  # last fraction published by each rank of the node
 
 
 @dataclass
@@ -263,7 +264,9 @@ class DrafterLoop:
                 wall=time.time(),
                 compiles=compiled_graph_count(),
                 gpu_busy=self.busy.sample(),
+                gpu_busy_by_rank=self.ring.gpu_busy_by_rank(),
             )
+            self.ring.report_gpu_busy(record.gpu_busy)
             if metrics is not None:
                 metrics.write({"event": "step", **record.__dict__})
             on_step(record)
@@ -272,21 +275,23 @@ class DrafterLoop:
                 last_saved = step
         if state.step != last_saved:
             save(state)
-        if state.step == max_steps and tally.completed_rounds < final_round(max_steps, eval_every):
-            self._finish_final_round(tally, stop, on_eval, state.step)
+        last_round = final_round(max_steps, eval_every)
+        if state.step == max_steps and tally.completed_rounds < last_round:
+            self._finish_rounds(tally, last_round, stop, on_eval, state.step)
         return state
 
-    def _finish_final_round(
+    def _finish_rounds(
         self,
         tally: EvalTally,
+        last_round: int,
         stop: StopRequest,
         on_eval: Callable[[int, dict], None],
         step: int,
     ) -> None:
-        """Evaluate the round due at the last step; training items taken meanwhile are dropped."""
+        """Complete the evaluation rounds up to the one due at the last step; training items
+        taken meanwhile are dropped (not recorded, so a resumed run still trains them)."""
         sums = self.sums
-        target = tally.completed_rounds + 1
-        while tally.completed_rounds < target:
+        while tally.completed_rounds < last_round:
             item = None if stop.requested else self.consumer.take()
             if item is None:
                 sums.vector[sums.stop] = 1.0

@@ -54,7 +54,16 @@ class Progress:
         current = self._ring.snapshot()
         window = with_interval(self._ring_before, current)
         self._ring_before = current
-        return f"ring {window.occupancy:.0%} occupied | {window.verdict}"
+        busy = {
+            role: [r.gpu_busy for r in window.ranks if r.role == role and r.gpu_busy is not None]
+            for role in ("target", "drafter")
+        }
+        gpu = " ".join(
+            f"{role}s {sum(values) / len(values):.0%}" for role, values in busy.items() if values
+        )
+        return f"ring {window.occupancy:.0%} occupied | {window.verdict}" + (
+            f" | GPU busy: {gpu}" if gpu else ""
+        )
 
     def evaluation(self, step: int, metrics: dict) -> None:
         """One line per completed held-out evaluation round."""

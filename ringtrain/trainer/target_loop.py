@@ -20,6 +20,7 @@ from ringtrain.ring import Ring, RingClosed
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer.evaluation import EVAL, TRAIN, EvalSchedule
+from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 
@@ -56,6 +57,7 @@ def run_target_loop(
     batch, kind, round_id = next(source)
     runner.prefetch(batch.padded(bucket))
     produced = 0
+    busy = GpuBusySampler(runner.device)
     started = time.perf_counter()
     if runner.device.type == "cuda" and is_hybrid(runner.config):
         log.info(
@@ -86,6 +88,7 @@ def run_target_loop(
         producer.publish(slot, n, docs, meta)
         produced += 1
         ring.beat(produced)
+        ring.report_gpu_busy(busy.sample())
         if produced == 1:
             log.info("first batch published after %.1f s", time.perf_counter() - started)
     producer.finish()
