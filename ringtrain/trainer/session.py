@@ -241,6 +241,14 @@ def run_session(
             # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
             ring.check_peers()
     except BaseException as exc:
+        try:
+            ring.check_peers()
+        except PeerDied as died:
+            # A collective or a copy failed because a peer died first (gloo/NCCL report
+            # only "connection closed"): report the death, which names the rank.
+            ring.set_error(str(died))
+            ring.close(clean=False)
+            raise died from exc
         ring.set_error(f"{type(exc).__name__}: {exc}")
         ring.close(clean=False)
         raise
