@@ -31,8 +31,7 @@ def random_case(seed: int, block_size: int = 8, num_anchors: int = 6):
     ctx_capacity, max_anchors = layout_sizes(cfg, max_tokens)
     gen = torch.Generator().manual_seed(seed)
     blocks = build_blocks(
-        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
-        batch.num_tokens, batch.num_docs, gen, cfg, MASK_ID, ctx_capacity, max_anchors,
+        batch, gen, cfg, MASK_ID, ctx_capacity, max_anchors,
     )  # fmt: skip
     return cfg, batch, blocks, ctx_capacity, max_anchors
 
@@ -95,8 +94,7 @@ def test_block_mask_has_full_tiles_for_long_documents() -> None:
     batch = random_packed_batch([1024], 4, VOCAB, "cpu", torch.float32, 0, prompt_fraction=0.0)
     ctx_capacity, max_anchors = layout_sizes(cfg, 1024)
     blocks = build_blocks(
-        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
-        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MASK_ID,
+        batch, torch.Generator().manual_seed(0), cfg, MASK_ID,
         ctx_capacity, max_anchors,
     )  # fmt: skip
     builder = BlockMaskBuilder(ctx_capacity, max_anchors, 16, (0,), torch.device("cpu"))
@@ -133,8 +131,7 @@ def test_anchor_cap_keeps_a_share_of_every_document() -> None:
     batch = random_packed_batch([100, 100], 4, VOCAB, "cpu", torch.float32, 1, prompt_fraction=0)
     ctx_capacity, max_anchors = layout_sizes(cfg, 256)
     blocks = build_blocks(
-        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
-        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MASK_ID,
+        batch, torch.Generator().manual_seed(0), cfg, MASK_ID,
         ctx_capacity, max_anchors,
     )  # fmt: skip
     anchors = blocks.anchor[blocks.valid]
@@ -147,8 +144,7 @@ def test_anchor_sampling_is_reproducible_from_the_generator() -> None:
         cfg = DrafterConfig(block_size=8, num_anchors=6, anchor_ref_len=40)
         batch = random_packed_batch([120, 80], 4, VOCAB, "cpu", torch.float32, 3)
         blocks = build_blocks(
-            batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-            batch.cu_seqlens, batch.num_tokens, batch.num_docs,
+            batch,
             torch.Generator().manual_seed(seed), cfg, MASK_ID, *layout_sizes(cfg, 256),
         )  # fmt: skip
         return blocks.anchor[blocks.valid].tolist()

@@ -69,11 +69,16 @@ def walk(mask: list[int], bounds: list[int], accepted: list[int]) -> tuple[int, 
 def packed_of(mask: list[int], bounds: list[int]):
     """A PackedContext of the given loss mask and documents (features do not matter here)."""
     n = len(mask)
-    return pack_context(
-        torch.zeros(n, 1), torch.zeros(n, dtype=torch.int32), torch.tensor(mask, dtype=torch.uint8),
-        torch.zeros(n, dtype=torch.int32), torch.tensor(bounds, dtype=torch.int32), n,
-        len(bounds) - 1, ctx_capacity=n + 5,
-    )  # fmt: skip
+    batch = PackedBatch(
+        hidden=torch.zeros(n, 1),
+        input_ids=torch.zeros(n, dtype=torch.int32),
+        loss_mask=torch.tensor(mask, dtype=torch.uint8),
+        position_ids=torch.zeros(n, dtype=torch.int32),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+        num_tokens=n,
+        num_docs=len(bounds) - 1,
+    )
+    return pack_context(batch, ctx_capacity=n + 5)
 
 
 def replay(mask: list[int], bounds: list[int], accepted: list[int]) -> tuple[int, int]:
@@ -114,8 +119,7 @@ def test_replay_equals_the_reference_walk(seed: int) -> None:
 
 def evaluate(model, head, batch: PackedBatch, cfg: DrafterConfig, max_tokens: int = MAX_TOKENS):
     return evaluate_batch(
-        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-        batch.cu_seqlens, batch.num_tokens, batch.num_docs, cfg, max_tokens,
+        model, head, batch, cfg, max_tokens,
     )  # fmt: skip
 
 
@@ -284,12 +288,10 @@ def test_compiled_evaluation_between_training_steps_never_recompiles() -> None:
 
     def train_then_evaluate(lengths: list[int], seed: int) -> tuple[EvalSums, PackedBatch]:
         batch = random_packed_batch(lengths, 3 * 256, 1024, "cuda", torch.bfloat16, seed)
-        args = (batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-                batch.cu_seqlens, batch.num_tokens, batch.num_docs)  # fmt: skip
-        sums = block_objective(model, head, *args, generator, cfg, max_tokens)
+        sums = block_objective(model, head, batch, generator, cfg, max_tokens)
         (sums.loss_sum / sums.weight_sum).backward()
         optimizer_step(model, optimizer, scheduler, optim_cfg)
-        return evaluate_batch(model, head, *args, cfg, max_tokens), batch
+        return evaluate_batch(model, head, batch, cfg, max_tokens), batch
 
     train_then_evaluate(layouts[0], 0)
     train_then_evaluate(layouts[1], 1)

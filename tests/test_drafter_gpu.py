@@ -52,8 +52,7 @@ def test_flex_attention_matches_dense_attention_on_gpu() -> None:
     cfg, model, head = setup([0, 64])
     batch = random_packed_batch([400, 300, 200], 3 * 256, 1024, "cuda", torch.float32, 0)
     blocks, _, workspace = prepare_batch(
-        model, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-        batch.cu_seqlens, batch.num_tokens, batch.num_docs,
+        model, batch,
         torch.Generator("cuda").manual_seed(0), cfg, MAX_TOKENS,
     )  # fmt: skip
     by_window = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, dense=True)
@@ -81,8 +80,7 @@ def test_compiled_training_never_recompiles_across_document_layouts() -> None:
     def step(lengths: list[int], seed: int) -> float:
         batch = random_packed_batch(lengths, 3 * 256, 1024, "cuda", torch.bfloat16, seed)
         sums = block_objective(
-            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-            batch.cu_seqlens, batch.num_tokens, batch.num_docs, generator, cfg,
+            model, head, batch, generator, cfg,
             max_tokens=MAX_TOKENS,
         )  # fmt: skip
         (sums.loss_sum / sums.weight_sum).backward()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,8 +17,7 @@ from ringtrain.drafter.objective import prepare_batch
 def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str, object]:
     """The objective from the inference entry, one block and one label at a time."""
     blocks = build_blocks(
-        batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
-        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed), cfg,
+        batch, torch.Generator().manual_seed(seed), cfg,
         model.spec.mask_token_id, *layout_sizes(cfg, MAX_TOKENS),
     )  # fmt: skip
     ids, mask = batch.input_ids.tolist(), batch.loss_mask.tolist()
@@ -85,9 +85,8 @@ def test_objective_equals_the_per_block_inference_reference(trained, seed: int) 
 def block_outputs(model, head, batch, cfg, hidden, flex: bool):
     """Drafter outputs [A, B, H] of the blocks of `batch` with context `hidden`."""
     blocks, masks, workspace = prepare_batch(
-        model, hidden, batch.input_ids, batch.loss_mask, batch.position_ids, batch.cu_seqlens,
-        batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(0), cfg, MAX_TOKENS,
-    )  # fmt: skip
+        model, replace(batch, hidden=hidden), torch.Generator().manual_seed(0), cfg, MAX_TOKENS
+    )
     if flex:
         by_window = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)
         masks = tuple(by_window[w] for w in model.spec.sliding_windows)

@@ -66,8 +66,7 @@ def objective(
 ) -> ObjectiveSums:
     """block_objective on ``batch``, its anchors drawn by a CPU generator seeded ``seed``."""
     return block_objective(
-        model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-        batch.cu_seqlens, batch.num_tokens, batch.num_docs, torch.Generator().manual_seed(seed),
+        model, head, batch, torch.Generator().manual_seed(seed),
         cfg, max_tokens=max_tokens,
     )  # fmt: skip
 

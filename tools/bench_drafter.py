@@ -27,6 +27,7 @@ import json
 import os
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
@@ -98,10 +99,12 @@ def step_flops(
     generator = torch.Generator(batch.hidden.device)
     generator.set_state(generator_state)
     blocks = build_blocks(
-        batch.hidden[:, :1], batch.input_ids, batch.loss_mask, batch.position_ids,
-        batch.cu_seqlens, batch.num_tokens, batch.num_docs, generator, cfg,
-        spec.mask_token_id, *layout_sizes(cfg, max_tokens),
-    )  # fmt: skip
+        replace(batch, hidden=batch.hidden[:, :1]),
+        generator,
+        cfg,
+        spec.mask_token_id,
+        *layout_sizes(cfg, max_tokens),
+    )
     valid = blocks.valid
     num_blocks = int(valid.sum())
     visible = int(((blocks.ctx_hi - blocks.ctx_lo)[valid] + cfg.block_size).sum()) * cfg.block_size
@@ -157,8 +160,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
 
     def step(batch: PackedBatch) -> torch.Tensor:
         sums = block_objective(
-            model, head, batch.hidden, batch.input_ids, batch.loss_mask, batch.position_ids,
-            batch.cu_seqlens, batch.num_tokens, batch.num_docs, generator, cfg,
+            model, head, batch, generator, cfg,
             max_tokens=args.max_tokens,
         )  # fmt: skip
         (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -76,17 +77,26 @@ class PackedContext:
     eligible: torch.Tensor  # [C] bool, loss_mask[p] == loss_mask[p + 1] == 1, p + 1 in the doc
 
 
-def pack_context(
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    num_tokens: int,
-    num_docs: int,
-    ctx_capacity: int,
-) -> PackedContext:
+class PackedRows(Protocol):
+    """One packed batch as a ring slot carries it (the ring's ReadItem is one).
+
+    hidden [>= num_tokens, K*H] (bf16 on GPU), input_ids / position_ids int32, loss_mask
+    uint8, cu_seqlens [>= num_docs + 1]; only the first num_tokens rows are read."""
+
+    hidden: torch.Tensor
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    num_tokens: int
+    num_docs: int
+
+
+def pack_context(batch: PackedRows, ctx_capacity: int) -> PackedContext:
     """Pad one packed batch to ctx_capacity rows and find its anchor-eligible rows."""
+    hidden, input_ids, loss_mask = batch.hidden, batch.input_ids, batch.loss_mask
+    position_ids, cu_seqlens = batch.position_ids, batch.cu_seqlens
+    num_tokens, num_docs = batch.num_tokens, batch.num_docs
     if num_tokens > ctx_capacity or num_tokens > hidden.shape[0]:
         raise ValueError(
             f"batch has {num_tokens} tokens but the context capacity is {ctx_capacity} and "
@@ -175,13 +185,7 @@ def blocks_at(
 
 
 def build_blocks(
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    num_tokens: int,
-    num_docs: int,
+    batch: PackedRows,
     generator: torch.Generator,
     cfg: DrafterConfig,
     mask_token_id: int,
@@ -189,8 +193,6 @@ def build_blocks(
     max_anchors: int,
 ) -> BlockBatch:
     """Sample anchors and lay out the blocks of one packed batch (see the module docstring)."""
-    packed = pack_context(
-        hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs, ctx_capacity
-    )
+    packed = pack_context(batch, ctx_capacity)
     anchor, valid = _sample_anchors(packed, generator, cfg, max_anchors)
     return blocks_at(packed, anchor, valid, cfg.block_size, mask_token_id)

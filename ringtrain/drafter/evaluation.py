@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ringtrain.drafter.blocks import PackedContext, blocks_at, pack_context
+from ringtrain.drafter.blocks import PackedContext, PackedRows, blocks_at, pack_context
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.objective import (
@@ -100,29 +100,21 @@ def _added(a: ObjectiveSums, b: ObjectiveSums) -> ObjectiveSums:
 def evaluate_batch(
     model: nn.Module,
     head: FrozenHead,
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    num_tokens: int,
-    num_docs: int,
+    rows: PackedRows,
     cfg: DrafterConfig,
     max_tokens: int,
 ) -> EvalSums:
     """Evaluate the drafter on one packed batch at every decoding anchor (see the module).
 
-    Arguments are those of block_objective without the generator. Anchors are processed in
+    `rows` as for block_objective (no generator: every anchor). Anchors are processed in
     chunks of the training layout's A blocks, so shapes stay static and memory bounded.
     One host sync (the anchor count). Do not call between a training forward and its
     backward with the same model: the mask buffers are shared with training.
     """
-    layout, workspace = checked_workspace(model, hidden, cfg, max_tokens)
+    layout, workspace = checked_workspace(model, rows.hidden, cfg, max_tokens)
     ctx_capacity, max_anchors = layout
-    packed = pack_context(
-        hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs, ctx_capacity
-    )
-    device = hidden.device
+    packed = pack_context(rows, ctx_capacity)
+    device = rows.hidden.device
     anchor_rows = torch.nonzero(packed.eligible).flatten()
     count = anchor_rows.shape[0]
     accepted = torch.zeros(ctx_capacity + 1, dtype=torch.int64, device=device)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
+from ringtrain.drafter.blocks import BlockBatch, PackedRows, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
@@ -129,23 +129,14 @@ def block_masks(workspace: _Workspace, batch: BlockBatch) -> tuple:
 
 def prepare_batch(
     model: nn.Module,
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    num_tokens: int,
-    num_docs: int,
+    rows: PackedRows,
     generator: torch.Generator,
     cfg: DrafterConfig,
     max_tokens: int,
 ) -> tuple[BlockBatch, tuple, _Workspace]:
     """Blocks, per-layer BlockMasks and the workspace for one batch (no forward yet)."""
-    layout, workspace = checked_workspace(model, hidden, cfg, max_tokens)
-    batch = build_blocks(
-        hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
-        generator, cfg, workspace.spec.mask_token_id, *layout,
-    )  # fmt: skip
+    layout, workspace = checked_workspace(model, rows.hidden, cfg, max_tokens)
+    batch = build_blocks(rows, generator, cfg, workspace.spec.mask_token_id, *layout)
     return batch, block_masks(workspace, batch), workspace
 
 
@@ -197,30 +188,19 @@ def score_blocks(
 def block_objective(
     model: nn.Module,
     head: FrozenHead,
-    hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    num_tokens: int,
-    num_docs: int,
+    rows: PackedRows,
     generator: torch.Generator,
     cfg: DrafterConfig,
     max_tokens: int,
 ) -> ObjectiveSums:
     """Sample blocks from one packed batch, run the drafter, and return the objective's sums.
 
-    hidden [>= num_tokens, K*H] (bf16 on GPU), input_ids / position_ids int32, loss_mask
-    uint8, cu_seqlens [>= num_docs + 1]; only the first num_tokens rows are read. max_tokens
-    fixes the static layout (pass the ring slot capacity) so shapes never change. The
+    `rows` is laid out like a ring slot (PackedRows). max_tokens fixes the static layout (pass the ring slot capacity) so shapes never change. The
     generator (best on the batch's device) makes anchor sampling reproducible. Call
     backward on loss_sum before the next call with the same model (the BlockMask buffers
     are reused).
     """
-    batch, masks, workspace = prepare_batch(
-        model, hidden, input_ids, loss_mask, position_ids, cu_seqlens, num_tokens, num_docs,
-        generator, cfg, max_tokens,
-    )  # fmt: skip
+    batch, masks, workspace = prepare_batch(model, rows, generator, cfg, max_tokens)
     return score_blocks(workspace, head, batch, masks, cfg)[0]
 
 

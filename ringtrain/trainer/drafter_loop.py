@@ -137,23 +137,12 @@ class DrafterLoop:
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
         )
 
-    def _payload(self, item: ReadItem) -> tuple:
-        return (
-            item.hidden,
-            item.input_ids,
-            item.loss_mask,
-            item.position_ids,
-            item.cu_seqlens,
-            item.num_tokens,
-            item.num_docs,
-        )
-
     def _evaluate(self, item: ReadItem) -> None:
         with torch.no_grad(), self.autocast:
             sums: EvalSums = evaluate_batch(
                 self.model,
                 self.head,
-                *self._payload(item),
+                item,
                 self.config.drafter,
                 max_tokens=self.config.data.token_budget,
             )
@@ -220,7 +209,7 @@ class DrafterLoop:
                     objective: ObjectiveSums = block_objective(
                         self.model,
                         self.head,
-                        *self._payload(item),
+                        item,
                         self.generator,
                         config.drafter,
                         max_tokens=config.data.token_budget,
