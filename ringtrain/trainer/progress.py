@@ -8,13 +8,12 @@ from ringtrain.config import Config
 from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import get_logger
-from ringtrain.trainer.roles import RankInfo
 
 
 class Progress:
     """Prints `step | tokens/s | loss | acc | tau | ring` every log_every steps."""
 
-    def __init__(self, config: Config, ring: Ring, info: RankInfo) -> None:
+    def __init__(self, config: Config, ring: Ring) -> None:
         self._ring = ring
         self._max_steps = config.run.max_steps
         self._every = max(config.run.log_every, 1)

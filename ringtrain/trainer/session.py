@@ -13,6 +13,7 @@ import os
 import re
 import time
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,20 +134,11 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
     if resume and (checkpoint := latest_checkpoint(run_dir / "checkpoints")) is not None:
         check_resume_spec(checkpoint, spec)
-    probe = BatchStream(
-        dataset,
-        token_budget=config.data.token_budget,
-        bucket=config.data.bucket,
-        seed=config.data.seed,
-        rank=0,
-        world=1,
-    )
     cuda = info.device.type == "cuda"
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
-    max_docs = probe.max_docs
-    if eval_dataset is not None:
-        max_docs = max(max_docs, eval_stream(config, eval_dataset, 0, 1).max_docs)
+    splits = [d for d in (dataset, eval_dataset) if d is not None]
+    max_docs = max(batch_stream(config, split, 0, 1).max_docs for split in splits)
     plan = Plan(target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset)
     try:
         ring = ring_spec(config, info, run_dir, plan)
@@ -156,8 +148,15 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     return plan
 
 
-def eval_stream(config: Config, dataset: TokenDataset, rank: int, world: int) -> BatchStream:
-    """The held-out batches of one target rank (the same every round)."""
+def batch_stream(
+    config: Config,
+    dataset: TokenDataset,
+    rank: int,
+    world: int,
+    start: int = 0,
+    skip: Collection[int] = (),
+) -> BatchStream:
+    """Target rank `rank` of `world`'s batches of `dataset` under the [data] settings."""
     return BatchStream(
         dataset,
         token_budget=config.data.token_budget,
@@ -165,6 +164,8 @@ def eval_stream(config: Config, dataset: TokenDataset, rank: int, world: int) ->
         seed=config.data.seed,
         rank=rank,
         world=world,
+        start=start,
+        skip=skip,
     )
 
 
@@ -274,17 +275,10 @@ def _run_target(
         log.info("resuming at batch %d of this target's stream", cursor["start"])
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
-        held_out = eval_stream(config, plan.eval_dataset, info.role_index, info.role_count)
+        held_out = batch_stream(config, plan.eval_dataset, info.role_index, info.role_count)
         schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
-    stream = BatchStream(
-        plan.dataset,
-        token_budget=config.data.token_budget,
-        bucket=config.data.bucket,
-        seed=config.data.seed,
-        rank=info.role_index,
-        world=info.role_count,
-        start=cursor["start"],
-        skip=cursor["skip"],
+    stream = batch_stream(
+        config, plan.dataset, info.role_index, info.role_count, cursor["start"], cursor["skip"]
     )
     started = time.perf_counter()
     log.info("loading target from %s (layers %s tapped)", plan.target_path, plan.tap_layers)
@@ -331,7 +325,7 @@ def _run_drafter(
         log.info("resumed from %s at step %d", resume_from, state.step)
     lead = info.is_lead_drafter
     metrics = MetricsWriter(run_dir / "metrics.jsonl") if lead else None
-    progress = Progress(config, ring, info) if lead else None
+    progress = Progress(config, ring) if lead else None
 
     def save(current: DrafterState) -> None:
         if not lead:
@@ -364,7 +358,9 @@ def _run_drafter(
     eval_batches = 0
     if config.run.eval_every and plan.eval_dataset is not None:
         targets = info.num_nodes * info.targets_per_node
-        eval_batches = eval_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
+        eval_batches = (
+            batch_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
+        )
     loop = DrafterLoop(
         config,
         ring,
