@@ -15,6 +15,7 @@ gradients is not needed); attention counts 3x.
 
     python tools/bench_drafter.py --json                         # H200, default variant
     python tools/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
+    python tools/bench_drafter.py --json --profile               # + top kernels of 3 steps
     python tools/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -30,6 +31,7 @@ import traceback
 from dataclasses import replace
 
 import torch
+from kernel_profile import print_top, top_kernels
 from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
 
 from ringtrain.drafter import (
@@ -199,6 +201,10 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     ) / len(measured)
     tokens = sum(b.num_tokens for b in measured) / len(measured)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    profile = {}
+    if args.profile:
+        profile["profile"] = top_kernels(lambda: step(measured[0]))
+        print_top(f"drafter step, variant {name}", profile["profile"])
     return {
         "variant": name,
         **overrides,
@@ -210,6 +216,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
         "peak_mem_gib": peak,
         "recompiles": recompiles,
         "final_loss": float(loss),
+        **profile,
     }
 
 
@@ -222,6 +229,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
     args = parser.parse_args()
     args.docs, args.block = 3, 16
     args.layers = 2 if args.small else 5
