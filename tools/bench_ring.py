@@ -2,16 +2,22 @@
 """Benchmark the ring with real processes: throughput, integrity and control latency.
 
     tools/bench_ring.py --transport {host,device} --producers P --consumers C --slots S \
-        --item-mb M --items N [--control-items K] [--json]
+        --item-mb M --items N [--warmup W] [--control-items K] [--json]
 
 Phase 1 (throughput): P producer and C consumer processes move N items of M MiB of
 hidden state. Every item is stamped with (producer, sequence number) at its first and
 last elements and at strided positions (on the device for GPU buffers); consumers
-check the stamps and the descriptor. Producers write in place (as target hooks do),
-except for the host transport on CUDA, where each producer copies a full item from
-its GPU into the slot and each consumer copies it back to its GPU. `copy_gbps` is
-one plain copy of the same size on the same path (device->device, pinned
-host->device, or memcpy on CPU) measured in the same run; `ratio = gbps / copy_gbps`.
+gather the stamps of each item from their own copy (one small kernel per item) and
+check them, and the descriptor, after the run. Producers write in place (as target
+hooks do), except for the host transport on CUDA, where each producer copies a full
+item from its GPU into the slot and each consumer copies it back to its GPU.
+
+`gbps` is the steady delivery rate: bytes delivered into consumer buffers after the
+first `--warmup` items (the first items also pay for opening IPC handles, lazy CUDA
+module loads and first-touch of buffers), up to the moment the last copy completed.
+`first_items_ms` is the time to the end of the warm-up. `copy_gbps` is one plain
+copy of the same size on the same path (device->device, pinned host->device, or
+memcpy on CPU) measured in the same run; `ratio = gbps / copy_gbps`.
 
 Phase 2 (control): one producer, one consumer, one slot, empty payload; the round
 trip producer publish -> consumer take -> slot free again, p50 / p99 in microseconds.
@@ -133,25 +139,37 @@ def _produce(ring: Ring, index: int, items: int, barrier, device: torch.device) 
 def _consume(ring: Ring, barrier, device: torch.device) -> dict:
     consumer = ring.consumer(device)
     seen: list[tuple[int, int]] = []
-    bad = torch.zeros((), dtype=torch.int64, device=device)
+    taken_ns: list[int] = []
+    stamps: list[torch.Tensor] = []
+    mismatched_desc = 0
     nbytes = 0
     positions = None
     barrier.wait()
-    end = time.monotonic_ns()
     while (item := consumer.take()) is not None:
+        taken_ns.append(time.monotonic_ns())
         producer, seq = item.meta["producer"], item.meta["seq"]
         if positions is None:
             positions = _stamp_positions(item.hidden)
-        stamps = _words(item.hidden).index_select(0, positions)
-        bad += (
-            (stamps != _pattern(producer, seq)).any()
-            | (item.seq != seq)
-            | (item.producer_rank != producer)
-        )
+        stamps.append(_words(item.hidden).index_select(0, positions))
+        mismatched_desc += (item.seq != seq) or (item.producer_rank != producer)
         seen.append((producer, seq))
-        nbytes += item.hidden.numel() * item.hidden.element_size()
-        end = time.monotonic_ns()
-    return {"seen": seen, "corrupted": int(bad), "bytes": nbytes, "end_ns": end}
+        nbytes = item.hidden.numel() * item.hidden.element_size()
+    consumer.release_copied()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    end = time.monotonic_ns()
+    corrupted = mismatched_desc
+    if stamps:
+        patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
+        found = torch.stack(stamps).cpu()
+        corrupted += int((found != patterns[:, None]).any(dim=1).sum())
+    return {
+        "seen": seen,
+        "taken_ns": taken_ns,
+        "corrupted": corrupted,
+        "item_bytes": nbytes,
+        "end_ns": end,
+    }
 
 
 def _control_worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
@@ -237,11 +255,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--items", type=int, default=200, help="items in all (split over producers)"
     )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="items left out of the rate (default: 2 x slots)"
+    )
     parser.add_argument("--control-items", type=int, default=2000)
     parser.add_argument(
         "--json", action="store_true", help="(the JSON line is always printed last)"
     )
     args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = 2 * args.slots * args.producers
 
     item_bytes = int(args.item_mb * (1 << 20))
     run = f"bench{os.getpid()}"
@@ -258,9 +281,14 @@ def main(argv: list[str] | None = None) -> dict:
     produced = sum(t["produced"] for t in targets)
     seen = [s for d in drafters for s in d["seen"]]
     unique = set(seen)
-    seconds = (max(d["end_ns"] for d in drafters) - min(t["start_ns"] for t in targets)) / 1e9
-    delivered = sum(d["bytes"] for d in drafters)
-    gbps = delivered / seconds / 1e9
+    item_bytes = max(d["item_bytes"] for d in drafters)
+    # Steady window: from the delivery of the warm-up's last item to the last copy done.
+    taken = sorted(t for d in drafters for t in d["taken_ns"])
+    warmup = min(args.warmup, len(taken) - 1)
+    start_ns = min(t["start_ns"] for t in targets)
+    window_start = taken[warmup - 1] if warmup > 0 else start_ns
+    seconds = (max(d["end_ns"] for d in drafters) - window_start) / 1e9
+    gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
     copy_gbps = _copy_gbps(
         args.transport, spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
     )
@@ -278,6 +306,8 @@ def main(argv: list[str] | None = None) -> dict:
         "lost": produced - len(unique),
         "duplicated": len(seen) - len(unique),
         "corrupted": sum(d["corrupted"] for d in drafters),
+        "warmup": warmup,
+        "first_items_ms": round((window_start - start_ns) / 1e6, 2),
         "seconds": round(seconds, 4),
         "gbps": round(gbps, 3),
         "copy_gbps": round(copy_gbps, 3),

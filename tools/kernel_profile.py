@@ -1,11 +1,12 @@
 """Where a step's GPU time goes: the top kernels of a few profiled steps (torch.profiler).
 
-Without CUDA the same ranking uses the operators' own CPU time (a smoke run).
-
 Used by the benchmarks' `--profile` option: ``top_kernels(step, steps=3)`` runs `step`
 under the profiler and returns the kernels with the most device time per step, each as
-``{"kernel", "ms_per_step", "calls_per_step", "share"}`` (share of all device time), plus
-an ``"other"`` row for the rest. ``print_top`` prints them as a short table.
+``{"kernel", "ms_per_step", "calls_per_step", "share"}`` (share of all device time),
+then an ``"all kernels"`` row (their sum: compare it with the step's wall time to see
+idle gaps) and an ``"other"`` row for the kernels below the top. ``print_top`` prints
+them as a short table. Without CUDA the ranking uses the operators' own CPU time (a
+smoke run).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
-def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 15) -> list[dict]:
+def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
     """Profile `steps` calls of `step` (synchronised) and rank kernels by device time."""
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
@@ -29,7 +31,12 @@ def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 15) -> li
     rows = []
     for event in prof.key_averages():
         micros = getattr(event, own_time, 0.0)
-        if micros > 0:
+        # On CUDA keep the kernels and copies themselves (operators also carry their
+        # kernels' time), and not the profiler's launch-queue-full marker.
+        kernel = not cuda or (
+            event.device_type == DeviceType.CUDA and event.key != "Command Buffer Full"
+        )
+        if micros > 0 and kernel:
             rows.append((micros, event.count, event.key))
     rows.sort(reverse=True)
     total = sum(us for us, _, _ in rows) or 1.0
@@ -43,6 +50,14 @@ def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 15) -> li
         for us, count, key in rows[:top]
     ]
     rest = sum(us for us, _, _ in rows[top:])
+    ranked.append(
+        {
+            "kernel": "all kernels",
+            "ms_per_step": round(total / 1e3 / steps, 3),
+            "calls_per_step": round(sum(c for _, c, _ in rows) / steps, 1),
+            "share": 1.0,
+        }
+    )
     ranked.append(
         {
             "kernel": "other",

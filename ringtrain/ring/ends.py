@@ -7,6 +7,7 @@ this module holds their side of it: views of a slot, descriptors, and the copies
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -134,21 +135,20 @@ class Consumer:
         self.ring = ring
         self.device = device
         spec = ring.spec
-        n = spec.max_tokens
-        self._buffers = {
-            "hidden": torch.empty((n, spec.hidden_width), dtype=spec.hidden_dtype, device=device),
-            "input_ids": torch.empty(n, dtype=torch.int32, device=device),
-            "loss_mask": torch.empty(n, dtype=torch.uint8, device=device),
-            "position_ids": torch.empty(n, dtype=torch.int32, device=device),
-            "cu_seqlens": torch.empty(spec.max_docs + 1, dtype=torch.int32, device=device),
-        }
+        layout = ring.layout
+        self._hidden = torch.empty(
+            (spec.max_tokens, spec.hidden_width), dtype=spec.hidden_dtype, device=device
+        )
+        # The small arrays in one buffer laid out as in a slot: one copy brings all four.
+        self._small = torch.empty(layout.small_bytes, dtype=torch.uint8, device=device)
+        self._small_views = layout.small_views(self._small, spec)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder().decode
         self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
         self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
         # CUDA: slots whose copy is queued on the copy stream, released by the next take().
-        self._copying: list[tuple[int, torch.cuda.Event]] = []
+        self._copying: deque[tuple[int, torch.cuda.Event]] = deque()
         self._copied = (
             [torch.cuda.Event() for _ in range(spec.num_slots)] if self._stream is not None else []
         )
@@ -168,11 +168,16 @@ class Consumer:
                 return None
 
     def release_copied(self) -> None:
-        """Hand back slots whose copies were queued by earlier take()s (waits for the copies)."""
-        pending, self._copying = self._copying, []
+        """Hand back every slot whose copy was queued by earlier take()s (waits for the copies)."""
+        pending, self._copying = self._copying, deque()
         for slot, done in pending:
             done.synchronize()
             self._free_slot(slot)
+
+    def _release_finished(self) -> None:
+        """Hand back the slots whose copies already completed, oldest first, without waiting."""
+        while self._copying and self._copying[0][1].query():
+            self._free_slot(self._copying.popleft()[0])
 
     def _free_slot(self, slot: int) -> None:
         ring = self.ring
@@ -182,21 +187,26 @@ class Consumer:
 
     def _pairs(
         self, slot: int, num_tokens: int, num_docs: int
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(own buffer, slot payload) view pairs for one item shape, cached (bucketed shapes)."""
+    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The item's views of our buffers and its (destination, source) copies, cached per
+        (slot, tokens, docs): shapes are bucketed, so few keys occur."""
         key = (slot, num_tokens, num_docs)
         pairs = self._pair_cache.get(key)
         if pairs is None:
             if len(self._pair_cache) >= VIEW_CACHE_SIZE:
                 self._pair_cache.clear()
             source = self.ring.payload.reader_views(slot)
-            sizes = {name: num_tokens for name in self._buffers} | {"cu_seqlens": num_docs + 1}
-            views = [buffer[: sizes[name]] for name, buffer in self._buffers.items()]
-            copies = [
-                (view, source[name][: sizes[name]])
-                for view, name in zip(views, self._buffers, strict=True)
-                if sizes[name]
+            small = self._small_views
+            views = [
+                self._hidden[:num_tokens],
+                small["input_ids"][:num_tokens],
+                small["loss_mask"][:num_tokens],
+                small["position_ids"][:num_tokens],
+                small["cu_seqlens"][: num_docs + 1],
             ]
+            copies = [(self._small, source["small"])]
+            if num_tokens:
+                copies.append((views[0], source["hidden"][:num_tokens]))
             pairs = (views, copies)
             self._pair_cache[key] = pairs
         return pairs
@@ -226,8 +236,9 @@ class Consumer:
             done = self._copied[slot]
             done.record(self._stream)
             compute.wait_event(done)
-            # The previous item's copy ran before this one on the copy stream: free its slot now.
-            self.release_copied()
+            # Slots go back as soon as their copies are seen complete; no host wait here, so
+            # the copies of several items can queue back to back.
+            self._release_finished()
             self._copying.append((slot, done))
         ctl.rank["items"][index] += 1
         hidden, input_ids, loss_mask, position_ids, cu_seqlens = views

@@ -24,8 +24,10 @@ On CUDA the copy is queued on the consumer's copy stream (after the slot's event
 the device transport, and after the consumer's current stream, whose kernels may
 still read the previous item), the current stream waits on the copy's event (so the
 item is ready for kernels on that stream without a host sync), and the slot is freed
-once its copy completed: by the next take() after it queued its own copy (so copies
-run back to back), or before that take() blocks, or at close. Semaphore operations
+once its copy completed: by a later take() that finds the copy done (an event query, no
+host wait, so the copies of several items queue back to back), or before a take()
+blocks (waiting for the copies), or at close. A consumer copies the hidden rows in use
+and the slot's small arrays (ids, mask, positions, cu_seqlens) as one block. Semaphore operations
 are the memory barriers between writes and reads; nobody spins on shared flags.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A

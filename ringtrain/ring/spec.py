@@ -153,17 +153,40 @@ class SlotLayout:
             cursor += _align(size)
         return cls(*offsets, slot_bytes=cursor)
 
+    @property
+    def small_bytes(self) -> int:
+        """Bytes of a slot's small arrays (input_ids .. cu_seqlens), stored after hidden."""
+        return self.slot_bytes - self.input_ids
+
     def views(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> dict[str, torch.Tensor]:
         """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
-        base = slot * self.slot_bytes
+        return {"hidden": self.hidden_view(slab, slot, spec)} | self.small_views(
+            self.small_block(slab, slot), spec
+        )
+
+    def hidden_view(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> torch.Tensor:
+        """The [max_tokens, hidden_width] hidden array of slot `slot` inside `slab`."""
         n, w = spec.max_tokens, spec.hidden_width
+        base = slot * self.slot_bytes + self.hidden
+        nbytes = n * w * torch.empty((), dtype=spec.hidden_dtype).element_size()
+        return slab[base : base + nbytes].view(spec.hidden_dtype).view(n, w)
+
+    def small_block(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
+        """The raw bytes of slot `slot`'s small arrays: one contiguous range, one copy."""
+        base = slot * self.slot_bytes
+        return slab[base + self.input_ids : base + self.slot_bytes]
+
+    def small_views(self, block: torch.Tensor, spec: RingSpec) -> dict[str, torch.Tensor]:
+        """Typed views of the small arrays inside `block` (`small_bytes` raw bytes, laid
+        out as in a slot: a slot's `small_block` or a consumer's buffer of the same size)."""
+        n = spec.max_tokens
 
         def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+            start = offset - self.input_ids
             size = torch.empty((), dtype=dtype).element_size()
-            return slab[base + offset : base + offset + count * size].view(dtype)
+            return block[start : start + count * size].view(dtype)
 
         return {
-            "hidden": view(self.hidden, n * w, spec.hidden_dtype).view(n, w),
             "input_ids": view(self.input_ids, n, torch.int32),
             "loss_mask": view(self.loss_mask, n, torch.uint8),
             "position_ids": view(self.position_ids, n, torch.int32),

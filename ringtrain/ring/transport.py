@@ -3,7 +3,8 @@
 Both transports expose the same four operations to the ring protocol:
 `writer_views(slot)` (where a producer writes), `after_write(slot)` (make the write
 visible before the slot turns READY), `reader_views(slot)` and `before_read(slot,
-stream)` (what a consumer copies from, and what its copy stream must wait for).
+stream)` (what a consumer copies from: the hidden array and the raw block of small
+arrays, and what its copy stream must wait for).
 """
 
 from __future__ import annotations
@@ -63,6 +64,17 @@ def create_host_segment(spec: RingSpec, layout: SlotLayout) -> None:
         shm.close_fd()
 
 
+def reader_views(
+    layout: SlotLayout, slab: torch.Tensor, slot: int, spec: RingSpec
+) -> dict[str, torch.Tensor]:
+    """What a consumer copies from: `hidden` [max_tokens, width] and `small`, the raw
+    bytes of the small arrays (copied whole: one copy instead of four)."""
+    return {
+        "hidden": layout.hidden_view(slab, slot, spec),
+        "small": layout.small_block(slab, slot),
+    }
+
+
 class HostPayload:
     """Slots in the shared /dev/shm segment, pinned with cudaHostRegister on CUDA ranks."""
 
@@ -78,6 +90,9 @@ class HostPayload:
         if self._registered:
             cuda.host_register(self._base.data_ptr(), self._base.numel())
         self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
+        self._reader_views = [
+            reader_views(layout, self._base, s, spec) for s in range(spec.num_slots)
+        ]
 
     def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
         """Producer's views of `slot`."""
@@ -89,8 +104,8 @@ class HostPayload:
             torch.cuda.current_stream(self.device).synchronize()
 
     def reader_views(self, slot: int) -> dict[str, torch.Tensor]:
-        """Consumer's views of `slot`."""
-        return self._views[slot]
+        """Consumer's views of `slot` (the module function `reader_views`)."""
+        return self._reader_views[slot]
 
     def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
         """Nothing to wait for: the producer synchronised before publishing."""
@@ -101,6 +116,7 @@ class HostPayload:
             cuda.host_unregister(self._base.data_ptr())
             self._registered = False
         self._views = []
+        self._reader_views = []
         self._base = None
         try:
             self._mm.close()
@@ -195,7 +211,7 @@ class DevicePayload:
         if views is None:
             per = self.spec.slots_per_producer
             imported = self._import(slot // per)
-            views = self.layout.views(imported.slab, slot % per, self.spec)
+            views = reader_views(self.layout, imported.slab, slot % per, self.spec)
             self._import_views[slot] = views
         return views
 
