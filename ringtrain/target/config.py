@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
@@ -18,3 +20,6 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Draw the weights at random instead of reading them: for benchmarks of large shapes
     # from a directory holding only config.json. Never for real training.
     random_weights: bool = False
+    # torch.compile the decoder layers (fused norms, rotary, SiLU*mul, residual adds):
+    # "auto" (on when the target runs on CUDA, off on CPU) | "on" | "off".
+    compile: Literal["auto", "on", "off"] = "auto"

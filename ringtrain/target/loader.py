@@ -19,6 +19,7 @@ from torch import nn
 from transformers import AutoModel, PretrainedConfig
 
 from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError
+from ringtrain.target.compiled import resolve_compile
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 
@@ -77,11 +78,14 @@ def load_target(
     dtype: str | torch.dtype = "auto",
     attn_implementation: str = "sdpa",
     random_weights: bool = False,
+    compile: str = "auto",
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
 
     ``random_weights`` draws the weights at random instead of reading them (benchmarks
-    of large shapes from a config-only directory).
+    of large shapes from a config-only directory). ``compile`` (``target.compile``):
+    ``"auto"`` compiles the decoder layers with torch.compile on CUDA and runs them
+    eagerly on CPU; ``"on"`` / ``"off"`` force it.
 
     ``tap_layers`` empty or None picks the DFlash spread over the FULL layer count
     (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights
@@ -97,11 +101,12 @@ def load_target(
         taps = default_tap_layers(full_layers, num_taps)
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
+    compiled = resolve_compile(compile, device)
     full_config = checkpoint.text_config()
     backend = linear_attention_backend(full_config, device)
     kept = max(taps) + 1
     log.info(
-        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s%s",
+        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s%s%s",
         source,
         checkpoint.model_type,
         kept - 1,
@@ -110,6 +115,7 @@ def load_target(
         dtype,
         device,
         f", Gated DeltaNet kernels: {backend}" if backend else "",
+        ", layers compiled" if compiled else "",
     )
     if backend == "torch" and device.type == "cuda":
         log.warning(
@@ -124,7 +130,10 @@ def load_target(
     else:
         _load_weights(module, checkpoint, device)
     log.info("target loaded in %.1f s", time.perf_counter() - started)
-    return TappedTarget(module, full_config, taps, device, dtype)
+    target = TappedTarget(module, full_config, taps, device, dtype)
+    if compiled:
+        target.compile_layers()
+    return target
 
 
 def build_truncated_model(

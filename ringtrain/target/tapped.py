@@ -10,15 +10,25 @@ at position t only sees positions <= t of its own row, all of them real, in caus
 attention as in the causal convolution and recurrence of Gated DeltaNet layers; only the
 ignored pad positions see padding. It also keeps attention on the fastest causal SDPA
 kernels and the linear-attention kernels free of masking work.
+
+Compiled layers (``compile_layers``): the decoder layers, or their safe parts, run
+through torch.compile (see ``ringtrain.target.compiled``); the hooks stay eager. The
+first forward compiles them and is logged, as it takes a while.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
+
+from ringtrain.target.compiled import compile_decoder_layers
+
+log = logging.getLogger(__name__)
 
 
 class TappedTarget:
@@ -27,7 +37,8 @@ class TappedTarget:
     Attributes: ``module`` (the HF text model, layers 0..max(tap_layers), final norm
     replaced by identity, no LM head), ``config`` (the target's FULL HF text config),
     ``tap_layers``, ``num_layers`` (full layer count), ``hidden_size``, ``vocab_size``,
-    ``device``, ``dtype``.
+    ``device``, ``dtype``, ``compiled_units`` (names of the compiled layers or layer
+    parts under ``module.layers``; empty when the target runs eagerly).
     """
 
     def __init__(
@@ -51,11 +62,23 @@ class TappedTarget:
         self._staging = torch.empty(0, dtype=dtype, device=device)
         for k, layer in enumerate(self.tap_layers):
             module.layers[layer].register_forward_hook(self._tap_hook(k))
+        self.compiled_units: list[str] = []
+        self._awaiting_compile = False
 
     @property
     def tap_width(self) -> int:
         """Columns of the packed output: K tapped layers of H each."""
         return len(self.tap_layers) * self.hidden_size
+
+    def compile_layers(self, backend: str | Callable = "inductor") -> None:
+        """Compile the decoder layers (or their safe parts) with a torch.compile backend.
+
+        Compilation happens on the next forward, which is logged. Call once.
+        """
+        if self.compiled_units:
+            raise RuntimeError("the target's layers are already compiled; compile them once")
+        self.compiled_units = compile_decoder_layers(self.module.layers, backend)
+        self._awaiting_compile = bool(self.compiled_units)
 
     def forward_into(
         self, input_ids: torch.Tensor, token_index: torch.Tensor, out: torch.Tensor
@@ -78,11 +101,22 @@ class TappedTarget:
         direct = out.device == self.device
         dest = out if direct else self._staging_rows(rows)
         self._dest, self._token_index = dest, token_index
+        started = time.perf_counter()
+        if self._awaiting_compile:
+            log.info(
+                "the first target forward compiles its decoder layers (torch.compile, %d "
+                "units of %d layers); this takes a minute or so with empty caches",
+                len(self.compiled_units),
+                len(self.module.layers),
+            )
         try:
             with torch.inference_mode():
                 self.module(input_ids=input_ids, use_cache=False)
         finally:
             self._dest = self._token_index = None
+        if self._awaiting_compile:
+            self._awaiting_compile = False
+            log.info("target layers compiled in %.1f s", time.perf_counter() - started)
         if not direct:
             out.copy_(dest, non_blocking=True)
 

@@ -289,6 +289,7 @@ def _run_target(
         device=info.device,
         dtype=plan.hidden_dtype,
         random_weights=config.target.random_weights,
+        compile=config.target.compile,
     )
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     runner = TargetRunner(model, info.device)
