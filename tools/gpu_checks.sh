@@ -2,7 +2,7 @@
 # Run the GPU-marked tests and the GPU benchmarks on a CUDA machine, one after another,
 # collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
-# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [drafter] [target] [pipeline]
+# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [drafter] [target] [pipeline]
 # (default: tests ring drafter target pipeline)
 set -uo pipefail
 out=${OUT:-gpu-results}
@@ -23,16 +23,20 @@ for step in $steps; do
     case $step in
         tests) run tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests ;;
         quicktests) run tests 200 python -m pytest -q -m gpu -p no:cacheprovider \
-            tests/test_ring_gpu.py tests/test_target_gpu.py ;;
-        ring)
-            run ring_device 120 python tools/bench_ring.py --transport device --producers 1 \
-                --consumers 1 --slots 4 --item-mb 256 --items 200 --json
-            cp "$out/bench_ring.json" "$out/ring_device.json" 2>/dev/null
-            run ring_host 120 python tools/bench_ring.py --transport host --producers 1 \
-                --consumers 1 --slots 4 --item-mb 256 --items 100 --json
-            cp "$out/bench_ring.json" "$out/ring_host.json" 2>/dev/null
-            rm -f "$out/bench_ring.json" ;;
-        drafter) run drafter 420 python tools/bench_drafter.py --json ;;
+            tests/test_ring_gpu.py tests/test_target_gpu.py tests/test_drafter_gpu.py ;;
+        ring | ring_mps)
+            # ring_mps: the same under the CUDA MPS daemon (two ranks on one GPU share
+            # one hardware context instead of being time-sliced).
+            [ "$step" = ring_mps ] && nvidia-cuda-mps-control -d
+            for transport in device host; do
+                items=2000
+                [ $transport = host ] && items=400
+                run "${step}_$transport" 120 python tools/bench_ring.py --transport $transport \
+                    --producers 1 --consumers 1 --slots 4 --item-mb 256 --items $items --json
+                mv "$out/bench_ring.json" "$out/${step}_$transport.json" 2>/dev/null
+            done
+            [ "$step" = ring_mps ] && echo quit | nvidia-cuda-mps-control ;;
+        drafter) run drafter 420 python tools/bench_drafter.py --json --profile ;;
         target) run target 300 python tools/bench_target.py --shape qwen3-8b \
             --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --json ;;
         pipeline) run pipeline 560 python tools/bench_pipeline.py --skip-standalone \
