@@ -153,8 +153,13 @@ def run_pipeline(
     if metrics.exists():
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
     steps_done = [r for r in records if r.get("event") == "step"]
+    startup = startup_lines(run_dir, steps=4)
     if proc.returncode != 0 or len(steps_done) < 4:
-        return {"error": f"exit {proc.returncode}", "tail": (proc.stdout + proc.stderr)[-3000:]}
+        return {
+            "error": f"exit {proc.returncode}",
+            "tail": (proc.stdout + proc.stderr)[-3000:],
+            "startup_log": startup,
+        }
     warm = len(steps_done) // 3
     window = steps_done[warm:]
     seconds = window[-1]["wall"] - window[0]["wall"]
@@ -178,7 +183,22 @@ def run_pipeline(
         if by_role["drafter"]
         else None,
         "steps": len(steps_done),
+        "startup_log": startup,
     }
+
+
+def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
+    """Each rank log's lines up to its `steps`-th step line: where start-up time goes."""
+    lines: dict[str, list[str]] = {}
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        head, seen = [], 0
+        for line in log.read_text(errors="replace").splitlines():
+            head.append(line[:200])
+            seen += " step " in line
+            if seen >= steps or len(head) >= 60:
+                break
+        lines[log.name] = head
+    return lines
 
 
 def save(results: dict) -> None:
