@@ -1,4 +1,4 @@
-"""Benchmark the target forward: tokens/s, MFU, first-call time and peak memory.
+"""Benchmark the target forward: tokens/s, MFU, first-call time, recompiles, peak memory.
 
 Random-weight targets are built in memory from a config (no files), truncated after the
 deepest of the 5 DFlash taps, and run through TargetRunner (pinned staging, side-stream
@@ -17,14 +17,22 @@ convolution 2 * channels * kernel and the chunked delta-rule core, estimated as
 v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 989e12
 (H200 dense bf16).
 
+Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, as
+``target.compile`` does: ringtrain.target.compiled); the first call of a compiled
+variant includes compilation. Recompiles: after the measured shapes and a warm-up on a
+single row and on more rows of other lengths, the graphs compiled while running three
+further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
+each variant's first measurement.
+
     python tools/bench_target.py --json                     # both shapes, 8192 and 16384 tokens
-    python tools/bench_target.py --shape qwen3-8b --tokens 8192 --json
+    python tools/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
     python tools/bench_target.py --device cpu --small --json  # smoke run without a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import os
@@ -34,8 +42,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from kernel_profile import print_top, top_kernels
 from model_shapes import QWEN3_8B
 from torch import nn
+from torch._dynamo.utils import counters
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.checkpoint import truncated_config_values
@@ -51,6 +61,8 @@ from ringtrain.target.taps import default_tap_layers
 PEAK_FLOPS = 989e12
 NUM_TAPS = 5
 GDN_CHUNK = 64
+# --compile: which variants run, eager (False) and/or compiled (True).
+COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
 SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
     "qwen3.5-hybrid": ("qwen3_5_text", {}),
@@ -120,18 +132,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def run_once(runner: TargetRunner, batch: object, out: torch.Tensor) -> None:
+    """One prefetch and forward (not overlapped)."""
+    runner.prefetch(batch)
+    runner.forward_into(out)
+
+
 def measure(
     runner: TargetRunner, batch: object, out: torch.Tensor, iters: int, device: torch.device
 ) -> tuple[float, float]:
     """(first call seconds, mean seconds per step over ``iters`` steps after warm-up)."""
     started = time.perf_counter()
-    runner.prefetch(batch)
-    runner.forward_into(out)
+    run_once(runner, batch, out)
     synchronize(device)
     first_call = time.perf_counter() - started
     for _ in range(2):
-        runner.prefetch(batch)
-        runner.forward_into(out)
+        run_once(runner, batch, out)
     synchronize(device)
     started = time.perf_counter()
     runner.prefetch(batch)
@@ -143,32 +159,77 @@ def measure(
     return first_call, (time.perf_counter() - started) / iters
 
 
-def bench_shape(args: argparse.Namespace, shape: str, device: torch.device) -> list[dict]:
-    """All token counts and output placements of one shape."""
-    config = build_config(shape, args.small)
-    taps = default_tap_layers(config.num_hidden_layers, NUM_TAPS)
-    kept = max(taps) + 1
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+def run_shapes(
+    runner: TargetRunner, shapes: list[tuple[int, int]], vocab_size: int, device: torch.device
+) -> None:
+    """One forward of a full random batch of each (rows, length) shape."""
+    target = runner.target
+    for rows, length in shapes:
+        out = torch.empty(rows * length, target.tap_width, dtype=target.dtype, device=device)
+        run_once(runner, padded_batch(rows, length, vocab_size), out)
+    synchronize(device)
+
+
+def recompiles_over_shapes(
+    runner: TargetRunner, rows: int, seq_len: int, vocab_size: int, device: torch.device
+) -> int:
+    """Graphs compiled by three further shapes after a warm-up on two others.
+
+    The warm-up adds one row and more rows than measured (Dynamo specialises sizes of 1);
+    no shape has more tokens than ``rows * seq_len``.
+    """
+    half = max(2, seq_len // 2)
+    run_shapes(runner, [(1, half + 1), (rows + 1, half)], vocab_size, device)
+    before = graphs_compiled()
+    further = [(2, seq_len * 3 // 8 + 5), (1, seq_len // 3 + 7), (rows + 2, seq_len // 4 + 3)]
+    run_shapes(runner, further, vocab_size, device)
+    return graphs_compiled() - before
+
+
+def build_target(
+    config: PretrainedConfig, taps: list[int], device: torch.device, compiled: bool
+) -> tuple[TappedTarget, float]:
+    """A random-weight target truncated after its deepest tap, and its build seconds."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     truncated = CONFIG_MAPPING[config.model_type].from_dict(
-        truncated_config_values(config.to_dict(), kept)
+        truncated_config_values(config.to_dict(), max(taps) + 1)
     )
-    backend = linear_attention_backend(config, device)
     started = time.perf_counter()
     module = build_truncated_model(truncated, device, dtype)
     torch.manual_seed(0)
     randomise_weights(module)
     synchronize(device)
-    build_s = time.perf_counter() - started
     target = TappedTarget(module, config, taps, device, dtype)
+    if compiled:
+        torch._dynamo.reset()
+        target.compile_layers()
+    return target, time.perf_counter() - started
+
+
+def bench_variant(
+    args: argparse.Namespace, shape: str, device: torch.device, compiled: bool
+) -> list[dict]:
+    """All token counts and output placements of one shape, eager or compiled."""
+    config = build_config(shape, args.small)
+    taps = default_tap_layers(config.num_hidden_layers, NUM_TAPS)
+    backend = linear_attention_backend(config, device)
+    target, build_s = build_target(config, taps, device, compiled)
+    module, dtype = target.module, target.dtype
     runner = TargetRunner(target)
     weights_gib = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**30
+    graphs_before = graphs_compiled()
     results = []
     for tokens in args.tokens:
         rows = max(1, tokens // args.seq_len)
         seq_len = min(args.seq_len, tokens)
         batch = padded_batch(rows, seq_len, config.vocab_size)
         n = rows * seq_len
-        flops = flops_per_token(truncated, module, seq_len) * n
+        flops = flops_per_token(module.config, module, seq_len) * n
         placements = ["device", "host"] if device.type == "cuda" else ["device"]
         for placement in placements:
             if device.type == "cuda":
@@ -179,30 +240,41 @@ def bench_shape(args: argparse.Namespace, shape: str, device: torch.device) -> l
             )
             first_call, step_s = measure(runner, batch, out, args.iters, device)
             peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-            results.append(
-                {
-                    "shape": shape,
-                    "model_type": config.model_type,
-                    "layers_kept": kept,
-                    "layers_total": config.num_hidden_layers,
-                    "taps": taps,
-                    "hidden_size": config.hidden_size,
-                    "linear_attention": backend,
-                    "tokens": n,
-                    "rows": rows,
-                    "seq_len": seq_len,
-                    "out": placement,
-                    "build_s": round(build_s, 2),
-                    "first_call_s": round(first_call, 3),
-                    "step_ms": round(step_s * 1e3, 3),
-                    "tokens_per_s": round(n / step_s),
-                    "tflops": round(flops / step_s / 1e12, 1),
-                    "mfu": round(flops / step_s / PEAK_FLOPS, 4),
-                    "weights_gib": round(weights_gib, 2),
-                    "peak_mem_gib": round(peak, 2),
-                }
-            )
+            row = {
+                "shape": shape,
+                "compile": "on" if compiled else "off",
+                "model_type": config.model_type,
+                "layers_kept": len(module.layers),
+                "layers_total": config.num_hidden_layers,
+                "taps": taps,
+                "hidden_size": config.hidden_size,
+                "linear_attention": backend,
+                "compiled_units": len(target.compiled_units),
+                "tokens": n,
+                "rows": rows,
+                "seq_len": seq_len,
+                "out": placement,
+                "build_s": round(build_s, 2),
+                "first_call_s": round(first_call, 3),
+                "step_ms": round(step_s * 1e3, 3),
+                "tokens_per_s": round(n / step_s),
+                "tflops": round(flops / step_s / 1e12, 1),
+                "mfu": round(flops / step_s / PEAK_FLOPS, 4),
+                "weights_gib": round(weights_gib, 2),
+                "peak_mem_gib": round(peak, 2),
+            }
+            if args.profile and not results:
+                row["profile"] = top_kernels(functools.partial(run_once, runner, batch, out))
+                print_top(f"target {shape}, compile {row['compile']}, {n} tokens", row["profile"])
+            results.append(row)
             del out
+    first_rows = max(1, args.tokens[0] // args.seq_len)
+    recompiles = recompiles_over_shapes(
+        runner, first_rows, min(args.seq_len, args.tokens[0]), config.vocab_size, device
+    )
+    for row in results:
+        row["graphs"] = graphs_compiled() - graphs_before
+        row["recompiles"] = recompiles
     del runner, target, module
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -228,7 +300,13 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="padded row length")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--compile",
+        choices=sorted(COMPILE_VARIANTS),
+        help="compile the decoder layers: off, on or both (default: both on CUDA, off on CPU)",
+    )
     parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
+    parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -236,16 +314,21 @@ def main() -> None:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
+    variants = COMPILE_VARIANTS[args.compile or ("both" if device.type == "cuda" else "off")]
     results = []
     for shape in args.shape or sorted(SHAPES):
-        results.extend(bench_shape(args, shape, device))
+        for compiled in variants:
+            results.extend(bench_variant(args, shape, device, compiled))
 
-    header = f"{'shape':<15} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} {'first s':>8} {'peak GiB':>8}"
-    print(header)
+    print(
+        f"{'shape':<15} {'compile':<7} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
+        f"{'first s':>8} {'recomp':>6} {'peak GiB':>8}"
+    )
     for r in results:
         print(
-            f"{r['shape']:<15} {r['tokens']:>6} {r['out']:<6} {r['tokens_per_s']:>9} "
-            f"{r['mfu']:>6.3f} {r['first_call_s']:>8.2f} {r['peak_mem_gib']:>8.2f}"
+            f"{r['shape']:<15} {r['compile']:<7} {r['tokens']:>6} {r['out']:<6} "
+            f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
+            f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f}"
         )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": device_name, **versions(), "results": results}
