@@ -45,15 +45,11 @@ COMPILE_SETTINGS = ("auto", "on", "off")
 SAFE_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 
 
-def resolve_compile(setting: str, device: torch.device, key: str = "target.compile") -> bool:
-    """Whether to compile: ``"auto"`` on CUDA only, ``"on"``, ``"off"``.
-
-    ``key`` names where the setting came from (a config key or a command-line option),
-    for the error on an unknown value.
-    """
+def resolve_compile(setting: str, device: torch.device) -> bool:
+    """Whether to compile (``target.compile``): ``"auto"`` on CUDA only, ``"on"``, ``"off"``."""
     if setting not in COMPILE_SETTINGS:
         raise ValueError(
-            f"{key} {setting!r} is not one of {', '.join(map(repr, COMPILE_SETTINGS))}; "
+            f"target.compile {setting!r} is not one of {', '.join(map(repr, COMPILE_SETTINGS))}; "
             f"'auto' compiles the target's layers on CUDA and runs them eagerly on CPU"
         )
     if setting == "auto":
