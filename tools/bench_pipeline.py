@@ -244,19 +244,18 @@ def main() -> None:
             shape = TARGET_SHAPES[name]
             entry: dict = {}
             if not args.skip_standalone:
-                entry["target"] = run_tool(
-                    [
-                        "tools/bench_target.py",
-                        "--shape",
-                        name,
-                        "--tokens",
-                        str(args.budget),
-                        "--json",
-                    ],
+                # The trainer's own settings: compiled target layers, GPU output.
+                target = run_tool(
+                    ["tools/bench_target.py", "--shape", name, "--tokens", str(args.budget),
+                     "--seq-len", str(args.mean_len), "--compile", "on", "--json"],
                     timeout=400,
+                )  # fmt: skip
+                entry["target"] = next(
+                    (r for r in target.get("results", []) if r["out"] == "device"), target
                 )
                 if name == "qwen3-8b":
-                    entry["drafter"] = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
+                    drafter = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
+                    entry["drafter"] = drafter.get("results", [drafter])[0]
             cache = work / f"cache-{name}"
             shutil.rmtree(cache, ignore_errors=True)
             if name in args.cold_shapes.split(","):
