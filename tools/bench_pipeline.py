@@ -243,6 +243,7 @@ def main() -> None:
         for name in args.shapes.split(","):
             shape = TARGET_SHAPES[name]
             entry: dict = {}
+            results["shapes"][name] = entry  # saved after each part, so a cut run keeps some
             if not args.skip_standalone:
                 # The trainer's own settings: compiled target layers, GPU output.
                 target = run_tool(
@@ -253,13 +254,16 @@ def main() -> None:
                 entry["target"] = next(
                     (r for r in target.get("results", []) if r["out"] == "device"), target
                 )
+                save(results)
                 if name == "qwen3-8b":
                     drafter = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
                     entry["drafter"] = drafter.get("results", [drafter])[0]
+                    save(results)
             cache = work / f"cache-{name}"
             shutil.rmtree(cache, ignore_errors=True)
             if name in args.cold_shapes.split(","):
                 entry["cold"] = run_pipeline(work, name, shape, args, cache)
+                save(results)
             entry["warm"] = run_pipeline(work, name, shape, args, cache)
             a = entry.get("target", {}).get("tokens_per_s")
             b = entry.get("drafter", {}).get("tokens_per_s")
@@ -268,7 +272,6 @@ def main() -> None:
                 ideal = 1.0 / (1.0 / a + 1.0 / b)
                 entry["ideal_tokens_per_s"] = ideal
                 entry["pipeline_efficiency"] = rate / ideal
-            results["shapes"][name] = entry
             save(results)
     print(f"{'shape':16} {'tok/s':>10} {'eff':>6} {'cold s':>7} {'warm s':>7} {'recomp':>6}")
     for name, entry in results["shapes"].items():

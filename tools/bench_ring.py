@@ -88,7 +88,7 @@ def _pattern(producer: int, seq: int) -> int:
     return (producer << 24) | seq
 
 
-def _worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
+def _worker(index: int, spec: RingSpec, items: int, synced: bool, barrier, results) -> None:
     """One rank: index 0 creates the ring; targets produce `items` each, drafters consume."""
     device = _device_for(index)
     if device.type == "cuda":
@@ -100,7 +100,7 @@ def _worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
     ring.unlink()
     try:
         if spec.roles[index] == "target":
-            results.put(("target", index, _produce(ring, index, items, barrier, device)))
+            results.put(("target", index, _produce(ring, index, items, synced, barrier, device)))
         else:
             results.put(("drafter", index, _consume(ring, barrier, device)))
         ring.close(clean=True)
@@ -110,7 +110,9 @@ def _worker(index: int, spec: RingSpec, items: int, barrier, results) -> None:
         raise
 
 
-def _produce(ring: Ring, index: int, items: int, barrier, device: torch.device) -> dict:
+def _produce(
+    ring: Ring, index: int, items: int, synced: bool, barrier, device: torch.device
+) -> dict:
     producer = ring.producer()
     copy_full = ring.transport == "host" and device.type == "cuda"
     source = None
@@ -131,6 +133,8 @@ def _produce(ring: Ring, index: int, items: int, barrier, device: torch.device) 
         _words(target).index_fill_(0, positions, _pattern(index, seq))
         if copy_full:
             slot.hidden.copy_(source, non_blocking=True)
+        if synced and device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
         producer.publish(slot, ring.spec.max_tokens, 1, {"producer": index, "seq": seq})
     producer.finish()
     return {"produced": items, "start_ns": start}
@@ -258,6 +262,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--warmup", type=int, default=None, help="items left out of the rate (default: 2 x slots)"
     )
+    parser.add_argument(
+        "--publish-synced",
+        action="store_true",
+        help="producers wait for their own GPU writes before publishing",
+    )
     parser.add_argument("--control-items", type=int, default=2000)
     parser.add_argument(
         "--json", action="store_true", help="(the JSON line is always printed last)"
@@ -273,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = _run(
         _worker,
         args.producers + args.consumers,
-        (spec, per_producer),
+        (spec, per_producer, args.publish_synced),
         args.producers + args.consumers,
     )
     targets = [r for kind, _, r in results if kind == "target"]
@@ -297,6 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
     trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
     report = {
         "transport": args.transport,
+        "publish_synced": args.publish_synced,
         "producers": args.producers,
         "consumers": args.consumers,
         "slots": args.slots,
