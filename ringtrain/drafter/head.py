@@ -55,11 +55,13 @@ class FrozenHead:
         dtype: torch.dtype,
         seed: int = 0,
     ) -> FrozenHead:
-        """A random, untied head (benchmarks and tests without target files)."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        embed = torch.randn(vocab_size, hidden_size, generator=gen) * 0.02
-        lm_head = torch.randn(vocab_size, hidden_size, generator=gen) * 0.02
-        return cls(embed.to(device, dtype), lm_head.to(device, dtype))
+        """A random, untied head (benchmarks and tests without target files), drawn on
+        `device` itself: a Qwen3-sized head is over a billion values, slow on a CPU."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        shape = (vocab_size, hidden_size)
+        embed = torch.randn(shape, generator=gen, device=device).mul_(0.02)
+        lm_head = torch.randn(shape, generator=gen, device=device).mul_(0.02)
+        return cls(embed.to(dtype), lm_head.to(dtype))
 
 
 def _key_to_file(target_dir: Path) -> dict[str, Path]:

@@ -315,7 +315,8 @@ def _run_drafter(
     else:
         log.info("loading frozen embedding and LM head from %s", plan.target_path)
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
-    model = DFlashDrafter(plan.spec).to(device)
+    with torch.device(device):  # initialised where it trains: a billion values on CPU take long
+        model = DFlashDrafter(plan.spec)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     state = DrafterState(step=0, ledger=BatchLedger())
     if resume_from is not None:
