@@ -10,7 +10,12 @@ For each target shape (Qwen3-8B-like; Qwen3.5-like hybrid with Gated DeltaNet la
   d. launch -> first optimizer step, cold (empty compile caches) and warm (same caches)
   e. compiles after warm-up (must be 0)
 
-Random-weight targets (`target.random_weights`) need no checkpoint on disk.
+Random-weight targets (`target.random_weights`) need no checkpoint on disk. Every row of
+the synthetic dataset has exactly `--mean-len` tokens, so each batch is budget // mean_len
+full rows (`fill` in the JSON: real tokens per step / budget), the batch the standalone
+target benchmark runs: the three rates see the same work per token. (Rows of varied
+lengths fill a 9216-token budget to only about 82%, since a batch holds rows of one
+padded length; then tokens/s drops with the fill while the per-step work barely does.)
 Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3.5-hybrid] [--steps N] [--json]
 """
 
@@ -164,6 +169,7 @@ def run_pipeline(
     window = steps_done[warm:]
     seconds = window[-1]["wall"] - window[0]["wall"]
     tokens = sum(r["tokens"] for r in window[1:])
+    fill = tokens / (len(window) - 1) / args.budget
     # Ranks of the run: 0 is the target, 1 the drafter (configs/bench.toml); the mean of
     # each rank's published NVML samples over the window.
     by_role = {"target": [], "drafter": []}
@@ -172,6 +178,7 @@ def run_pipeline(
             by_role["target" if int(rank) == 0 else "drafter"].append(value)
     return {
         "tokens_per_s": tokens / max(seconds, 1e-9),
+        "fill": fill,
         "first_step_s": steps_done[0]["wall"] - started,
         "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
         "loss_first": steps_done[0]["loss"],
@@ -219,7 +226,12 @@ def main() -> None:
         default="qwen3-8b,tiny",
         help="shapes that also get a cold-cache run first (the others run once)",
     )
-    parser.add_argument("--mean-len", type=int, default=3072, help="dataset row length")
+    parser.add_argument(
+        "--mean-len",
+        type=int,
+        default=3072,
+        help="length of every dataset row (and the standalone target's row length)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict = {"shapes": {}}
@@ -231,7 +243,7 @@ def main() -> None:
                 "-c",
                 "import sys; from ringtrain.data import write_synthetic_dataset as w; "
                 "w(sys.argv[1], rows=4000, vocab_size=int(sys.argv[2]), mean_len=int(sys.argv[3]), "
-                "seed=0, max_len=int(sys.argv[4]))",
+                "seed=0, max_len=int(sys.argv[4]), sigma=0.0)",
                 str(work / "data"),
                 str(min(s["vocab_size"] for s in TARGET_SHAPES.values())),
                 str(args.mean_len),
