@@ -28,7 +28,11 @@ once its copy completed: by a later take() that finds the copy done (an event qu
 host wait, so the copies of several items queue back to back), or before a take()
 blocks (waiting for the copies), or at close. A consumer copies the hidden rows in use
 and the slot's small arrays (ids, mask, positions, cu_seqlens) as one block. Semaphore operations
-are the memory barriers between writes and reads; nobody spins on shared flags.
+are the memory barriers between writes and reads; nobody spins on shared flags. A wait
+that cannot take its semaphore at once retries it without blocking for up to
+SPIN_BEFORE_BLOCK_NS before it sleeps: a process woken from sleep needs tens of
+microseconds (more on a virtual machine with idle cores), longer than a whole hand-off
+between two awake processes, and the retries cost nothing next to the waits of a run.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
 consumer that gets a token but finds the FIFO empty returns None if every producer
@@ -90,6 +94,7 @@ from ringtrain.ring.transport import (
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
+SPIN_BEFORE_BLOCK_NS = 50_000  # see the module docstring
 
 
 def shm_bytes(spec: RingSpec, transport: str) -> int:
@@ -434,6 +439,12 @@ class Ring:
         wait_start = self.control.rank["wait_start_ns"]
         wait_start[self.local_index] = start
         try:
+            while monotonic_ns() - start < SPIN_BEFORE_BLOCK_NS:
+                try:
+                    sem.acquire(0)
+                    return
+                except posix_ipc.BusyError:
+                    pass
             while True:
                 try:
                     sem.acquire(self.spec.wait_timeout_s)
