@@ -129,10 +129,10 @@ def load_target(
         randomise_weights(module)
     else:
         _load_weights(module, checkpoint, device)
-    log.info("target loaded in %.1f s", time.perf_counter() - started)
     target = TappedTarget(module, full_config, taps, device, dtype)
     if compiled:
         target.compile_layers()
+    log.info("target loaded in %.1f s", time.perf_counter() - started)
     return target
 
 

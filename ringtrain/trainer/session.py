@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -280,8 +279,6 @@ def _run_target(
     stream = batch_stream(
         config, plan.dataset, info.role_index, info.role_count, cursor["start"], cursor["skip"]
     )
-    started = time.perf_counter()
-    log.info("loading target from %s (layers %s tapped)", plan.target_path, plan.tap_layers)
     model = load_target(
         plan.target_path,
         tap_layers=plan.tap_layers,
@@ -291,7 +288,6 @@ def _run_target(
         random_weights=config.target.random_weights,
         compile=config.target.compile,
     )
-    log.info("target loaded in %.1f s", time.perf_counter() - started)
     runner = TargetRunner(model, info.device)
     run_target_loop(ring, runner, stream, schedule, config.data.bucket, info.role_index, stop)
 
