@@ -157,7 +157,14 @@ class Consumer:
         """The next item (copied into this consumer's buffers), or None once all producers finished."""
         ring = self.ring
         while True:
-            ring._wait(ring._ready, "starved_ns", timeout, "a ready slot", self.release_copied)
+            ring._wait(
+                ring._ready,
+                "starved_ns",
+                timeout,
+                "a ready slot",
+                poll=self._release_finished,
+                before_block=self.release_copied,
+            )
             ring._check_open()
             slot = ring._pop()
             if slot >= 0:

@@ -25,8 +25,9 @@ the device transport, and after the consumer's current stream, whose kernels may
 still read the previous item), the current stream waits on the copy's event (so the
 item is ready for kernels on that stream without a host sync), and the slot is freed
 once its copy completed: by a later take() that finds the copy done (an event query, no
-host wait, so the copies of several items queue back to back), or before a take()
-blocks (waiting for the copies), or at close. A consumer copies the hidden rows in use
+host wait, so the copies of several items queue back to back), by a take() waiting for
+an item (the same query while it spins, a host wait for the copies before it sleeps), or
+at close. A consumer copies the hidden rows in use
 and the slot's small arrays (ids, mask, positions, cu_seqlens) as one block. Semaphore operations
 are the memory barriers between writes and reads; nobody spins on shared flags. A wait
 that cannot take its semaphore at once retries it without blocking for up to
@@ -421,30 +422,34 @@ class Ring:
         counter: str,
         timeout: float | None,
         waits_on: str,
+        poll: Callable[[], None] | None = None,
         before_block: Callable[[], None] | None = None,
     ) -> None:
-        """Acquire `sem`; time spent blocked goes to this rank's `counter` (ns).
+        """Acquire `sem`; time spent waiting goes to this rank's `counter` (ns).
 
-        `before_block` runs once if the semaphore is not immediately available.
+        If the semaphore is not available at once, `poll` runs before each retry of the
+        spin (see the module docstring), and `before_block` once before sleeping.
         """
         try:
             sem.acquire(0)
             return
         except posix_ipc.BusyError:
             pass
-        if before_block is not None:
-            before_block()
         start = monotonic_ns()
         deadline = None if timeout is None else start + int(timeout * 1e9)
         wait_start = self.control.rank["wait_start_ns"]
         wait_start[self.local_index] = start
         try:
             while monotonic_ns() - start < SPIN_BEFORE_BLOCK_NS:
+                if poll is not None:
+                    poll()
                 try:
                     sem.acquire(0)
                     return
                 except posix_ipc.BusyError:
                     pass
+            if before_block is not None:
+                before_block()
             while True:
                 try:
                     sem.acquire(self.spec.wait_timeout_s)
