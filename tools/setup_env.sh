@@ -12,12 +12,12 @@ fi
 py=$venv/bin/python
 if ! "$py" -c "import torch" 2>/dev/null; then
     echo "ringtrain: installing torch (one time)" >&2
-    "$py" -m pip install -q "torch==2.13.0"
+    "$py" -m pip install -q --no-compile "torch==2.13.0"
 fi
 stamp=$venv/.ringtrain-installed
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
     echo "ringtrain: installing ringtrain and its dependencies" >&2
-    "$py" -m pip install -q -e "$root[test]"
+    "$py" -m pip install -q --no-compile -e "$root[test]"
     touch "$stamp"
 fi
 echo "$venv"
