@@ -2,7 +2,8 @@
 # Run the GPU-marked tests and the GPU benchmarks on a CUDA machine, one after another,
 # collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
-# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [drafter] [target] [pipeline]
+# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [drafter] [target]
+#        [pipeline] [pipeline_mps]
 # (default: tests ring drafter target pipeline)
 set -uo pipefail
 out=${OUT:-gpu-results}
@@ -37,10 +38,16 @@ for step in $steps; do
             done
             [ "$step" = ring_mps ] && echo quit | nvidia-cuda-mps-control ;;
         drafter) run drafter 420 python tools/bench_drafter.py --json --profile ;;
-        target) run target 300 python tools/bench_target.py --shape qwen3-8b \
-            --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --json ;;
-        pipeline) run pipeline 560 python tools/bench_pipeline.py --skip-standalone \
-            --budget 9216 --steps 30 --json ;;
+        target) run target 540 python tools/bench_target.py --shape qwen3-8b \
+            --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --profile --json ;;
+        pipeline | pipeline_mps)
+            # Qwen3-8B shapes: standalone target and drafter rates, then the shared-GPU
+            # trainer cold and warm (pipeline_efficiency, cold/warm start, recompiles).
+            [ "$step" = pipeline_mps ] && nvidia-cuda-mps-control -d
+            run "$step" 560 python tools/bench_pipeline.py --budget 9216 --steps 30 \
+                --shapes qwen3-8b --json
+            mv "$out/bench_pipeline.json" "$out/$step.json" 2>/dev/null
+            [ "$step" = pipeline_mps ] && echo quit | nvidia-cuda-mps-control ;;
         *) echo "unknown step $step" ;;
     esac
 done
