@@ -147,7 +147,8 @@ class Consumer:
         self._decode = msgspec.msgpack.Decoder().decode
         self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
         self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
-        # CUDA: slots whose copy is queued on the copy stream, released by the next take().
+        # CUDA: slots whose copy is queued on the copy stream, oldest first; each goes back
+        # once its copy is seen complete (see ring.py).
         self._copying: deque[tuple[int, torch.cuda.Event]] = deque()
         self._copied = (
             [torch.cuda.Event() for _ in range(spec.num_slots)] if self._stream is not None else []
