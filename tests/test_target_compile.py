@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 from transformers import CONFIG_MAPPING
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
@@ -72,10 +73,12 @@ def test_dense_layers_compile_whole_once_and_match_eager(
     assert compiled.compiled_units == [str(i) for i in range(layers)]
 
     with caplog.at_level(logging.INFO, logger="ringtrain.target.tapped"):
-        for shape in WARM_UP:
-            torch.testing.assert_close(taps(compiled, *shape), taps(eager, *shape))
-    assert "first target forward compiles its decoder layers" in caplog.text
+        compiled.precompile(length=24)
+    assert "target layers compiled in" in caplog.text
     # All layers share one code object: one graph for several rows, one for a single row.
+    assert backend.graphs == 2
+    for shape in WARM_UP:
+        torch.testing.assert_close(taps(compiled, *shape), taps(eager, *shape))
     assert backend.graphs == 2
 
     for shape in FURTHER:
@@ -83,6 +86,16 @@ def test_dense_layers_compile_whole_once_and_match_eager(
         torch.testing.assert_close(taps(compiled, *shape), taps(eager, *shape))
         assert backend.runs - runs == layers, f"a layer ran eagerly at shape {shape}"
     assert backend.graphs == 2
+
+
+def test_load_target_compiles_before_the_first_batch(tmp_path: Path, fresh_dynamo: None) -> None:
+    path = build_tiny_target(tmp_path, seed=5, hybrid=False)
+    before = counters["stats"]["unique_graphs"]
+    target = load_target(path, tap_layers=TAPS, compile="on")
+    assert counters["stats"]["unique_graphs"] - before == 2
+    for shape in FURTHER:
+        taps(target, *shape)
+    assert counters["stats"]["unique_graphs"] - before == 2
 
 
 def test_hybrid_compiles_attention_layers_whole_and_linear_layers_in_parts(

@@ -132,6 +132,7 @@ def load_target(
     target = TappedTarget(module, full_config, taps, device, dtype)
     if compiled:
         target.compile_layers()
+        target.precompile()
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     return target
 

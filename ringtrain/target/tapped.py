@@ -12,8 +12,8 @@ ignored pad positions see padding. It also keeps attention on the fastest causal
 kernels and the linear-attention kernels free of masking work.
 
 Compiled layers (``compile_layers``): the decoder layers, or their safe parts, run
-through torch.compile (see ``ringtrain.target.compiled``); the hooks stay eager. The
-first forward compiles them and is logged, as it takes a while.
+through torch.compile (see ``ringtrain.target.compiled``); the hooks stay eager.
+``precompile`` compiles them at once on dummy batches (logged: it takes a while).
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ class TappedTarget:
         for k, layer in enumerate(self.tap_layers):
             module.layers[layer].register_forward_hook(self._tap_hook(k))
         self.compiled_units: list[str] = []
-        self._awaiting_compile = False
 
     @property
     def tap_width(self) -> int:
@@ -73,12 +72,34 @@ class TappedTarget:
     def compile_layers(self, backend: str | Callable = "inductor") -> None:
         """Compile the decoder layers (or their safe parts) with a torch.compile backend.
 
-        Compilation happens on the next forward, which is logged. Call once.
+        Compilation happens on the next forward; `precompile()` does it at once, logged.
+        Call once.
         """
         if self.compiled_units:
             raise RuntimeError("the target's layers are already compiled; compile them once")
         self.compiled_units = compile_decoder_layers(self.module.layers, backend)
-        self._awaiting_compile = bool(self.compiled_units)
+
+    def precompile(self, length: int = 64) -> None:
+        """Compile now, on two small dummy batches: the graphs for several rows and for
+        one row (Dynamo specialises a size of 1). Without this the one-row graph would
+        compile when the first one-row batch (a long document) arrives, mid-run."""
+        if not self.compiled_units:
+            return
+        started = time.perf_counter()
+        log.info(
+            "compiling the target's decoder layers for multi-row and one-row batches "
+            "(torch.compile, %d units of %d layers); this takes a minute or so with empty "
+            "caches",
+            len(self.compiled_units),
+            len(self.module.layers),
+        )
+        for rows in (2, 1):
+            input_ids = torch.zeros((rows, length), dtype=torch.int64, device=self.device)
+            out = torch.empty((rows * length, self.tap_width), dtype=self.dtype, device=self.device)
+            self.forward_into(input_ids, torch.arange(rows * length, device=self.device), out)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info("target layers compiled in %.1f s", time.perf_counter() - started)
 
     def forward_into(
         self, input_ids: torch.Tensor, token_index: torch.Tensor, out: torch.Tensor
@@ -101,22 +122,11 @@ class TappedTarget:
         direct = out.device == self.device
         dest = out if direct else self._staging_rows(rows)
         self._dest, self._token_index = dest, token_index
-        started = time.perf_counter()
-        if self._awaiting_compile:
-            log.info(
-                "the first target forward compiles its decoder layers (torch.compile, %d "
-                "units of %d layers); this takes a minute or so with empty caches",
-                len(self.compiled_units),
-                len(self.module.layers),
-            )
         try:
             with torch.inference_mode():
                 self.module(input_ids=input_ids, use_cache=False)
         finally:
             self._dest = self._token_index = None
-        if self._awaiting_compile:
-            self._awaiting_compile = False
-            log.info("target layers compiled in %.1f s", time.perf_counter() - started)
         if not direct:
             out.copy_(dest, non_blocking=True)
 
