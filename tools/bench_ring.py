@@ -15,7 +15,11 @@ item from its GPU into the slot and each consumer copies it back to its GPU.
 `gbps` is the steady delivery rate: bytes delivered into consumer buffers after the
 first `--warmup` items (the first items also pay for opening IPC handles, lazy CUDA
 module loads and first-touch of buffers), up to the moment the last copy completed.
-`first_items_ms` is the time to the end of the warm-up. `copy_gbps` is one plain
+`first_items_ms` is the time to the end of the warm-up. Where the time goes: each
+producer's host time per item outside its waits for a free slot, and the share of the
+run it spent blocked; each consumer's host time per take() outside its waits for an
+item (on CUDA the copies are only queued there, on CPU they run there), and the share it
+spent starved. `copy_gbps` is one plain
 copy of the same size on the same path (device->device, pinned host->device, or
 memcpy on CPU) measured in the same run; `ratio = gbps / copy_gbps`.
 
@@ -137,7 +141,14 @@ def _produce(
             torch.cuda.current_stream(device).synchronize()
         producer.publish(slot, ring.spec.max_tokens, 1, {"producer": index, "seq": seq})
     producer.finish()
-    return {"produced": items, "start_ns": start}
+    loop_ns = time.monotonic_ns() - start
+    blocked_ns = int(ring.control.rank["blocked_ns"][ring.local_index])
+    return {
+        "produced": items,
+        "start_ns": start,
+        "host_us_per_item": (loop_ns - blocked_ns) / 1e3 / max(items, 1),
+        "blocked_fraction": blocked_ns / max(loop_ns, 1),
+    }
 
 
 def _consume(ring: Ring, barrier, device: torch.device) -> dict:
@@ -149,8 +160,16 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
     nbytes = 0
     positions = None
     barrier.wait()
-    while (item := consumer.take()) is not None:
+    started = time.monotonic_ns()
+    in_take_ns = 0
+    while True:
+        before = time.monotonic_ns()
+        item = consumer.take()
         taken_ns.append(time.monotonic_ns())
+        in_take_ns += taken_ns[-1] - before
+        if item is None:
+            taken_ns.pop()
+            break
         producer, seq = item.meta["producer"], item.meta["seq"]
         if positions is None:
             positions = _stamp_positions(item.hidden)
@@ -162,6 +181,7 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     end = time.monotonic_ns()
+    starved_ns = int(ring.control.rank["starved_ns"][ring.local_index])
     corrupted = mismatched_desc
     if stamps:
         patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
@@ -173,6 +193,8 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
         "corrupted": corrupted,
         "item_bytes": nbytes,
         "end_ns": end,
+        "take_us_per_item": (in_take_ns - starved_ns) / 1e3 / max(len(seen), 1),
+        "starved_fraction": starved_ns / max(end - started, 1),
     }
 
 
@@ -201,6 +223,11 @@ def _control_worker(index: int, spec: RingSpec, items: int, barrier, results) ->
         while consumer.take() is not None:
             pass
     ring.close(clean=True)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / max(len(values), 1)
 
 
 def _run(target, nprocs: int, args: tuple, expected: int) -> list:
@@ -322,6 +349,11 @@ def main(argv: list[str] | None = None) -> dict:
         "gbps": round(gbps, 3),
         "copy_gbps": round(copy_gbps, 3),
         "ratio": round(gbps / copy_gbps, 3),
+        # Where the time goes: host time per item outside the waits, and waiting shares.
+        "producer_host_us_per_item": round(_mean(t["host_us_per_item"] for t in targets), 1),
+        "producer_blocked_fraction": round(_mean(t["blocked_fraction"] for t in targets), 3),
+        "consumer_take_us_per_item": round(_mean(d["take_us_per_item"] for d in drafters), 1),
+        "consumer_starved_fraction": round(_mean(d["starved_fraction"] for d in drafters), 3),
         "control_p50_us": round(statistics.median(trips), 2),
         "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
         "cuda": torch.cuda.is_available(),
