@@ -19,9 +19,9 @@ module loads and first-touch of buffers), up to the moment the last copy complet
 producer's host time per item outside its waits for a free slot, and the share of the
 run it spent blocked; each consumer's host time per take() outside its waits for an
 item (on CUDA the copies are only queued there, on CPU they run there), and the share it
-spent starved. `copy_gbps` is one plain
-copy of the same size on the same path (device->device, pinned host->device, or
-memcpy on CPU) measured in the same run; `ratio = gbps / copy_gbps`.
+spent starved. `copy_gbps` is one plain copy of the same size on the same path
+(device->device, pinned host->device, or memcpy on CPU) measured in the same run;
+`ratio = gbps / copy_gbps`.
 
 Phase 2 (control): one producer, one consumer, one slot, empty payload; the round
 trip producer publish -> consumer take -> slot free again, p50 / p99 in microseconds.
@@ -225,11 +225,6 @@ def _control_worker(index: int, spec: RingSpec, items: int, barrier, results) ->
     ring.close(clean=True)
 
 
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / max(len(values), 1)
-
-
 def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     """Start `nprocs` spawned ranks of `target` and collect `expected` results."""
     ctx = mp.get_context("spawn")
@@ -350,10 +345,18 @@ def main(argv: list[str] | None = None) -> dict:
         "copy_gbps": round(copy_gbps, 3),
         "ratio": round(gbps / copy_gbps, 3),
         # Where the time goes: host time per item outside the waits, and waiting shares.
-        "producer_host_us_per_item": round(_mean(t["host_us_per_item"] for t in targets), 1),
-        "producer_blocked_fraction": round(_mean(t["blocked_fraction"] for t in targets), 3),
-        "consumer_take_us_per_item": round(_mean(d["take_us_per_item"] for d in drafters), 1),
-        "consumer_starved_fraction": round(_mean(d["starved_fraction"] for d in drafters), 3),
+        "producer_host_us_per_item": round(
+            statistics.fmean(t["host_us_per_item"] for t in targets), 1
+        ),
+        "producer_blocked_fraction": round(
+            statistics.fmean(t["blocked_fraction"] for t in targets), 3
+        ),
+        "consumer_take_us_per_item": round(
+            statistics.fmean(d["take_us_per_item"] for d in drafters), 1
+        ),
+        "consumer_starved_fraction": round(
+            statistics.fmean(d["starved_fraction"] for d in drafters), 3
+        ),
         "control_p50_us": round(statistics.median(trips), 2),
         "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
         "cuda": torch.cuda.is_available(),
