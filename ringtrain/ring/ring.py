@@ -27,13 +27,15 @@ item is ready for kernels on that stream without a host sync), and the slot is f
 once its copy completed: by a later take() that finds the copy done (an event query, no
 host wait, so the copies of several items queue back to back), by a take() waiting for
 an item (the same query while it spins, a host wait for the copies before it sleeps), or
-at close. A consumer copies the hidden rows in use
-and the slot's small arrays (ids, mask, positions, cu_seqlens) as one block. Semaphore operations
-are the memory barriers between writes and reads; nobody spins on shared flags. A wait
-that cannot take its semaphore at once retries it without blocking for up to
-SPIN_BEFORE_BLOCK_NS before it sleeps: a process woken from sleep needs tens of
-microseconds (more on a virtual machine with idle cores), longer than a whole hand-off
-between two awake processes, and the retries cost nothing next to the waits of a run.
+at close. A consumer copies the hidden rows in use and the slot's small arrays (ids,
+mask, positions, cu_seqlens) as one block.
+
+Semaphore operations are the memory barriers between writes and reads; nobody spins on
+shared flags. A wait that cannot take its semaphore at once retries it without blocking
+for up to SPIN_BEFORE_BLOCK_NS before it sleeps: a process woken from sleep needs tens
+of microseconds (more on a virtual machine with idle cores), longer than a whole
+hand-off between two awake processes, and the retries cost nothing next to the waits of
+a run.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
 consumer that gets a token but finds the FIFO empty returns None if every producer
