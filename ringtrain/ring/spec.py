@@ -138,7 +138,7 @@ class SlotLayout:
     @classmethod
     def of(cls, spec: RingSpec) -> SlotLayout:
         """Lay out one slot of `spec` (hidden first, every array aligned)."""
-        itemsize = torch.empty((), dtype=spec.hidden_dtype).element_size()
+        itemsize = spec.hidden_dtype.itemsize
         sizes = [
             spec.max_tokens * spec.hidden_width * itemsize,
             spec.max_tokens * 4,
@@ -168,7 +168,7 @@ class SlotLayout:
         """The [max_tokens, hidden_width] hidden array of slot `slot` inside `slab`."""
         n, w = spec.max_tokens, spec.hidden_width
         base = slot * self.slot_bytes + self.hidden
-        nbytes = n * w * torch.empty((), dtype=spec.hidden_dtype).element_size()
+        nbytes = n * w * spec.hidden_dtype.itemsize
         return slab[base : base + nbytes].view(spec.hidden_dtype).view(n, w)
 
     def small_block(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
@@ -183,8 +183,7 @@ class SlotLayout:
 
         def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
             start = offset - self.input_ids
-            size = torch.empty((), dtype=dtype).element_size()
-            return block[start : start + count * size].view(dtype)
+            return block[start : start + count * dtype.itemsize].view(dtype)
 
         return {
             "input_ids": view(self.input_ids, n, torch.int32),
