@@ -196,25 +196,27 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     graphs_before = compiled_graph_count()
 
-    def timed(label: str, batches: list[PackedBatch]) -> tuple[float, float, float]:
-        """(step seconds, context tokens, model FLOPs) per step, means over `batches`."""
+    def timed(label: str, batches: list[PackedBatch]) -> tuple[float, float, float, float]:
+        """(step seconds, context tokens, model FLOPs) per step, means over `batches`, and
+        the last step's loss."""
         log(f"{name}: timing {len(batches)} {label} steps")
         sync()
         states = []
         began = time.perf_counter()
         for batch in batches:
             states.append(generator.get_state())
-            step(batch)
+            loss = step(batch)
         sync()
         step_s = (time.perf_counter() - began) / len(batches)
         flops = sum(
             step_flops(spec, b, cfg, args.max_tokens, state)
             for b, state in zip(batches, states, strict=True)
         )
-        return step_s, sum(b.num_tokens for b in batches) / len(batches), flops / len(batches)
+        tokens = sum(b.num_tokens for b in batches) / len(batches)
+        return step_s, tokens, flops / len(batches), float(loss)
 
-    step_s, tokens, flops = timed("packed", packed)
-    varied_s, _, varied_flops = timed("varied-fill", varied)
+    step_s, tokens, flops, final_loss = timed("packed", packed)
+    varied_s, _, varied_flops, _ = timed("varied-fill", varied)
     recompiles = compiled_graph_count() - graphs_before
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     profile = {}
@@ -234,7 +236,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
         "model_tflop_per_step": flops / 1e12,
         "peak_mem_gib": peak,
         "recompiles": recompiles,
-        "final_loss": float(step(packed[-1])),
+        "final_loss": final_loss,
         **profile,
     }
 
