@@ -45,9 +45,9 @@ import transformers
 from kernel_profile import print_top, top_kernels
 from model_shapes import QWEN3_8B
 from torch import nn
-from torch._dynamo.utils import counters
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
+from ringtrain.drafter import compiled_graph_count
 from ringtrain.target.checkpoint import truncated_config_values
 from ringtrain.target.loader import (
     build_truncated_model,
@@ -159,11 +159,6 @@ def measure(
     return first_call, (time.perf_counter() - started) / iters
 
 
-def graphs_compiled() -> int:
-    """Graphs Dynamo has compiled in this process."""
-    return int(counters["stats"]["unique_graphs"])
-
-
 def run_shapes(
     runner: TargetRunner, shapes: list[tuple[int, int]], vocab_size: int, device: torch.device
 ) -> None:
@@ -185,10 +180,10 @@ def recompiles_over_shapes(
     """
     half = max(2, seq_len // 2)
     run_shapes(runner, [(1, half + 1), (rows + 1, half)], vocab_size, device)
-    before = graphs_compiled()
+    before = compiled_graph_count()
     further = [(2, seq_len * 3 // 8 + 5), (1, seq_len // 3 + 7), (rows + 2, seq_len // 4 + 3)]
     run_shapes(runner, further, vocab_size, device)
-    return graphs_compiled() - before
+    return compiled_graph_count() - before
 
 
 def build_target(
@@ -222,7 +217,7 @@ def bench_variant(
     module, dtype = target.module, target.dtype
     runner = TargetRunner(target)
     weights_gib = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**30
-    graphs_before = graphs_compiled()
+    graphs_before = compiled_graph_count()
     results = []
     for tokens in args.tokens:
         rows = max(1, tokens // args.seq_len)
@@ -273,7 +268,7 @@ def bench_variant(
         runner, first_rows, min(args.seq_len, args.tokens[0]), config.vocab_size, device
     )
     for row in results:
-        row["graphs"] = graphs_compiled() - graphs_before
+        row["graphs"] = compiled_graph_count() - graphs_before
         row["recompiles"] = recompiles
     del runner, target, module
     if device.type == "cuda":
