@@ -164,7 +164,7 @@ class Consumer:
                 timeout,
                 "a ready slot",
                 poll=self._release_finished,
-                before_block=self.release_copied,
+                before_block=self._release_oldest,
             )
             ring._check_open()
             slot = ring._pop()
@@ -181,6 +181,18 @@ class Consumer:
         for slot, done in pending:
             done.synchronize()
             self._free_slot(slot)
+
+    def _release_oldest(self) -> bool:
+        """Wait for the oldest queued copy and hand its slot back; False if none is queued.
+
+        One slot at a time (not all of them): the later copies keep the GPU busy while
+        the producer refills the freed slot."""
+        if not self._copying:
+            return False
+        slot, done = self._copying.popleft()
+        done.synchronize()
+        self._free_slot(slot)
+        return True
 
     def _release_finished(self) -> None:
         """Hand back the slots whose copies already completed, oldest first, without waiting."""

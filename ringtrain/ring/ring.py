@@ -26,8 +26,9 @@ still read the previous item), the current stream waits on the copy's event (so 
 item is ready for kernels on that stream without a host sync), and the slot is freed
 once its copy completed: by a later take() that finds the copy done (an event query, no
 host wait, so the copies of several items queue back to back), by a take() waiting for
-an item (the same query while it spins, a host wait for the copies before it sleeps), or
-at close. A consumer copies the hidden rows in use and the slot's small arrays (ids,
+an item (the same query while it spins; when a spin ends, a host wait for the oldest
+copy only, after which it spins again, so the copy stream never drains while the
+producers refill; it sleeps only with no copy in flight), or at close. A consumer copies the hidden rows in use and the slot's small arrays (ids,
 mask, positions, cu_seqlens) as one block.
 
 Semaphore operations are the memory barriers between writes and reads; nobody spins on
@@ -425,12 +426,14 @@ class Ring:
         timeout: float | None,
         waits_on: str,
         poll: Callable[[], None] | None = None,
-        before_block: Callable[[], None] | None = None,
+        before_block: Callable[[], bool] | None = None,
     ) -> None:
         """Acquire `sem`; time spent waiting goes to this rank's `counter` (ns).
 
         If the semaphore is not available at once, `poll` runs before each retry of the
-        spin (see the module docstring), and `before_block` once before sleeping.
+        spin (see the module docstring). When a spin ends, `before_block` runs; if it
+        returns True (it made progress, e.g. freed a slot) the spin starts over,
+        otherwise the wait sleeps on the semaphore.
         """
         try:
             sem.acquire(0)
@@ -442,16 +445,18 @@ class Ring:
         wait_start = self.control.rank["wait_start_ns"]
         wait_start[self.local_index] = start
         try:
-            while monotonic_ns() - start < SPIN_BEFORE_BLOCK_NS:
-                if poll is not None:
-                    poll()
-                try:
-                    sem.acquire(0)
-                    return
-                except posix_ipc.BusyError:
-                    pass
-            if before_block is not None:
-                before_block()
+            while True:
+                spin_start = monotonic_ns()
+                while monotonic_ns() - spin_start < SPIN_BEFORE_BLOCK_NS:
+                    if poll is not None:
+                        poll()
+                    try:
+                        sem.acquire(0)
+                        return
+                    except posix_ipc.BusyError:
+                        pass
+                if before_block is None or not before_block():
+                    break
             while True:
                 try:
                     sem.acquire(self.spec.wait_timeout_s)
