@@ -145,7 +145,7 @@ def hang_mid_read(ring: Ring, reached) -> None:
         reached.set()
         signal.pause()
 
-    payload.reader_views = stuck
+    payload.reader_bytes = stuck
     consumer.take()
 
 

@@ -56,14 +56,16 @@ def test_spec_round_trips_and_slots_are_aligned() -> None:
     assert RingSpec.decode(spec.encode()) == spec
     layout = SlotLayout.of(spec)
     offsets = [
-        layout.hidden,
         layout.input_ids,
         layout.loss_mask,
         layout.position_ids,
         layout.cu_seqlens,
+        layout.hidden,
     ]
     assert offsets == sorted(offsets) and all(o % 512 == 0 for o in offsets)
-    assert layout.slot_bytes >= layout.cu_seqlens + 4 * (spec.max_docs + 1)
+    row_bytes = spec.hidden_width * spec.hidden_dtype.itemsize
+    assert layout.used_bytes(spec.max_tokens, spec) <= layout.slot_bytes
+    assert layout.used_bytes(3, spec) == layout.hidden + 3 * row_bytes
 
 
 def test_mpmc_stress_nothing_lost_duplicated_or_corrupted() -> None:

@@ -23,6 +23,10 @@ spent starved. `copy_gbps` is one plain copy of the same size on the same path
 (device->device, pinned host->device, or memcpy on CPU) measured in the same run;
 `ratio = gbps / copy_gbps`.
 
+`--cprofile N`: producers and consumers run their loops under cProfile and print their
+N most expensive functions (own time per item); the profiler's own cost inflates the
+host times, so the rates of such a run are not the transport's.
+
 Phase 2 (control): one producer, one consumer, one slot, empty payload; the round
 trip producer publish -> consumer take -> slot free again, p50 / p99 in microseconds.
 
@@ -33,9 +37,12 @@ $OUT/bench_ring.json when $OUT is set).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import multiprocessing as mp
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -92,7 +99,31 @@ def _pattern(producer: int, seq: int) -> int:
     return (producer << 24) | seq
 
 
-def _worker(index: int, spec: RingSpec, items: int, synced: bool, barrier, results) -> None:
+def _profiled(top: int, loop, *args) -> dict:
+    """Run `loop(*args)`; with top > 0 under cProfile, adding its `top` functions by own
+    time (microseconds per call and per item) to the result as `profile`."""
+    if top <= 0:
+        return loop(*args)
+    profiler = cProfile.Profile()
+    result = profiler.runcall(loop, *args)
+    items = max(result.get("produced", 0), len(result.get("seen", [])), 1)
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    result["profile"] = [
+        {
+            "function": pstats.func_std_string(func),
+            "calls_per_item": round(calls / items, 2),
+            "us_per_item": round(own / items * 1e6, 1),
+        }
+        for func, (_, calls, own, _, _) in rows
+    ]
+    return result
+
+
+def _worker(
+    index: int, spec: RingSpec, items: int, synced: bool, top: int, barrier, results
+) -> None:
     """One rank: index 0 creates the ring; targets produce `items` each, drafters consume."""
     device = _device_for(index)
     if device.type == "cuda":
@@ -104,9 +135,10 @@ def _worker(index: int, spec: RingSpec, items: int, synced: bool, barrier, resul
     ring.unlink()
     try:
         if spec.roles[index] == "target":
-            results.put(("target", index, _produce(ring, index, items, synced, barrier, device)))
+            report = _profiled(top, _produce, ring, index, items, synced, barrier, device)
+            results.put(("target", index, report))
         else:
-            results.put(("drafter", index, _consume(ring, barrier, device)))
+            results.put(("drafter", index, _profiled(top, _consume, ring, barrier, device)))
         ring.close(clean=True)
     except BaseException as exc:
         ring.set_error(repr(exc))
@@ -291,6 +323,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--control-items", type=int, default=2000)
     parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print each role's N most expensive functions (slows the run)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="(the JSON line is always printed last)"
     )
     args = parser.parse_args(argv)
@@ -304,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = _run(
         _worker,
         args.producers + args.consumers,
-        (spec, per_producer, args.publish_synced),
+        (spec, per_producer, args.publish_synced, args.cprofile),
         args.producers + args.consumers,
     )
     targets = [r for kind, _, r in results if kind == "target"]
@@ -361,6 +400,12 @@ def main(argv: list[str] | None = None) -> dict:
         "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
         "cuda": torch.cuda.is_available(),
     }
+    for kind, index, result in results:
+        for row in result.get("profile", []):
+            print(
+                f"{kind} {index}: {row['us_per_item']:8.1f} us/item "
+                f"{row['calls_per_item']:6.2f} calls/item  {row['function']}"
+            )
     width = max(len(k) for k in report)
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")

@@ -41,8 +41,8 @@ class WriteSlot:
 class ReadItem:
     """One item in the consumer's own buffers, valid until its next take().
 
-    On CUDA, use it on the stream that was current during take() (that stream waits for
-    the copy); another stream must first wait_stream() on it.
+    On CUDA, use it on the stream that was current during take() (the copy is queued on
+    that stream); another stream must first wait_stream() on it.
     """
 
     hidden: torch.Tensor
@@ -55,6 +55,15 @@ class ReadItem:
     meta: dict[str, int]
     producer_rank: int
     seq: int
+
+
+@dataclass
+class _ItemCopy:
+    """A consumer's views of its buffer for one item shape, and the copy that fills them."""
+
+    views: tuple[torch.Tensor, ...]
+    destination: torch.Tensor
+    source: torch.Tensor
 
 
 class Producer:
@@ -135,24 +144,18 @@ class Consumer:
         self.ring = ring
         self.device = device
         spec = ring.spec
-        layout = ring.layout
-        self._hidden = torch.empty(
-            (spec.max_tokens, spec.hidden_width), dtype=spec.hidden_dtype, device=device
-        )
-        # The small arrays in one buffer laid out as in a slot: one copy brings all four.
-        self._small = torch.empty(layout.small_bytes, dtype=torch.uint8, device=device)
-        self._small_views = layout.small_views(self._small, spec)
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # One buffer laid out like a slot: one copy of the slot's used prefix brings an item.
+        self._buffer = torch.empty(ring.layout.slot_bytes, dtype=torch.uint8, device=device)
+        self._views = ring.layout.views(self._buffer, 0, spec)
+        self._cuda = device.type == "cuda"
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder().decode
         self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
-        self._pair_cache: dict[tuple[int, int, int], tuple[list, list]] = {}
-        # CUDA: slots whose copy is queued on the copy stream, oldest first; each goes back
-        # once its copy is seen complete (see ring.py).
+        self._item_cache: dict[tuple[int, int, int], _ItemCopy] = {}
+        # CUDA: slots whose copy is queued, oldest first; each goes back once its copy is
+        # seen complete (see ring.py).
         self._copying: deque[tuple[int, torch.cuda.Event]] = deque()
-        self._copied = (
-            [torch.cuda.Event() for _ in range(spec.num_slots)] if self._stream is not None else []
-        )
+        self._copied = [torch.cuda.Event() for _ in range(spec.num_slots)] if self._cuda else []
 
     def take(self, timeout: float | None = None) -> ReadItem | None:
         """The next item (copied into this consumer's buffers), or None once all producers finished."""
@@ -205,31 +208,29 @@ class Consumer:
         ring.control.slot_state[slot] = cb.FREE
         ring._free[slot // ring.spec.slots_per_producer].release()
 
-    def _pairs(
-        self, slot: int, num_tokens: int, num_docs: int
-    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
-        """The item's views of our buffers and its (destination, source) copies, cached per
-        (slot, tokens, docs): shapes are bucketed, so few keys occur."""
+    def _item_copy(self, slot: int, num_tokens: int, num_docs: int) -> _ItemCopy:
+        """The item's views of our buffer and its one copy, cached per (slot, tokens,
+        docs): shapes are bucketed, so few keys occur."""
         key = (slot, num_tokens, num_docs)
-        pairs = self._pair_cache.get(key)
-        if pairs is None:
-            if len(self._pair_cache) >= VIEW_CACHE_SIZE:
-                self._pair_cache.clear()
-            source = self.ring.payload.reader_views(slot)
-            small = self._small_views
-            views = [
-                self._hidden[:num_tokens],
-                small["input_ids"][:num_tokens],
-                small["loss_mask"][:num_tokens],
-                small["position_ids"][:num_tokens],
-                small["cu_seqlens"][: num_docs + 1],
-            ]
-            copies = [(self._small, source["small"])]
-            if num_tokens:
-                copies.append((views[0], source["hidden"][:num_tokens]))
-            pairs = (views, copies)
-            self._pair_cache[key] = pairs
-        return pairs
+        entry = self._item_cache.get(key)
+        if entry is None:
+            if len(self._item_cache) >= VIEW_CACHE_SIZE:
+                self._item_cache.clear()
+            used = self.ring.layout.used_bytes(num_tokens, self.ring.spec)
+            views = self._views
+            entry = _ItemCopy(
+                views=(
+                    views["hidden"][:num_tokens],
+                    views["input_ids"][:num_tokens],
+                    views["loss_mask"][:num_tokens],
+                    views["position_ids"][:num_tokens],
+                    views["cu_seqlens"][: num_docs + 1],
+                ),
+                destination=self._buffer[:used],
+                source=self.ring.payload.reader_bytes(slot)[:used],
+            )
+            self._item_cache[key] = entry
+        return entry
 
     def _read(self, slot: int) -> ReadItem:
         ring, spec, index = self.ring, self.ring.spec, self.ring.local_index
@@ -240,28 +241,25 @@ class Consumer:
         ctl.slot_state[slot] = cb.READING
         num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
         seq = int(column["seq"][slot])
-        views, pairs = self._pairs(slot, num_tokens, num_docs)
+        entry = self._item_copy(slot, num_tokens, num_docs)
         owner = slot // spec.slots_per_producer
-        if self._stream is None:
-            for dst, src in pairs:
-                dst.copy_(src)
+        if not self._cuda:
+            entry.destination.copy_(entry.source)
             self._free_slot(slot)
         else:
-            compute = torch.cuda.current_stream(self.device)
-            self._stream.wait_stream(compute)  # earlier users of our buffers are done
-            ring.payload.before_read(slot, self._stream)
-            with torch.cuda.stream(self._stream):
-                for dst, src in pairs:
-                    dst.copy_(src, non_blocking=True)
+            # Queued on the caller's stream, behind its kernels that may still read the
+            # previous item; the item is ready for that stream's later kernels.
+            stream = torch.cuda.current_stream(self.device)
+            ring.payload.before_read(slot, stream)
+            entry.destination.copy_(entry.source, non_blocking=True)
             done = self._copied[slot]
-            done.record(self._stream)
-            compute.wait_event(done)
+            done.record(stream)
             # Slots go back as soon as their copies are seen complete; no host wait here, so
             # the copies of several items can queue back to back.
             self._release_finished()
             self._copying.append((slot, done))
         ctl.rank["items"][index] += 1
-        hidden, input_ids, loss_mask, position_ids, cu_seqlens = views
+        hidden, input_ids, loss_mask, position_ids, cu_seqlens = entry.views
         return ReadItem(
             hidden=hidden,
             input_ids=input_ids,

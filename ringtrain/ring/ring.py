@@ -18,18 +18,19 @@ on it), store the descriptor (sizes, meta; msgpack in a fixed-size field), mark 
 append the slot index to the FIFO under the lock, then release `ready`.
 
 Consumer, `take()`: wait on `ready`, pop one index from the FIFO under the lock, mark
-it READING, copy the payload into the consumer's own buffers and then mark it FREE
-and release free[owner]. On CPU the copy is a memcpy and the slot is freed at once.
-On CUDA the copy is queued on the consumer's copy stream (after the slot's event for
-the device transport, and after the consumer's current stream, whose kernels may
-still read the previous item), the current stream waits on the copy's event (so the
-item is ready for kernels on that stream without a host sync), and the slot is freed
-once its copy completed: by a later take() that finds the copy done (an event query, no
-host wait, so the copies of several items queue back to back), by a take() waiting for
-an item (the same query while it spins; when a spin ends, a host wait for the oldest
-copy only, after which it spins again, so the copy stream never drains while the
-producers refill; it sleeps only with no copy in flight), or at close. A consumer copies the hidden rows in use and the slot's small arrays (ids,
-mask, positions, cu_seqlens) as one block.
+it READING, copy the payload into the consumer's own buffer and then mark it FREE and
+release free[owner]. The copy is one contiguous prefix of the slot (small arrays first,
+then the hidden rows in use; spec.SlotLayout) into a buffer laid out the same way. On
+CPU the copy is a memcpy and the slot is freed at once. On CUDA the copy is queued on
+the consumer's current stream (after the slot's event for the device transport; in
+stream order after the kernels that may still read the previous item, and before
+those that use this one, so no host sync), an event recorded after it, and the slot
+is freed once that event completed: by a later take() that finds the copy done (an
+event query, no host wait, so the copies of several items queue back to back), by a
+take() waiting for an item (the same query while it spins; when a spin ends, a host
+wait for the oldest copy only, after which it spins again, so the queued copies keep
+the GPU busy while producers refill; it sleeps only with no copy in flight), or at
+close.
 
 Semaphore operations are the memory barriers between writes and reads; nobody spins on
 shared flags. A wait that cannot take its semaphore at once retries it without blocking

@@ -126,25 +126,29 @@ class RingSpec:
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Byte offsets of the payload arrays inside one slot, and the slot's size."""
+    """Byte offsets of the payload arrays inside one slot, and the slot's size.
 
-    hidden: int
+    The small arrays come first and the hidden rows last, so the bytes an item uses are
+    one prefix of its slot (`used_bytes`): a consumer brings an item over in one copy
+    into a buffer laid out like a slot.
+    """
+
     input_ids: int
     loss_mask: int
     position_ids: int
     cu_seqlens: int
+    hidden: int
     slot_bytes: int
 
     @classmethod
     def of(cls, spec: RingSpec) -> SlotLayout:
-        """Lay out one slot of `spec` (hidden first, every array aligned)."""
-        itemsize = spec.hidden_dtype.itemsize
+        """Lay out one slot of `spec` (small arrays, then hidden; every array aligned)."""
         sizes = [
-            spec.max_tokens * spec.hidden_width * itemsize,
             spec.max_tokens * 4,
             spec.max_tokens,
             spec.max_tokens * 4,
             (spec.max_docs + 1) * 4,
+            spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize,
         ]
         offsets = []
         cursor = 0
@@ -153,39 +157,26 @@ class SlotLayout:
             cursor += _align(size)
         return cls(*offsets, slot_bytes=cursor)
 
-    @property
-    def small_bytes(self) -> int:
-        """Bytes of a slot's small arrays (input_ids .. cu_seqlens), stored after hidden."""
-        return self.slot_bytes - self.input_ids
+    def used_bytes(self, num_tokens: int, spec: RingSpec) -> int:
+        """Length of the slot prefix that holds an item of `num_tokens` rows."""
+        return self.hidden + num_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
+
+    def slot_bytes_of(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
+        """The raw bytes of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
+        return slab[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
 
     def views(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> dict[str, torch.Tensor]:
         """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
-        return {"hidden": self.hidden_view(slab, slot, spec)} | self.small_views(
-            self.small_block(slab, slot), spec
-        )
-
-    def hidden_view(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> torch.Tensor:
-        """The [max_tokens, hidden_width] hidden array of slot `slot` inside `slab`."""
-        n, w = spec.max_tokens, spec.hidden_width
-        base = slot * self.slot_bytes + self.hidden
-        nbytes = n * w * spec.hidden_dtype.itemsize
-        return slab[base : base + nbytes].view(spec.hidden_dtype).view(n, w)
-
-    def small_block(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
-        """The raw bytes of slot `slot`'s small arrays: one contiguous range, one copy."""
-        base = slot * self.slot_bytes
-        return slab[base + self.input_ids : base + self.slot_bytes]
-
-    def small_views(self, block: torch.Tensor, spec: RingSpec) -> dict[str, torch.Tensor]:
-        """Typed views of the small arrays inside `block` (`small_bytes` raw bytes, laid
-        out as in a slot: a slot's `small_block` or a consumer's buffer of the same size)."""
+        block = self.slot_bytes_of(slab, slot)
         n = spec.max_tokens
 
         def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-            start = offset - self.input_ids
-            return block[start : start + count * dtype.itemsize].view(dtype)
+            return block[offset : offset + count * dtype.itemsize].view(dtype)
 
         return {
+            "hidden": view(self.hidden, n * spec.hidden_width, spec.hidden_dtype).view(
+                n, spec.hidden_width
+            ),
             "input_ids": view(self.input_ids, n, torch.int32),
             "loss_mask": view(self.loss_mask, n, torch.uint8),
             "position_ids": view(self.position_ids, n, torch.int32),

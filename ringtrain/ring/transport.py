@@ -2,9 +2,9 @@
 
 Both transports expose the same four operations to the ring protocol:
 `writer_views(slot)` (where a producer writes), `after_write(slot)` (make the write
-visible before the slot turns READY), `reader_views(slot)` and `before_read(slot,
-stream)` (what a consumer copies from: the hidden array and the raw block of small
-arrays, and what its copy stream must wait for).
+visible before the slot turns READY), `reader_bytes(slot)` and `before_read(slot,
+stream)` (what a consumer copies from: the slot's raw bytes, and what its stream must
+wait for).
 """
 
 from __future__ import annotations
@@ -64,17 +64,6 @@ def create_host_segment(spec: RingSpec, layout: SlotLayout) -> None:
         shm.close_fd()
 
 
-def reader_views(
-    layout: SlotLayout, slab: torch.Tensor, slot: int, spec: RingSpec
-) -> dict[str, torch.Tensor]:
-    """What a consumer copies from: `hidden` [max_tokens, width] and `small`, the raw
-    bytes of the small arrays (copied whole: one copy instead of four)."""
-    return {
-        "hidden": layout.hidden_view(slab, slot, spec),
-        "small": layout.small_block(slab, slot),
-    }
-
-
 class HostPayload:
     """Slots in the shared /dev/shm segment, pinned with cudaHostRegister on CUDA ranks."""
 
@@ -90,9 +79,7 @@ class HostPayload:
         if self._registered:
             cuda.host_register(self._base.data_ptr(), self._base.numel())
         self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
-        self._reader_views = [
-            reader_views(layout, self._base, s, spec) for s in range(spec.num_slots)
-        ]
+        self._reader_bytes = [layout.slot_bytes_of(self._base, s) for s in range(spec.num_slots)]
 
     def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
         """Producer's views of `slot`."""
@@ -103,9 +90,9 @@ class HostPayload:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def reader_views(self, slot: int) -> dict[str, torch.Tensor]:
-        """Consumer's views of `slot` (the module function `reader_views`)."""
-        return self._reader_views[slot]
+    def reader_bytes(self, slot: int) -> torch.Tensor:
+        """The raw bytes of `slot`, which a consumer copies a prefix of."""
+        return self._reader_bytes[slot]
 
     def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
         """Nothing to wait for: the producer synchronised before publishing."""
@@ -116,7 +103,7 @@ class HostPayload:
             cuda.host_unregister(self._base.data_ptr())
             self._registered = False
         self._views = []
-        self._reader_views = []
+        self._reader_bytes = []
         self._base = None
         try:
             self._mm.close()
@@ -154,7 +141,7 @@ class DevicePayload:
         self._own_events: list[torch.cuda.Event] = []
         self._own_views: list[dict[str, torch.Tensor]] = []
         self._imports: dict[int, _Import] = {}
-        self._import_views: dict[int, dict[str, torch.Tensor]] = {}
+        self._import_bytes: dict[int, torch.Tensor] = {}
 
     def export(self, local_index: int, producer: int) -> None:
         """Allocate this producer's slab and events and publish their handles (once)."""
@@ -205,25 +192,24 @@ class DevicePayload:
             self._imports[producer] = imported
         return imported
 
-    def reader_views(self, slot: int) -> dict[str, torch.Tensor]:
-        """Consumer's views of `slot` inside its producer's slab (opened once, cached)."""
-        views = self._import_views.get(slot)
-        if views is None:
+    def reader_bytes(self, slot: int) -> torch.Tensor:
+        """The raw bytes of `slot` inside its producer's slab (opened once, cached)."""
+        block = self._import_bytes.get(slot)
+        if block is None:
             per = self.spec.slots_per_producer
-            imported = self._import(slot // per)
-            views = reader_views(self.layout, imported.slab, slot % per, self.spec)
-            self._import_views[slot] = views
-        return views
+            block = self.layout.slot_bytes_of(self._import(slot // per).slab, slot % per)
+            self._import_bytes[slot] = block
+        return block
 
     def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
-        """Make the consumer's copy stream wait for the producer's writes into `slot`."""
+        """Make the consumer's stream wait for the producer's writes into `slot`."""
         per = self.spec.slots_per_producer
         assert stream is not None
         stream.wait_event(self._import(slot // per).events[slot % per])
 
     def close(self) -> None:
         """Close imported mappings and free this producer's slab."""
-        self._import_views.clear()
+        self._import_bytes.clear()
         for imported in self._imports.values():
             imported.slab = None
             cuda.ipc_close(imported.ptr, self.device)
