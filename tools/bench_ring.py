@@ -23,6 +23,9 @@ spent starved. `copy_gbps` is one plain copy of the same size on the same path
 (device->device, pinned host->device, or memcpy on CPU) measured in the same run;
 `ratio = gbps / copy_gbps`.
 
+`--timeline` (CUDA): timing events around each take() on the consumer's stream: how long
+the stream spent per item in the take (waiting for the producer's writes, then the copy)
+and between takes (the stamp gather, and idle time when the next item came late).
 `--cprofile N`: producers and consumers run their loops under cProfile and print their
 N most expensive functions (own time per item); the profiler's own cost inflates the
 host times, so the rates of such a run are not the transport's.
@@ -43,6 +46,7 @@ import json
 import multiprocessing as mp
 import os
 import pstats
+import queue
 import statistics
 import sys
 import time
@@ -121,10 +125,10 @@ def _profiled(top: int, loop, *args) -> dict:
     return result
 
 
-def _worker(
-    index: int, spec: RingSpec, items: int, synced: bool, top: int, barrier, results
-) -> None:
-    """One rank: index 0 creates the ring; targets produce `items` each, drafters consume."""
+def _worker(index: int, spec: RingSpec, items: int, options: dict, barrier, results) -> None:
+    """One rank: index 0 creates the ring; targets produce `items` each, drafters consume.
+    `options`: publish_synced, cprofile (top N), timeline (see main's arguments)."""
+    top = options["cprofile"]
     device = _device_for(index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -135,10 +139,13 @@ def _worker(
     ring.unlink()
     try:
         if spec.roles[index] == "target":
+            synced = options["publish_synced"]
             report = _profiled(top, _produce, ring, index, items, synced, barrier, device)
             results.put(("target", index, report))
         else:
-            results.put(("drafter", index, _profiled(top, _consume, ring, barrier, device)))
+            timeline = options["timeline"]
+            report = _profiled(top, _consume, ring, barrier, device, timeline)
+            results.put(("drafter", index, report))
         ring.close(clean=True)
     except BaseException as exc:
         ring.set_error(repr(exc))
@@ -183,8 +190,10 @@ def _produce(
     }
 
 
-def _consume(ring: Ring, barrier, device: torch.device) -> dict:
+def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
     consumer = ring.consumer(device)
+    marks: list[torch.cuda.Event] = []  # --timeline: before and after each take()
+    timeline = timeline and device.type == "cuda"
     seen: list[tuple[int, int]] = []
     taken_ns: list[int] = []
     stamps: list[torch.Tensor] = []
@@ -195,9 +204,15 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
     started = time.monotonic_ns()
     in_take_ns = 0
     while True:
+        if timeline:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
         before = time.monotonic_ns()
         item = consumer.take()
         taken_ns.append(time.monotonic_ns())
+        if timeline and item is not None:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
         in_take_ns += taken_ns[-1] - before
         if item is None:
             taken_ns.pop()
@@ -215,6 +230,20 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
     end = time.monotonic_ns()
     starved_ns = int(ring.control.rank["starved_ns"][ring.local_index])
     corrupted = mismatched_desc
+    stream_us = {}
+    if len(marks) > 4:
+        # Items after the first quarter: GPU time from before a take() to after it (the
+        # wait for the producer's event plus the copy), and from after it to the next
+        # take() (the stamp gather, plus idle time when the next copy came late).
+        pairs = range(len(marks) // 8, len(marks) // 2 - 1)
+        stream_us = {
+            "stream_take_us": statistics.fmean(
+                marks[2 * k].elapsed_time(marks[2 * k + 1]) * 1e3 for k in pairs
+            ),
+            "stream_between_us": statistics.fmean(
+                marks[2 * k + 1].elapsed_time(marks[2 * k + 2]) * 1e3 for k in pairs
+            ),
+        }
     if stamps:
         patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
         found = torch.stack(stamps).cpu()
@@ -227,6 +256,7 @@ def _consume(ring: Ring, barrier, device: torch.device) -> dict:
         "end_ns": end,
         "take_us_per_item": (in_take_ns - starved_ns) / 1e3 / max(len(seen), 1),
         "starved_fraction": starved_ns / max(end - started, 1),
+        **stream_us,
     }
 
 
@@ -265,7 +295,18 @@ def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     procs = [ctx.Process(target=target, args=(i, *args, barrier, results)) for i in range(nprocs)]
     for p in procs:
         p.start()
-    out = [results.get() for _ in range(expected)]
+    out = []
+    while len(out) < expected:
+        try:
+            out.append(results.get(timeout=1.0))
+        except queue.Empty:
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(
+                    f"bench worker {failed[0].name} exited with {failed[0].exitcode}"
+                ) from None
     for p in procs:
         p.join()
         if p.exitcode != 0:
@@ -323,6 +364,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--control-items", type=int, default=2000)
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="CUDA: time each take() on the consumer's stream (stream_take_us, stream_between_us)",
+    )
+    parser.add_argument(
         "--cprofile",
         type=int,
         default=0,
@@ -343,7 +389,15 @@ def main(argv: list[str] | None = None) -> dict:
     results = _run(
         _worker,
         args.producers + args.consumers,
-        (spec, per_producer, args.publish_synced, args.cprofile),
+        (
+            spec,
+            per_producer,
+            {
+                "publish_synced": args.publish_synced,
+                "cprofile": args.cprofile,
+                "timeline": args.timeline,
+            },
+        ),
         args.producers + args.consumers,
     )
     targets = [r for kind, _, r in results if kind == "target"]
@@ -396,6 +450,11 @@ def main(argv: list[str] | None = None) -> dict:
         "consumer_starved_fraction": round(
             statistics.fmean(d["starved_fraction"] for d in drafters), 3
         ),
+        **{
+            key: round(statistics.fmean(d[key] for d in drafters), 1)
+            for key in ("stream_take_us", "stream_between_us")
+            if all(key in d for d in drafters)
+        },
         "control_p50_us": round(statistics.median(trips), 2),
         "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
         "cuda": torch.cuda.is_available(),
