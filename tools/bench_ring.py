@@ -25,7 +25,9 @@ spent starved. `copy_gbps` is one plain copy of the same size on the same path
 
 `--timeline` (CUDA): timing events around each take() on the consumer's stream: how long
 the stream spent per item in the take (waiting for the producer's writes, then the copy)
-and between takes (the stamp gather, and idle time when the next item came late).
+and between takes (the stamp gather, and idle time when the next item came late); and,
+during the warm-up, probes of one item's copy from a slot by memcpy and by a kernel, and
+of a memcpy from the consumer's own memory.
 `--cprofile N`: producers and consumers run their loops under cProfile and print their
 N most expensive functions (own time per item); the profiler's own cost inflates the
 host times, so the rates of such a run are not the transport's.
@@ -190,9 +192,39 @@ def _produce(
     }
 
 
+def _copy_us(destination: torch.Tensor, copy, reps: int = 20) -> float:
+    """Mean GPU microseconds of `copy()` (which fills `destination`), after one untimed call."""
+    copy()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(reps):
+        copy()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / reps
+
+
+def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
+    """--timeline: one item's copy from slot 0 (only timed: its contents do not matter)
+    into a scratch buffer, by memcpy and by an elementwise kernel, and the same memcpy
+    from memory of this process (torch's allocator), in GPU microseconds."""
+    source = ring.payload.reader_bytes(0)[:nbytes]
+    scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    local = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    words, scratch_words = source.view(torch.int64), scratch.view(torch.int64)
+    return {
+        "probe_slot_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(source)),
+        "probe_slot_kernel_us": _copy_us(
+            scratch, lambda: torch.bitwise_or(words, 0, out=scratch_words)
+        ),
+        "probe_local_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(local)),
+    }
+
+
 def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
     consumer = ring.consumer(device)
     marks: list[torch.cuda.Event] = []  # --timeline: before and after each take()
+    probes: dict[str, float] = {}
     timeline = timeline and device.type == "cuda"
     seen: list[tuple[int, int]] = []
     taken_ns: list[int] = []
@@ -213,6 +245,10 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
         if timeline and item is not None:
             marks.append(torch.cuda.Event(enable_timing=True))
             marks[-1].record()
+            if len(marks) == 2:
+                probes = _probe_copies(
+                    ring, device, item.hidden.numel() * item.hidden.element_size()
+                )
         in_take_ns += taken_ns[-1] - before
         if item is None:
             taken_ns.pop()
@@ -232,6 +268,7 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
     corrupted = mismatched_desc
     stream_us = {}
     if len(marks) > 4:
+        stream_us.update(probes)
         # Items after the first quarter: GPU time from before a take() to after it (the
         # wait for the producer's event plus the copy), and from after it to the next
         # take() (the stamp gather, plus idle time when the next copy came late).
@@ -452,7 +489,13 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         **{
             key: round(statistics.fmean(d[key] for d in drafters), 1)
-            for key in ("stream_take_us", "stream_between_us")
+            for key in (
+                "stream_take_us",
+                "stream_between_us",
+                "probe_slot_memcpy_us",
+                "probe_slot_kernel_us",
+                "probe_local_memcpy_us",
+            )
             if all(key in d for d in drafters)
         },
         "control_p50_us": round(statistics.median(trips), 2),
