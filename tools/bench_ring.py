@@ -268,7 +268,6 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
     corrupted = mismatched_desc
     stream_us = {}
     if len(marks) > 4:
-        stream_us.update(probes)
         # Items after the first quarter: GPU time from before a take() to after it (the
         # wait for the producer's event plus the copy), and from after it to the next
         # take() (the stamp gather, plus idle time when the next copy came late).
@@ -280,6 +279,7 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
             "stream_between_us": statistics.fmean(
                 marks[2 * k + 1].elapsed_time(marks[2 * k + 2]) * 1e3 for k in pairs
             ),
+            **probes,
         }
     if stamps:
         patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
