@@ -20,14 +20,17 @@ producer's host time per item outside its waits for a free slot, and the share o
 run it spent blocked; each consumer's host time per take() outside its waits for an
 item (on CUDA the copies are only queued there, on CPU they run there), and the share it
 spent starved. `copy_gbps` is one plain copy of the same size on the same path
-(device->device, pinned host->device, or memcpy on CPU) measured in the same run;
-`ratio = gbps / copy_gbps`.
+(device->device, pinned host->device, or memcpy on CPU) measured in the same run,
+repeated on the same two buffers; `ratio = gbps / copy_gbps`. `copy_in_turn_gbps` is
+the same copy from as many distinct source buffers as the ring has slots, taken in
+turn, as the ring's consumers read them (`ratio_in_turn`): on the H200 a copy from a
+different 256 MiB buffer each time runs slower than the same copy repeated.
 
 `--timeline` (CUDA): timing events around each take() on the consumer's stream: how long
 the stream spent per item in the take (waiting for the producer's writes, then the copy)
 and between takes (the stamp gather, and idle time when the next item came late); and,
-during the warm-up, probes of one item's copy from a slot by memcpy and by a kernel, and
-of a memcpy from the consumer's own memory.
+during the warm-up, probes of one item's copy from a slot by memcpy and by a kernel, from
+a producer's slots in turn, and of a memcpy from the consumer's own memory.
 `--cprofile N`: producers and consumers run their loops under cProfile and print their
 N most expensive functions (own time per item); the profiler's own cost inflates the
 host times, so the rates of such a run are not the transport's.
@@ -209,6 +212,8 @@ def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
     into a scratch buffer, by memcpy and by an elementwise kernel, and the same memcpy
     from memory of this process (torch's allocator), in GPU microseconds."""
     source = ring.payload.reader_bytes(0)[:nbytes]
+    sources = [ring.payload.reader_bytes(s)[:nbytes] for s in range(ring.spec.slots_per_producer)]
+    turn = iter(range(1 << 30))
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     local = torch.ones(nbytes, dtype=torch.uint8, device=device)
     words, scratch_words = source.view(torch.int64), scratch.view(torch.int64)
@@ -216,6 +221,9 @@ def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
         "probe_slot_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(source)),
         "probe_slot_kernel_us": _copy_us(
             scratch, lambda: torch.bitwise_or(words, 0, out=scratch_words)
+        ),
+        "probe_slots_in_turn_memcpy_us": _copy_us(
+            scratch, lambda: scratch.copy_(sources[next(turn) % len(sources)])
         ),
         "probe_local_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(local)),
     }
@@ -351,30 +359,33 @@ def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     return out
 
 
-def _copy_gbps(transport: str, item_bytes: int) -> float:
-    """One plain copy of `item_bytes` on the path the transport uses, in GB/s."""
-    if not torch.cuda.is_available():
-        src = torch.ones(item_bytes, dtype=torch.uint8)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        reps = 10
-        start = time.perf_counter()
-        for _ in range(reps):
-            dst.copy_(src)
-        return reps * item_bytes / (time.perf_counter() - start) / 1e9
-    dev = torch.device("cuda", 0)
+def _copy_gbps(transport: str, item_bytes: int, sources: int = 1) -> float:
+    """Plain copies of `item_bytes` on the path the transport uses, in GB/s, into one
+    buffer from `sources` distinct buffers in turn (1: the same copy again and again)."""
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dst = torch.empty(item_bytes, dtype=torch.uint8, device=dev)
-    if transport == "device":
-        src = torch.ones(item_bytes, dtype=torch.uint8, device=dev)
-    else:
-        src = torch.ones(item_bytes, dtype=torch.uint8).pin_memory()
-    dst.copy_(src, non_blocking=True)
+    on_device = transport == "device" and cuda
+    srcs = [
+        torch.ones(item_bytes, dtype=torch.uint8, device=dev if on_device else "cpu")
+        for _ in range(sources)
+    ]
+    if cuda and not on_device:
+        srcs = [src.pin_memory() for src in srcs]
+    reps = 4 * sources if cuda else sources
+    reps = max(reps, 20 if cuda else 10)
+    for src in srcs:
+        dst.copy_(src, non_blocking=True)
+    if not cuda:
+        start = time.perf_counter()
+        for k in range(reps):
+            dst.copy_(srcs[k % sources])
+        return reps * item_bytes / (time.perf_counter() - start) / 1e9
     torch.cuda.synchronize()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 20
     begin.record()
-    for _ in range(reps):
-        dst.copy_(src, non_blocking=True)
+    for k in range(reps):
+        dst.copy_(srcs[k % sources], non_blocking=True)
     end.record()
     torch.cuda.synchronize()
     return reps * item_bytes / (begin.elapsed_time(end) / 1e3) / 1e9
@@ -450,9 +461,9 @@ def main(argv: list[str] | None = None) -> dict:
     window_start = taken[warmup - 1] if warmup > 0 else start_ns
     seconds = (max(d["end_ns"] for d in drafters) - window_start) / 1e9
     gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
-    copy_gbps = _copy_gbps(
-        args.transport, spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
-    )
+    hidden_bytes = spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
+    copy_gbps = _copy_gbps(args.transport, hidden_bytes)
+    copy_in_turn_gbps = _copy_gbps(args.transport, hidden_bytes, sources=spec.num_slots)
 
     control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
     trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
@@ -474,6 +485,8 @@ def main(argv: list[str] | None = None) -> dict:
         "gbps": round(gbps, 3),
         "copy_gbps": round(copy_gbps, 3),
         "ratio": round(gbps / copy_gbps, 3),
+        "copy_in_turn_gbps": round(copy_in_turn_gbps, 3),
+        "ratio_in_turn": round(gbps / copy_in_turn_gbps, 3),
         # Where the time goes: host time per item outside the waits, and waiting shares.
         "producer_host_us_per_item": round(
             statistics.fmean(t["host_us_per_item"] for t in targets), 1
@@ -494,6 +507,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "stream_between_us",
                 "probe_slot_memcpy_us",
                 "probe_slot_kernel_us",
+                "probe_slots_in_turn_memcpy_us",
                 "probe_local_memcpy_us",
             )
             if all(key in d for d in drafters)
