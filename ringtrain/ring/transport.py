@@ -202,14 +202,10 @@ class DevicePayload:
         return block
 
     def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
-        """Make the consumer's stream wait for the producer's writes into `slot`, unless
-        the host sees them done already (the usual case when producers run ahead): a
-        stream wait on another process's event costs GPU time even then."""
+        """Make the consumer's stream wait for the producer's writes into `slot`."""
         per = self.spec.slots_per_producer
         assert stream is not None
-        written = self._import(slot // per).events[slot % per]
-        if not written.query():
-            stream.wait_event(written)
+        stream.wait_event(self._import(slot // per).events[slot % per])
 
     def close(self) -> None:
         """Close imported mappings and free this producer's slab."""
