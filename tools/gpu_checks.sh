@@ -2,8 +2,8 @@
 # Run the GPU-marked tests and the GPU benchmarks on a CUDA machine, one after another,
 # collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
-# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [drafter] [target]
-#        [pipeline] [pipeline_mps]
+# Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
+#        [target] [pipeline] [pipeline_mps]
 # (default: tests ring drafter target pipeline)
 set -uo pipefail
 out=${OUT:-gpu-results}
@@ -37,6 +37,7 @@ for step in $steps; do
                 mv "$out/bench_ring.json" "$out/${step}_$transport.json" 2>/dev/null
             done
             [ "$step" = ring_mps ] && echo quit | nvidia-cuda-mps-control ;;
+        ipc_copy) run ipc_copy 120 python tools/bench_ipc_copy.py --json ;;
         drafter) run drafter 420 python tools/bench_drafter.py --json --profile ;;
         target) run target 540 python tools/bench_target.py --shape qwen3-8b \
             --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --profile --json ;;
