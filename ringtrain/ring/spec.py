@@ -161,13 +161,13 @@ class SlotLayout:
         """Length of the slot prefix that holds an item of `num_tokens` rows."""
         return self.hidden + num_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
 
-    def slot_bytes_of(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
+    def slot_block(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
         """The raw bytes of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
         return slab[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
 
     def views(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> dict[str, torch.Tensor]:
         """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
-        block = self.slot_bytes_of(slab, slot)
+        block = self.slot_block(slab, slot)
         n = spec.max_tokens
 
         def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:

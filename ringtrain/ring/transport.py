@@ -79,7 +79,7 @@ class HostPayload:
         if self._registered:
             cuda.host_register(self._base.data_ptr(), self._base.numel())
         self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
-        self._reader_bytes = [layout.slot_bytes_of(self._base, s) for s in range(spec.num_slots)]
+        self._reader_bytes = [layout.slot_block(self._base, s) for s in range(spec.num_slots)]
 
     def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
         """Producer's views of `slot`."""
@@ -197,7 +197,7 @@ class DevicePayload:
         block = self._import_bytes.get(slot)
         if block is None:
             per = self.spec.slots_per_producer
-            block = self.layout.slot_bytes_of(self._import(slot // per).slab, slot % per)
+            block = self.layout.slot_block(self._import(slot // per).slab, slot % per)
             self._import_bytes[slot] = block
         return block
 
