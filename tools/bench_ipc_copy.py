@@ -35,20 +35,14 @@ import torch.multiprocessing as tmp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_timing import gpu_us_per_call
+
 from ringtrain.ring import cuda
 
 
 def _copy_us(destination: torch.Tensor, sources: list[torch.Tensor], reps: int) -> float:
-    """Mean GPU microseconds of one copy into `destination`, cycling over `sources`."""
-    for source in sources:
-        destination.copy_(source)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for k in range(reps):
-        destination.copy_(sources[k % len(sources)])
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / reps
+    """GPU microseconds of one copy into `destination`, from `sources` in turn."""
+    return gpu_us_per_call(lambda k: destination.copy_(sources[k % len(sources)]), reps)
 
 
 def _produce(slots: int, nbytes: int, shared, done) -> None:

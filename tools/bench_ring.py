@@ -61,6 +61,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_timing import gpu_us_per_call
+
 from ringtrain.ring import Ring, RingSpec
 
 ROWS = 1024
@@ -195,37 +197,24 @@ def _produce(
     }
 
 
-def _copy_us(destination: torch.Tensor, copy, reps: int = 20) -> float:
-    """Mean GPU microseconds of `copy()` (which fills `destination`), after one untimed call."""
-    copy()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(reps):
-        copy()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / reps
-
-
 def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
     """--timeline: one item's copy from slot 0 (only timed: its contents do not matter)
     into a scratch buffer, by memcpy and by an elementwise kernel, and the same memcpy
     from memory of this process (torch's allocator), in GPU microseconds."""
     source = ring.payload.reader_bytes(0)[:nbytes]
     sources = [ring.payload.reader_bytes(s)[:nbytes] for s in range(ring.spec.slots_per_producer)]
-    turn = iter(range(1 << 30))
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     local = torch.ones(nbytes, dtype=torch.uint8, device=device)
     words, scratch_words = source.view(torch.int64), scratch.view(torch.int64)
     return {
-        "probe_slot_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(source)),
-        "probe_slot_kernel_us": _copy_us(
-            scratch, lambda: torch.bitwise_or(words, 0, out=scratch_words)
+        "probe_slot_memcpy_us": gpu_us_per_call(lambda k: scratch.copy_(source), 20),
+        "probe_slot_kernel_us": gpu_us_per_call(
+            lambda k: torch.bitwise_or(words, 0, out=scratch_words), 20
         ),
-        "probe_slots_in_turn_memcpy_us": _copy_us(
-            scratch, lambda: scratch.copy_(sources[next(turn) % len(sources)])
+        "probe_slots_in_turn_memcpy_us": gpu_us_per_call(
+            lambda k: scratch.copy_(sources[k % len(sources)]), 20
         ),
-        "probe_local_memcpy_us": _copy_us(scratch, lambda: scratch.copy_(local)),
+        "probe_local_memcpy_us": gpu_us_per_call(lambda k: scratch.copy_(local), 20),
     }
 
 
@@ -372,23 +361,15 @@ def _copy_gbps(transport: str, item_bytes: int, sources: int = 1) -> float:
     ]
     if cuda and not on_device:
         srcs = [src.pin_memory() for src in srcs]
-    reps = 4 * sources if cuda else sources
-    reps = max(reps, 20 if cuda else 10)
-    for src in srcs:
-        dst.copy_(src, non_blocking=True)
-    if not cuda:
-        start = time.perf_counter()
-        for k in range(reps):
-            dst.copy_(srcs[k % sources])
-        return reps * item_bytes / (time.perf_counter() - start) / 1e9
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
+    reps = max(4 * sources, 20) if cuda else max(sources, 10)
+    if cuda:
+        us = gpu_us_per_call(lambda k: dst.copy_(srcs[k % sources], non_blocking=True), reps)
+        return item_bytes / us / 1e3
+    dst.copy_(srcs[0])
+    start = time.perf_counter()
     for k in range(reps):
-        dst.copy_(srcs[k % sources], non_blocking=True)
-    end.record()
-    torch.cuda.synchronize()
-    return reps * item_bytes / (begin.elapsed_time(end) / 1e3) / 1e9
+        dst.copy_(srcs[k % sources])
+    return reps * item_bytes / (time.perf_counter() - start) / 1e9
 
 
 def main(argv: list[str] | None = None) -> dict:
