@@ -3,20 +3,24 @@
 
     tools/bench_ipc_copy.py [--slots 4] [--item-mb 256] [--reps 40] [--json]
 
-A producer process allocates `--slots` buffers of `--item-mb` MiB in two ways and shares
-them with a consumer process on the same GPU:
+A producer process allocates `--slots` buffers of `--item-mb` MiB in three ways and
+shares them with a consumer process on the same GPU:
 
 - `ipc`: one cudaMalloc slab exported with a CUDA IPC handle, as the ring's device
   transport does;
-- `vmm`: torch tensors in expandable segments (CUDA virtual memory mapped in 2 MiB
-  pages), which torch.multiprocessing shares through POSIX file descriptors.
+- `vmm_fd`: one slab from the CUDA virtual memory API (cuMemCreate at the recommended
+  granularity, 2 MiB pages), exported as a POSIX file descriptor that goes to the
+  consumer over a Unix socket; the consumer maps it with cuMemMap;
+- `vmm_torch`: torch tensors in expandable segments (the same API underneath), shared
+  through torch.multiprocessing.
 
 The consumer times device copies of one buffer into its own memory, in GPU microseconds
 per copy: from the first buffer again and again (`same`) and from every buffer in turn
 (`in_turn`), for each way and for buffers of its own (`local`). The ring's consumers read
 slots in turn; bench_ring showed such copies through `ipc` at about 160 us per 256 MiB on
 the H200 against 129 us for the same copy repeated, while local copies in turn ran at full
-speed. This tells whether the virtual memory sharing avoids that.
+speed. This tells whether virtual-memory sharing avoids that. A way that fails reports
+`<way>_error` instead of its times.
 
 Prints a short table, then one JSON object as the LAST line (also written to
 $OUT/bench_ipc_copy.json when $OUT is set).
@@ -25,9 +29,13 @@ $OUT/bench_ipc_copy.json when $OUT is set).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import os
+import queue
 import sys
+from multiprocessing import reduction
 from pathlib import Path
 
 import torch
@@ -39,46 +47,204 @@ from gpu_timing import gpu_us_per_call
 
 from ringtrain.ring import cuda
 
+WAIT_S = 120
+_LOCATION_DEVICE = 1
+_ALLOCATION_PINNED = 1
+_HANDLE_POSIX_FD = 1
+_GRANULARITY_RECOMMENDED = 1
+_ACCESS_READ_WRITE = 3
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [
+        ("compression_type", ctypes.c_ubyte),
+        ("gpu_direct_rdma_capable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
+
+
+class _AllocProp(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requested_handle_types", ctypes.c_int),
+        ("location", _Location),
+        ("win32_handle_metadata", ctypes.c_void_p),
+        ("alloc_flags", _AllocFlags),
+    ]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    u64, size = ctypes.c_ulonglong, ctypes.c_size_t
+    lib.cuMemGetAllocationGranularity.argtypes = [
+        ctypes.POINTER(size),
+        ctypes.POINTER(_AllocProp),
+        ctypes.c_int,
+    ]
+    lib.cuMemCreate.argtypes = [ctypes.POINTER(u64), size, ctypes.POINTER(_AllocProp), u64]
+    lib.cuMemExportToShareableHandle.argtypes = [ctypes.c_void_p, u64, ctypes.c_int, u64]
+    lib.cuMemImportFromShareableHandle.argtypes = [
+        ctypes.POINTER(u64),
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    lib.cuMemAddressReserve.argtypes = [ctypes.POINTER(u64), size, size, u64, u64]
+    lib.cuMemMap.argtypes = [u64, size, size, u64, u64]
+    lib.cuMemSetAccess.argtypes = [u64, size, ctypes.POINTER(_AccessDesc), size]
+    lib.cuMemUnmap.argtypes = [u64, size]
+    lib.cuMemAddressFree.argtypes = [u64, size]
+    lib.cuMemRelease.argtypes = [u64]
+    return lib
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed: CUDA driver error {code}")
+
+
+def _prop(device: int) -> _AllocProp:
+    prop = _AllocProp()
+    prop.type = _ALLOCATION_PINNED
+    prop.requested_handle_types = _HANDLE_POSIX_FD
+    prop.location = _Location(_LOCATION_DEVICE, device)
+    return prop
+
+
+def _vmm_size(nbytes: int, device: int) -> int:
+    """`nbytes` rounded up to the recommended allocation granularity."""
+    granularity = ctypes.c_size_t()
+    prop = _prop(device)
+    _check(
+        _driver().cuMemGetAllocationGranularity(
+            ctypes.byref(granularity), ctypes.byref(prop), _GRANULARITY_RECOMMENDED
+        ),
+        "cuMemGetAllocationGranularity",
+    )
+    step = granularity.value
+    return -(-nbytes // step) * step
+
+
+def _vmm_export(nbytes: int, device: int) -> tuple[int, int]:
+    """(allocation handle, file descriptor) of a new physical allocation of `nbytes`."""
+    handle, fd, prop = ctypes.c_ulonglong(), ctypes.c_int(), _prop(device)
+    _check(
+        _driver().cuMemCreate(ctypes.byref(handle), nbytes, ctypes.byref(prop), 0), "cuMemCreate"
+    )
+    _check(
+        _driver().cuMemExportToShareableHandle(ctypes.byref(fd), handle.value, _HANDLE_POSIX_FD, 0),
+        "cuMemExportToShareableHandle",
+    )
+    return handle.value, fd.value
+
+
+def _vmm_map(fd: int, nbytes: int, device: int) -> tuple[int, int]:
+    """Import the allocation behind `fd` and map it read-write; (address, handle)."""
+    lib, handle, ptr = _driver(), ctypes.c_ulonglong(), ctypes.c_ulonglong()
+    _check(
+        lib.cuMemImportFromShareableHandle(ctypes.byref(handle), fd, _HANDLE_POSIX_FD),
+        "cuMemImportFromShareableHandle",
+    )
+    _check(lib.cuMemAddressReserve(ctypes.byref(ptr), nbytes, 0, 0, 0), "cuMemAddressReserve")
+    _check(lib.cuMemMap(ptr.value, nbytes, 0, handle.value, 0), "cuMemMap")
+    access = _AccessDesc(_Location(_LOCATION_DEVICE, device), _ACCESS_READ_WRITE)
+    _check(lib.cuMemSetAccess(ptr.value, nbytes, ctypes.byref(access), 1), "cuMemSetAccess")
+    return ptr.value, handle.value
+
+
+def _vmm_unmap(ptr: int, handle: int, nbytes: int) -> None:
+    lib = _driver()
+    _check(lib.cuMemUnmap(ptr, nbytes), "cuMemUnmap")
+    _check(lib.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")
+    _check(lib.cuMemRelease(handle), "cuMemRelease")
+
 
 def _copy_us(destination: torch.Tensor, sources: list[torch.Tensor], reps: int) -> float:
     """GPU microseconds of one copy into `destination`, from `sources` in turn."""
     return gpu_us_per_call(lambda k: destination.copy_(sources[k % len(sources)]), reps)
 
 
-def _produce(slots: int, nbytes: int, shared, done) -> None:
-    """Allocate both kinds of buffers, share them, keep them alive until `done`."""
-    torch.cuda.set_device(0)
-    slab = cuda.device_malloc(slots * nbytes, torch.device("cuda", 0))
+def _produce(slots: int, nbytes: int, shared, socket, done) -> None:
+    """Allocate the three kinds of buffers, share them, keep them alive until `done`."""
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    slab = cuda.device_malloc(slots * nbytes, device)
     shared.put(cuda.ipc_get_handle(slab))
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    vmm = [torch.ones(nbytes, dtype=torch.uint8, device="cuda") for _ in range(slots)]
-    shared.put(vmm)
+    vmm_handle = None
+    try:
+        vmm_handle, fd = _vmm_export(_vmm_size(slots * nbytes, 0), 0)
+    except RuntimeError as exc:
+        socket.send(str(exc))
+    else:
+        socket.send("fd")
+        reduction.send_handle(socket, fd, None)
+        os.close(fd)
+    tensors: list[torch.Tensor] = []
+    try:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        tensors = [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(slots)]
+        shared.put(tensors)
+    except RuntimeError as exc:
+        shared.put(str(exc))
     done.wait()
-    del vmm
-    cuda.device_free(slab, torch.device("cuda", 0))
+    del tensors
+    cuda.device_free(slab, device)
+    if vmm_handle is not None:
+        _check(_driver().cuMemRelease(vmm_handle), "cuMemRelease")
 
 
-def _consume(slots: int, nbytes: int, reps: int, shared, done, results) -> None:
+def _consume(slots: int, nbytes: int, reps: int, shared, socket, done, results) -> None:
     """Open the producer's buffers and time the copies."""
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    ptr = cuda.ipc_open_handle(shared.get(), device)
+    report: dict = {}
+    destination = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ptr = cuda.ipc_open_handle(shared.get(timeout=WAIT_S), device)
     slab = cuda.wrap_device_pointer(ptr, slots * nbytes)
     sources = {
-        "ipc": [slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)],
         "local": [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(slots)],
+        "ipc": [slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)],
     }
-    report: dict = {}
+    mapped = None
+    message = socket.recv() if socket.poll(WAIT_S) else "no word from the producer"
+    if message != "fd":
+        report["vmm_fd_error"] = message
+    else:
+        fd = reduction.recv_handle(socket)
+        try:
+            size = _vmm_size(slots * nbytes, 0)
+            mapped = (*_vmm_map(fd, size, 0), size)
+            vmm = cuda.wrap_device_pointer(mapped[0], slots * nbytes)
+            sources["vmm_fd"] = [vmm[k * nbytes : (k + 1) * nbytes] for k in range(slots)]
+        except RuntimeError as exc:
+            report["vmm_fd_error"] = str(exc)
+        finally:
+            os.close(fd)
     try:
-        sources["vmm"] = shared.get()
-    except RuntimeError as exc:  # torch builds without file-descriptor sharing of segments
-        report["vmm_error"] = str(exc)
-    destination = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        tensors = shared.get(timeout=WAIT_S)
+    except (RuntimeError, OSError, queue.Empty) as exc:  # e.g. no right to the descriptors
+        tensors = f"{type(exc).__name__}: {exc}"
+    if isinstance(tensors, str):
+        report["vmm_torch_error"] = tensors
+    else:
+        sources["vmm_torch"] = tensors
     for way, buffers in sources.items():
         report[f"{way}_same_us"] = round(_copy_us(destination, buffers[:1], reps), 1)
         report[f"{way}_in_turn_us"] = round(_copy_us(destination, buffers, reps), 1)
+    torch.cuda.synchronize(device)
     del sources, slab
     cuda.ipc_close(ptr, device)
+    if mapped is not None:
+        _vmm_unmap(*mapped)
     done.set()
     results.put(report)
 
@@ -98,9 +264,11 @@ def main(argv: list[str] | None = None) -> dict:
     nbytes = int(args.item_mb * (1 << 20))
     ctx = tmp.get_context("spawn")
     shared, results, done = ctx.Queue(), ctx.Queue(), ctx.Event()
-    producer = ctx.Process(target=_produce, args=(args.slots, nbytes, shared, done))
+    producer_end, consumer_end = ctx.Pipe()  # a Unix socket pair: carries the descriptor
+    producer = ctx.Process(target=_produce, args=(args.slots, nbytes, shared, producer_end, done))
     consumer = ctx.Process(
-        target=_consume, args=(args.slots, nbytes, args.reps, shared, done, results)
+        target=_consume,
+        args=(args.slots, nbytes, args.reps, shared, consumer_end, done, results),
     )
     producer.start()
     consumer.start()
