@@ -223,8 +223,9 @@ def _consume(slots: int, nbytes: int, reps: int, shared, socket, done, results) 
         try:
             size = _vmm_size(slots * nbytes, 0)
             mapped = (*_vmm_map(fd, size, 0), size)
-            vmm = cuda.wrap_device_pointer(mapped[0], slots * nbytes)
-            sources["vmm_fd"] = [vmm[k * nbytes : (k + 1) * nbytes] for k in range(slots)]
+            vmm_slab = cuda.wrap_device_pointer(mapped[0], slots * nbytes)
+            sources["vmm_fd"] = [vmm_slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)]
+            del vmm_slab
         except RuntimeError as exc:
             report["vmm_fd_error"] = str(exc)
         finally:
@@ -241,7 +242,9 @@ def _consume(slots: int, nbytes: int, reps: int, shared, socket, done, results) 
         report[f"{way}_same_us"] = round(_copy_us(destination, buffers[:1], reps), 1)
         report[f"{way}_in_turn_us"] = round(_copy_us(destination, buffers, reps), 1)
     torch.cuda.synchronize(device)
-    del sources, slab
+    # Drop every view of the producer's memory before unmapping it.
+    sources.clear()
+    del slab, tensors
     cuda.ipc_close(ptr, device)
     if mapped is not None:
         _vmm_unmap(*mapped)
