@@ -218,3 +218,34 @@ def test_auto_transport_falls_back_to_host_without_cuda_ranks() -> None:
         ring.close()
     with pytest.raises(RingError, match="transport = 'device' needs CUDA ranks"):
         Ring.create(rw.make_spec(run_id(), 1, 1, transport="device"), 0, "cpu")
+
+
+def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
+    """A waiting consumer frees its oldest copied slot and spins again; it sleeps on the
+    semaphore only when nothing is left to free (ring.py), and wakes when it is released."""
+    ring = Ring.create(rw.make_spec(run_id(), 1, 1), 0, "cpu")
+    progress_left = [2]
+    calls = []
+    going_to_sleep = threading.Event()
+
+    def before_block() -> bool:
+        calls.append(progress_left[0])
+        if progress_left[0]:
+            progress_left[0] -= 1
+            return True
+        going_to_sleep.set()
+        return False
+
+    def release_once_asleep() -> None:
+        if going_to_sleep.wait(10):
+            ring._ready.release()
+
+    releaser = threading.Thread(target=release_once_asleep)
+    releaser.start()
+    try:
+        ring._wait(ring._ready, "starved_ns", 10, "a ready slot", before_block=before_block)
+        assert calls == [2, 1, 0]
+        assert int(ring.control.rank["starved_ns"][0]) > 0
+    finally:
+        releaser.join()
+        ring.close()
