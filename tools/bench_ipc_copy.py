@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import json
 import os
 import queue
 import sys
@@ -43,6 +42,7 @@ import torch.multiprocessing as tmp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_report import print_report
 from gpu_timing import gpu_us_per_call
 
 from ringtrain.ring import cuda
@@ -284,12 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"producer with {producer.exitcode}"
         )
     report = {"slots": args.slots, "item_mb": args.item_mb, **results.get()}
-    for key, value in report.items():
-        print(f"{key:<16} {value}")
-    line = json.dumps(report)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_ipc_copy.json").write_text(line + "\n")
-    print(line)
+    print_report(report, "bench_ipc_copy")
     return report
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import multiprocessing as mp
 import os
 import pstats
@@ -61,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_report import print_report
 from gpu_timing import gpu_us_per_call
 
 from ringtrain.ring import Ring, RingSpec
@@ -503,13 +503,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{kind} {index}: {row['us_per_item']:8.1f} us/item "
                 f"{row['calls_per_item']:6.2f} calls/item  {row['function']}"
             )
-    width = max(len(k) for k in report)
-    for key, value in report.items():
-        print(f"{key:<{width}}  {value}")
-    line = json.dumps(report)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_ring.json").write_text(line + "\n")
-    print(line)
+    print_report(report, "bench_ring")
     return report
 
 

@@ -1,0 +1,20 @@
+"""How bench_ring and bench_ipc_copy report (a sibling module of the scripts in tools/):
+an aligned key/value table, then the report as one JSON line, the last line of output,
+also written to $OUT/<name>.json when $OUT is set."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def print_report(report: dict, name: str) -> None:
+    """Print `report` as a table and a final JSON line; save the line as $OUT/`name`.json."""
+    width = max(len(key) for key in report)
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+    line = json.dumps(report)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"{name}.json").write_text(line + "\n")
+    print(line)
