@@ -61,14 +61,22 @@ def taps(target: TappedTarget, rows: int, length: int) -> torch.Tensor:
     return out
 
 
-def test_dense_layers_compile_whole_once_and_match_eager(
-    tmp_path: Path, fresh_dynamo: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    path = build_tiny_target(tmp_path, seed=5, hybrid=False)
+def eager_and_compiled(
+    tmp_path: Path, seed: int, hybrid: bool
+) -> tuple[TappedTarget, TappedTarget, CountingInductor]:
+    """Two loads of one tiny target: eager, and with layers compiled by a counting backend."""
+    path = build_tiny_target(tmp_path, seed=seed, hybrid=hybrid)
     eager = load_target(path, tap_layers=TAPS, compile="off")
     compiled = load_target(path, tap_layers=TAPS, compile="off")
     backend = CountingInductor()
     compiled.compile_layers(backend)
+    return eager, compiled, backend
+
+
+def test_dense_layers_compile_whole_once_and_match_eager(
+    tmp_path: Path, fresh_dynamo: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    eager, compiled, backend = eager_and_compiled(tmp_path, seed=5, hybrid=False)
     layers = len(compiled.module.layers)
     assert compiled.compiled_units == [str(i) for i in range(layers)]
 
@@ -101,11 +109,7 @@ def test_load_target_compiles_before_the_first_batch(tmp_path: Path, fresh_dynam
 def test_hybrid_compiles_attention_layers_whole_and_linear_layers_in_parts(
     tmp_path: Path, fresh_dynamo: None
 ) -> None:
-    path = build_tiny_target(tmp_path, seed=6, hybrid=True)
-    eager = load_target(path, tap_layers=TAPS, compile="off")
-    compiled = load_target(path, tap_layers=TAPS, compile="off")
-    backend = CountingInductor()
-    compiled.compile_layers(backend)
+    eager, compiled, backend = eager_and_compiled(tmp_path, seed=6, hybrid=True)
     parts = ("input_layernorm", "post_attention_layernorm", "mlp")
     expected_units = [
         str(i) if layer_type == "full_attention" else f"{i}.{part}"
