@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Copy rate from another process's GPU memory on the same GPU, by how it is shared.
 
-    tools/bench_ipc_copy.py [--slots 4] [--item-mb 256] [--reps 40] [--json]
+    tools/bench_ipc_copy.py [--slots 4] [--item-mb 256] [--reps 40] [--extra-bytes 38912]
+        [--json]
 
 A producer process allocates `--slots` buffers of `--item-mb` MiB in three ways and
 shares them with a consumer process on the same GPU:
@@ -16,11 +17,13 @@ shares them with a consumer process on the same GPU:
 
 The consumer times device copies of one buffer into its own memory, in GPU microseconds
 per copy: from the first buffer again and again (`same`) and from every buffer in turn
-(`in_turn`), for each way and for buffers of its own (`local`). The ring's consumers read
-slots in turn; bench_ring showed such copies through `ipc` at about 160 us per 256 MiB on
-the H200 against 129 us for the same copy repeated, while local copies in turn ran at full
-speed. This tells whether virtual-memory sharing avoids that. A way that fails reports
-`<way>_error` instead of its times.
+(`in_turn`), for each way and for buffers of its own (`local`). The `ipc` and `vmm_fd`
+slabs are made once exactly `--slots` x `--item-mb` long and once longer by each value of
+`--extra-bytes` (`ipc_plus<E>_in_turn_us`): a ring slab holds a few small arrays per slot
+besides the items. On the H200 an `ipc` slab whose size is not a whole number of 2 MiB
+pages is read in turn about 25% slower (160 against 128 us per 256 MiB); that is why the
+ring's device transport rounds its slabs up to whole 2 MiB pages. A way that fails
+reports `<way>_error` instead of its times.
 
 Prints a short table, then one JSON object as the LAST line (also written to
 $OUT/bench_ipc_copy.json when $OUT is set).
@@ -173,21 +176,22 @@ def _copy_us(destination: torch.Tensor, sources: list[torch.Tensor], reps: int) 
     return gpu_us_per_call(lambda k: destination.copy_(sources[k % len(sources)]), reps)
 
 
-def _produce(slots: int, nbytes: int, shared, socket, done) -> None:
+def _produce(slots: int, nbytes: int, extras: list[int], shared, socket, done) -> None:
     """Allocate the three kinds of buffers, share them, keep them alive until `done`."""
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    slab = cuda.device_malloc(slots * nbytes, device)
-    shared.put(cuda.ipc_get_handle(slab))
-    vmm_handle = None
+    slabs = [cuda.device_malloc(slots * nbytes + extra, device) for extra in extras]
+    shared.put([cuda.ipc_get_handle(slab) for slab in slabs])
+    vmm_handles = []
     try:
-        vmm_handle, fd = _vmm_export(_vmm_size(slots * nbytes, 0), 0)
+        for extra in extras:
+            handle, fd = _vmm_export(_vmm_size(slots * nbytes + extra, 0), 0)
+            vmm_handles.append(handle)
+            socket.send("fd")
+            reduction.send_handle(socket, fd, None)
+            os.close(fd)
     except RuntimeError as exc:
         socket.send(str(exc))
-    else:
-        socket.send("fd")
-        reduction.send_handle(socket, fd, None)
-        os.close(fd)
     tensors: list[torch.Tensor] = []
     try:
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
@@ -197,39 +201,54 @@ def _produce(slots: int, nbytes: int, shared, socket, done) -> None:
         shared.put(str(exc))
     done.wait()
     del tensors
-    cuda.device_free(slab, device)
-    if vmm_handle is not None:
-        _check(_driver().cuMemRelease(vmm_handle), "cuMemRelease")
+    for slab in slabs:
+        cuda.device_free(slab, device)
+    for handle in vmm_handles:
+        _check(_driver().cuMemRelease(handle), "cuMemRelease")
 
 
-def _consume(slots: int, nbytes: int, reps: int, shared, socket, done, results) -> None:
+def _in_turn(slab: torch.Tensor, slots: int, nbytes: int) -> list[torch.Tensor]:
+    """The `slots` consecutive buffers of `nbytes` at the start of `slab`."""
+    return [slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)]
+
+
+def _suffix(extra: int) -> str:
+    return "" if extra == 0 else f"_plus{extra}"
+
+
+def _consume(
+    slots: int, nbytes: int, reps: int, extras: list[int], shared, socket, done, results
+) -> None:
     """Open the producer's buffers and time the copies."""
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     report: dict = {}
     destination = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    ptr = cuda.ipc_open_handle(shared.get(timeout=WAIT_S), device)
-    slab = cuda.wrap_device_pointer(ptr, slots * nbytes)
     sources = {
-        "local": [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(slots)],
-        "ipc": [slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)],
+        "local": [torch.ones(nbytes, dtype=torch.uint8, device=device) for _ in range(slots)]
     }
-    mapped = None
-    message = socket.recv() if socket.poll(WAIT_S) else "no word from the producer"
-    if message != "fd":
-        report["vmm_fd_error"] = message
-    else:
+    pointers = [cuda.ipc_open_handle(h, device) for h in shared.get(timeout=WAIT_S)]
+    for extra, ptr in zip(extras, pointers, strict=True):
+        slab = cuda.wrap_device_pointer(ptr, slots * nbytes + extra)
+        sources["ipc" + _suffix(extra)] = _in_turn(slab, slots, nbytes)
+    mapped = []
+    for extra in extras:
+        message = socket.recv() if socket.poll(WAIT_S) else "no word from the producer"
+        if message != "fd":
+            report["vmm_fd_error"] = message
+            break
         fd = reduction.recv_handle(socket)
         try:
-            size = _vmm_size(slots * nbytes, 0)
-            mapped = (*_vmm_map(fd, size, 0), size)
-            vmm_slab = cuda.wrap_device_pointer(mapped[0], slots * nbytes)
-            sources["vmm_fd"] = [vmm_slab[k * nbytes : (k + 1) * nbytes] for k in range(slots)]
-            del vmm_slab
+            size = _vmm_size(slots * nbytes + extra, 0)
+            mapped.append((*_vmm_map(fd, size, 0), size))
+            slab = cuda.wrap_device_pointer(mapped[-1][0], size)
+            sources["vmm_fd" + _suffix(extra)] = _in_turn(slab, slots, nbytes)
         except RuntimeError as exc:
             report["vmm_fd_error"] = str(exc)
+            break
         finally:
             os.close(fd)
+    del slab
     try:
         tensors = shared.get(timeout=WAIT_S)
     except (RuntimeError, OSError, queue.Empty) as exc:  # e.g. no right to the descriptors
@@ -244,10 +263,11 @@ def _consume(slots: int, nbytes: int, reps: int, shared, socket, done, results) 
     torch.cuda.synchronize(device)
     # Drop every view of the producer's memory before unmapping it.
     sources.clear()
-    del slab, tensors
-    cuda.ipc_close(ptr, device)
-    if mapped is not None:
-        _vmm_unmap(*mapped)
+    del tensors
+    for ptr in pointers:
+        cuda.ipc_close(ptr, device)
+    for entry in mapped:
+        _vmm_unmap(*entry)
     done.set()
     results.put(report)
 
@@ -259,19 +279,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--item-mb", type=float, default=256.0)
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument(
+        "--extra-bytes",
+        default="38912",
+        help="comma-separated bytes added to the slabs' size, one slab of each way per value "
+        "(0 is always measured)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="(the JSON line is always printed last)"
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_ipc_copy needs a CUDA GPU")
     nbytes = int(args.item_mb * (1 << 20))
+    extras = sorted({0, *(int(e) for e in args.extra_bytes.split(","))})
     ctx = tmp.get_context("spawn")
     shared, results, done = ctx.Queue(), ctx.Queue(), ctx.Event()
     producer_end, consumer_end = ctx.Pipe()  # a Unix socket pair: carries the descriptor
-    producer = ctx.Process(target=_produce, args=(args.slots, nbytes, shared, producer_end, done))
+    producer = ctx.Process(
+        target=_produce, args=(args.slots, nbytes, extras, shared, producer_end, done)
+    )
     consumer = ctx.Process(
         target=_consume,
-        args=(args.slots, nbytes, args.reps, shared, consumer_end, done, results),
+        args=(args.slots, nbytes, args.reps, extras, shared, consumer_end, done, results),
     )
     producer.start()
     consumer.start()

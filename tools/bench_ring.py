@@ -21,10 +21,7 @@ run it spent blocked; each consumer's host time per take() outside its waits for
 item (on CUDA the copies are only queued there, on CPU they run there), and the share it
 spent starved. `copy_gbps` is one plain copy of the same size on the same path
 (device->device, pinned host->device, or memcpy on CPU) measured in the same run,
-repeated on the same two buffers; `ratio = gbps / copy_gbps`. `copy_in_turn_gbps` is
-the same copy from as many distinct source buffers as the ring has slots, taken in
-turn, as the ring's consumers read them (`ratio_in_turn`): on the H200 a copy from a
-different 256 MiB buffer each time runs slower than the same copy repeated.
+repeated on the same two buffers; `ratio = gbps / copy_gbps`.
 
 `--timeline` (CUDA): timing events around each take() on the consumer's stream: how long
 the stream spent per item in the take (waiting for the producer's writes, then the copy)
@@ -348,27 +345,23 @@ def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     return out
 
 
-def _copy_gbps(transport: str, item_bytes: int, sources: int = 1) -> float:
-    """Plain copies of `item_bytes` on the path the transport uses, in GB/s, into one
-    buffer from `sources` distinct buffers in turn (1: the same copy again and again)."""
+def _copy_gbps(transport: str, item_bytes: int) -> float:
+    """One plain copy of `item_bytes` on the path the transport uses, repeated, in GB/s."""
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dst = torch.empty(item_bytes, dtype=torch.uint8, device=dev)
     on_device = transport == "device" and cuda
-    srcs = [
-        torch.ones(item_bytes, dtype=torch.uint8, device=dev if on_device else "cpu")
-        for _ in range(sources)
-    ]
+    src = torch.ones(item_bytes, dtype=torch.uint8, device=dev if on_device else "cpu")
     if cuda and not on_device:
-        srcs = [src.pin_memory() for src in srcs]
-    reps = max(4 * sources, 20) if cuda else max(sources, 10)
+        src = src.pin_memory()
+    reps = 20 if cuda else 10
     if cuda:
-        us = gpu_us_per_call(lambda k: dst.copy_(srcs[k % sources], non_blocking=True), reps)
+        us = gpu_us_per_call(lambda k: dst.copy_(src, non_blocking=True), reps)
         return item_bytes / us / 1e3
-    dst.copy_(srcs[0])
+    dst.copy_(src)
     start = time.perf_counter()
-    for k in range(reps):
-        dst.copy_(srcs[k % sources])
+    for _ in range(reps):
+        dst.copy_(src)
     return reps * item_bytes / (time.perf_counter() - start) / 1e9
 
 
@@ -444,7 +437,6 @@ def main(argv: list[str] | None = None) -> dict:
     gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
     hidden_bytes = spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
     copy_gbps = _copy_gbps(args.transport, hidden_bytes)
-    copy_in_turn_gbps = _copy_gbps(args.transport, hidden_bytes, sources=spec.num_slots)
 
     control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
     trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
@@ -466,8 +458,6 @@ def main(argv: list[str] | None = None) -> dict:
         "gbps": round(gbps, 3),
         "copy_gbps": round(copy_gbps, 3),
         "ratio": round(gbps / copy_gbps, 3),
-        "copy_in_turn_gbps": round(copy_in_turn_gbps, 3),
-        "ratio_in_turn": round(gbps / copy_in_turn_gbps, 3),
         # Where the time goes: host time per item outside the waits, and waiting shares.
         "producer_host_us_per_item": round(
             statistics.fmean(t["host_us_per_item"] for t in targets), 1

@@ -30,7 +30,7 @@ for step in $steps; do
             # one hardware context instead of being time-sliced).
             [ "$step" = ring_mps ] && nvidia-cuda-mps-control -d
             for transport in device host; do
-                items=2000
+                items=6000
                 [ $transport = host ] && items=400
                 run "${step}_$transport" 120 python tools/bench_ring.py --transport $transport \
                     --producers 1 --consumers 1 --slots 4 --item-mb 256 --items $items --json
