@@ -266,10 +266,11 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
         # wait for the producer's event plus the copy), and from after it to the next
         # take() (the stamp gather, plus idle time when the next copy came late).
         pairs = range(len(marks) // 8, len(marks) // 2 - 1)
+        takes = sorted(marks[2 * k].elapsed_time(marks[2 * k + 1]) * 1e3 for k in pairs)
         stream_us = {
-            "stream_take_us": statistics.fmean(
-                marks[2 * k].elapsed_time(marks[2 * k + 1]) * 1e3 for k in pairs
-            ),
+            "stream_take_us": statistics.fmean(takes),
+            "stream_take_p50_us": takes[len(takes) // 2],
+            "stream_take_p99_us": takes[int(0.99 * (len(takes) - 1))],
             "stream_between_us": statistics.fmean(
                 marks[2 * k + 1].elapsed_time(marks[2 * k + 2]) * 1e3 for k in pairs
             ),
@@ -475,6 +476,8 @@ def main(argv: list[str] | None = None) -> dict:
             key: round(statistics.fmean(d[key] for d in drafters), 1)
             for key in (
                 "stream_take_us",
+                "stream_take_p50_us",
+                "stream_take_p99_us",
                 "stream_between_us",
                 "probe_slot_memcpy_us",
                 "probe_slot_kernel_us",

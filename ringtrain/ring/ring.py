@@ -34,10 +34,13 @@ close.
 
 Semaphore operations are the memory barriers between writes and reads; nobody spins on
 shared flags. A wait that cannot take its semaphore at once retries it without blocking
-for up to SPIN_BEFORE_BLOCK_NS before it sleeps: a process woken from sleep needs tens
-of microseconds (more on a virtual machine with idle cores), longer than a whole
-hand-off between two awake processes, and the retries cost nothing next to the waits of
-a run.
+for up to SPIN_BEFORE_BLOCK_NS before it sleeps, yielding the CPU between retries (so a
+spinning rank does not hold up the peer it waits for on a machine with few cores): a
+process woken from sleep needs tens of microseconds and at times hundreds on a virtual
+machine with idle cores, longer than a whole hand-off between two awake processes. The
+spin outlasts the copy of a large item (about 130 us for 256 MiB on an H200), so a
+producer waiting for its next free slot does not sleep; with a 50 us spin about one
+run in four of tools/bench_ring.py lost 6-10% of the device rate to late wake-ups.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
 consumer that gets a token but finds the FIFO empty returns None if every producer
@@ -99,7 +102,7 @@ from ringtrain.ring.transport import (
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
-SPIN_BEFORE_BLOCK_NS = 50_000  # see the module docstring
+SPIN_BEFORE_BLOCK_NS = 300_000  # see the module docstring
 
 
 def shm_bytes(spec: RingSpec, transport: str) -> int:
@@ -449,6 +452,7 @@ class Ring:
             while True:
                 spin_start = monotonic_ns()
                 while monotonic_ns() - spin_start < SPIN_BEFORE_BLOCK_NS:
+                    os.sched_yield()
                     if poll is not None:
                         poll()
                     try:
