@@ -19,9 +19,12 @@ module loads and first-touch of buffers), up to the moment the last copy complet
 producer's host time per item outside its waits for a free slot, and the share of the
 run it spent blocked; each consumer's host time per take() outside its waits for an
 item (on CUDA the copies are only queued there, on CPU they run there), and the share it
-spent starved. `copy_gbps` is one plain copy of the same size on the same path
-(device->device, pinned host->device, or memcpy on CPU) measured in the same run,
-repeated on the same two buffers; `ratio = gbps / copy_gbps`.
+spent starved. `copy_gbps` is one plain copy of the same size on the same path (device
+-> device, from the first producer's GPU to the first consumer's; pinned host -> the
+consumer's GPU; or memcpy on CPU) measured in the same run, repeated on the same two
+buffers; `ratio = gbps / copy_gbps`. Rank i runs on GPU i modulo the GPU count, so with
+two GPUs and one producer the consumer reads the producer's slab peer to peer
+(`devices`).
 
 `--timeline` (CUDA): timing events around each take() on the consumer's stream: how long
 the stream spent per item in the take (waiting for the producer's writes, then the copy)
@@ -346,18 +349,22 @@ def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     return out
 
 
-def _copy_gbps(transport: str, item_bytes: int) -> float:
-    """One plain copy of `item_bytes` on the path the transport uses, repeated, in GB/s."""
-    cuda = torch.cuda.is_available()
-    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    dst = torch.empty(item_bytes, dtype=torch.uint8, device=dev)
+def _copy_gbps(
+    transport: str, item_bytes: int, source: torch.device, destination: torch.device
+) -> float:
+    """One plain copy of `item_bytes` on the path the transport uses, repeated, in GB/s:
+    from the producer's device (`source`; pinned host memory for the host transport) to
+    the consumer's (`destination`)."""
+    cuda = destination.type == "cuda"
+    dst = torch.empty(item_bytes, dtype=torch.uint8, device=destination)
     on_device = transport == "device" and cuda
-    src = torch.ones(item_bytes, dtype=torch.uint8, device=dev if on_device else "cpu")
+    src = torch.ones(item_bytes, dtype=torch.uint8, device=source if on_device else "cpu")
     if cuda and not on_device:
         src = src.pin_memory()
     reps = 20 if cuda else 10
     if cuda:
-        us = gpu_us_per_call(lambda k: dst.copy_(src, non_blocking=True), reps)
+        with torch.cuda.device(destination):
+            us = gpu_us_per_call(lambda k: dst.copy_(src, non_blocking=True), reps)
         return item_bytes / us / 1e3
     dst.copy_(src)
     start = time.perf_counter()
@@ -437,7 +444,8 @@ def main(argv: list[str] | None = None) -> dict:
     seconds = (max(d["end_ns"] for d in drafters) - window_start) / 1e9
     gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
     hidden_bytes = spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
-    copy_gbps = _copy_gbps(args.transport, hidden_bytes)
+    producer_device, consumer_device = _device_for(0), _device_for(args.producers)
+    copy_gbps = _copy_gbps(args.transport, hidden_bytes, producer_device, consumer_device)
 
     control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
     trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
@@ -448,6 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
         "consumers": args.consumers,
         "slots": args.slots,
         "item_mb": args.item_mb,
+        "devices": f"{producer_device} -> {consumer_device}",
         "produced": produced,
         "consumed": len(seen),
         "lost": produced - len(unique),
