@@ -180,10 +180,8 @@ class Consumer:
 
     def release_copied(self) -> None:
         """Hand back every slot whose copy was queued by earlier take()s (waits for the copies)."""
-        pending, self._copying = self._copying, deque()
-        for slot, done in pending:
-            done.synchronize()
-            self._free_slot(slot)
+        while self._release_oldest():
+            pass
 
     def _release_oldest(self) -> bool:
         """Wait for the oldest queued copy and hand its slot back; False if none is queued.
