@@ -45,11 +45,8 @@ $OUT/bench_ring.json when $OUT is set).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import multiprocessing as mp
 import os
-import pstats
 import queue
 import statistics
 import sys
@@ -62,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import print_report
 from gpu_timing import gpu_us_per_call
+from host_profile import profiled
 
 from ringtrain.ring import Ring, RingSpec
 
@@ -110,28 +108,6 @@ def _pattern(producer: int, seq: int) -> int:
     return (producer << 24) | seq
 
 
-def _profiled(top: int, loop, *args) -> dict:
-    """Run `loop(*args)`; with top > 0 under cProfile, adding its `top` functions by own
-    time (microseconds per call and per item) to the result as `profile`."""
-    if top <= 0:
-        return loop(*args)
-    profiler = cProfile.Profile()
-    result = profiler.runcall(loop, *args)
-    items = max(result.get("produced", 0), len(result.get("seen", [])), 1)
-    stream = io.StringIO()
-    stats = pstats.Stats(profiler, stream=stream)
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-    result["profile"] = [
-        {
-            "function": pstats.func_std_string(func),
-            "calls_per_item": round(calls / items, 2),
-            "us_per_item": round(own / items * 1e6, 1),
-        }
-        for func, (_, calls, own, _, _) in rows
-    ]
-    return result
-
-
 def _worker(index: int, spec: RingSpec, items: int, options: dict, barrier, results) -> None:
     """One rank: index 0 creates the ring; targets produce `items` each, drafters consume.
     `options`: publish_synced, cprofile (top N), timeline (see main's arguments)."""
@@ -147,11 +123,11 @@ def _worker(index: int, spec: RingSpec, items: int, options: dict, barrier, resu
     try:
         if spec.roles[index] == "target":
             synced = options["publish_synced"]
-            report = _profiled(top, _produce, ring, index, items, synced, barrier, device)
+            report = profiled(top, _produce, ring, index, items, synced, barrier, device)
             results.put(("target", index, report))
         else:
             timeline = options["timeline"]
-            report = _profiled(top, _consume, ring, barrier, device, timeline)
+            report = profiled(top, _consume, ring, barrier, device, timeline)
             results.put(("drafter", index, report))
         ring.close(clean=True)
     except BaseException as exc:
@@ -198,11 +174,12 @@ def _produce(
 
 
 def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
-    """--timeline: one item's copy from slot 0 (only timed: its contents do not matter)
-    into a scratch buffer, by memcpy and by an elementwise kernel, and the same memcpy
-    from memory of this process (torch's allocator), in GPU microseconds."""
-    source = ring.payload.reader_bytes(0)[:nbytes]
+    """--timeline: one item's copy into a scratch buffer (only timed: contents do not
+    matter), in GPU microseconds: from slot 0 by memcpy and by an elementwise kernel, from
+    the first producer's slots in turn by memcpy, and by memcpy from memory of this
+    process (torch's allocator)."""
     sources = [ring.payload.reader_bytes(s)[:nbytes] for s in range(ring.spec.slots_per_producer)]
+    source = sources[0]
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     local = torch.ones(nbytes, dtype=torch.uint8, device=device)
     words, scratch_words = source.view(torch.int64), scratch.view(torch.int64)
