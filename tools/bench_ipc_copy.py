@@ -20,10 +20,11 @@ per copy: from the first buffer again and again (`same`) and from every buffer i
 (`in_turn`), for each way and for buffers of its own (`local`). The `ipc` and `vmm_fd`
 slabs are made once exactly `--slots` x `--item-mb` long and once longer by each value of
 `--extra-bytes` (`ipc_plus<E>_in_turn_us`): a ring slab holds a few small arrays per slot
-besides the items. On the H200 an `ipc` slab whose size is not a whole number of 2 MiB
-pages is read in turn about 25% slower (160 against 128 us per 256 MiB); that is why the
-ring's device transport rounds its slabs up to whole 2 MiB pages. A way that fails
-reports `<way>_error` instead of its times.
+besides the items. On the H200 an `ipc` slab 38,912 bytes longer than whole 2 MiB
+pages is read in turn about 25% slower (160 against 128 us per 256 MiB; 1 MiB longer,
+1% slower; whole pages, full speed); that is why the ring's device transport rounds
+its slabs up to whole 2 MiB pages. A way that fails reports `<way>_error` instead of
+its times.
 
 Prints a short table, then one JSON object as the LAST line (also written to
 $OUT/bench_ipc_copy.json when $OUT is set).

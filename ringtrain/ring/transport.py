@@ -148,8 +148,9 @@ class DevicePayload:
         """Allocate this producer's slab and events and publish their handles (once).
 
         The slab's size is rounded up to whole 2 MiB pages: on the H200 a consumer copied
-        from the slots of an imported slab of any other size, in turn, about 25% slower
-        (tools/bench_ipc_copy.py), as if the importer mapped all of it with small pages.
+        from the slots of an imported slab a few KiB longer than whole pages (the slots'
+        small arrays), in turn, about 25% slower (tools/bench_ipc_copy.py), as if the
+        importer mapped all of it with small pages.
         """
         per = self.spec.slots_per_producer
         nbytes = -(-per * self.layout.slot_bytes // SLAB_PAGE) * SLAB_PAGE
