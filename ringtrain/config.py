@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -51,6 +51,8 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Persistent per-process Triton / Inductor caches live below this directory.
     cache_dir: str = "~/.cache/ringtrain"
     device: str = "auto"  # "auto" | "cuda" | "cpu"
+    # Also log every step and evaluation as scalars to these (each an optional extra).
+    report_to: list[Literal["tensorboard", "wandb"]] = msgspec.field(default_factory=list)
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
