@@ -73,7 +73,6 @@ class Producer:
         self.ring = ring
         spec = ring.spec
         self.index = spec.producers.index(ring.local_index)
-        self.first = self.index * spec.slots_per_producer
         self._sem = ring._free[self.index]
         self._seq = 0
         self._pid = os.getpid()
@@ -82,7 +81,7 @@ class Producer:
             ring.payload.export(ring.local_index, self.index)
         self._slots = [
             WriteSlot(index=g, **ring.payload.writer_views(g))
-            for g in range(self.first, self.first + spec.slots_per_producer)
+            for g in spec.producer_slots(self.index)
         ]
         self._pending: WriteSlot | None = None
 
@@ -204,7 +203,7 @@ class Consumer:
         ring = self.ring
         ring.control.slot["reader"][slot] = -1
         ring.control.slot_state[slot] = cb.FREE
-        ring._free[slot // ring.spec.slots_per_producer].release()
+        ring._free[ring.spec.slot_owner(slot)[0]].release()
 
     def _item_copy(self, slot: int, num_tokens: int, num_docs: int) -> _ItemCopy:
         """The item's views of our buffer and its one copy, cached per (slot, tokens,
@@ -240,7 +239,7 @@ class Consumer:
         num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
         seq = int(column["seq"][slot])
         entry = self._item_copy(slot, num_tokens, num_docs)
-        owner = slot // spec.slots_per_producer
+        owner = spec.slot_owner(slot)[0]
         if not self._cuda:
             entry.destination.copy_(entry.source)
             self._free_slot(slot)

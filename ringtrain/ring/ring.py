@@ -5,7 +5,7 @@ control.py), host payload `/ringtrain.R.data` (host transport only), one `free`
 semaphore per producer (initial value = its slot count), one shared `ready` semaphore
 (initial 0), and a lock file whose `fcntl.lockf` lock guards the ready FIFO.
 
-Slot life cycle (slot g belongs to producer g // slots_per_producer):
+Slot life cycle (each producer owns slots_per_producer slots: RingSpec.slot_owner):
 
     FREE --acquire--> WRITING --publish--> READY --take--> READING --copied--> FREE
 
@@ -217,7 +217,7 @@ class Ring:
         h["closing_rank"] = -1
         cb.put_bytes(h, "reason", reason.encode())
         cb.put_bytes(h, "spec", encoded)
-        ctl.slots["owner"] = [g // spec.slots_per_producer for g in range(spec.num_slots)]
+        ctl.slots["owner"] = [spec.slot_owner(g)[0] for g in range(spec.num_slots)]
         ctl.slots["reader"] = -1
         ctl.slots["seq"] = -1
         ctl.ranks["role"] = [cb.ROLE_CODES[r] for r in spec.roles]

@@ -110,6 +110,15 @@ class RingSpec:
         """Slots of the whole ring."""
         return self.slots_per_producer * len(self.producers)
 
+    def slot_owner(self, slot: int) -> tuple[int, int]:
+        """(owning producer, place among that producer's slots) of ring slot `slot`."""
+        return divmod(slot, self.slots_per_producer)
+
+    def producer_slots(self, producer: int) -> range:
+        """Ring slot indices owned by producer `producer`."""
+        first = producer * self.slots_per_producer
+        return range(first, first + self.slots_per_producer)
+
     def encode(self) -> bytes:
         """msgpack bytes that `decode` turns back into an equal spec."""
         fields = asdict(self)

@@ -160,7 +160,7 @@ class DevicePayload:
             self._own_events = [torch.cuda.Event(interprocess=True) for _ in range(per)]
             handles = [bytes(e.ipc_handle()) for e in self._own_events]
         self._own_views = [self.layout.views(slab, k, self.spec) for k in range(per)]
-        self._first = producer * per
+        self._first = self.spec.producer_slots(producer).start
         index = torch.cuda.current_device() if self.device.index is None else self.device.index
         export = _Export(cuda.ipc_get_handle(self._own_ptr), nbytes, index, handles)
         row = self.control.ranks[local_index]
@@ -203,16 +203,16 @@ class DevicePayload:
         """The raw bytes of `slot` inside its producer's slab (opened once, cached)."""
         block = self._import_bytes.get(slot)
         if block is None:
-            per = self.spec.slots_per_producer
-            block = self.layout.slot_block(self._import(slot // per).slab, slot % per)
+            producer, place = self.spec.slot_owner(slot)
+            block = self.layout.slot_block(self._import(producer).slab, place)
             self._import_bytes[slot] = block
         return block
 
     def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
         """Make the consumer's stream wait for the producer's writes into `slot`."""
-        per = self.spec.slots_per_producer
+        producer, place = self.spec.slot_owner(slot)
         assert stream is not None
-        stream.wait_event(self._import(slot // per).events[slot % per])
+        stream.wait_event(self._import(producer).events[place])
 
     def close(self) -> None:
         """Close imported mappings and free this producer's slab."""
