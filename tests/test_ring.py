@@ -222,7 +222,7 @@ def test_auto_transport_falls_back_to_host_without_cuda_ranks() -> None:
 
 def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
     """A waiting consumer frees its oldest copied slot and spins again; it sleeps on the
-    semaphore only when nothing is left to free (ring.py), and wakes when it is released."""
+    semaphore only when nothing is left to free (handoff.py), and wakes when it is released."""
     ring = Ring.create(rw.make_spec(run_id(), 1, 1), 0, "cpu")
     progress_left = [2]
     calls = []
@@ -238,12 +238,12 @@ def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
 
     def release_once_asleep() -> None:
         if going_to_sleep.wait(10):
-            ring._ready.release()
+            ring.handoff.release_ready()
 
     releaser = threading.Thread(target=release_once_asleep)
     releaser.start()
     try:
-        ring._wait(ring._ready, "starved_ns", 10, "a ready slot", before_block=before_block)
+        ring.handoff.wait_ready(10, before_block=before_block)
         assert calls == [2, 1, 0]
         assert int(ring.control.rank["starved_ns"][0]) > 0
     finally:

@@ -1,7 +1,9 @@
 """The two ends of the ring: a target's Producer and a drafter's Consumer.
 
 They follow the protocol documented in ring.py (slot life cycle, semaphores, FIFO);
-this module holds their side of it: views of a slot, descriptors, and the copies.
+this module holds their side of it: views of a slot, descriptors, and the copies. Slots
+move between them only through the rank's HandOff (handoff.py); the Ring hands each end
+the parts it uses, so the ends know nothing of the ring's lifetime.
 """
 
 from __future__ import annotations
@@ -9,17 +11,15 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
 import torch
 
 from ringtrain.ring import control as cb
 from ringtrain.ring.errors import RingError
-from ringtrain.ring.transport import DevicePayload
-
-if TYPE_CHECKING:
-    from ringtrain.ring.ring import Ring
+from ringtrain.ring.handoff import HandOff
+from ringtrain.ring.spec import SlotLayout
+from ringtrain.ring.transport import DevicePayload, HostPayload
 
 # Consumers cache (buffer, payload) views per (slot, tokens, docs); shapes are bucketed.
 VIEW_CACHE_SIZE = 4096
@@ -69,37 +69,39 @@ class _ItemCopy:
 class Producer:
     """Writes items into this target's own slots (see the module docstring)."""
 
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
-        spec = ring.spec
-        self.index = spec.producers.index(ring.local_index)
-        self._sem = ring._free[self.index]
+    def __init__(self, handoff: HandOff, payload: HostPayload | DevicePayload) -> None:
+        self._handoff, self._payload = handoff, payload
+        self.spec, self._control, self._local_index = (
+            handoff.spec,
+            handoff.control,
+            handoff.local_index,
+        )
+        self.index = self.spec.producers.index(self._local_index)
         self._seq = 0
         self._pid = os.getpid()
         self._encode = msgspec.msgpack.Encoder().encode
-        if isinstance(ring.payload, DevicePayload):
-            ring.payload.export(ring.local_index, self.index)
+        if isinstance(payload, DevicePayload):
+            payload.export(self._local_index, self.index)
         self._slots = [
-            WriteSlot(index=g, **ring.payload.writer_views(g))
-            for g in spec.producer_slots(self.index)
+            WriteSlot(index=g, **payload.writer_views(g))
+            for g in self.spec.producer_slots(self.index)
         ]
         self._pending: WriteSlot | None = None
 
     def acquire(self, timeout: float | None = None) -> WriteSlot:
         """Block until one of this producer's slots is free (peers checked while waiting)."""
-        ring = self.ring
         if self._pending is not None:
             raise RingError("acquire() called twice without publish(): publish the held slot first")
-        ring._wait(self._sem, "blocked_ns", timeout, "a free slot")
-        ring._check_open()
-        states = ring.control.slot_state
+        self._handoff.wait_free(self.index, timeout, "a free slot")
+        self._handoff.check_open()
+        states = self._control.slot_state
         for slot in self._slots:
             if int(states[slot.index]) == cb.FREE:
                 break
         else:
             raise RingError(f"producer {self.index}: free semaphore granted but no slot is FREE")
-        column = ring.control.slot
-        column["generation"][slot.index] = ring.spec.generation
+        column = self._control.slot
+        column["generation"][slot.index] = self.spec.generation
         column["seq"][slot.index] = self._seq
         column["producer_pid"][slot.index] = self._pid
         states[slot.index] = cb.WRITING
@@ -110,7 +112,7 @@ class Producer:
         self, slot: WriteSlot, num_tokens: int, num_docs: int, meta: dict[str, int]
     ) -> None:
         """Hand the slot to the consumers: `num_tokens` rows, `num_docs` documents, `meta`."""
-        ring, spec = self.ring, self.ring.spec
+        spec, control = self.spec, self._control
         if slot is not self._pending:
             raise RingError(f"publish() of slot {slot.index}, which this producer does not hold")
         if not (0 <= num_tokens <= spec.max_tokens and 0 <= num_docs <= spec.max_docs):
@@ -118,34 +120,49 @@ class Producer:
                 f"publish(num_tokens={num_tokens}, num_docs={num_docs}) exceeds the slot "
                 f"(max_tokens={spec.max_tokens}, max_docs={spec.max_docs})"
             )
-        ring.payload.after_write(slot.index)
+        self._payload.after_write(slot.index)
         try:
-            ring.control.write_desc(slot.index, self._encode((num_tokens, num_docs, meta)))
+            control.write_desc(slot.index, self._encode((num_tokens, num_docs, meta)))
         except ValueError as exc:
             raise RingError(f"publish(): meta {meta} is too large: {exc}") from None
-        ring.control.slot_state[slot.index] = cb.READY
+        control.slot_state[slot.index] = cb.READY
         self._pending = None
         self._seq += 1
-        ring._push(slot.index)
-        ring._ready.release()
-        ring.control.rank["items"][ring.local_index] += 1
+        self._handoff.hand_over(slot.index)
+        control.rank["items"][self._local_index] += 1
 
     def finish(self) -> None:
         """No more items from this producer; consumers drain the FIFO and then see None."""
-        if not self.ring._finished:
-            self.ring._finish()
+        self._handoff.finish()
+
+    def drain(self) -> None:
+        """Wait until consumers handed back every slot this producer published.
+
+        A device slab is freed on close, so it must outlive the items still in the FIFO.
+        Each free-semaphore token is one slot handed back; a dead or closed consumer ends
+        the wait with a RingError.
+        """
+        for _ in range(len(self._slots) - (self._pending is not None)):
+            self._handoff.wait_free(self.index, None, "consumers to drain its slots")
 
 
 class Consumer:
     """Takes ready slots from any producer into its own preallocated buffers."""
 
-    def __init__(self, ring: Ring, device: torch.device) -> None:
-        self.ring = ring
-        self.device = device
-        spec = ring.spec
+    def __init__(
+        self, handoff: HandOff, payload: HostPayload | DevicePayload, device: torch.device
+    ) -> None:
+        self._handoff, self._payload, self.device = handoff, payload, device
+        self.spec, self._control, self._local_index = (
+            handoff.spec,
+            handoff.control,
+            handoff.local_index,
+        )
+        spec = self.spec
+        self._layout = SlotLayout.of(spec)
         # One buffer laid out like a slot: one copy of the slot's used prefix brings an item.
-        self._buffer = torch.empty(ring.layout.slot_bytes, dtype=torch.uint8, device=device)
-        self._views = ring.layout.views(self._buffer, 0, spec)
+        self._buffer = torch.empty(self._layout.slot_bytes, dtype=torch.uint8, device=device)
+        self._views = self._layout.views(self._buffer, 0, spec)
         self._cuda = device.type == "cuda"
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder().decode
@@ -158,23 +175,18 @@ class Consumer:
 
     def take(self, timeout: float | None = None) -> ReadItem | None:
         """The next item (copied into this consumer's buffers), or None once all producers finished."""
-        ring = self.ring
+        handoff = self._handoff
         while True:
-            ring._wait(
-                ring._ready,
-                "starved_ns",
-                timeout,
-                "a ready slot",
-                poll=self._release_finished,
-                before_block=self._release_oldest,
+            handoff.wait_ready(
+                timeout, poll=self._release_finished, before_block=self._release_oldest
             )
-            ring._check_open()
-            slot = ring._pop()
+            handoff.check_open()
+            slot = handoff.pop()
             if slot >= 0:
                 return self._read(slot)
-            if ring._all_producers_finished():
+            if handoff.all_producers_finished():
                 self.release_copied()
-                ring._ready.release()
+                handoff.release_ready()
                 return None
 
     def release_copied(self) -> None:
@@ -200,10 +212,9 @@ class Consumer:
             self._free_slot(self._copying.popleft()[0])
 
     def _free_slot(self, slot: int) -> None:
-        ring = self.ring
-        ring.control.slot["reader"][slot] = -1
-        ring.control.slot_state[slot] = cb.FREE
-        ring._free[ring.spec.slot_owner(slot)[0]].release()
+        self._control.slot["reader"][slot] = -1
+        self._control.slot_state[slot] = cb.FREE
+        self._handoff.give_back(slot)
 
     def _item_copy(self, slot: int, num_tokens: int, num_docs: int) -> _ItemCopy:
         """The item's views of our buffer and its one copy, cached per (slot, tokens,
@@ -213,7 +224,7 @@ class Consumer:
         if entry is None:
             if len(self._item_cache) >= VIEW_CACHE_SIZE:
                 self._item_cache.clear()
-            used = self.ring.layout.used_bytes(num_tokens, self.ring.spec)
+            used = self._layout.used_bytes(num_tokens, self.spec)
             views = self._views
             entry = _ItemCopy(
                 views=(
@@ -224,14 +235,13 @@ class Consumer:
                     views["cu_seqlens"][: num_docs + 1],
                 ),
                 destination=self._buffer[:used],
-                source=self.ring.payload.reader_bytes(slot)[:used],
+                source=self._payload.reader_bytes(slot)[:used],
             )
             self._item_cache[key] = entry
         return entry
 
     def _read(self, slot: int) -> ReadItem:
-        ring, spec, index = self.ring, self.ring.spec, self.ring.local_index
-        ctl = ring.control
+        spec, index, ctl = self.spec, self._local_index, self._control
         column = ctl.slot
         column["reader"][slot] = index
         column["consumer_pid"][slot] = self._pid
@@ -247,7 +257,7 @@ class Consumer:
             # Queued on the caller's stream, behind its kernels that may still read the
             # previous item; the item is ready for that stream's later kernels.
             stream = torch.cuda.current_stream(self.device)
-            ring.payload.before_read(slot, stream)
+            self._payload.before_read(slot, stream)
             entry.destination.copy_(entry.source, non_blocking=True)
             done = self._copied[slot]
             done.record(stream)

@@ -32,15 +32,9 @@ wait for the oldest copy only, after which it spins again, so the queued copies 
 the GPU busy while producers refill; it sleeps only with no copy in flight), or at
 close.
 
-Semaphore operations are the memory barriers between writes and reads; nobody spins on
-shared flags. A wait that cannot take its semaphore at once retries it without blocking
-for up to SPIN_BEFORE_BLOCK_NS before it sleeps, yielding the CPU between retries (so a
-spinning rank does not hold up the peer it waits for on a machine with few cores): a
-process woken from sleep needs tens of microseconds and at times hundreds on a virtual
-machine with idle cores, longer than a whole hand-off between two awake processes. The
-spin outlasts the copy of a large item (about 130 us for 256 MiB on an H200), so a
-producer waiting for its next free slot does not sleep; with a 50 us spin about one
-run in four of tools/bench_ring.py lost 6-10% of the device rate to late wake-ups.
+Semaphore operations are the memory barriers between payload writes and reads. The
+semaphores, the FIFO and every wait (a short spin, then sleep) belong to one HandOff
+per rank (handoff.py), which the Producer and Consumer ends (ends.py) move slots through.
 
 End of stream: `finish()` marks the producer FINISHED and releases `ready` once. A
 consumer that gets a token but finds the FIFO empty returns None if every producer
@@ -66,7 +60,6 @@ mappings and open descriptors keep the objects alive until the last process exit
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import mmap
 import os
@@ -79,7 +72,8 @@ import torch
 
 from ringtrain.ring import control as cb
 from ringtrain.ring.ends import Consumer, Producer
-from ringtrain.ring.errors import PeerDied, RingClosed, RingError, RingTimeout
+from ringtrain.ring.errors import PeerDied, RingError
+from ringtrain.ring.handoff import HandOff
 from ringtrain.ring.liveness import monotonic_ns, own_identity
 from ringtrain.ring.names import (
     check_shm_space,
@@ -102,7 +96,6 @@ from ringtrain.ring.transport import (
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 1.0
-SPIN_BEFORE_BLOCK_NS = 300_000  # see the module docstring
 
 
 def shm_bytes(spec: RingSpec, transport: str) -> int:
@@ -127,11 +120,7 @@ class Ring:
         self._mm = mmap.mmap(self._shm.fd, self._shm.size)
         self.control = cb.ControlBlock(self._mm, spec)
         self.transport = "device" if int(self.control.header["transport"]) else "host"
-        self._lock_fd = os.open(lock_path(spec.lock_dir, spec.run_id), os.O_RDWR)
-        self._ready = posix_ipc.Semaphore(ready_sem_name(spec.run_id))
-        self._free = [
-            posix_ipc.Semaphore(free_sem_name(spec.run_id, p)) for p in range(len(spec.producers))
-        ]
+        self.handoff = HandOff(spec, self.control, local_index, self.check_peers)
         self.payload: HostPayload | DevicePayload
         if self.transport == "host":
             self.payload = HostPayload(spec, self.layout, device)
@@ -141,7 +130,6 @@ class Ring:
         self._closed = False
         self._close_lock = threading.Lock()
         self._owner_thread = threading.get_ident()
-        self._finished = False
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
@@ -288,8 +276,8 @@ class Ring:
 
     def _mark_closed(self, clean: bool) -> None:
         """Record the exit in the rank table, wake waiters if unclean, stop threads, unlink."""
-        if self.role == "target" and not self._finished and clean:
-            self._finish()
+        if self.role == "target" and clean:
+            self.handoff.finish()
         if clean and self._producer is not None and self.transport == "device":
             self._drain(self._producer)
         if self._consumer is not None and threading.get_ident() == self._owner_thread:
@@ -298,11 +286,7 @@ class Ring:
         if not clean:
             self.control.header["closing_rank"] = self.local_index
             self.control.closing[...] = 1
-            for _ in self.spec.consumers:
-                self._ready.release()
-            for sem in self._free:
-                for _ in range(self.spec.slots_per_producer):
-                    sem.release()
+            self.handoff.wake_all()
         self._stop.set()
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -310,15 +294,13 @@ class Ring:
         self.unlink()
 
     def _drain(self, producer: Producer) -> None:
-        """Wait until consumers copied every published slot out of this producer's GPU slab.
+        """Let consumers copy every published slot out of this producer's GPU slab.
 
-        The slab is freed on close, so it must outlive the items still in the FIFO.
-        Each free-semaphore token is one slot handed back; a dead or closed consumer
-        ends the wait (the slab is freed anyway; the failure is reported by the peers).
+        A dead or closed consumer ends the wait (the slab is freed anyway; the failure is
+        reported by the peers).
         """
         try:
-            for _ in range(self.spec.slots_per_producer - (producer._pending is not None)):
-                self._wait(producer._sem, "blocked_ns", None, "consumers to drain its slots")
+            producer.drain()
         except RingError as exc:
             log.warning("ring %s: closing before consumers drained: %s", self.spec.run_id, exc)
 
@@ -332,9 +314,7 @@ class Ring:
         except BufferError:
             log.debug("control block still referenced; unmapped when the views go")
         self._shm.close_fd()
-        os.close(self._lock_fd)
-        for sem in [self._ready, *self._free]:
-            sem.close()
+        self.handoff.close()
 
     # ---- liveness and statistics ---------------------------------------------------
 
@@ -421,114 +401,6 @@ class Ring:
         """Statistics of the whole ring as `ringtrain-stat` shows them."""
         return take_snapshot(self.control, self.spec)
 
-    # ---- protocol helpers ----------------------------------------------------------
-
-    def _wait(
-        self,
-        sem: posix_ipc.Semaphore,
-        counter: str,
-        timeout: float | None,
-        waits_on: str,
-        poll: Callable[[], None] | None = None,
-        before_block: Callable[[], bool] | None = None,
-    ) -> None:
-        """Acquire `sem`; time spent waiting goes to this rank's `counter` (ns).
-
-        If the semaphore is not available at once, `poll` runs before each retry of the
-        spin (see the module docstring). When a spin ends, `before_block` runs; if it
-        returns True (it made progress, e.g. freed a slot) the spin starts over,
-        otherwise the wait sleeps on the semaphore.
-        """
-        try:
-            sem.acquire(0)
-            return
-        except posix_ipc.BusyError:
-            pass
-        start = monotonic_ns()
-        deadline = None if timeout is None else start + int(timeout * 1e9)
-        wait_start = self.control.rank["wait_start_ns"]
-        wait_start[self.local_index] = start
-        try:
-            while True:
-                spin_start = monotonic_ns()
-                while monotonic_ns() - spin_start < SPIN_BEFORE_BLOCK_NS:
-                    os.sched_yield()
-                    if poll is not None:
-                        poll()
-                    try:
-                        sem.acquire(0)
-                        return
-                    except posix_ipc.BusyError:
-                        pass
-                if before_block is None or not before_block():
-                    break
-            while True:
-                try:
-                    sem.acquire(self.spec.wait_timeout_s)
-                    return
-                except (posix_ipc.BusyError, posix_ipc.SignalError):
-                    # A signal (SIGTERM from torchrun, handled by the trainer) cuts the wait
-                    # short: the process decides at a safe point, the wait goes on.
-                    self.check_peers()
-                    self._check_consumers_open(waits_on)
-                    if deadline is not None and monotonic_ns() >= deadline:
-                        raise RingTimeout(
-                            f"ring {self.spec.run_id}: rank {self.spec.global_ranks[self.local_index]} "
-                            f"waited {timeout} s for {waits_on} (every peer alive)"
-                        ) from None
-        finally:
-            self.control.rank[counter][self.local_index] += monotonic_ns() - start
-            wait_start[self.local_index] = 0
-
-    def _check_consumers_open(self, waits_on: str) -> None:
-        """A producer waiting for a slot that no consumer will ever free raises RingClosed.
-
-        (Consumers need no such check: finished or closed producers leave a wake-up token.)
-        """
-        status = self.control.ranks["status"]
-        if self.role == "target" and all(int(status[i]) == cb.CLOSED for i in self.spec.consumers):
-            raise RingClosed(
-                f"ring {self.spec.run_id}: every drafter rank closed while target rank "
-                f"{self.spec.global_ranks[self.local_index]} waits for {waits_on}"
-            )
-
-    def _check_open(self) -> None:
-        if int(self.control.closing):
-            self.check_peers()
-
-    def _push(self, slot: int) -> None:
-        ctl = self.control
-        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            tail = int(ctl.fifo_tail)
-            ctl.fifo[tail % self.spec.num_slots] = slot
-            ctl.fifo_tail[...] = tail + 1
-        finally:
-            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
-
-    def _pop(self) -> int:
-        """Next ready slot index, or -1 when the FIFO is empty."""
-        ctl = self.control
-        fcntl.lockf(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            head = int(ctl.fifo_head)
-            if head == int(ctl.fifo_tail):
-                return -1
-            slot = int(ctl.fifo[head % self.spec.num_slots])
-            ctl.fifo_head[...] = head + 1
-            return slot
-        finally:
-            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
-
-    def _finish(self) -> None:
-        self._row["status"] = cb.FINISHED
-        self._finished = True
-        self._ready.release()
-
-    def _all_producers_finished(self) -> bool:
-        status = self.control.ranks["status"]
-        return all(int(status[i]) in (cb.FINISHED, cb.CLOSED) for i in self.spec.producers)
-
     # ---- roles ---------------------------------------------------------------------
 
     def producer(self) -> Producer:
@@ -538,7 +410,7 @@ class Ring:
                 f"ring index {self.local_index} is a {self.role}, not a target: no producer()"
             )
         if self._producer is None:
-            self._producer = Producer(self)
+            self._producer = Producer(self.handoff, self.payload)
         return self._producer
 
     def consumer(self, device: torch.device | str | None = None) -> Consumer:
@@ -549,6 +421,8 @@ class Ring:
             )
         if self._consumer is None:
             self._consumer = Consumer(
-                self, torch.device(device) if device is not None else self.device
+                self.handoff,
+                self.payload,
+                torch.device(device) if device is not None else self.device,
             )
         return self._consumer
