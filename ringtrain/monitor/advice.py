@@ -1,0 +1,180 @@
+"""Which split of a node's GPUs into targets and drafters would train fastest.
+
+Pure arithmetic over measured rates. A target rank's rate while not blocked on a full ring
+is what it can produce; a drafter rank's rate while not starved on an empty ring is what it
+can consume. With T targets and D drafters the node then moves min(T x target, D x drafter);
+the advice tries every split of the node's GPUs, compares with the run as measured, and,
+when a co-located rate is known (one target and one drafter per GPU under MPS, measured per
+GPU), with co-location. The arithmetic is shown so the reader can check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtrain.monitor.ring_figures import RankInterval, role_mean
+
+
+@dataclass(frozen=True)
+class MeasuredRates:
+    """What a run measured, per node."""
+
+    targets: int  # target ranks now
+    drafters: int  # drafter ranks now
+    target_rate: float  # one target's rate while not blocked
+    drafter_rate: float  # one drafter's rate while not starved
+    gpus: int  # GPUs the run uses on the node (processes on CPU)
+    measured: float | None = None  # the node's measured rate (None: unknown)
+    colocated_rate: float | None = None  # per GPU, one target + one drafter sharing it
+    shared: bool = False  # ranks of this run share GPUs (the rates are shared-GPU rates)
+    unit: str = "tok/s"
+    device: str = "GPU"
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split of the node's GPUs and the rate the measured per-rank rates predict for it."""
+
+    targets: int
+    drafters: int
+    rate: float
+
+
+def measured_rates(
+    ranks: list[RankInterval], tokens_per_item: float | None = None
+) -> MeasuredRates | None:
+    """The rates of one node's ranks over an interval (None: a role has no rate yet).
+
+    Rates are in tokens/s given the mean tokens per item, else in batches/s. Ranks on CPU
+    (device -1) count one process each; on GPUs, ranks of one device share it, and when
+    every shared device holds both a target and a drafter the measured rate per device is
+    the co-located rate."""
+    target_rate = role_mean(ranks, "target", "items_per_working_s")
+    drafter_rate = role_mean(ranks, "drafter", "items_per_working_s")
+    if target_rate is None or drafter_rate is None:
+        return None
+    scale = tokens_per_item or 1.0
+    measured = scale * sum(r.items_per_s for r in ranks if r.role == "drafter")
+    on_cpu = any(r.device < 0 for r in ranks)
+    roles_by_device: dict[int, set[str]] = {}
+    for r in ranks:
+        roles_by_device.setdefault(r.rank if on_cpu else r.device, set()).add(r.role)
+    gpus = len(roles_by_device)
+    shared = gpus < len(ranks)
+    colocated = shared and all(len(roles) == 2 for roles in roles_by_device.values())
+    return MeasuredRates(
+        targets=sum(r.role == "target" for r in ranks),
+        drafters=sum(r.role == "drafter" for r in ranks),
+        target_rate=scale * target_rate,
+        drafter_rate=scale * drafter_rate,
+        gpus=gpus,
+        measured=measured,
+        colocated_rate=measured / gpus if colocated else None,
+        shared=shared,
+        unit="tok/s" if tokens_per_item else "batches/s",
+        device="process" if on_cpu else "GPU",
+    )
+
+
+def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
+    """The predicted node rate of `targets` targets and `drafters` drafters."""
+    return min(targets * rates.target_rate, drafters * rates.drafter_rate)
+
+
+def best_split(rates: MeasuredRates) -> Split | None:
+    """The fastest split with one rank per GPU (ties keep more targets); None under 2 GPUs."""
+    splits = [
+        Split(t, rates.gpus - t, split_rate(rates, t, rates.gpus - t))
+        for t in range(rates.gpus - 1, 0, -1)
+    ]
+    return max(splits, key=lambda s: s.rate) if splits else None
+
+
+def number(value: float) -> str:
+    """A rate in a short form: 1.21M, 110k, 43.2k, 9,120, 812, 3.41."""
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e5:
+        return f"{value / 1e3:.0f}k"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _plural(count: int, word: str) -> str:
+    suffix = "" if count == 1 else "es" if word.endswith("s") else "s"
+    return f"{count} {word}{suffix}"
+
+
+def _arithmetic(rates: MeasuredRates, targets: int, drafters: int) -> str:
+    return (
+        f"{_split_name(targets, drafters)}: min({targets} x {number(rates.target_rate)}, {drafters} x "
+        f"{number(rates.drafter_rate)}) = {number(split_rate(rates, targets, drafters))} "
+        f"{rates.unit}"
+    )
+
+
+def advise(rates: MeasuredRates) -> list[str]:
+    """The advice as lines of text: rates, the split now, the best split, co-location, verdict."""
+    unit, gpu = rates.unit, rates.device
+    now = split_rate(rates, rates.targets, rates.drafters)
+    reference = rates.measured if rates.measured else now
+    lines = [
+        f"role split over the node's {_plural(rates.gpus, gpu)}: one target makes "
+        f"{number(rates.target_rate)} {unit} while not blocked, one drafter takes "
+        f"{number(rates.drafter_rate)} {unit} while not starved",
+    ]
+    if rates.shared:
+        lines += [
+            f"  now  {_split_name(rates.targets, rates.drafters)} sharing "
+            f"{_plural(rates.gpus, gpu)}: measured {number(reference)} {unit}",
+            f"  (shared-{gpu} rates: each rank would run at least this fast on a {gpu} of its own)",
+        ]
+    else:
+        lines.append(
+            "  now  "
+            + _arithmetic(rates, rates.targets, rates.drafters)
+            + (f" (measured {number(rates.measured)})" if rates.measured else "")
+        )
+    options = []
+    best = best_split(rates)
+    if best is not None:
+        lines.append(
+            "  best "
+            + _arithmetic(rates, best.targets, best.drafters)
+            + _ratio(best.rate, reference)
+        )
+        options.append((best.rate, _split_name(best.targets, best.drafters)))
+    if rates.colocated_rate:
+        colocated = rates.gpus * rates.colocated_rate
+        lines.append(
+            f"  co-located, one target + one drafter per {gpu} (measured "
+            f"{number(rates.colocated_rate)} {unit} per {gpu}): {rates.gpus} x "
+            f"{number(rates.colocated_rate)} = {number(colocated)} {unit}"
+            + _ratio(colocated, reference)
+        )
+        options.append((colocated, f"co-locating one target and one drafter per {gpu}"))
+    lines.append(_verdict(rates, options, reference))
+    return lines
+
+
+def _ratio(rate: float, reference: float) -> str:
+    return f", {rate / reference:.2f}x now" if reference > 0 else ""
+
+
+def _verdict(rates: MeasuredRates, options: list[tuple[float, str]], reference: float) -> str:
+    """Which option is fastest; `options` are (rate, name), the best split first."""
+    if not options:
+        return f"  => one {rates.device}: no split to choose"
+    rate, name = max(options, key=lambda option: option[0])
+    if name == _split_name(rates.targets, rates.drafters):
+        return "  => the current split is the fastest"
+    if rate <= reference:
+        return f"  => nothing here beats the measured {number(reference)} {rates.unit}"
+    return f"  => {name} would be fastest: ~{number(rate)} {rates.unit}"
+
+
+def _split_name(targets: int, drafters: int) -> str:
+    return f"{_plural(targets, 'target')} + {_plural(drafters, 'drafter')}"
