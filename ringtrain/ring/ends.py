@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import torch
@@ -52,7 +53,7 @@ class ReadItem:
     cu_seqlens: torch.Tensor
     num_tokens: int
     num_docs: int
-    meta: dict[str, int]
+    meta: Any  # what the producer published with it, decoded as the consumer's meta_type
     producer_rank: int
     seq: int
 
@@ -108,10 +109,11 @@ class Producer:
         self._pending = slot
         return slot
 
-    def publish(
-        self, slot: WriteSlot, num_tokens: int, num_docs: int, meta: dict[str, int]
-    ) -> None:
-        """Hand the slot to the consumers: `num_tokens` rows, `num_docs` documents, `meta`."""
+    def publish(self, slot: WriteSlot, num_tokens: int, num_docs: int, meta: Any) -> None:
+        """Hand the slot to the consumers: `num_tokens` rows, `num_docs` documents, `meta`.
+
+        `meta` is anything msgpack encodes (a msgspec Struct, a dict of ints) that fits
+        the slot's descriptor; consumers decode it as their `meta_type`."""
         spec, control = self.spec, self._control
         if slot is not self._pending:
             raise RingError(f"publish() of slot {slot.index}, which this producer does not hold")
@@ -150,7 +152,11 @@ class Consumer:
     """Takes ready slots from any producer into its own preallocated buffers."""
 
     def __init__(
-        self, handoff: HandOff, payload: HostPayload | DevicePayload, device: torch.device
+        self,
+        handoff: HandOff,
+        payload: HostPayload | DevicePayload,
+        device: torch.device,
+        meta_type: Any = dict[str, int],
     ) -> None:
         self._handoff, self._payload, self.device = handoff, payload, device
         self.spec, self._control, self._local_index = (
@@ -165,7 +171,7 @@ class Consumer:
         self._views = self._layout.views(self._buffer, 0, spec)
         self._cuda = device.type == "cuda"
         self._pid = os.getpid()
-        self._decode = msgspec.msgpack.Decoder().decode
+        self._decode = msgspec.msgpack.Decoder(tuple[int, int, meta_type]).decode
         self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
         self._item_cache: dict[tuple[int, int, int], _ItemCopy] = {}
         # CUDA: slots whose copy is queued, oldest first; each goes back once its copy is

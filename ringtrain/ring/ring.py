@@ -66,6 +66,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import posix_ipc
 import torch
@@ -413,8 +414,11 @@ class Ring:
             self._producer = Producer(self.handoff, self.payload)
         return self._producer
 
-    def consumer(self, device: torch.device | str | None = None) -> Consumer:
-        """The consumer end (drafter ranks only), with buffers on `device` (default: the ring's)."""
+    def consumer(
+        self, device: torch.device | str | None = None, meta_type: Any = dict[str, int]
+    ) -> Consumer:
+        """The consumer end (drafter ranks only), with buffers on `device` (default: the
+        ring's), decoding what producers publish with each item as `meta_type`."""
         if self.role != "drafter":
             raise RingError(
                 f"ring index {self.local_index} is a {self.role}, not a drafter: no consumer()"
@@ -424,5 +428,6 @@ class Ring:
                 self.handoff,
                 self.payload,
                 torch.device(device) if device is not None else self.device,
+                meta_type,
             )
         return self._consumer

@@ -32,7 +32,8 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.ring import ReadItem, Ring
-from ringtrain.trainer.evaluation import EVAL, EvalTally, final_round
+from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
+from ringtrain.trainer.evaluation import EvalTally, final_round
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
@@ -67,10 +68,10 @@ class StepSums:
         self.eval = slice(self.eval_batches + 1, self.eval_batches + 1 + eval_len)
         self.vector = torch.zeros(self.eval.stop, dtype=torch.float64, device=device)
 
-    def set_ids(self, drafter_index: int, meta: dict[str, int]) -> None:
+    def set_ids(self, drafter_index: int, meta: BatchMeta) -> None:
         start = self.ids.start + 3 * drafter_index
         self.vector[start : start + 3] = torch.tensor(
-            [meta["producer"], meta["seq"], meta["batch_id"]], dtype=torch.float64
+            [meta.producer, meta.seq, meta.batch_id], dtype=torch.float64
         )
 
 
@@ -129,7 +130,7 @@ class DrafterLoop:
         self.bucket = GradientBucket([p for p in model.parameters() if p.requires_grad])
         vector_len = 4 + 2 * (self.block_size - 1)
         self.sums = StepSums(vector_len, vector_len + 2, drafter_count, self.device)
-        self.consumer = ring.consumer(self.device)
+        self.consumer = ring.consumer(self.device, BatchMeta)
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
         self.eval_batches_per_round = eval_batches_per_round
@@ -154,7 +155,7 @@ class DrafterLoop:
         """The next training item, evaluating any evaluation items on the way."""
         while not stop.requested:
             item = self.consumer.take()
-            if item is None or item.meta.get("kind") != EVAL:
+            if item is None or item.meta.kind != BatchKind.EVAL:
                 return item
             self._evaluate(item)
         return None
@@ -284,7 +285,7 @@ class DrafterLoop:
             item = None if stop.requested else self.consumer.take()
             if item is None:
                 sums.vector[sums.stop] = 1.0
-            elif item.meta.get("kind") == EVAL:
+            elif item.meta.kind == BatchKind.EVAL:
                 self._evaluate(item)
             if self.group is not None:
                 dist.all_reduce(sums.vector, group=self.group)

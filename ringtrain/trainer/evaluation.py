@@ -21,9 +21,6 @@ import torch
 from ringtrain.data import Batch, BatchStream
 from ringtrain.drafter import EvalSums
 
-TRAIN = 0
-EVAL = 1
-
 
 class EvalSchedule:
     """A target's side: when to publish the held-out batches, and which ones."""

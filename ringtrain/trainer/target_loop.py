@@ -19,7 +19,8 @@ from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Ring, RingClosed
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
-from ringtrain.trainer.evaluation import EVAL, TRAIN, EvalSchedule
+from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
+from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -31,14 +32,14 @@ def _fill(view: torch.Tensor, values: np.ndarray) -> None:
 
 def _batches(
     ring: Ring, stream: BatchStream, schedule: EvalSchedule | None
-) -> Iterator[tuple[Batch, int, int]]:
+) -> Iterator[tuple[Batch, BatchKind, int]]:
     """(batch, kind, eval round) in production order: training batches, with this target's
     held-out shard inserted whenever the drafters reach the next evaluation step."""
     while True:
         if schedule is not None and schedule.due(ring.drafter_step()):
             for batch, round_id in schedule.round_batches():
-                yield batch, EVAL, round_id
-        yield next(stream), TRAIN, 0
+                yield batch, BatchKind.EVAL, round_id
+        yield next(stream), BatchKind.TRAIN, 0
 
 
 def run_target_loop(
@@ -75,14 +76,14 @@ def run_target_loop(
         _fill(slot.loss_mask, batch.loss_mask)
         _fill(slot.position_ids, batch.position_ids)
         _fill(slot.cu_seqlens, batch.cu_seqlens)
-        meta = {
-            "batch_id": batch.batch_id,
-            "epoch": batch.epoch,
-            "seq": batch.seq,
-            "producer": producer_index,
-            "kind": kind,
-            "round": round_id,
-        }
+        meta = BatchMeta(
+            batch_id=batch.batch_id,
+            epoch=batch.epoch,
+            seq=batch.seq,
+            producer=producer_index,
+            kind=kind,
+            round=round_id,
+        )
         batch, kind, round_id = next(source)
         runner.prefetch(batch.padded(bucket))
         producer.publish(slot, n, docs, meta)
