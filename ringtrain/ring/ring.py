@@ -340,15 +340,18 @@ class Ring:
         return {self.spec.global_ranks[i]: float(v) for i, v in enumerate(values) if float(v) >= 0}
 
     def drafter_step(self) -> int:
-        """The highest training step any drafter rank has recorded with beat()."""
+        """The highest training step any drafter rank has recorded with record_progress()."""
         steps = self.control.ranks["step"]
         return max(int(steps[i]) for i in self.spec.consumers)
 
-    def beat(self, step: int) -> None:
-        """Record progress (the training step) and refresh the heartbeat."""
+    def record_progress(self, count: int) -> None:
+        """Record how far this rank's main loop got, and refresh the heartbeat.
+
+        The count is the rank's unit of work: a drafter's completed training steps, a
+        target's published batches (`ringtrain-stat` shows it as `step`)."""
         if self._closed:
             return
-        self._row["step"] = step
+        self._row["step"] = count
         self._row["heartbeat_ns"] = monotonic_ns()
 
     def set_error(self, text: str) -> None:

@@ -237,7 +237,7 @@ class DrafterLoop:
             for producer, seq, _batch_id in ids:
                 state.ledger.record(producer, seq)
             state.step = step
-            self.ring.beat(step)
+            self.ring.record_progress(step)
             if not math.isfinite(summary["loss"]):
                 raise FloatingPointError(
                     f"loss is {summary['loss']} at step {step}: lower optim.lr"

@@ -88,7 +88,7 @@ def run_target_loop(
         runner.prefetch(batch.padded(bucket))
         producer.publish(slot, n, docs, meta)
         produced += 1
-        ring.beat(produced)
+        ring.record_progress(produced)
         ring.report_gpu_busy(busy.sample())
         if produced == 1:
             log.info("first batch published after %.1f s", time.perf_counter() - started)
