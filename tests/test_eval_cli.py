@@ -64,6 +64,7 @@ def test_untrained_drafter_is_lossless_with_tau_near_one(
     assert code == 0, out
     result = json.loads(out.strip().splitlines()[-1])
     assert result["lossless"] and result["mismatches"] == []
+    assert result["numerical_ties"] == 0 and result["tie_rule"].startswith("exact (float32")
     assert result["prompts"] == 3
     assert 1.0 <= result["tau_real"] < 1.5
     assert len(result["acceptance"]) == 7

@@ -5,6 +5,7 @@ from ringtrain.eval.prompts import PromptFileError, load_prompts, read_prompt_re
 from ringtrain.eval.speculative import (
     BlockDrafter,
     Generation,
+    GreedyReference,
     greedy_generate,
     speculative_generate,
 )
@@ -14,13 +15,17 @@ from ringtrain.eval.target import (
     load_verifying_target,
     stop_token_ids,
 )
+from ringtrain.eval.ties import Divergence, TieJudge
 
 __all__ = [
     "BlockDrafter",
+    "Divergence",
     "EvalReport",
     "Generation",
+    "GreedyReference",
     "PromptFileError",
     "PromptOutcome",
+    "TieJudge",
     "VerifyingTarget",
     "greedy_generate",
     "load_causal_lm",

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
 from ringtrain.eval.target import VerifyingTarget
+from ringtrain.eval.ties import Divergence, TieJudge
 
 
 class BlockDrafter(Protocol):
@@ -45,6 +46,8 @@ class Generation:
     # Drafted tokens accepted by each verification forward (0..B-1; the bonus not included).
     accepted: list[int]
     seconds: float
+    # Divergences from the greedy reference met on the way (speculative decoding only).
+    divergences: list[Divergence] = field(default_factory=list)
 
 
 def _truncate(tokens: list[int], max_new_tokens: int, stop_ids: Sequence[int]) -> list[int]:
@@ -62,14 +65,58 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class GreedyReference:
+    """What speculative decoding is checked against while it runs: the greedy continuation
+    of the same prompt and the judge of each divergence (ringtrain.eval.ties).
+
+    At a numerical tie decoding continues from the greedy token, so the rest of the
+    output is still checked; at a real mismatch it stops there.
+    """
+
+    tokens: list[int]
+    judge: TieJudge
+
+
+def _follow(
+    reference: GreedyReference,
+    sequence: torch.Tensor,
+    committed: int,
+    count: int,
+    prompt_len: int,
+    divergences: list[Divergence],
+) -> tuple[int, bool]:
+    """Check the ``count`` + 1 newly committed tokens against the reference.
+
+    Returns (tokens accepted before the first divergence, or ``count``; whether decoding
+    must stop at a real mismatch). At a tie the greedy token replaces the committed one.
+    """
+    first = committed + 1 - prompt_len  # continuation index of the first new token
+    expected = reference.tokens[first : first + count + 1]
+    got = sequence[committed + 1 : committed + 1 + len(expected)].tolist()
+    for j, (token, greedy) in enumerate(zip(got, expected, strict=True)):
+        if token != greedy:
+            verdict = reference.judge.judge(sequence[: committed + 1 + j], first + j, token, greedy)
+            divergences.append(verdict)
+            if verdict.tie:
+                sequence[committed + 1 + j] = greedy
+            return j, not verdict.tie
+    return count, False
+
+
 def speculative_generate(
     target: VerifyingTarget,
     drafter: BlockDrafter,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     stop_ids: Sequence[int] = (),
+    reference: GreedyReference | None = None,
 ) -> Generation:
-    """Decode ``prompt_ids`` [n] greedily with DFlash speculation; lossless by construction."""
+    """Decode ``prompt_ids`` [n] greedily with DFlash speculation; lossless by construction.
+
+    With a ``reference``, every committed token is checked against greedy as it is made
+    (see GreedyReference); the divergences are in the result.
+    """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     device = target.device
@@ -80,13 +127,18 @@ def speculative_generate(
     features = torch.empty(capacity, target.tap_width, dtype=target.dtype, device=device)
     block = torch.full((block_size,), drafter.mask_token_id, dtype=torch.long, device=device)
     stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    divergences: list[Divergence] = []
+    judging = reference.judge.seconds if reference is not None else 0.0
     _sync(device)
     started = time.perf_counter()
     sequence[:prompt_len] = prompt_ids.to(device)
     sequence[prompt_len] = target.prefill(sequence[:prompt_len], features[:prompt_len])
     committed = prompt_len  # tokens whose taps are known; sequence[committed] is the anchor
     accepted: list[int] = []
-    stopped = len(stops) > 0 and bool(torch.isin(sequence[prompt_len], stops))
+    stopped = False
+    if reference is not None:
+        stopped = _follow(reference, sequence, committed - 1, 0, prompt_len, divergences)[1]
+    stopped = stopped or (len(stops) > 0 and bool(torch.isin(sequence[prompt_len], stops)))
     while not stopped and committed + 1 - prompt_len < max_new_tokens:
         block[0] = sequence[committed]
         drafts = drafter.propose(features[:committed], block, committed)
@@ -94,18 +146,21 @@ def speculative_generate(
         greedy = target.verify(
             sequence, committed, block_size, features[committed : committed + block_size]
         )
-        matches = (drafts == greedy[:-1]).to(torch.int32)
-        count = int(matches.cumprod(0).sum())
+        count = int((drafts == greedy[:-1]).to(torch.int32).cumprod(0).sum())
         sequence[committed + count + 1] = greedy[count]
+        if reference is not None:
+            count, stopped = _follow(reference, sequence, committed, count, prompt_len, divergences)
         target.rollback(committed + count + 1)
         new_tokens = sequence[committed + 1 : committed + count + 2]
         committed += count + 1
         accepted.append(count)
-        stopped = len(stops) > 0 and bool(torch.isin(new_tokens, stops).any())
+        stopped = stopped or (len(stops) > 0 and bool(torch.isin(new_tokens, stops).any()))
     _sync(device)
     seconds = time.perf_counter() - started
+    if reference is not None:
+        seconds -= reference.judge.seconds - judging
     tokens = sequence[prompt_len : committed + 1].tolist()
-    return Generation(_truncate(tokens, max_new_tokens, stop_ids), accepted, seconds)
+    return Generation(_truncate(tokens, max_new_tokens, stop_ids), accepted, seconds, divergences)
 
 
 def greedy_generate(

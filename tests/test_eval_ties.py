@@ -1,0 +1,135 @@
+"""The lossless check in bf16: a deliberate near-tie is a numerical tie, a real mismatch fails.
+
+The target is a tiny real Qwen3 model whose LM-head row ``b`` is a copy of row ``a`` (a
+token its greedy continuation emits): logits a and b are equal, greedy picks a (the
+lower id wins an exact tie). The verification path is nudged the way a block forward
+that rounds differently would be: it adds a small amount to logit b, so speculative
+decoding commits b where greedy committed a.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from test_eval_speculative import BLOCK, TAPS, ScriptedDrafter
+from transformers import AutoModelForCausalLM
+
+from ringtrain.cli.eval import mismatch_error
+from ringtrain.eval import (
+    GreedyReference,
+    PromptOutcome,
+    TieJudge,
+    VerifyingTarget,
+    greedy_generate,
+    load_causal_lm,
+    speculative_generate,
+    summarize,
+)
+from ringtrain.eval.ties import ulp
+from ringtrain.target.tiny import build_tiny_target
+
+NEW_TOKENS = 40
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class NudgedTarget(VerifyingTarget):
+    """Verification forwards (keep > 1) add ``nudge`` to the float logit of ``token``."""
+
+    def __init__(self, model, token: int, nudge: float) -> None:
+        super().__init__(model, TAPS)
+        self.token, self.nudge = token, nudge
+
+    def _forward(self, tokens: torch.Tensor, features: torch.Tensor, keep: int) -> torch.Tensor:
+        logits = super()._forward(tokens, features, keep).float()
+        if keep == 1:
+            return logits
+        bump = torch.zeros(logits.shape[-1])
+        bump[self.token] = self.nudge
+        return logits + bump
+
+
+def _prompt() -> torch.Tensor:
+    return torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(4))
+
+
+@pytest.fixture(scope="module")
+def tied_target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, int]:
+    """A target directory whose LM-head row b copies row a, a the commonest greedy token."""
+    directory = build_tiny_target(tmp_path_factory.mktemp("tied"), seed=3, hybrid=False)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    greedy = greedy_generate(VerifyingTarget(model, TAPS), _prompt(), NEW_TOKENS).tokens
+    a = Counter(greedy).most_common(1)[0][0]
+    b = model.config.vocab_size - 2
+    assert a < b
+    with torch.no_grad():
+        model.lm_head.weight[b] = model.lm_head.weight[a]
+    model.save_pretrained(directory)
+    return directory, a, b
+
+
+def _decode(target: VerifyingTarget, judge: TieJudge) -> PromptOutcome:
+    prompt = _prompt()
+    greedy = greedy_generate(target, prompt, NEW_TOKENS)
+    drafter = ScriptedDrafter(prompt.tolist() + greedy.tokens, BLOCK - 1, target.vocab_size)
+    reference = GreedyReference(greedy.tokens, judge)
+    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS, reference=reference)
+    return PromptOutcome(0, len(prompt), spec, greedy)
+
+
+def test_near_tie_in_bf16_is_a_numerical_tie_and_decoding_goes_on(tied_target) -> None:
+    directory, a, b = tied_target
+    model = load_causal_lm(directory, dtype="bfloat16")
+    judge = TieJudge(model)
+    outcome = _decode(NudgedTarget(model, b, 0.01), judge)
+    ties = outcome.speculative.divergences
+    assert ties, "the nudge must flip some token"
+    assert all(d.tie and (d.speculative, d.greedy) == (b, a) for d in ties)
+    assert all(d.margin == 0.0 < d.tolerance for d in ties)
+    assert outcome.speculative.tokens == outcome.greedy.tokens
+    assert len(outcome.speculative.tokens) == NEW_TOKENS
+    report = summarize([outcome], BLOCK, judge.describe())
+    assert report.lossless and report.mismatches == []
+    assert len(report.numerical_ties) == len(ties)
+    assert report.as_dict()["numerical_ties"] == len(ties)
+    assert "numerical ties" in report.table()
+
+
+def test_the_same_divergence_in_float32_fails(tied_target) -> None:
+    directory, a, b = tied_target
+    model = load_causal_lm(directory, dtype="float32")
+    outcome = _decode(NudgedTarget(model, b, 0.01), TieJudge(model))
+    (divergence,) = outcome.speculative.divergences
+    assert (divergence.speculative, divergence.greedy) == (b, a)
+    assert not divergence.tie and divergence.tolerance == 0.0
+    report = summarize([outcome], BLOCK)
+    assert not report.lossless
+    assert report.mismatches[0]["position"] == divergence.position
+    assert report.mismatches[0]["margin"] == divergence.margin
+
+
+def test_real_mismatch_in_bf16_fails_naming_prompt_position_and_margin(tied_target) -> None:
+    directory, a, _ = tied_target
+    model = load_causal_lm(directory, dtype="bfloat16")
+    wrong = (a + 1) % 256
+    judge = TieJudge(model)
+    outcome = _decode(NudgedTarget(model, wrong, 1e4), judge)
+    (divergence,) = outcome.speculative.divergences
+    assert not divergence.tie and divergence.speculative == wrong
+    assert divergence.margin > divergence.tolerance > 0
+    assert len(outcome.speculative.tokens) == divergence.position + 1, "decoding stops there"
+    report = summarize([outcome], BLOCK, judge.describe())
+    assert not report.lossless and report.numerical_ties == []
+    error = mismatch_error(report)
+    assert f"prompt 0, position {divergence.position}" in error
+    assert f"margin {divergence.margin:.4g}" in error
+
+
+def test_ulp_follows_the_dtype() -> None:
+    assert ulp(20.0, torch.bfloat16) == 0.125
+    assert ulp(1.5, torch.bfloat16) == 2**-7
+    assert ulp(20.0, torch.float16) == 2**-6
+    assert ulp(20.0, torch.float32) == 0.0
