@@ -1,0 +1,115 @@
+"""Role-split advice on synthetic rate records with a known best split."""
+
+from __future__ import annotations
+
+import itertools
+
+from ringtrain.monitor.advice import (
+    MeasuredRates,
+    advise,
+    best_split,
+    measured_rates,
+    split_rate,
+)
+from ringtrain.monitor.ring_figures import RankFigures, intervals
+
+ROLES = ("target", "target", "drafter")
+
+
+def _figures(rows: list[tuple[int, str, int, int, float, float]]) -> list[RankFigures]:
+    return [RankFigures(*row) for row in rows]
+
+
+def test_best_split_of_eight_gpus_is_found_and_its_arithmetic_shown() -> None:
+    rates = MeasuredRates(
+        targets=5,
+        drafters=3,
+        target_rate=43_000,
+        drafter_rate=22_000,
+        gpus=8,
+        measured=64_000,
+        colocated_rate=12_000,
+    )
+    best = best_split(rates)
+    assert (best.targets, best.drafters) == (3, 5)
+    assert best.rate == 110_000
+    for targets in range(1, 8):
+        assert split_rate(rates, targets, 8 - targets) <= best.rate
+    text = "\n".join(advise(rates))
+    assert "now  5 targets + 3 drafters: min(5 x 43.0k, 3 x 22.0k) = 66.0k tok/s" in text
+    assert "(measured 64.0k)" in text
+    assert "best 3 targets + 5 drafters: min(3 x 43.0k, 5 x 22.0k) = 110k tok/s" in text
+    assert "1.72x now" in text  # against the measured rate
+    assert "8 x 12.0k = 96.0k tok/s" in text
+    assert text.endswith("=> 3 targets + 5 drafters would be fastest: ~110k tok/s")
+
+
+def test_colocation_wins_when_its_measured_rate_is_higher() -> None:
+    rates = MeasuredRates(
+        targets=4,
+        drafters=4,
+        target_rate=40_000,
+        drafter_rate=20_000,
+        gpus=8,
+        colocated_rate=16_000,
+    )
+    text = "\n".join(advise(rates))
+    assert "best 3 targets + 5 drafters" in text  # min(120k, 100k) = 100k
+    assert text.endswith(
+        "co-locating one target and one drafter per GPU would be fastest: ~128k tok/s"
+    )
+
+
+def test_current_split_already_fastest() -> None:
+    rates = MeasuredRates(targets=2, drafters=6, target_rate=30.0, drafter_rate=10.0, gpus=8)
+    assert (best_split(rates).targets, best_split(rates).drafters) == (2, 6)
+    assert advise(rates)[-1] == "  => the current split is the fastest"
+
+
+def test_rates_measured_from_ring_counters_pick_the_known_best_split() -> None:
+    # Over 10 s each target makes 60 batches and is blocked 8 s: 30 batches/s while not
+    # blocked; the drafter takes 100 batches and is never starved: 10 batches/s.
+    before = _figures([(r, role, r, 0, 5.0, 0.0) for r, role in enumerate(ROLES)])
+    items, blocked = (60, 60, 100), (8.0, 8.0, 0.0)
+    after = _figures([(r, ROLES[r], r, items[r], 15.0, blocked[r]) for r in range(3)])
+    rates = measured_rates(intervals(before, after), tokens_per_item=1000.0)
+    assert rates is not None
+    assert (rates.targets, rates.drafters, rates.gpus, rates.shared) == (2, 1, 3, False)
+    assert rates.target_rate == 30_000 and rates.drafter_rate == 10_000
+    assert rates.measured == 10_000 and rates.unit == "tok/s"
+    # 2 + 1: min(60k, 10k) = 10k; 1 + 2: min(30k, 20k) = 20k.
+    best = best_split(rates)
+    assert (best.targets, best.drafters, best.rate) == (1, 2, 20_000)
+    assert advise(rates)[-1] == "  => 1 target + 2 drafters would be fastest: ~20.0k tok/s"
+
+
+def test_shared_gpus_give_the_colocated_rate_and_cpu_counts_processes() -> None:
+    pairs = [(0, "target", 0), (1, "drafter", 0), (2, "target", 1), (3, "drafter", 1)]
+    before = _figures([(rank, role, device, 0, 0.0, 0.0) for rank, role, device in pairs])
+    waited = {"target": 5.0, "drafter": 0.0}
+    after = _figures([(rank, role, device, 50, 10.0, waited[role]) for rank, role, device in pairs])
+    rates = measured_rates(intervals(before, after))
+    assert (rates.gpus, rates.shared, rates.unit, rates.device) == (2, True, "batches/s", "GPU")
+    assert rates.colocated_rate == 5.0  # 2 drafters x 5 batches/s over 2 GPUs
+    text = "\n".join(advise(rates))
+    assert "now  2 targets + 2 drafters sharing 2 GPUs: measured 10 batches/s" in text
+    assert "2 x 5 = 10 batches/s" in text
+
+    on_cpu = [RankFigures(f.rank, f.role, -1, f.items, f.up_s, f.waited_s) for f in after]
+    cpu = measured_rates(
+        intervals([RankFigures(f.rank, f.role, -1, 0, 0.0, 0.0) for f in on_cpu], on_cpu)
+    )
+    assert (cpu.gpus, cpu.shared, cpu.device) == (4, False, "process")
+    assert "over the node's 4 processes" in advise(cpu)[0]
+
+
+def test_no_advice_until_both_roles_have_worked() -> None:
+    before = _figures([(0, "target", 0, 0, 1.0, 0.0), (1, "drafter", 1, 0, 1.0, 0.0)])
+    after = _figures([(0, "target", 0, 4, 3.0, 0.0), (1, "drafter", 1, 0, 3.0, 2.0)])
+    assert measured_rates(intervals(before, after)) is None
+
+
+def test_every_split_rate_is_the_slower_side() -> None:
+    rates = MeasuredRates(targets=1, drafters=1, target_rate=3.0, drafter_rate=5.0, gpus=2)
+    for t, d in itertools.product(range(1, 4), repeat=2):
+        assert split_rate(rates, t, d) == min(3.0 * t, 5.0 * d)
