@@ -160,6 +160,17 @@ class LoadedCheckpoint:
             restore_rng_states(self.training_state["rng"])
 
 
+def checkpoint_spec(directory: str | Path) -> DrafterSpec:
+    """The DrafterSpec saved in a checkpoint directory's config.json.
+
+    Raises ValueError naming the file when it is no DFlash drafter config."""
+    config_file = Path(directory) / CONFIG_FILE
+    try:
+        return spec_from_hf_config(json.loads(config_file.read_text()))
+    except ValueError as exc:  # json.JSONDecodeError is one too
+        raise ValueError(f"{config_file}: {exc}") from None
+
+
 def read_checkpoint_extra(path: str | Path) -> dict[str, Any]:
     """The `extra` dict of one checkpoint directory, without loading weights or state."""
     return json.loads((Path(path) / EXTRA_FILE).read_text())["extra"]
@@ -182,7 +193,7 @@ def load_checkpoint(
                 "holding a complete step_N checkpoint"
             )
         path = latest
-    spec = spec_from_hf_config(json.loads((path / CONFIG_FILE).read_text()))
+    spec = checkpoint_spec(path)
     model = None
     if weights:
         with torch.device(device):

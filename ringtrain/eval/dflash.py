@@ -9,15 +9,13 @@ The frozen embedding and LM head are the loaded target's own tensors.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from ringtrain.drafter import DFlashDrafter, DrafterSpec, FrozenHead, latest_checkpoint
-from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE
-from ringtrain.drafter.spec import spec_from_hf_config
+from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
 from ringtrain.eval.target import VerifyingTarget
 
 
@@ -39,11 +37,7 @@ def resolve_drafter_dir(path: str | Path) -> Path:
 
 def read_drafter_spec(path: str | Path) -> DrafterSpec:
     """The drafter's architecture, taps, block size and mask id from its config.json."""
-    config_file = resolve_drafter_dir(path) / CONFIG_FILE
-    try:
-        return spec_from_hf_config(json.loads(config_file.read_text()))
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{config_file}: {exc}") from None
+    return checkpoint_spec(resolve_drafter_dir(path))
 
 
 def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) -> None:

@@ -8,7 +8,6 @@ the problem and the fix.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import zlib
@@ -34,8 +33,7 @@ from ringtrain.drafter import (
     read_checkpoint_extra,
     save_checkpoint,
 )
-from ringtrain.drafter.checkpoint import CONFIG_FILE
-from ringtrain.drafter.spec import spec_from_hf_config
+from ringtrain.drafter.checkpoint import checkpoint_spec
 from ringtrain.ring import PeerDied, Ring, RingError, RingSpec
 from ringtrain.target import TargetLoadError, TargetRunner, load_target, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
@@ -76,7 +74,7 @@ def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
 
 def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
     """Raise ConfigError if `checkpoint` holds a drafter of another shape than `spec`."""
-    saved = spec_from_hf_config(json.loads((checkpoint / CONFIG_FILE).read_text()))
+    saved = checkpoint_spec(checkpoint)
     if saved == spec:
         return
     differences = ", ".join(
