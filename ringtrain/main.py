@@ -21,8 +21,9 @@ import torch.distributed as dist
 
 from ringtrain.config import Config, ConfigError, dump_config, load_config, parse_config
 from ringtrain.trainer.logs import get_logger, setup_logging
+from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
-from ringtrain.trainer.session import INPUT_ERRORS, run_session, validate_inputs
+from ringtrain.trainer.session import run_session
 from ringtrain.trainer.signals import StopRequest
 
 
