@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ringtrain.data.errors import DatasetError
@@ -31,9 +32,18 @@ ROLE_NAMES = {
 _SENTINEL = "RINGTRAIN-SENTINEL-7f3a"
 
 
+def decode_record(line: bytes, where: str) -> Any:
+    """One JSONL line decoded; `where` (file:line) names it in the error."""
+    try:
+        return msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise DatasetError(f"{where}: not valid JSON ({exc})") from None
+
+
 def conversation_messages(record: Any, where: str) -> list[dict[str, str]]:
     """The messages of one JSONL record: `messages` or `conversations`, with role/content
-    or ShareGPT-style from/value keys; roles normalised (human -> user, gpt -> assistant)."""
+    or ShareGPT-style from/value keys; roles normalised (human -> user, gpt -> assistant).
+    A text `reasoning_content` is kept: chat templates of reasoning models render it."""
     turns = (
         record.get("messages", record.get("conversations")) if isinstance(record, dict) else None
     )
@@ -53,7 +63,10 @@ def conversation_messages(record: Any, where: str) -> list[dict[str, str]]:
             )
         if not isinstance(content, str):
             raise DatasetError(f"{where}: message {index} has no text 'content' (or 'value')")
-        messages.append({"role": ROLE_NAMES[role], "content": content})
+        message = {"role": ROLE_NAMES[role], "content": content}
+        if isinstance(turn.get("reasoning_content"), str):
+            message["reasoning_content"] = turn["reasoning_content"]
+        messages.append(message)
     return messages
 
 

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import msgspec
 import numpy as np
 
 from ringtrain.data.arrow_files import DATA_SUFFIXES
-from ringtrain.data.chat import ConversationEncoder, conversation_messages
+from ringtrain.data.chat import ConversationEncoder, conversation_messages, decode_record
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.writer import TokenFileWriter
 
@@ -97,10 +96,7 @@ def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
         if not line.strip():
             continue
         where = f"{source}:{number}"
-        try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError as exc:
-            raise DatasetError(f"{where}: not valid JSON ({exc})") from None
+        record = decode_record(line, where)
         ids, mask, truncated = _encoder.encode(conversation_messages(record, where), where)
         totals.conversations += 1
         supervised = int(mask.sum())
