@@ -1,5 +1,7 @@
-"""`ringtrain-data`: prepare a training dataset from chat JSONL, or inspect one.
+"""`ringtrain-data`: regenerate chat JSONL with the target, prepare a training dataset
+from it, or inspect one.
 
+ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N]
 ringtrain-data inspect data/ [--vocab-size V] [--json]
 """
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
@@ -23,10 +26,103 @@ DFlash trains the drafter on the TARGET's own outputs: regenerate the assistant
 responses with the target model (its chat template, your serving sampling settings)
 before preparing; answers written by another model lower the acceptance length."""
 
+REGENERATE_HELP = """\
+Answer every assistant turn of chat JSONL again with the target, served by vLLM or SGLang
+(any OpenAI chat-completions server; several --server URLs share the load). Each turn is
+regenerated given the conversation before it, whose earlier assistant turns are the
+regenerated ones; a conversation ending with a user turn gets one new assistant turn.
+The output is appended record by record; rerunning the same command continues it.
+Records that fail are listed in <output>.errors.jsonl. Exit status: 0 all done,
+1 done but some records failed, 2 bad arguments or files, 3 the server stopped answering,
+130 interrupted."""
+
+
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
+    regenerate = commands.add_parser(
+        "regenerate",
+        help="answer chat JSONL again with the target behind vLLM/SGLang",
+        description=REGENERATE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = regenerate.add_argument
+    add("--server", action="append", required=True, help="OpenAI base URL, http://HOST:PORT/v1")
+    add("--model", required=True, help="model name as the server lists it")
+    add("--input", required=True, type=Path, help="chat JSONL file")
+    add("--output", required=True, type=Path, help="regenerated JSONL (continued if present)")
+    add("--resume", action="store_true", help="continue --output; an error if it is missing")
+    add("--concurrency", type=int, default=64, help="conversations in flight (default 64)")
+    add("--max-tokens", type=int, default=4096, help="per answer (default 4096)")
+    add("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    add(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default=None,
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
+    add("--timeout", type=float, default=1800.0, help="seconds per request (default 1800)")
+    add("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
+    add("--retries", type=int, default=6, help="retries per request, with backoff (default 6)")
+    add(
+        "--max-failures",
+        type=int,
+        default=32,
+        help="stop after this many failed records in a row (default 32)",
+    )
+    add("--no-progress", action="store_true", help="no progress bar")
+
+
+def _regenerate(args: argparse.Namespace) -> int:
+    try:
+        from ringtrain.data.regen_client import RetryPolicy, Sampling
+        from ringtrain.data.regenerate import (
+            RegenerateOptions,
+            ServerGone,
+            regenerate,
+            summary,
+        )
+    except ImportError as exc:
+        raise DatasetError(
+            f"regenerate needs {exc.name}: pip install 'ringtrain[regenerate]'"
+        ) from None
+    options = RegenerateOptions(
+        servers=args.server,
+        sampling=Sampling(args.model, args.max_tokens, args.temperature, args.chat_template_kwargs),
+        input=args.input,
+        output=args.output,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        api_key=args.api_key,
+        retry=RetryPolicy(retries=args.retries),
+        max_failures=args.max_failures,
+        resume=args.resume,
+    )
+    try:
+        totals = regenerate(options, progress=None if args.no_progress else sys.stderr)
+    except ServerGone as exc:
+        print(f"ringtrain-data: error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(
+            f"ringtrain-data: interrupted; the records written are kept in {args.output}: "
+            "rerun the same command to continue",
+            file=sys.stderr,
+        )
+        return 130
+    print(summary(options, totals))
+    return 1 if totals.failed else 0
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringtrain-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_regenerate_parser(commands)
     prepare = commands.add_parser(
         "prepare",
         help="chat JSONL -> Arrow dataset",
@@ -51,9 +147,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 on a bad dataset or input)."""
+    """Entry point; returns the exit status (2 on a bad dataset or input; regenerate's
+    other statuses are in its help)."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "regenerate":
+            return _regenerate(args)
         if args.command == "prepare":
             totals = prepare_dataset(
                 args.tokenizer,
