@@ -29,17 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dpi", type=int, default=80, help="resolution (default 80)")
     args = parser.parse_args(argv)
     try:
+        run = read_run(args.run_dir)
+    except RunDirError as exc:
+        print(f"ringtrain-plot: {exc}", file=sys.stderr)
+        return 2
+    try:
         from ringtrain.monitor.figure import render
     except ImportError as exc:
         print(
             f"ringtrain-plot: needs matplotlib ({exc}): pip install 'ringtrain[plot]'",
             file=sys.stderr,
         )
-        return 2
-    try:
-        run = read_run(args.run_dir)
-    except RunDirError as exc:
-        print(f"ringtrain-plot: {exc}", file=sys.stderr)
         return 2
     output = render(run, args.output or args.run_dir / "run.png", dpi=args.dpi)
     skipped = f" ({run.unreadable} unreadable line(s) skipped)" if run.unreadable else ""

@@ -86,7 +86,10 @@ def _ring(ax: Axes, run: RunLog) -> None:
             share = role_mean(ranks, role, "wait_share")
             if share is not None:
                 points.append((step, 100 * share))
-    for role, label in (("target", "targets wait (ring full)"), ("drafter", "drafters wait")):
+    for role, label in (
+        ("target", "targets wait (ring full)"),
+        ("drafter", "drafters wait (ring empty)"),
+    ):
         if waits[role]:
             steps, values = zip(*waits[role], strict=True)
             ax.plot(steps, _smooth(np.array(values)), label=label)
@@ -137,8 +140,9 @@ def _title(run: RunLog) -> str:
         parts.append(f"{len(run.evals)} evaluations (tau_sim {run.evals[-1]['tau_sim']:.2f})")
     if run.restarts:
         parts.append(f"resumed at step {', '.join(map(str, run.restarts))}")
-    if "wall" in last:
-        parts.append(f"last step {time.time() - float(last['wall']):,.0f} s ago")
+    age = time.time() - float(last.get("wall", time.time()))
+    if age >= 0:
+        parts.append(f"last step {age:,.0f} s ago")
     return " | ".join(parts)
 
 
@@ -156,9 +160,11 @@ def render(run: RunLog, output: Path, dpi: int = 80) -> Path:
     for ax, title in zip((loss, tau, rate, ring, busy), titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")
-        for step in run.restarts:
-            ax.axvline(step, color="grey", ls="--", lw=1)
+        for index, step in enumerate(run.restarts):
+            ax.axvline(step, color="grey", ls="--", lw=1, label=None if index else "resumed")
         ax.grid(alpha=0.3)
+    if run.restarts:
+        loss.legend(fontsize="small")
     accuracy.set_title("accuracy per block position")
     accuracy.grid(alpha=0.3)
     fig.suptitle(_title(run))

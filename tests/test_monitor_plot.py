@@ -1,0 +1,94 @@
+"""ringtrain-plot and the run reader: live and finished runs, resumed runs, non-runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from monitor_records import eval_record, step_record, write_run
+
+from ringtrain.cli.plot import main as plot_main
+from ringtrain.monitor.runlog import RunDirError, read_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_live_run_with_a_torn_last_line_is_read(tmp_path: Path) -> None:
+    records = [step_record(step) for step in range(1, 5)]
+    torn = json.dumps(step_record(5))[:40]  # the writer is in the middle of this line
+    run = read_run(write_run(tmp_path, records, tail=torn))
+    assert [r["step"] for r in run.steps] == [1, 2, 3, 4]
+    assert run.unreadable == 1 and run.restarts == [] and run.name == "synthetic"
+
+
+def test_a_resumed_run_keeps_the_retrained_steps_and_marks_the_restart(tmp_path: Path) -> None:
+    first = [step_record(step) for step in range(1, 6)]
+    first.insert(3, eval_record(3, 1))
+    first.append(eval_record(5, 2))  # evaluated after step 5, which is trained again
+    resumed = [step_record(step) for step in range(4, 8)]
+    for record in resumed:
+        record["loss"] = 100.0
+    cut = json.dumps(step_record(6))[:25] + "\n"  # a crash cut this line
+    (tmp_path / "a").mkdir()
+    write_run(tmp_path / "a", first)
+    with (tmp_path / "a" / "metrics.jsonl").open("a") as file:
+        file.write(cut + "".join(json.dumps(r) + "\n" for r in [{"event": "start"}, *resumed]))
+    run = read_run(tmp_path / "a")
+    assert [r["step"] for r in run.steps] == list(range(1, 8))
+    assert [r["loss"] for r in run.steps[3:]] == [100.0] * 4
+    assert [e["step"] for e in run.evals] == [3]
+    assert run.restarts == [4] and run.unreadable == 1
+
+    # A session that resumes right after the last step is found by its start record.
+    boundary = [*first, {"event": "start", "wall": 1.0}, step_record(6), step_record(7)]
+    assert read_run(write_run(tmp_path / "b", boundary)).restarts == [6]
+    # Files written without start records: a step that does not follow the one before.
+    legacy = [step_record(s) for s in (1, 2, 3, 2, 3, 4)]
+    assert read_run(write_run(tmp_path / "c", legacy)).restarts == [2]
+
+
+def test_what_is_not_a_run_is_refused_with_a_reason(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match="is not a ringtrain run directory"):
+        read_run(tmp_path)
+    with pytest.raises(RunDirError, match="is not a directory"):
+        read_run(tmp_path / "missing")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"no step record yet.*does not exist"):
+        read_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "st')
+    with pytest.raises(RunDirError, match="no step record yet"):
+        read_run(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli.plot", str(tmp_path.parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "is not a ringtrain run directory" in done.stderr
+    assert "pass the run.run_dir of a training run" in done.stderr
+
+
+def test_a_finished_run_renders_one_png(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    from PIL import Image
+
+    records = [step_record(step) for step in range(1, 41)]
+    records += [eval_record(20, 1), eval_record(40, 2)]
+    records.insert(25, {"event": "start"})  # resumed after step 25
+    run_dir = write_run(tmp_path / "run", records)
+    assert plot_main([str(run_dir), "-o", str(tmp_path / "out" / "run.png")]) == 0
+    assert "40 steps, 2 evaluations" in capsys.readouterr().out
+    png = (tmp_path / "out" / "run.png").read_bytes()
+    assert png.startswith(PNG_MAGIC)
+    with Image.open(tmp_path / "out" / "run.png") as image:
+        assert image.size == (1040, 800)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is not None and len(colours) > 50  # curves were drawn, not a blank page
+
+    no_figures = [step_record(step, ring=False, gpu=False) for step in range(1, 3)]
+    assert plot_main([str(write_run(tmp_path / "cpu", no_figures))]) == 0
+    assert (tmp_path / "cpu" / "run.png").read_bytes().startswith(PNG_MAGIC)
