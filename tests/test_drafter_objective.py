@@ -5,16 +5,31 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import msgspec
 import pytest
 import torch
 from tiny_drafter import DOCS, MAX_TOKENS, make_setup, objective, train
 
+from ringtrain.config import ConfigError, parse_config
 from ringtrain.drafter import ObjectiveSums
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.objective import prepare_batch
 
 
-def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str, object]:
+def reference_weights(ces: dict[int, float], gamma: float, alpha: float | None) -> dict[int, float]:
+    """Slot weights of one block from its scored slots' CE: decayed, or D-PACE with alpha."""
+    if alpha is None:
+        return {k: math.exp(-(k - 1) / gamma) for k in ces}
+    reach, run = {}, 1.0
+    for k in sorted(ces):
+        run *= alpha + (1 - alpha) * math.exp(-ces[k])
+        reach[k] = run
+    return {k: sum(r for m, r in reach.items() if m >= k) for k in ces}
+
+
+def reference_sums(
+    model, head, batch, cfg, seed: int, gamma: float, alpha: float | None = None
+) -> dict[str, object]:
     """The objective from the inference entry, one block and one label at a time."""
     blocks = build_blocks(
         batch, torch.Generator().manual_seed(seed), cfg,
@@ -34,17 +49,19 @@ def reference_sums(model, head, batch, cfg, seed: int, gamma: float) -> dict[str
             head, batch.hidden[start:p], batch.position_ids[start:p].long(), block_ids, positions
         )
         prefix_open = True
+        ces = {}
         for k in range(1, block):
             scored = p + k < end and mask[p + k] == 1
             hit = scored and int(logits[k].argmax()) == ids[p + k]
             prefix_open = prefix_open and hit
             accepted += prefix_open
             if scored:
-                w = math.exp(-(k - 1) / gamma)
-                loss += w * float(torch.logsumexp(logits[k], 0) - logits[k, ids[p + k]])
-                weight += w
+                ces[k] = float(torch.logsumexp(logits[k], 0) - logits[k, ids[p + k]])
                 counted[k - 1] += 1
                 correct[k - 1] += hit
+        for k, w in reference_weights(ces, gamma, alpha).items():
+            loss += w * ces[k]
+            weight += w if alpha is None else 1.0
     return {
         "loss_sum": loss, "weight_sum": weight, "correct": correct, "counted": counted,
         "accepted_sum": accepted, "block_count": len(anchors),
@@ -80,6 +97,23 @@ def test_objective_equals_the_per_block_inference_reference(trained, seed: int) 
     assert int(sums.block_count) == ref["block_count"]
     metrics = ObjectiveSums.summarise(sums.as_vector(), cfg.block_size)
     assert metrics["tau"] == pytest.approx(1 + ref["accepted_sum"] / ref["block_count"])
+
+
+def test_dpace_objective_equals_the_per_block_reference(trained) -> None:
+    cfg, model, head, batch, _ = trained
+    cfg = msgspec.structs.replace(cfg, objective="dpace", dpace_alpha=0.3)
+    with torch.no_grad():
+        sums = objective(model, head, batch, cfg, seed=0)
+    ref = reference_sums(model, head, batch, cfg, 0, gamma=4.0, alpha=0.3)
+    assert math.isclose(float(sums.loss_sum), ref["loss_sum"], rel_tol=1e-9)
+    assert float(sums.weight_sum) == ref["weight_sum"] == sum(ref["counted"])
+    assert sums.counted.tolist() == ref["counted"]
+
+
+def test_dpace_training_lowers_the_loss() -> None:
+    cfg, model, head, batch = make_setup(objective="dpace")
+    losses = train(model, head, batch, cfg, seeds=[0] * 15)
+    assert losses[-1] < 0.8 * losses[0], losses
 
 
 def block_outputs(model, head, batch, cfg, hidden, flex: bool):
@@ -148,3 +182,13 @@ def test_draft_tokens_are_the_argmax_of_slots_one_on() -> None:
     logits = model.draft_logits(head, ctx, positions, block_ids, 20 + torch.arange(8))
     assert tokens.tolist() == logits[1:].argmax(-1).tolist()
     assert tokens.shape == (cfg.block_size - 1,)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("drafter.objective=ce", "objective"), ("drafter.dpace_alpha=1.5", "dpace_alpha")],
+)
+def test_bad_objective_settings_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"drafter\.{key}"):
+        parse_config("", overrides=[override])
+    assert parse_config("", overrides=["drafter.objective=dpace"]).drafter.objective == "dpace"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
 
@@ -15,8 +17,15 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     anchor_ref_len: int = 3072
     # Mask token id (Qwen3: 151669; Qwen3.5/3.6: 248070). -1: last id of the vocab.
     mask_token_id: int = -1
+    # Training objective: "decayed_ce" (the paper's cross-entropy, slot k weighted
+    # exp(-(k-1)/gamma)) or "dpace" (D-PACE: each slot weighted by the expected number of
+    # slots decoding reaches from it, from the drafter's own confidences; see
+    # ringtrain.drafter.loss.dpace_weights).
+    objective: Literal["decayed_ce", "dpace"] = "decayed_ce"
     # Loss decay gamma; 0 picks the paper's value for the block size (16: 7, 10: 5, 8: 4).
     gamma: float = 0.0
+    # D-PACE confidence smoothing: s_k = alpha + (1 - alpha) * q_k (1: uniform weights).
+    dpace_alpha: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
     num_attention_heads: int = 0
     num_key_value_heads: int = 0
     head_dim: int = 0

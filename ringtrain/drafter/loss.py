@@ -7,13 +7,42 @@ one-hot, times the row weights, back through the LM head) and drops the logits, 
 backward only scales G. Memory therefore scales with the chunk, not with anchors x
 vocabulary, and the LM head matmul is never recomputed. When no gradient is needed
 (evaluation), G is skipped. The LM head is frozen: no gradient is produced for it.
+
+Row weights are either given (the decayed cross-entropy: fixed per block slot) or made
+from the chunk's own cross-entropy by a `Reweight` (D-PACE, see `dpace_weights`); made
+weights are detached, so G keeps its form. Then every chunk holds whole blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
+
+# (cross-entropy [rows], given row weights [rows]) -> the row weights used; no gradient.
+Reweight = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def given_weights(_ce: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
+    """The decayed cross-entropy's weights: the given ones, unchanged."""
+    return row_weights
+
+
+def dpace_weights(ce: torch.Tensor, scored: torch.Tensor, alpha: float, slots: int) -> torch.Tensor:
+    """D-PACE position weights for rows laid out as whole blocks of ``slots`` rows.
+
+    With q_k = exp(-CE_k) the drafter's probability of the label at slot k and
+    s_k = alpha + (1 - alpha) * q_k (1 at unscored slots, so they pass through), the
+    chance that decoding still runs at slot m is R_m = s_1 * ... * s_m, and slot k's
+    weight is the expected run length from k on: w_k = R_k + R_{k+1} + ... (scored
+    slots only); 0 at unscored slots. ``scored`` is 1 on scored rows, 0 elsewhere.
+    """
+    scored = scored.view(-1, slots)
+    smoothed = torch.where(scored > 0, alpha + (1.0 - alpha) * torch.exp(-ce.view(-1, slots)), 1.0)
+    reach = torch.cumprod(smoothed, dim=1) * scored
+    from_here = reach.sum(1, keepdim=True) - reach.cumsum(1) + reach
+    return (from_here * scored).reshape(-1)
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -21,26 +50,42 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (hidden @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32))
 
 
-def chunk_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, row_weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk: (sum of row_weights * CE, per-row argmax == label)."""
+def _weighted_ce(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    reweight: Reweight,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, log-sum-exp, row weights used, sum of weights * CE) of one chunk."""
     logits = _logits(hidden, weight)
     lse = torch.logsumexp(logits, dim=-1)
-    target = logits.gather(1, labels[:, None]).squeeze(1)
-    loss = ((lse - target) * row_weights.to(lse.dtype)).sum()
+    ce = lse - logits.gather(1, labels[:, None]).squeeze(1)
+    scale = reweight(ce.detach(), row_weights.to(lse.dtype))
+    return logits, lse, scale, (ce * scale).sum()
+
+
+def chunk_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    reweight: Reweight = given_weights,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk: (sum of weights * CE, per-row argmax == label)."""
+    logits, _, _, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
     return loss, logits.argmax(-1) == labels
 
 
 def chunk_loss_and_grad(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, row_weights: torch.Tensor
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    reweight: Reweight = given_weights,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """chunk_loss plus the gradient of the chunk's loss with respect to its hidden rows."""
-    logits = _logits(hidden, weight)
-    lse = torch.logsumexp(logits, dim=-1)
-    target = logits.gather(1, labels[:, None]).squeeze(1)
-    scale = row_weights.to(lse.dtype)
-    loss = ((lse - target) * scale).sum()
+    logits, lse, scale, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
     vocab = torch.arange(logits.shape[1], device=logits.device)
     one_hot = vocab[None, :] == labels[:, None]
     grad_logits = (torch.exp(logits - lse[:, None]) - one_hot.to(lse.dtype)) * scale[:, None]
@@ -48,16 +93,24 @@ def chunk_loss_and_grad(
 
 
 class ChunkFns:
-    """The per-chunk kernels (eager, or compiled once for their static shapes)."""
+    """The per-chunk kernels (eager, or compiled once for their static shapes).
 
-    def __init__(self, compile_mode: str | None = None) -> None:
-        self.loss: Callable = chunk_loss
-        self.loss_and_grad: Callable = chunk_loss_and_grad
+    ``reweight`` makes the row weights from the chunk's cross-entropy (default: the given
+    weights); ``group`` rows (one block's scored slots) always share a chunk.
+    """
+
+    def __init__(
+        self,
+        compile_mode: str | None = None,
+        reweight: Reweight = given_weights,
+        group: int = 1,
+    ) -> None:
+        self.group = group
+        self.loss: Callable = partial(chunk_loss, reweight=reweight)
+        self.loss_and_grad: Callable = partial(chunk_loss_and_grad, reweight=reweight)
         if compile_mode is not None:
-            self.loss = torch.compile(chunk_loss, mode=compile_mode, dynamic=False)
-            self.loss_and_grad = torch.compile(
-                chunk_loss_and_grad, mode=compile_mode, dynamic=False
-            )
+            self.loss = torch.compile(self.loss, mode=compile_mode, dynamic=False)
+            self.loss_and_grad = torch.compile(self.loss_and_grad, mode=compile_mode, dynamic=False)
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
@@ -96,18 +149,20 @@ def chunked_head_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum over rows of row_weights * CE(hidden @ weight.T, labels), argmax == label per row).
 
-    Rows are split into equal chunks of at most `chunk` rows (the tail is padded with
-    zero-weight rows), so a compiled chunk kernel sees one shape only.
+    Rows are split into equal chunks of about `chunk` rows, each a whole number of
+    ``fns.group`` rows (the tail is padded with zero-weight rows), so a compiled chunk
+    kernel sees one shape only.
     """
+    fns = fns or ChunkFns()
     rows = hidden.shape[0]
     num_chunks = max(1, -(-rows // chunk))
     chunk = -(-rows // num_chunks)
+    chunk = -(-chunk // fns.group) * fns.group
+    num_chunks = max(1, -(-rows // chunk))
     pad = num_chunks * chunk - rows
     if pad:
         hidden = torch.cat((hidden, hidden.new_zeros(pad, hidden.shape[1])))
         labels = torch.cat((labels, labels.new_zeros(pad)))
         row_weights = torch.cat((row_weights, row_weights.new_zeros(pad)))
-    loss, correct = _ChunkedHeadLoss.apply(
-        hidden, weight, labels, row_weights, chunk, fns or ChunkFns()
-    )
+    loss, correct = _ChunkedHeadLoss.apply(hidden, weight, labels, row_weights, chunk, fns)
     return loss, correct[:rows]

@@ -3,12 +3,21 @@
 `block_objective` samples anchors, builds blocks and BlockMasks, runs the drafter (compiled
 on CUDA), and returns *sums* (weighted CE, weights, per-position hits, accepted prefixes),
 so the trainer can all-reduce them and normalise by global counts. Nothing here syncs
-with the host. The decay is w_k = exp(-(k - 1) / gamma) for slots k = 1 .. B - 1.
+with the host.
+
+Objectives ([drafter] objective):
+- ``decayed_ce`` (the paper's): CE at slot k weighted w_k = exp(-(k - 1) / gamma), k = 1 ..
+  B - 1; the normaliser (``weight_sum``) is the sum of the weights of the scored labels.
+- ``dpace`` (D-PACE, Dynamic Position-Aware Cross-Entropy): slot k weighted by the
+  expected number of slots decoding reaches from k on, computed (without gradient) from
+  the drafter's own probabilities of the labels, see ``loss.dpace_weights``; the
+  normaliser is the number of scored labels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 from torch import nn
@@ -16,7 +25,13 @@ from torch import nn
 from ringtrain.drafter.blocks import BlockBatch, PackedRows, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
-from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
+from ringtrain.drafter.loss import (
+    ChunkFns,
+    Reweight,
+    chunked_head_loss,
+    dpace_weights,
+    given_weights,
+)
 from ringtrain.drafter.masks import BlockMaskBuilder
 from ringtrain.drafter.model import DFlashDrafter
 from ringtrain.drafter.spec import loss_gamma
@@ -27,7 +42,7 @@ class ObjectiveSums:
     """Sums over one batch (tensors on the batch's device); backward on loss_sum."""
 
     loss_sum: torch.Tensor  # sum of w_k * CE over scored labels (differentiable)
-    weight_sum: torch.Tensor  # sum of w_k over scored labels
+    weight_sum: torch.Tensor  # the normaliser: sum of w_k (decayed_ce) or scored labels (dpace)
     correct: torch.Tensor  # [B - 1] scored labels predicted right, per slot k = 1 .. B - 1
     counted: torch.Tensor  # [B - 1] scored labels per slot
     accepted_sum: torch.Tensor  # sum over blocks of the correct prefix length of slots 1..B-1
@@ -70,7 +85,9 @@ class _Workspace:
         self.forward = (
             torch.compile(model, mode=cfg.compile_mode, dynamic=False) if compiled else model
         )
-        self.chunk_fns = ChunkFns(cfg.compile_mode if compiled else None)
+        self.chunk_fns = ChunkFns(
+            cfg.compile_mode if compiled else None, objective_reweight(cfg), spec.block_size - 1
+        )
 
 
 _WORKSPACES_ATTR = "_ringtrain_workspaces"
@@ -85,7 +102,7 @@ def _drafter_of(model: nn.Module) -> DFlashDrafter:
 
 def _workspace(model: nn.Module, cfg: DrafterConfig, layout, device) -> _Workspace:
     spec = _drafter_of(model).spec
-    key = (layout, str(device), cfg.compile, cfg.compile_mode)
+    key = (layout, str(device), cfg.compile, cfg.compile_mode, cfg.objective, cfg.dpace_alpha)
     per_model = model.__dict__.setdefault(_WORKSPACES_ATTR, {})
     if key not in per_model:
         per_model[key] = _Workspace(model, spec, cfg, layout, device)
@@ -96,6 +113,23 @@ def slot_weights(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype) -
     """w_k = exp(-(k - 1) / gamma) for k = 0 .. B - 1 (k = 0 is never scored)."""
     slots = torch.arange(cfg.block_size, device=device, dtype=dtype)
     return torch.exp(-(slots - 1) / loss_gamma(cfg))
+
+
+def objective_reweight(cfg: DrafterConfig) -> Reweight:
+    """How the loss turns the given row weights into the ones it uses (see the module)."""
+    if cfg.objective == "dpace":
+        return partial(dpace_weights, alpha=cfg.dpace_alpha, slots=cfg.block_size - 1)
+    return given_weights
+
+
+def given_row_weights(cfg: DrafterConfig, scored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Row weights [A, B - 1] handed to the loss; their sum is the objective's normaliser.
+
+    decayed_ce: w_k on scored slots; dpace: 1 on scored slots (the loss makes the weights).
+    """
+    if cfg.objective == "dpace":
+        return scored.to(dtype)
+    return slot_weights(cfg, scored.device, dtype)[1:] * scored
 
 
 def checked_workspace(
@@ -163,7 +197,7 @@ def score_blocks(
         rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
         scored = batch.scored[:, 1:]
         loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
-        weights = slot_weights(cfg, device, loss_dtype)[1:] * scored
+        weights = given_row_weights(cfg, scored, loss_dtype)
         loss_sum, correct = chunked_head_loss(
             rows.to(head.lm_head.dtype),
             head.lm_head,
