@@ -1,7 +1,8 @@
 """ringtrain-stat: look at live rings without disturbing them.
 
     ringtrain-stat                 list live rings
-    ringtrain-stat RUN             slot states, occupancy, wait percentages, ranks, verdict
+    ringtrain-stat RUN             slot states, occupancy, wait percentages, ranks, verdict,
+                                   and the split of the node's GPUs the ranks' rates favour
     ringtrain-stat RUN --watch 2   refresh every 2 s, adding rates over the last interval
     --json                         machine-readable output (one JSON document per refresh)
 
@@ -16,6 +17,8 @@ import json
 import sys
 import time
 
+from ringtrain.monitor.advice import advise, measured_rates
+from ringtrain.monitor.ring_figures import snapshot_intervals
 from ringtrain.ring.snapshot import RingSnapshot, discover, open_ring, with_interval
 
 _STATE_MARK = {"free": ".", "writing": "w", "ready": "R", "reading": "r"}
@@ -67,6 +70,16 @@ def format_snapshot(snap: RingSnapshot) -> str:
     return "\n".join(lines)
 
 
+def role_split_advice(current: RingSnapshot, previous: RingSnapshot | None) -> list[str]:
+    """Which split of the node's GPUs would be fastest, from the ranks' rates since `previous`
+    (since they attached without one); nothing while a rank is dead or a role has no rate."""
+    rates = measured_rates(snapshot_intervals(current, previous))
+    if current.dead or rates is None:
+        return []
+    span = f"over the last {current.interval_s:.1f} s" if previous else "since start-up"
+    return [*advise(rates), f"  (rates {span}, in batches; --watch measures each interval)"]
+
+
 def _list(as_json: bool) -> int:
     rings = discover()
     if as_json:
@@ -109,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             snap = reader.snapshot()
             if previous is not None:
                 snap = with_interval(previous, snap)
+            advice = role_split_advice(snap, previous)
             if args.json:
-                print(json.dumps(dataclasses.asdict(snap)), flush=True)
+                print(json.dumps({**dataclasses.asdict(snap), "advice": advice}), flush=True)
             else:
-                print(format_snapshot(snap) + ("\n" if args.watch else ""), flush=True)
+                text = "\n".join([format_snapshot(snap), *advice])
+                print(text + ("\n" if args.watch else ""), flush=True)
             if args.watch is None:
                 return 0
             previous = snap

@@ -110,6 +110,16 @@ def since_attach(figures: list[RankFigures]) -> list[RankInterval]:
     return [RankInterval(f.rank, f.role, f.device, f.items, f.up_s, f.waited_s) for f in figures]
 
 
+def snapshot_intervals(
+    current: RingSnapshot, previous: RingSnapshot | None = None
+) -> list[RankInterval]:
+    """Each rank's figures since `previous`, or since it attached when there is none."""
+    now = [RankFigures.from_snapshot(r) for r in current.ranks]
+    if previous is None:
+        return since_attach(now)
+    return intervals([RankFigures.from_snapshot(r) for r in previous.ranks], now)
+
+
 def role_mean(ranks: list[RankInterval], role: str, value: str) -> float | None:
     """Mean of attribute `value` over the ranks of `role` that have one (None: none has)."""
     values = [getattr(r, value) for r in ranks if r.role == role]
