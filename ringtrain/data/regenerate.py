@@ -94,13 +94,17 @@ class _Run:
         self.journal.write_error(line, f"{self.options.input}:{line}", reason)
         self.totals.failed += 1
         if not server_fault:
-            self.bar.write(f"ringtrain-data: skipped {reason}")
+            self.note(f"skipped {reason}")
         if server_fault:
             self.streak += 1
         if self.streak >= self.options.max_failures:
             self.last_error = reason
             self.gone.set()
         self._advance()
+
+    def note(self, message: str) -> None:
+        """A line on stderr that leaves the progress bar intact."""
+        tqdm.write(f"ringtrain-data: {message}", file=sys.stderr)
 
     def record_written(self, record: dict[str, Any], tokens: int) -> None:
         self.journal.write(record)
@@ -230,7 +234,7 @@ def regenerate(
     run = _Run(options, journal, bar)
     run.totals.records, run.totals.done_before = records, len(journal.done)
     if journal.cut_bytes:
-        bar.write(f"ringtrain-data: dropped a torn last record ({journal.cut_bytes} bytes)")
+        run.note(f"dropped the torn last line of {options.output} ({journal.cut_bytes} bytes)")
     try:
         asyncio.run(_main(run))
     finally:
