@@ -1,0 +1,150 @@
+"""ringtrain-data regenerate against OpenAI-compatible servers on 127.0.0.1 (tools/chat_server.py):
+contents per record and turn, options passed through, retried faults, bad input lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data.regen_client import RetryPolicy, Sampling
+from ringtrain.data.regenerate import RegenerateOptions, regenerate
+from tests.regenerate_chats import MODEL, assert_all_regenerated, read_output, write_chats
+from tools.chat_server import ChatServer, Faults
+
+
+def _args(servers: list[ChatServer], chats: Path, output: Path, *extra: str) -> list[str]:
+    urls = [arg for server in servers for arg in ("--server", server.url)]
+    return [
+        "regenerate",
+        *urls,
+        "--model",
+        MODEL,
+        "--input",
+        str(chats),
+        "--output",
+        str(output),
+        *extra,
+    ]
+
+
+def test_records_and_turns_are_regenerated_over_two_servers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 40)
+    with ChatServer() as first, ChatServer() as second:
+        assert data_main(_args([first, second], chats, output, "--concurrency", "6")) == 0
+        served = len(first.requests), len(second.requests)
+    assert_all_regenerated(chats, output, good)
+    # 10 records of each kind: 1 + 2 + 1 + 2 turns to answer.
+    assert sum(served) == 60 and min(served) > 0
+    assert (tmp_path / "out.jsonl.errors.jsonl").read_text() == ""
+    captured = capsys.readouterr()
+    assert "40/40" in captured.err  # the progress bar
+    assert "40 records regenerated" in captured.out
+
+
+def test_sampling_options_reach_the_server(tmp_path: Path) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 8)
+    extra = ("--max-tokens", "5", "--temperature", "0.5", "--no-progress")
+    kwargs = '{"enable_thinking": false}'
+    with ChatServer() as server:
+        assert (
+            data_main(_args([server], chats, output, *extra, "--chat-template-kwargs", kwargs)) == 0
+        )
+        bodies = server.requests
+    assert {body["temperature"] for body in bodies} == {0.5}
+    assert {json.dumps(body["chat_template_kwargs"]) for body in bodies} == {kwargs}
+    sampling = {"max_tokens": 5, "temperature": 0.5, "chat_template_kwargs": json.loads(kwargs)}
+    assert_all_regenerated(chats, output, good, **sampling)
+    records = read_output(output)
+    assert all(
+        t["finish_reason"] == "length" for r in records.values() for t in r["regeneration"]["turns"]
+    )
+    assert not any("reasoning_content" in m for r in records.values() for m in r["messages"])
+
+
+def test_injected_errors_drops_and_timeouts_are_retried(tmp_path: Path) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 60)
+    faults = Faults(error_rate=0.15, drop_rate=0.1, hang_rate=0.04, seed=3)
+    with ChatServer(faults=faults) as server:
+        options = RegenerateOptions(
+            servers=[server.url],
+            sampling=Sampling(MODEL),
+            input=chats,
+            output=output,
+            concurrency=8,
+            timeout_s=0.5,
+            retry=RetryPolicy(retries=10, backoff_s=0.01, backoff_max_s=0.05),
+        )
+        totals = regenerate(options, progress=None)
+        answered, injected = len(server.requests), server.injected
+    assert set(injected) == {"error", "drop", "hang"}
+    assert totals.failed == 0 and totals.written == 60
+    assert totals.requests == answered + sum(injected.values())
+    assert_all_regenerated(chats, output, good)
+
+
+def test_bad_input_lines_are_reported_and_the_others_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    bad = {
+        3: "{not json",
+        5: json.dumps({"messages": [{"role": "robot", "content": "beep"}]}),
+        6: json.dumps({"messages": [{"role": "system", "content": "nothing to answer"}]}),
+        9: "",  # blank lines are skipped, not errors
+    }
+    good = write_chats(chats, 10, bad)
+    with ChatServer() as server:
+        assert data_main(_args([server], chats, output, "--no-progress")) == 1
+    assert_all_regenerated(chats, output, good)
+    errors = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    ]
+    assert [e["input_line"] for e in errors] == [3, 5, 6]
+    assert all(e["where"] == f"{chats}:{e['input_line']}" for e in errors)
+    captured = capsys.readouterr()
+    for number, reason in (
+        (3, "not valid JSON"),
+        (5, "role 'robot'"),
+        (6, "nothing to regenerate"),
+    ):
+        assert f"{chats}:{number}" in captured.err and reason in captured.err
+    assert "3 records failed" in captured.out
+
+
+def test_other_settings_are_refused_and_resume_needs_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 4)
+    with ChatServer() as server:
+        assert data_main(_args([server], chats, output, "--resume", "--no-progress")) == 2
+        assert "nothing to resume" in capsys.readouterr().err
+        assert data_main(_args([server], chats, output, "--no-progress")) == 0
+        assert data_main(_args([server], chats, output, "--temperature", "1", "--no-progress")) == 2
+        assert "temperature: 0.0 -> 1.0" in capsys.readouterr().err
+        assert data_main(_args([server], chats, output, "--resume", "--no-progress")) == 0
+        assert len(server.requests) == 6  # the rerun asked nothing
+    assert "0 records regenerated" in capsys.readouterr().out
+
+
+def test_wrong_model_or_url_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 2)
+    with ChatServer() as server:
+        args = _args([server], chats, output, "--no-progress")
+        args[args.index(MODEL)] = "Qwen3-8B"
+        assert data_main(args) == 2
+        assert "does not serve model 'Qwen3-8B' (it serves echo)" in capsys.readouterr().err
+        args = _args([server], chats, tmp_path / "other.jsonl", "--no-progress")
+        args[args.index(server.url)] = server.url.removesuffix("/v1")
+        assert data_main(args) == 2
+        assert "pass the engine's OpenAI base URL" in capsys.readouterr().err
+        assert server.requests == []

@@ -1,0 +1,120 @@
+"""ringtrain-data regenerate is resumable and lossless: a SIGKILLed run continued with
+--resume, a torn last line, a changed output file, a server that is or goes away."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data.regen_client import Sampling
+from ringtrain.data.regenerate import RegenerateOptions, regenerate
+from tests.regenerate_chats import MODEL, assert_all_regenerated, read_output, write_chats
+from tools.chat_server import ChatServer, Faults
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _args(url: str, chats: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "regenerate",
+        *("--server", url, "--model", MODEL, "--input", str(chats), "--output", str(output)),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def test_sigkilled_run_resumed_yields_every_record_once(tmp_path: Path) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 120)  # 180 requests
+    with ChatServer(faults=Faults(hold_after=60)) as server:
+        command = [sys.executable, "-m", "ringtrain.cli.data"]
+        command += _args(server.url, chats, output, "--concurrency", "8")
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            assert server.held.wait(60), "the run never reached the held answers"
+        finally:
+            process.kill()
+            process.wait()
+        # Every worker writes its record before it takes the next one, so with 8 in
+        # flight most of the 60 answers are records in the file by now.
+        written = read_output(output)
+        assert 0 < len(written) < len(good)
+        server.open_gate()
+        assert data_main(_args(server.url, chats, output, "--resume")) == 0
+    assert_all_regenerated(chats, output, good)
+
+
+def _options(url: str, chats: Path, output: Path) -> RegenerateOptions:
+    return RegenerateOptions(
+        servers=[url], sampling=Sampling(MODEL), input=chats, output=output, concurrency=4
+    )
+
+
+def test_torn_last_line_is_dropped_and_regenerated(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 20)
+    with ChatServer() as server:
+        regenerate(_options(server.url, chats, output), progress=None)
+        lines = output.read_bytes().splitlines(keepends=True)
+        output.write_bytes(b"".join(lines[:12]) + lines[12][: len(lines[12]) // 2])
+        totals = regenerate(_options(server.url, chats, output), progress=None)
+    assert (totals.done_before, totals.written) == (12, 8)
+    assert "dropped the torn last line" in capsys.readouterr().err
+    assert_all_regenerated(chats, output, good)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda lines: [*lines, lines[2]], "is already in the file"),
+        (lambda lines: [lines[0], b'{"messages": []}\n', *lines[1:]], "not a regenerated record"),
+    ],
+    ids=["duplicate", "foreign-line"],
+)
+def test_a_changed_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, change, message: str
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 6)
+    with ChatServer() as server:
+        assert data_main(_args(server.url, chats, output)) == 0
+        output.write_bytes(b"".join(change(output.read_bytes().splitlines(keepends=True))))
+        assert data_main(_args(server.url, chats, output)) == 2
+    error = capsys.readouterr().err
+    assert f"{output}:" in error and message in error
+
+
+def test_unreachable_server_stops_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 3)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    assert data_main(_args(url, chats, output)) == 3
+    assert f"cannot reach {url}" in capsys.readouterr().err
+
+
+def test_server_dying_mid_run_stops_the_run_and_a_rerun_finishes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 40)
+    extra = ("--retries", "0", "--max-failures", "4", "--concurrency", "4")
+    with ChatServer(faults=Faults(dead_after=20)) as dying:
+        assert data_main(_args(dying.url, chats, output, *extra)) == 3
+    error = capsys.readouterr().err
+    assert "4 records in a row failed" in error and "Server disconnected" in error
+    assert "rerun the same command to continue" in error
+    assert 0 < len(read_output(output)) < len(good)
+    with ChatServer() as server:
+        assert data_main(_args(server.url, chats, output)) == 0
+    assert_all_regenerated(chats, output, good)
