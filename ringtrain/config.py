@@ -7,7 +7,9 @@ Sections live beside the code they configure; this module assembles them.
 
 from __future__ import annotations
 
+import re
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +52,8 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     checkpoint_every: int = 0
     # Persistent per-process Triton / Inductor caches live below this directory.
     cache_dir: str = "~/.cache/ringtrain"
-    device: str = "auto"  # "auto" | "cuda" | "cpu"
+    # "auto": CUDA when present, else CPU.
+    device: Literal["auto", "cuda", "cpu"] = "auto"
     # Also log every step and evaluation as scalars to these (each an optional extra).
     report_to: list[Literal["tensorboard", "wandb"]] = msgspec.field(default_factory=list)
 
@@ -97,7 +100,21 @@ def parse_config(text: str, source: str = "<string>", overrides: Sequence[str] =
     try:
         return msgspec.convert(tree, type=Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc} (fix or remove that key)") from None
+        where = re.search(r"at `(\$[^`]*)`", str(exc))
+        allowed = _choices(where.group(1)) if where else ()
+        fix = f"use one of {', '.join(map(repr, allowed))}" if allowed else "fix or remove that key"
+        raise ConfigError(f"{source}: {exc} ({fix})") from None
+
+
+def _choices(path: str) -> tuple[Any, ...]:
+    """The values a choice (Literal) field at a validation error's `$.section.key` path
+    allows; empty when the field is no choice."""
+    kind: Any = Config
+    for name in re.sub(r"\[\d+\]", "", path).split(".")[1:]:
+        kind = typing.get_type_hints(kind).get(name) if isinstance(kind, type) else None
+        while typing.get_origin(kind) is list:
+            kind = typing.get_args(kind)[0]
+    return typing.get_args(kind) if typing.get_origin(kind) is Literal else ()
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:

@@ -47,3 +47,10 @@ def test_override_sets_typed_value() -> None:
 def test_override_of_unknown_key_is_an_error() -> None:
     with pytest.raises(ConfigError, match="nosuch"):
         parse_config("", overrides=["ring.nosuch=1"])
+
+
+def test_choice_field_error_lists_the_choices() -> None:
+    with pytest.raises(ConfigError, match=r"run\.device.*use one of 'auto', 'cuda', 'cpu'"):
+        parse_config('[run]\ndevice = "gpu"\n')
+    with pytest.raises(ConfigError, match=r"ring\.transport.*use one of 'auto', 'device', 'host'"):
+        parse_config("", overrides=["ring.transport=shm"])

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 
 class RingConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Ring geometry, payload transport and failure-detection limits."""
 
-    transport: str = "auto"  # "auto" | "device" | "host"
+    # "auto": device where every GPU pair has peer access, else host (see ring/transport.py).
+    transport: Literal["auto", "device", "host"] = "auto"
     slots_per_producer: int = 4
     # Seconds one blocking wait may last before peers are checked for liveness.
     wait_timeout_s: float = 1.0

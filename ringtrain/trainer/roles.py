@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -70,10 +71,10 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
-def choose_device(local_rank: int, layout: LayoutConfig, preference: str) -> torch.device:
+def choose_device(
+    local_rank: int, layout: LayoutConfig, preference: Literal["auto", "cuda", "cpu"]
+) -> torch.device:
     """The device of a local rank: CUDA when present (GPU map or round robin), else CPU."""
-    if preference not in ("auto", "cuda", "cpu"):
-        raise ConfigError(f'run.device = "{preference}": use "auto", "cuda" or "cpu"')
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -94,7 +95,9 @@ def choose_device(local_rank: int, layout: LayoutConfig, preference: str) -> tor
     return torch.device("cuda", local_rank % count)
 
 
-def rank_info_from_env(layout: LayoutConfig, device_preference: str) -> RankInfo:
+def rank_info_from_env(
+    layout: LayoutConfig, device_preference: Literal["auto", "cuda", "cpu"]
+) -> RankInfo:
     """Read torchrun's variables, check them against [layout], and assign this rank's role."""
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
