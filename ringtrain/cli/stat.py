@@ -17,8 +17,7 @@ import json
 import sys
 import time
 
-from ringtrain.monitor.advice import advise, measured_rates
-from ringtrain.monitor.ring_figures import snapshot_intervals
+from ringtrain.monitor.advice import ring_advice
 from ringtrain.ring.snapshot import RingSnapshot, discover, open_ring, with_interval
 
 _STATE_MARK = {"free": ".", "writing": "w", "ready": "R", "reading": "r"}
@@ -73,11 +72,11 @@ def format_snapshot(snap: RingSnapshot) -> str:
 def role_split_advice(current: RingSnapshot, previous: RingSnapshot | None) -> list[str]:
     """Which split of the node's GPUs would be fastest, from the ranks' rates since `previous`
     (since they attached without one); nothing while a rank is dead or a role has no rate."""
-    rates = measured_rates(snapshot_intervals(current, previous))
-    if current.dead or rates is None:
+    advice = ring_advice(current, previous)
+    if not advice:
         return []
     span = f"over the last {current.interval_s:.1f} s" if previous else "since start-up"
-    return [*advise(rates), f"  (rates {span}, in batches; --watch measures each interval)"]
+    return [*advice, f"  (rates {span}, in batches; --watch measures each interval)"]
 
 
 def _list(as_json: bool) -> int:

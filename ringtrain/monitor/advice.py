@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtrain.monitor.ring_figures import RankInterval, role_mean
+from ringtrain.monitor.ring_figures import RankInterval, role_mean, snapshot_intervals
+from ringtrain.ring import RingSnapshot
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,15 @@ def measured_rates(
         unit="tok/s" if tokens_per_item else "batches/s",
         device="process" if on_cpu else "GPU",
     )
+
+
+def ring_advice(
+    current: RingSnapshot, previous: RingSnapshot | None, tokens_per_item: float | None = None
+) -> list[str]:
+    """The advice from the ring's counters since `previous` (since start-up without one);
+    nothing while a rank is dead or before both roles have a rate."""
+    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item)
+    return [] if current.dead or rates is None else advise(rates)
 
 
 def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
