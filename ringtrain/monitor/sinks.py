@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ringtrain.config import ConfigError
+import msgspec
+
+from ringtrain.config import Config, ConfigError
 from ringtrain.monitor.scalars import ScalarConverter
 
 # report_to name -> (module that must import, optional extra that installs it)
@@ -116,14 +118,12 @@ class WandbSink:
         self._run.finish()
 
 
-def open_sinks(
-    report_to: Sequence[str], run_dir: Path, name: str, config: dict[str, Any]
-) -> list[Sink]:
-    """One sink per `report_to` entry (`config` is the run's config, shown by W&B)."""
+def open_sinks(config: Config, run_dir: Path) -> list[Sink]:
+    """One sink per `run.report_to` entry (W&B also shows the run's config)."""
     sinks: list[Sink] = []
-    for entry in report_to:
+    for entry in config.run.report_to:
         if entry == "tensorboard":
             sinks.append(TensorBoardSink(run_dir))
         else:
-            sinks.append(WandbSink(run_dir, name, config))
+            sinks.append(WandbSink(run_dir, config.run.name, msgspec.to_builtins(config)))
     return sinks
