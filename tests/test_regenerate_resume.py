@@ -1,8 +1,10 @@
-"""ringtrain-data regenerate is resumable and lossless: a SIGKILLed run continued with
---resume, a torn last line, a changed output file, a server that is or goes away."""
+"""ringtrain-data regenerate is resumable and lossless: a run SIGKILLed or interrupted
+and continued with --resume, a torn last line, a changed output file, a server that is
+or goes away."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,10 @@ def _args(url: str, chats: Path, output: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_sigkilled_run_resumed_yields_every_record_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "status"), [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
+def test_stopped_run_resumed_yields_every_record_once(
+    tmp_path: Path, stop: signal.Signals, status: int
+) -> None:
     chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
     good = write_chats(chats, 120)  # 180 requests
     with ChatServer(faults=Faults(hold_after=60)) as server:
@@ -37,9 +42,10 @@ def test_sigkilled_run_resumed_yields_every_record_once(tmp_path: Path) -> None:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
         try:
             assert server.held.wait(60), "the run never reached the held answers"
+            process.send_signal(stop)
+            assert process.wait(60) == status
         finally:
             process.kill()
-            process.wait()
         # Every worker writes its record before it takes the next one, so with 8 in
         # flight most of the 60 answers are records in the file by now.
         written = read_output(output)

@@ -86,21 +86,25 @@ class _Run:
         self.bar = bar
         self.totals = RegenerateTotals()
         self.streak = 0
-        self.gone = asyncio.Event()
-        self.last_error = ""
         self.started = self.last_postfix = time.monotonic()
 
     def record_failed(self, line: int, reason: str, server_fault: bool) -> None:
+        """List a failed record; raises ServerGone after `max_failures` server faults in a row."""
         self.journal.write_error(line, f"{self.options.input}:{line}", reason)
         self.totals.failed += 1
         if not server_fault:
             self.note(f"skipped {reason}")
         if server_fault:
             self.streak += 1
-        if self.streak >= self.options.max_failures:
-            self.last_error = reason
-            self.gone.set()
         self._advance()
+        if self.streak >= self.options.max_failures:
+            raise ServerGone(
+                f"stopped: {self.streak} records in a row failed after "
+                f"{self.options.retry.retries} retries each; the server looks gone (last "
+                f"error: {reason}). Nothing is lost: "
+                f"{self.totals.done_before + self.totals.written} records are in "
+                f"{self.options.output}; rerun the same command to continue"
+            )
 
     def note(self, message: str) -> None:
         """A line on stderr that leaves the progress bar intact."""
@@ -163,27 +167,20 @@ async def _work(queue: asyncio.Queue, client: ChatClient, run: _Run) -> None:
 
 
 async def _regenerate_all(run: _Run, client: ChatClient) -> None:
-    """Run the feeder and the workers until the input is done or the server is gone."""
+    """Run the feeder and the workers until the input is done or one of them raises
+    (ServerGone from a worker, an unreadable input from the feeder)."""
     workers = run.options.concurrency
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * workers)
     tasks = [asyncio.ensure_future(_feed(queue, run, workers))]
     tasks += [asyncio.ensure_future(_work(queue, client, run)) for _ in range(workers)]
-    everything = asyncio.gather(*tasks)
-    gone = asyncio.ensure_future(run.gone.wait())
     try:
-        await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
-        gone.cancel()
-        everything.cancel()
-        await asyncio.gather(everything, gone, return_exceptions=True)
-    if run.gone.is_set():
-        raise ServerGone(
-            f"stopped: {run.streak} records in a row failed after "
-            f"{run.options.retry.retries} retries each; the server looks gone (last error: "
-            f"{run.last_error}). Nothing is lost: {run.totals.done_before + run.totals.written} "
-            f"records are in {run.options.output}; rerun the same command to continue"
-        )
-    everything.result()  # the feeder's own errors (an unreadable input) surface here
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()
 
 
 async def _main(run: _Run) -> None:
