@@ -49,26 +49,24 @@ def final_round(max_steps: int, eval_every: int) -> int:
 class EvalTally:
     """A drafter's side: global sums of the current round, completed by batch count."""
 
-    def __init__(
-        self, vector_len: int, total_batches: int, block_size: int, rounds_done: int
-    ) -> None:
-        self.vector_len = vector_len
+    def __init__(self, total_batches: int, block_size: int, rounds_done: int) -> None:
         self.total_batches = total_batches
         self.block_size = block_size
-        self._sums = torch.zeros(vector_len, dtype=torch.float64)
+        self._sums: torch.Tensor | None = None
         self._batches = 0
         self.completed_rounds = rounds_done
 
     def absorb(self, batches: int, vector: torch.Tensor) -> dict | None:
-        """Add one step's all-reduced eval section; the metrics once a round is complete."""
+        """Add one step's all-reduced eval section (`batches` evaluated batches, the sums of
+        their EvalSums.as_vector()); the round's metrics once it is complete, else None."""
         if batches == 0:
             return None
         self._batches += batches
-        self._sums += vector
+        self._sums = vector.clone() if self._sums is None else self._sums + vector
         if self._batches < self.total_batches:
             return None
         metrics = EvalSums.summarise(self._sums, self.block_size)
-        self._sums.zero_()
+        self._sums = None
         self._batches = 0
         self.completed_rounds += 1
         metrics["round"] = self.completed_rounds

@@ -146,6 +146,14 @@ def batch_stream(
     )
 
 
+def eval_batches_per_round(config: Config, plan: Plan, info: RankInfo) -> int:
+    """Held-out batches of one evaluation round over every target (0: no evaluation)."""
+    if not config.run.eval_every or plan.eval_dataset is None:
+        return 0
+    targets = info.num_nodes * info.targets_per_node
+    return batch_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
+
+
 def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> RingSpec:
     """The spec of this node's ring, identical on every local rank."""
     roles = ["target"] * info.targets_per_node + ["drafter"] * info.drafters_per_node

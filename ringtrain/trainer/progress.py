@@ -1,4 +1,5 @@
-"""The lead drafter's terminal progress line and end-of-run summary."""
+"""The lead drafter's reports: every step and evaluation round as a metrics record, the
+terminal progress line, and the end-of-run summary."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from ringtrain.config import Config
 from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
-from ringtrain.trainer.logs import get_logger
+from ringtrain.trainer.logs import MetricsWriter, get_logger
 
 
 class Progress:
@@ -102,3 +103,27 @@ class Progress:
                 self._evaluated["loss"],
                 self._evaluated["accuracy"],
             )
+
+
+class LeadReporter:
+    """The lead drafter's one reporter of steps and evaluation rounds (trainer/drafter_loop.py's
+    Reporter): each becomes one record written through `metrics` and a progress line."""
+
+    def __init__(self, metrics: MetricsWriter, progress: Progress) -> None:
+        self.metrics = metrics
+        self.progress = progress
+
+    def step(self, record: StepRecord) -> None:
+        """A completed training step."""
+        self.metrics.write({"event": "step", **record.__dict__})
+        self.progress.step(record)
+
+    def evaluation(self, step: int, metrics: dict) -> None:
+        """A completed held-out evaluation round, after training step `step`."""
+        self.metrics.write({"event": "eval", "step": step, **metrics})
+        self.progress.evaluation(step, metrics)
+
+    def close(self) -> None:
+        """Print the run's summary and close the metrics file."""
+        self.progress.summary()
+        self.metrics.close()

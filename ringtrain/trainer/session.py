@@ -8,6 +8,7 @@ leaves the ring cleanly, or marks it failed so every peer stops within seconds.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from ringtrain.config import Config
 from ringtrain.drafter import (
     DFlashDrafter,
+    DrafterSpec,
     FrozenHead,
     build_optimizer,
     latest_checkpoint,
@@ -26,12 +28,13 @@ from ringtrain.drafter import (
 )
 from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
-from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord
+from ringtrain.trainer.batch_meta import BatchMeta
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
-from ringtrain.trainer.plan import Plan, batch_stream, ring_spec
-from ringtrain.trainer.progress import Progress
+from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
+from ringtrain.trainer.progress import LeadReporter, Progress
 from ringtrain.trainer.roles import RankInfo
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_loop import run_target_loop
@@ -150,77 +153,67 @@ def _run_drafter(
     group: dist.ProcessGroup | None,
     stop: StopRequest,
 ) -> None:
-    log = get_logger()
-    device = info.device
+    trainee = _build_trainee(config, info.device, plan)
+    state = _resumed_state(trainee, resume_from, info.device)
+    reporter, save = None, None
+    if info.is_lead_drafter:
+        reporter = LeadReporter(MetricsWriter(run_dir / "metrics.jsonl"), Progress(config, ring))
+        save = partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec)
+    loop = DrafterLoop(
+        config,
+        ring.consumer(info.device, BatchMeta).take,
+        ring,
+        trainee,
+        info.role_index,
+        info.role_count,
+        group,
+        eval_batches_per_round(config, plan, info),
+    )
+    loop.train(state, stop, reporter, save)
+    if reporter is not None:
+        reporter.close()
+
+
+def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
+    """A fresh drafter on `device`, the target's frozen head, the optimizer and schedule."""
     if config.target.random_weights:
         head = FrozenHead.random(
             plan.spec.vocab_size, plan.spec.hidden_size, device, plan.hidden_dtype
         )
     else:
-        log.info("loading frozen embedding and LM head from %s", plan.target_path)
+        get_logger().info("loading frozen embedding and LM head from %s", plan.target_path)
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
     with torch.device(device):  # initialised where it trains: a billion values on CPU take long
         model = DFlashDrafter(plan.spec)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
-    state = DrafterState(step=0, ledger=BatchLedger())
-    if resume_from is not None:
-        checkpoint = load_checkpoint(resume_from, device)
-        model.load_state_dict(checkpoint.model.state_dict())
-        checkpoint.restore(optimizer, scheduler)
-        state = DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
-        log.info("resumed from %s at step %d", resume_from, state.step)
-    lead = info.is_lead_drafter
-    metrics = MetricsWriter(run_dir / "metrics.jsonl") if lead else None
-    progress = Progress(config, ring) if lead else None
+    return Trainee(model, head, optimizer, scheduler)
 
-    def save(current: DrafterState) -> None:
-        if not lead:
-            return
-        path = save_checkpoint(
-            run_dir / "checkpoints",
-            current.step,
-            model,
-            plan.spec,
-            optimizer,
-            scheduler,
-            extra={
-                "cursors": current.ledger.state(),
-                "tap_layers": plan.tap_layers,
-                "step": current.step,
-            },
-        )
-        log.info("checkpoint written: %s", path)
 
-    def on_step(record: StepRecord) -> None:
-        if progress is not None:
-            progress.step(record)
+def _resumed_state(
+    trainee: Trainee, resume_from: Path | None, device: torch.device
+) -> DrafterState:
+    """Step 0 with an empty ledger, or the checkpoint's state loaded into `trainee`."""
+    if resume_from is None:
+        return DrafterState(step=0, ledger=BatchLedger())
+    checkpoint = load_checkpoint(resume_from, device)
+    trainee.model.load_state_dict(checkpoint.model.state_dict())
+    checkpoint.restore(trainee.optimizer, trainee.scheduler)
+    get_logger().info("resumed from %s at step %d", resume_from, checkpoint.step)
+    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
 
-    def on_eval(step: int, evaluated: dict) -> None:
-        if metrics is not None:
-            metrics.write({"event": "eval", "step": step, **evaluated})
-        if progress is not None:
-            progress.evaluation(step, evaluated)
 
-    eval_batches = 0
-    if config.run.eval_every and plan.eval_dataset is not None:
-        targets = info.num_nodes * info.targets_per_node
-        eval_batches = (
-            batch_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
-        )
-    loop = DrafterLoop(
-        config,
-        ring,
-        model,
-        head,
-        optimizer,
-        scheduler,
-        info.role_index,
-        info.role_count,
-        group,
-        eval_batches,
+def _save_checkpoint(root: Path, trainee: Trainee, spec: DrafterSpec, state: DrafterState) -> None:
+    path = save_checkpoint(
+        root,
+        state.step,
+        trainee.model,
+        spec,
+        trainee.optimizer,
+        trainee.scheduler,
+        extra={
+            "cursors": state.ledger.state(),
+            "tap_layers": list(spec.tap_layers),
+            "step": state.step,
+        },
     )
-    state = loop.train(state, stop, on_step, on_eval, save, metrics)
-    if progress is not None:
-        progress.summary()
-    if metrics is not None:
-        metrics.close()
+    get_logger().info("checkpoint written: %s", path)

@@ -1,0 +1,117 @@
+"""What the drafter ranks all-reduce each step: the gradients, and one vector of sums.
+
+Gradients live in one flat fp32 buffer (GradientBucket). Every other number a step needs
+from all drafters travels in one fp64 vector (StepSums), so a step costs two
+all-reduces: the objective's sums, the tokens trained, the stop flag, the identity of
+each drafter's batch, and the sums of the evaluation batches evaluated meanwhile. Each
+drafter fills only its own part; ReducedSums reads the summed vector back by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ringtrain.drafter import EvalSums, ObjectiveSums
+from ringtrain.trainer.batch_meta import BatchMeta
+
+# One (producer, seq, batch_id) triple per drafter.
+BATCH_ID_FIELDS = 3
+
+
+def objective_vector_len(block_size: int) -> int:
+    """Length of ObjectiveSums.as_vector() for blocks of `block_size`: the loss and weight
+    sums, correct and counted labels of slots 1..B-1, the accepted sum and the blocks."""
+    return 4 + 2 * (block_size - 1)
+
+
+def eval_vector_len(block_size: int) -> int:
+    """Length of EvalSums.as_vector(): the objective's sums plus the replayed tokens and steps."""
+    return objective_vector_len(block_size) + 2
+
+
+class GradientBucket:
+    """Every parameter's .grad as a view into one flat fp32 buffer."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        total = sum(p.numel() for p in params)
+        self.flat = torch.zeros(total, dtype=torch.float32, device=params[0].device)
+        offset = 0
+        for p in params:
+            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+
+@dataclass
+class ReducedSums:
+    """One step's sums over every drafter, on the host."""
+
+    block_size: int
+    objective: torch.Tensor  # ObjectiveSums.as_vector() summed
+    tokens: int
+    stopped: bool  # some drafter found no batch: the step is discarded everywhere
+    batches: list[list[int]]  # [producer, seq, batch_id] of each drafter's batch
+    eval_batches: int  # evaluation batches evaluated during the step
+    eval: torch.Tensor  # their EvalSums.as_vector() summed
+
+    def summary(self) -> dict[str, float | list[float]]:
+        """Loss, accuracy per slot, tau and weight sum of the step's training batches."""
+        return ObjectiveSums.summarise(self.objective, self.block_size)
+
+
+class StepSums:
+    """The fp64 vector all-reduced each step, with named sections.
+
+    [objective sums | tokens, stop | (producer, seq, batch_id) per drafter | eval batches,
+    eval sums]"""
+
+    def __init__(self, block_size: int, drafters: int, device: torch.device) -> None:
+        self.block_size = block_size
+        objective_len = objective_vector_len(block_size)
+        self._objective = slice(0, objective_len)
+        self._tokens = objective_len
+        self._stop = objective_len + 1
+        ids_start = objective_len + 2
+        self._ids = slice(ids_start, ids_start + BATCH_ID_FIELDS * drafters)
+        self._eval_batches = self._ids.stop
+        eval_start = self._eval_batches + 1
+        self._eval = slice(eval_start, eval_start + eval_vector_len(block_size))
+        self.vector = torch.zeros(self._eval.stop, dtype=torch.float64, device=device)
+
+    def add_training(
+        self, drafter_index: int, objective: ObjectiveSums, tokens: int, meta: BatchMeta
+    ) -> None:
+        """This drafter's training batch: its objective's sums, tokens and identity."""
+        self.vector[self._objective] = objective.as_vector()
+        self.vector[self._tokens] = float(tokens)
+        start = self._ids.start + BATCH_ID_FIELDS * drafter_index
+        self.vector[start : start + BATCH_ID_FIELDS] = torch.tensor(
+            [meta.producer, meta.seq, meta.batch_id], dtype=torch.float64
+        )
+
+    def add_evaluation(self, sums: EvalSums) -> None:
+        """One more evaluated batch and its sums."""
+        self.vector[self._eval_batches] += 1
+        self.vector[self._eval] += sums.as_vector()
+
+    def request_stop(self) -> None:
+        """This drafter has no batch for the step: every drafter discards it."""
+        self.vector[self._stop] = 1.0
+
+    def reduce(self, group: dist.ProcessGroup | None) -> ReducedSums:
+        """Sum the vector over the drafters, read it back on the host and start afresh."""
+        if group is not None:
+            dist.all_reduce(self.vector, group=group)
+        host = self.vector.to("cpu", copy=True)
+        self.vector.zero_()
+        return ReducedSums(
+            block_size=self.block_size,
+            objective=host[self._objective],
+            tokens=int(host[self._tokens]),
+            stopped=bool(host[self._stop] > 0),
+            batches=host[self._ids].view(-1, BATCH_ID_FIELDS).long().tolist(),
+            eval_batches=int(host[self._eval_batches]),
+            eval=host[self._eval],
+        )
