@@ -12,7 +12,7 @@ import torch
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import TILE, BlockMaskBuilder
-from ringtrain.drafter.synthetic import random_packed_batch
+from tools.packed_batch import random_packed_batch
 
 MASK_ID = 99
 VOCAB = 100
@@ -36,14 +36,14 @@ def random_case(seed: int, block_size: int = 8, num_anchors: int = 6):
     return cfg, batch, blocks, ctx_capacity, max_anchors
 
 
-def reference_mask(blocks, batch, ctx_capacity, max_anchors, block_size, window):
+def reference_mask(blocks, batch, ctx_capacity, max_anchors, block_size, window, causal=False):
     """Dense [A*B, C + A*B] mask written from the rules, one row at a time."""
     mask = np.zeros((max_anchors * block_size, ctx_capacity + max_anchors * block_size), bool)
     for a, (p, valid) in enumerate(zip(blocks.anchor.tolist(), blocks.valid.tolist(), strict=True)):
         own = ctx_capacity + a * block_size
         for k in range(block_size):
             row = a * block_size + k
-            mask[row, own : own + block_size] = True
+            mask[row, own : own + (k + 1 if causal and window else block_size)] = True
             if valid:
                 start, _ = batch.doc_bounds(p)
                 lo = max(start, p + k - window + 1) if window else start
@@ -67,14 +67,16 @@ def expand_block_mask(block_mask, mask_mod, q_len, kv_len):
     return out.numpy()
 
 
-@pytest.mark.parametrize("window", [0, 24])
-def test_block_mask_equals_dense_reference(window: int) -> None:
+@pytest.mark.parametrize(("window", "causal"), [(0, False), (24, False), (24, True), (0, True)])
+def test_block_mask_equals_dense_reference(window: int, causal: bool) -> None:
     for seed in range(25):
         cfg, batch, blocks, ctx_capacity, max_anchors = random_case(seed)
         builder = BlockMaskBuilder(
-            ctx_capacity, max_anchors, cfg.block_size, (window,), torch.device("cpu")
+            ctx_capacity, max_anchors, cfg.block_size, (window,), torch.device("cpu"), causal
         )
-        expected = reference_mask(blocks, batch, ctx_capacity, max_anchors, cfg.block_size, window)
+        expected = reference_mask(
+            blocks, batch, ctx_capacity, max_anchors, cfg.block_size, window, causal
+        )
         block_mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)[window]
         q_len, kv_len = expected.shape
         got = expand_block_mask(block_mask, builder.mask_mods[window], q_len, kv_len)

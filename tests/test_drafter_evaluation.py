@@ -26,11 +26,11 @@ from ringtrain.drafter import objective as objective_module
 from ringtrain.drafter.blocks import pack_context
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.evaluation import replay_sums
-from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
 from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.target import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
+from tools.packed_batch import PackedBatch, random_packed_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

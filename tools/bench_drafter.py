@@ -36,6 +36,7 @@ from dataclasses import replace
 import torch
 from kernel_profile import print_top, top_kernels
 from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
+from packed_batch import PackedBatch, random_packed_batch
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -49,7 +50,6 @@ from ringtrain.drafter import (
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
-from ringtrain.drafter.synthetic import PackedBatch, random_packed_batch
 from ringtrain.target.taps import default_tap_layers
 
 PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
