@@ -14,11 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModel
 
-from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, read_target_config
+from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
 from ringtrain.target.runner import TargetRunner
+from ringtrain.target.structure import read_target_config
 from ringtrain.target.taps import default_tap_layers
 from ringtrain.target.tiny import build_tiny_target
+from tests.tiny_families import record_handed_keys
 
 NUM_LAYERS = 8
 DOC_LENGTHS = (37, 5, 64, 20)
@@ -149,15 +151,7 @@ def test_bf16_output_from_float32_target(tiny_dirs: dict[bool, Path]) -> None:
 def test_truncation_keeps_only_layers_up_to_deepest_tap(
     tiny_dirs: dict[bool, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_keys: list[str] = []
-    original = TargetCheckpoint.iter_tensors
-
-    def recording(self, keys, device):
-        for key, tensor in original(self, keys, device):
-            read_keys.append(key)
-            yield key, tensor
-
-    monkeypatch.setattr(TargetCheckpoint, "iter_tensors", recording)
+    handed = record_handed_keys(monkeypatch)
     path = tiny_dirs[True]
     target = load_target(path, tap_layers=[4, 1], device="cpu")
 
@@ -172,7 +166,7 @@ def test_truncation_keeps_only_layers_up_to_deepest_tap(
         stored_keys = handle.keys()
         kept_keys = [key for key in stored_keys if key.startswith(kept)]
         expected_params = sum(math.prod(handle.get_slice(key).get_shape()) for key in kept_keys)
-    assert sorted(read_keys) == sorted(kept_keys)
+    assert sorted(handed) == sorted(key.removeprefix("model.") for key in kept_keys)
     assert sum(p.numel() for p in target.module.parameters()) == expected_params
 
 
@@ -233,12 +227,27 @@ def test_error_tap_out_of_range(tiny_dirs: dict[bool, Path]) -> None:
         load_target(tiny_dirs[False], tap_layers=[2, 8])
 
 
-def test_error_unsupported_model_type(tiny_dirs: dict[bool, Path], tmp_path: Path) -> None:
+def test_error_model_without_decoder_layers(tiny_dirs: dict[bool, Path], tmp_path: Path) -> None:
     config = json.loads((tiny_dirs[False] / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     shutil.copy(tiny_dirs[False] / "model.safetensors", tmp_path / "model.safetensors")
-    with pytest.raises(TargetLoadError, match=r"unsupported target model type 'gpt2'"):
+    with pytest.raises(
+        TargetLoadError,
+        match=r"model type 'gpt2' \(GPT2Model\) cannot be a target: it lacks 'layers'",
+    ):
         load_target(tmp_path)
+
+
+def test_error_model_type_unknown_to_transformers(
+    tiny_dirs: dict[bool, Path], tmp_path: Path
+) -> None:
+    config = json.loads((tiny_dirs[False] / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen9_future"}))
+    shutil.copy(tiny_dirs[False] / "model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(
+        TargetLoadError, match=r"'qwen9_future' is unknown to the installed transformers; upgrade"
+    ):
+        read_target_config(tmp_path)
 
 
 def test_error_left_padded_batch(tiny_dirs: dict[bool, Path]) -> None:

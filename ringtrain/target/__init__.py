@@ -10,9 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, read_target_config
+    from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError
     from ringtrain.target.loader import load_target
     from ringtrain.target.runner import TargetRunner
+    from ringtrain.target.structure import read_target_config
     from ringtrain.target.tapped import TappedTarget
     from ringtrain.target.taps import check_tap_layers, default_tap_layers
     from ringtrain.target.tiny import build_tiny_target
@@ -26,7 +27,7 @@ _EXPORTS = {
     "check_tap_layers": "ringtrain.target.taps",
     "default_tap_layers": "ringtrain.target.taps",
     "load_target": "ringtrain.target.loader",
-    "read_target_config": "ringtrain.target.checkpoint",
+    "read_target_config": "ringtrain.target.structure",
 }
 __all__ = [
     "TappedTarget",

@@ -1,25 +1,26 @@
-"""Read a local Hugging Face target directory: its text config and selected weights.
+"""Read a local Hugging Face target directory: its text config and an index of its weights.
 
 Only local files are read (never the hub). Multimodal checkpoints (e.g. Qwen3.5, whose
 config nests the language model under ``text_config`` and whose weights live under
 ``model.language_model.``) are handled by using the text config and detecting the key
-prefix of the language model's weights. Weights are read tensor by tensor from the
-safetensors files (through the index when there is one), straight onto the requested
-device, so a large target is never copied whole into host memory.
+prefix of the language model's weights. ``text_weights`` hands out lazy views of a
+chosen subset of the language model's tensors (nothing is read until a tensor is
+materialised), so a loader reads only what it keeps and never copies the whole target
+into host memory.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
-import torch
 from safetensors import safe_open
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
-# Text model types the target side knows how to run (dense, MoE and hybrid Gated DeltaNet).
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Key prefixes of the language model's weights, most specific first.
 TEXT_KEY_PREFIXES = (
     "model.language_model.",
@@ -28,8 +29,11 @@ TEXT_KEY_PREFIXES = (
     "model.",
     "",
 )
-# Config entries holding one value per layer; truncated together with num_hidden_layers.
-PER_LAYER_CONFIG_KEYS = ("layer_types",)
+# Checkpoint keys of an LM head, by layout (plain causal LM, VLM wrappers).
+LM_HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight")
+# Config entries kept whole when a config is truncated although they are lists.
+UNTRUNCATED_LIST_KEYS = ("architectures",)
+LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 
 class TargetLoadError(ValueError):
@@ -37,12 +41,25 @@ class TargetLoadError(ValueError):
 
 
 def truncated_config_values(values: dict, num_layers: int) -> dict:
-    """Config values cut to the first ``num_layers`` layers (per-layer lists included)."""
+    """Config values cut to the first ``num_layers`` layers.
+
+    Per-layer lists (``layer_types`` and any other list with one entry per layer whose
+    name speaks of layers) are cut together with ``num_hidden_layers``, so a model built
+    from the result never allocates the dropped layers.
+    """
+    full = int(values["num_hidden_layers"])
     cut = {**values, "num_hidden_layers": num_layers}
-    for key in PER_LAYER_CONFIG_KEYS:
-        if isinstance(cut.get(key), list):
-            cut[key] = cut[key][:num_layers]
+    for key, value in values.items():
+        per_layer = isinstance(value, list) and len(value) == full and "layer" in key
+        if per_layer and key not in UNTRUNCATED_LIST_KEYS:
+            cut[key] = value[:num_layers]
     return cut
+
+
+def layer_index(relative_key: str) -> int | None:
+    """The decoder layer a language-model key belongs to (``layers.7.mlp...`` -> 7)."""
+    match = LAYER_KEY.match(relative_key)
+    return int(match.group(1)) if match else None
 
 
 class TargetCheckpoint:
@@ -71,6 +88,10 @@ class TargetCheckpoint:
                 f"{config_file}: not valid JSON ({exc}); re-download it"
             ) from None
         self.text_config_dict: dict = full.get("text_config") or full
+        # A wrapper's quantization settings apply to its language model too.
+        self.quantization: dict | None = self.text_config_dict.get(
+            "quantization_config"
+        ) or full.get("quantization_config")
         self.model_type = self._text_model_type(full)
         self._key_to_file = self._index_weights() if weights else {}
         self.key_prefix = self._detect_key_prefix() if weights else "model."
@@ -80,13 +101,20 @@ class TargetCheckpoint:
         """The target's full decoder layer count."""
         return int(self.text_config_dict["num_hidden_layers"])
 
+    @property
+    def keys(self) -> list[str]:
+        """Every tensor key the checkpoint stores."""
+        return list(self._key_to_file)
+
     def text_config(self, num_layers: int | None = None) -> PretrainedConfig:
         """The HF text config; with ``num_layers``, truncated to the first layers.
 
         Per-layer entries (``layer_types``) are cut together with ``num_hidden_layers``,
         so a model built from the result never allocates the dropped layers.
         """
-        values = {**self.text_config_dict, "model_type": self.model_type}
+        values: dict[str, Any] = {**self.text_config_dict, "model_type": self.model_type}
+        if self.quantization is not None:
+            values["quantization_config"] = self.quantization
         if num_layers is not None:
             values = truncated_config_values(values, num_layers)
         return CONFIG_MAPPING[self.model_type].from_dict(values)
@@ -95,49 +123,43 @@ class TargetCheckpoint:
         """Checkpoint key of a text-model parameter name such as ``embed_tokens.weight``."""
         return self.key_prefix + name
 
-    def has_key(self, key: str) -> bool:
-        """Whether the checkpoint stores ``key`` (a full checkpoint key)."""
-        return key in self._key_to_file
+    def lm_head_key(self) -> str | None:
+        """The checkpoint key of the LM head, or None when the checkpoint has none."""
+        return next((key for key in LM_HEAD_KEYS if key in self._key_to_file), None)
 
-    def read(
-        self, keys: Iterable[str], device: torch.device | str, dtype: torch.dtype | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Read full checkpoint keys onto ``device`` (cast to ``dtype`` if given)."""
-        return {
-            key: tensor if dtype is None else tensor.to(dtype)
-            for key, tensor in self.iter_tensors(keys, device)
-        }
+    @contextmanager
+    def text_weights(self, keep: Callable[[str], bool]) -> Iterator[dict[str, Any]]:
+        """Lazy views of the language model's tensors whose key (relative to the language
+        model, e.g. ``layers.3.mlp.gate.weight``) passes ``keep``.
 
-    def iter_tensors(
-        self, keys: Iterable[str], device: torch.device | str
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(key, tensor)`` one at a time, each read from its file onto ``device``.
-
-        Yielding one tensor at a time lets a caller copy it into place and drop it, so
-        loading never holds a second copy of the weights.
+        Yields ``{relative key: safetensors slice}``; a tensor is read only when its slice
+        is materialised, and the files stay open until the context ends. Keys outside the
+        language model (vision tower, LM head, multi-token-prediction heads) never pass.
         """
-        by_file: dict[Path, list[str]] = {}
-        for key in keys:
-            if key not in self._key_to_file:
-                raise TargetLoadError(
-                    f"{self.path}: weight {key!r} is not in the checkpoint; the weight files "
-                    f"are incomplete or belong to another model (re-download the model)"
-                )
-            by_file.setdefault(self._key_to_file[key], []).append(key)
-        for file, file_keys in by_file.items():
-            with safe_open(str(file), framework="pt", device=str(device)) as handle:
-                for key in file_keys:
-                    yield key, handle.get_tensor(key)
+        chosen: dict[Path, list[tuple[str, str]]] = {}
+        prefix = self.key_prefix
+        for key, file in self._key_to_file.items():
+            if not key.startswith(prefix):
+                continue
+            relative = key[len(prefix) :]
+            if keep(relative):
+                chosen.setdefault(file, []).append((key, relative))
+        with ExitStack() as files:
+            views = {}
+            for file, pairs in chosen.items():
+                handle = files.enter_context(safe_open(str(file), framework="pt"))
+                views.update({relative: handle.get_slice(key) for key, relative in pairs})
+            yield views
 
     def _text_model_type(self, full: dict) -> str:
         model_type = self.text_config_dict.get("model_type")
         if model_type is None and "text_config" in full:
             model_type = f"{full.get('model_type')}_text"
-        if model_type not in SUPPORTED_MODEL_TYPES or model_type not in CONFIG_MAPPING:
+        if model_type not in CONFIG_MAPPING:
             raise TargetLoadError(
-                f"{self.path}/config.json: unsupported target model type {model_type!r}; "
-                f"supported text model types: {', '.join(SUPPORTED_MODEL_TYPES)} (those "
-                f"this transformers version knows); use a Qwen3 or Qwen3.5/Qwen3-Next model"
+                f"{self.path}/config.json: model type {model_type!r} is unknown to the "
+                f"installed transformers; upgrade transformers to a version that knows it "
+                f"(ringtrain runs any decoder model transformers can build)"
             )
         return model_type
 
@@ -171,15 +193,6 @@ class TargetCheckpoint:
                 return prefix
         raise TargetLoadError(
             f"{self.path}: no token embedding (*embed_tokens.weight) among the checkpoint's "
-            f"weights; this is not a supported decoder checkpoint"
+            f"weights; the drafter needs the target's embedding, and ringtrain runs decoder "
+            f"models whose language model has one"
         )
-
-
-def read_target_config(path: str | Path, weights: bool = True) -> PretrainedConfig:
-    """The FULL HF text config of a target directory, after checking config and weights
-    (``weights=False``: config only).
-
-    Cheap (reads config.json and the weight index or safetensors headers only), so
-    every rank can validate its inputs with it before any GPU work.
-    """
-    return TargetCheckpoint(path, weights).text_config()

@@ -1,14 +1,18 @@
 """Load a target from a local Hugging Face directory, truncated after its deepest tap.
 
-The model is built on the meta device from a config whose layer count (and per-layer
-lists) is cut to ``max(tap_layers) + 1``, its final norm replaced by identity, then
-given storage on the target device and filled tensor by tensor from the safetensors
-files: dropped layers, the final norm and the LM head are never allocated or read, and
-no host copy of the whole model is ever made.
+The model is built by transformers' own loader from a config whose layer count (and
+per-layer lists) is cut to ``max(tap_layers) + 1``, fed only lazy views of the weights
+it keeps: the embedding, the kept layers, and the final norm only when the last layer is
+tapped. Dropped layers, the LM head, vision towers and multi-token-prediction heads are
+never allocated or read, and no host copy of the whole model is ever made. transformers
+applies each model type's weight conversions (checkpoints store one tensor per expert,
+its modules hold fused expert stacks; wrappers rename prefixes) and dequantizes FP8 and
+MXFP4 weights (``ringtrain.target.quantized``), so every family it can build loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import time
@@ -16,12 +20,19 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModel, PretrainedConfig
+from transformers import PretrainedConfig
+from transformers.utils import logging as hf_logging
 
-from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError
+from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, layer_index
 from ringtrain.target.compiled import resolve_compile
+from ringtrain.target.quantized import dequantizing_config
+from ringtrain.target.structure import (
+    base_model_class,
+    check_structure,
+    resolve_attn_implementation,
+)
 from ringtrain.target.tapped import TappedTarget
-from ringtrain.target.taps import check_tap_layers, default_tap_layers
+from ringtrain.target.taps import check_tap_layers, default_tap_layers, taps_final_norm
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +87,7 @@ def load_target(
     num_taps: int = 5,
     device: torch.device | str = "cpu",
     dtype: str | torch.dtype = "auto",
-    attn_implementation: str = "sdpa",
+    attn_implementation: str = "auto",
     random_weights: bool = False,
     compile: str = "auto",
 ) -> TappedTarget:
@@ -85,11 +96,12 @@ def load_target(
     ``random_weights`` draws the weights at random instead of reading them (benchmarks
     of large shapes from a config-only directory). ``compile`` (``target.compile``):
     ``"auto"`` compiles the decoder layers with torch.compile on CUDA and runs them
-    eagerly on CPU; ``"on"`` / ``"off"`` force it.
+    eagerly on CPU; ``"on"`` / ``"off"`` force it. ``attn_implementation``
+    (``target.attn_implementation``): ``"auto"`` picks SDPA where the model allows it.
 
     ``tap_layers`` empty or None picks the DFlash spread over the FULL layer count
-    (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights
-    and tapped layers runs before any weight is read.
+    (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights,
+    quantization and tapped layers runs before any weight is read.
     """
     started = time.perf_counter()
     checkpoint = TargetCheckpoint(path, weights=not random_weights)
@@ -103,10 +115,13 @@ def load_target(
     dtype = resolve_dtype(dtype, device)
     compiled = resolve_compile(compile, device)
     full_config = checkpoint.text_config()
+    check_structure(full_config)
+    quantization = dequantizing_config(checkpoint.quantization, source)
+    attention = resolve_attn_implementation(attn_implementation, full_config, device)
     backend = linear_attention_backend(full_config, device)
     kept = max(taps) + 1
     log.info(
-        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s%s%s",
+        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s",
         source,
         checkpoint.model_type,
         kept - 1,
@@ -114,6 +129,8 @@ def load_target(
         taps,
         dtype,
         device,
+        attention,
+        f", {quantization['quant_method']} weights dequantized" if quantization else "",
         f", Gated DeltaNet kernels: {backend}" if backend else "",
         ", layers compiled" if compiled else "",
     )
@@ -122,13 +139,14 @@ def load_target(
             "flash-linear-attention is not installed: the hybrid target runs the slow torch "
             "fallback on GPU (install the 'gpu' extra)"
         )
-    module = build_truncated_model(
-        checkpoint.text_config(num_layers=kept), device, dtype, attn_implementation
-    )
+    final_norm = taps_final_norm(taps, full_layers)
     if random_weights:
+        module = build_truncated_model(
+            checkpoint.text_config(num_layers=kept), device, dtype, attention, final_norm
+        )
         randomise_weights(module)
     else:
-        _load_weights(module, checkpoint, device)
+        module = read_truncated_model(checkpoint, kept, final_norm, device, dtype, attention)
     target = TappedTarget(module, full_config, taps, device, dtype)
     if compiled:
         target.compile_layers()
@@ -142,34 +160,103 @@ def build_truncated_model(
     device: torch.device,
     dtype: torch.dtype,
     attn_implementation: str = "sdpa",
+    final_norm: bool = False,
 ) -> nn.Module:
     """The frozen HF text model of an (already truncated) config, weights NOT yet set.
 
-    Built on the meta device, final norm replaced by identity, then given uninitialised
-    storage on ``device``; computed buffers (rotary frequencies) are real. The caller
-    fills every parameter (from a checkpoint, or randomly for benchmarks).
+    Built on the meta device, final norm replaced by identity unless ``final_norm``, then
+    given uninitialised storage on ``device``; computed buffers (rotary frequencies) are
+    real. The caller fills every parameter (randomly, for benchmarks).
     """
     with torch.device("meta"):
-        module = AutoModel.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    module.norm = nn.Identity()
+        module = base_model_class(config)._from_config(
+            config, dtype=dtype, attn_implementation=attn_implementation
+        )
+    if not final_norm:
+        module.norm = nn.Identity()
     module.to_empty(device=device)
     _rebuild_computed_buffers(module, device)
     return module.eval().requires_grad_(False)
 
 
-def _load_weights(module: nn.Module, checkpoint: TargetCheckpoint, device: torch.device) -> None:
-    """Copy every parameter and persistent buffer of ``module`` from the checkpoint."""
-    targets = module.state_dict(keep_vars=True)
-    keys = {checkpoint.text_key(name): name for name in targets}
-    with torch.no_grad():
-        for key, tensor in checkpoint.iter_tensors(keys, device):
-            target = targets[keys[key]]
-            if target.shape != tensor.shape:
-                raise TargetLoadError(
-                    f"{checkpoint.path}: weight {key!r} has shape {tuple(tensor.shape)} but "
-                    f"config.json implies {tuple(target.shape)}; config and weights disagree"
-                )
-            target.copy_(tensor)
+def read_truncated_model(
+    checkpoint: TargetCheckpoint,
+    kept: int,
+    final_norm: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str,
+) -> nn.Module:
+    """The first ``kept`` decoder layers of the checkpoint's text model, frozen on ``device``.
+
+    Only the embedding, the kept layers and (with ``final_norm``) the final norm are
+    handed to transformers' loader, as lazy views, so nothing else is ever read; the
+    loader applies the model type's weight conversions (per-expert tensors fused into
+    the modules' expert stacks, renamed keys) and dequantizes quantized weights. Any
+    weight it could not place, or any parameter left without a weight, is an error.
+    """
+    config = checkpoint.text_config(num_layers=kept)
+    if checkpoint.quantization is not None:
+        config.quantization_config = dequantizing_config(
+            checkpoint.quantization, str(checkpoint.path)
+        )
+
+    def keep(key: str) -> bool:
+        layer = layer_index(key)
+        if layer is not None:
+            return layer < kept
+        return key.startswith("embed_tokens.") or (final_norm and key.startswith("norm."))
+
+    with checkpoint.text_weights(keep) as weights, _quiet_transformers():
+        module, report = base_model_class(config).from_pretrained(
+            None,
+            config=config,
+            state_dict=weights,
+            dtype=dtype,
+            device_map={"": device},
+            attn_implementation=attn_implementation,
+            output_loading_info=True,
+        )
+    _check_report(report, checkpoint, final_norm)
+    if not final_norm:
+        module.norm = nn.Identity()
+    return module.eval().requires_grad_(False)
+
+
+def _check_report(report: dict, checkpoint: TargetCheckpoint, final_norm: bool) -> None:
+    """Raise TargetLoadError unless every kept weight landed in the model and every
+    parameter of the model (but the unread final norm) got one."""
+    missing = sorted(
+        key for key in report["missing_keys"] if final_norm or not key.startswith("norm.")
+    )
+    problems = {
+        "parameters without a weight in the checkpoint": missing,
+        "checkpoint weights the model has no place for": sorted(report["unexpected_keys"]),
+        "weights of the wrong shape": sorted(str(key) for key in report["mismatched_keys"]),
+    }
+    found = {what: keys for what, keys in problems.items() if keys}
+    if found:
+        detail = "; ".join(f"{what}: {', '.join(keys[:4])}" for what, keys in found.items())
+        raise TargetLoadError(
+            f"{checkpoint.path}: the {checkpoint.model_type} weights do not match the model "
+            f"transformers builds from config.json ({detail}); config and weights belong to "
+            f"different models, or this transformers version converts them differently. "
+            f"ringtrain refuses to run a target it cannot load exactly"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' own load report and progress bars: ringtrain checks the
+    report itself and logs what it loads."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
 
 
 def randomise_weights(module: nn.Module) -> None:

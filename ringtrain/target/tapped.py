@@ -35,7 +35,7 @@ class TappedTarget:
     """A target truncated after its deepest tapped layer, with taps written by hooks.
 
     Attributes: ``module`` (the HF text model, layers 0..max(tap_layers), final norm
-    replaced by identity, no LM head), ``config`` (the target's FULL HF text config),
+    replaced by identity unless the last layer is tapped, no LM head), ``config`` (the target's FULL HF text config),
     ``tap_layers``, ``num_layers`` (full layer count), ``hidden_size``, ``vocab_size``,
     ``device``, ``dtype``, ``compiled_units`` (names of the compiled layers or layer
     parts under ``module.layers``; empty when the target runs eagerly).
@@ -61,7 +61,10 @@ class TappedTarget:
         self._token_index: torch.Tensor | None = None
         self._staging = torch.empty(0, dtype=dtype, device=device)
         for k, layer in enumerate(self.tap_layers):
-            module.layers[layer].register_forward_hook(self._tap_hook(k))
+            # A tap of the last layer is HF's last hidden state: after the final norm.
+            last = layer == self.num_layers - 1
+            tapped = module.norm if last else module.layers[layer]
+            tapped.register_forward_hook(self._tap_hook(k))
         self.compiled_units: list[str] = []
 
     @property

@@ -1,4 +1,15 @@
-"""Which target layers feed the drafter: the DFlash default spread and its validation."""
+"""Which target layers feed the drafter: the DFlash default spread, its validation, and
+what a tap of the last layer means.
+
+Tap i is Hugging Face's ``hidden_states[i + 1]``: the output of decoder layer i. For the
+last layer (i = L-1) that entry is taken AFTER the model's final norm, and the DFlash
+reference trains on it so; ringtrain does the same (the final norm is then loaded and
+applied to that tap only). Serving engines capture a tap of layer i as the residual
+stream entering layer i+1 (SGLang and vLLM both shift the configured ids by one), which
+does not exist for the last layer: a drafter tapping L-1 matches the reference model but
+is not servable by those engines, so the default spread stops at L-3 and a tap of L-1 is
+logged with a warning.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +38,11 @@ def default_tap_layers(num_layers: int, k: int) -> list[int]:
             f"target without repeats; lower target.num_taps to at most {num_layers - 3}"
         )
     return layers
+
+
+def taps_final_norm(tap_layers: Sequence[int], num_layers: int) -> bool:
+    """Whether a tap of the last layer needs the model's final norm (see the module doc)."""
+    return num_layers - 1 in tap_layers
 
 
 def check_tap_layers(tap_layers: Sequence[int], num_layers: int, source: str) -> list[int]:
