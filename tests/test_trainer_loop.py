@@ -1,0 +1,237 @@
+"""The drafter's training loop and its bookkeeping, in one process without a ring.
+
+DrafterLoop reads items through a `take` callable and talks to the ring through three
+calls, so an in-memory stand-in (a list of items, a recorder of progress) drives it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import pytest
+import torch
+from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg
+
+from ringtrain.config import Config, RunConfig
+from ringtrain.data.config import DataConfig
+from ringtrain.drafter import (
+    DFlashDrafter,
+    EvalSums,
+    FrozenHead,
+    ObjectiveSums,
+    build_optimizer,
+    drafter_spec_from_target,
+)
+from ringtrain.drafter.config import OptimConfig
+from ringtrain.ring import ReadItem
+from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
+from ringtrain.trainer.evaluation import EvalTally
+from ringtrain.trainer.ledger import BatchLedger
+from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.step_sums import StepSums
+from tools.packed_batch import random_packed_batch
+
+BLOCK = make_cfg().block_size
+
+
+class RingStandIn:
+    """Items from a list (None once it is empty), progress and GPU busy recorded."""
+
+    def __init__(self, items: list[ReadItem]) -> None:
+        self.items = deque(items)
+        self.progress: list[int] = []
+
+    def take(self) -> ReadItem | None:
+        return self.items.popleft() if self.items else None
+
+    def record_progress(self, count: int) -> None:
+        self.progress.append(count)
+
+    def report_gpu_busy(self, fraction: float | None) -> None:
+        assert fraction is None  # no NVML on CPU
+
+    def gpu_busy_by_rank(self) -> dict[int, float]:
+        return {}
+
+
+class ReporterStandIn:
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+        self.evaluations: list[tuple[int, dict]] = []
+
+    def step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+
+    def evaluation(self, step: int, metrics: dict) -> None:
+        self.evaluations.append((step, metrics))
+
+
+def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> ReadItem:
+    batch = random_packed_batch(
+        DOCS, len(TAPS) * TARGET["hidden_size"], 64, "cpu", torch.float32, seq
+    )
+    hidden = batch.hidden * math.nan if poison else batch.hidden
+    round_id = 1 if kind == BatchKind.EVAL else 0
+    meta = BatchMeta(batch_id=100 + seq, epoch=0, seq=seq, producer=0, kind=kind, round=round_id)
+    return ReadItem(
+        hidden=hidden, input_ids=batch.input_ids, loss_mask=batch.loss_mask,
+        position_ids=batch.position_ids, cu_seqlens=batch.cu_seqlens,
+        num_tokens=batch.num_tokens, num_docs=batch.num_docs, meta=meta, producer_rank=0, seq=seq,
+    )  # fmt: skip
+
+
+def make_loop(
+    ring: RingStandIn, max_steps: int, eval_every: int = 0, eval_batches: int = 0
+) -> DrafterLoop:
+    config = Config(
+        run=RunConfig(max_steps=max_steps, eval_every=eval_every, checkpoint_every=2),
+        data=DataConfig(token_budget=MAX_TOKENS),
+        drafter=make_cfg(),
+        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0),
+    )
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
+    embed, lm_head = torch.randn(2, 64, TARGET["hidden_size"]) * 0.5
+    optimizer, scheduler = build_optimizer(model, config.optim, max_steps)
+    trainee = Trainee(model, FrozenHead(embed, lm_head), optimizer, scheduler)
+    return DrafterLoop(config, ring.take, ring, trainee, 0, 1, None, eval_batches)
+
+
+def weights(loop: DrafterLoop) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in loop.trainee.model.parameters() if p.requires_grad]
+
+
+def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
+    items = [item(0), item(1), item(5, BatchKind.EVAL), item(2)]
+    ring, reporter, saved = RingStandIn(items), ReporterStandIn(), []
+    loop = make_loop(ring, max_steps=3, eval_every=2, eval_batches=1)
+    before = weights(loop)
+    state = loop.train(
+        DrafterState(0, BatchLedger()), StopRequest(), reporter, lambda s: saved.append(s.step)
+    )
+    assert state.step == 3 and ring.progress == [1, 2, 3]
+    assert [r.step for r in reporter.steps] == [1, 2, 3]
+    assert [r.batches for r in reporter.steps] == [[[0, 0, 100]], [[0, 1, 101]], [[0, 2, 102]]]
+    assert all(r.tokens == sum(DOCS) and math.isfinite(r.loss) for r in reporter.steps)
+    assert state.ledger.state() == {"0": {"start": 3, "skip": []}}
+    # The evaluation batch taken during step 3 completes round 1, reported after step 2.
+    [(after_step, metrics)] = reporter.evaluations
+    assert after_step == 2 and metrics["round"] == 1 and metrics["tau_sim"] >= 1.0
+    assert saved == [2, 3]  # checkpoint_every = 2, and the last step
+    assert all(not torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
+
+
+def test_loop_stops_after_the_last_complete_step_when_items_run_out() -> None:
+    ring, saved = RingStandIn([item(0), item(1), item(2)]), []
+    state = make_loop(ring, max_steps=10).train(
+        DrafterState(0, BatchLedger()), StopRequest(), None, lambda s: saved.append(s.step)
+    )
+    assert state.step == 3 and saved == [2, 3]
+    assert state.ledger.cursor(0) == {"start": 3, "skip": []}
+
+
+def test_stop_request_discards_the_step_and_trains_nothing() -> None:
+    stop = StopRequest()
+    stop.request("SIGTERM")
+    ring = RingStandIn([item(0)])
+    loop = make_loop(ring, max_steps=2)
+    before = weights(loop)
+    state = loop.train(DrafterState(0, BatchLedger()), stop)
+    assert state.step == 0 and ring.progress == [] and len(ring.items) == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
+
+
+class WeightsAfterEachStep(ReporterStandIn):
+    def __init__(self, loop: DrafterLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.weights: list[list[torch.Tensor]] = []
+
+    def step(self, record: StepRecord) -> None:
+        super().step(record)
+        self.weights.append(weights(self.loop))
+
+
+def test_non_finite_loss_never_reaches_the_weights() -> None:
+    ring = RingStandIn([item(0), item(1, poison=True), item(2)])
+    loop = make_loop(ring, max_steps=3)
+    reporter = WeightsAfterEachStep(loop)
+    state = DrafterState(0, BatchLedger())
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
+        loop.train(state, StopRequest(), reporter)
+    [after_step_1] = reporter.weights
+    assert all(torch.equal(a, b) for a, b in zip(after_step_1, weights(loop), strict=True))
+    assert state.step == 1 and state.ledger.cursor(0) == {"start": 1, "skip": []}
+
+
+def objective_sums(scale: float, block_size: int = BLOCK) -> ObjectiveSums:
+    slots = block_size - 1
+    return ObjectiveSums(
+        loss_sum=torch.tensor(2.0 * scale), weight_sum=torch.tensor(4.0 * scale),
+        correct=torch.arange(slots, dtype=torch.float64) * scale,
+        counted=torch.full((slots,), 10.0 * scale), accepted_sum=torch.tensor(6.0 * scale),
+        block_count=torch.tensor(3.0 * scale),
+    )  # fmt: skip
+
+
+def eval_sums(scale: float) -> EvalSums:
+    base = objective_sums(scale)
+    return EvalSums(
+        **vars(base),
+        replay_tokens=torch.tensor(9.0 * scale),
+        replay_steps=torch.tensor(3.0 * scale),
+    )
+
+
+def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
+    sums = StepSums(BLOCK, drafters=3, device=torch.device("cpu"))
+    meta = BatchMeta(batch_id=7, epoch=1, seq=4, producer=2)
+    sums.add_training(1, objective_sums(1.0), tokens=120, meta=meta)
+    sums.add_evaluation(eval_sums(1.0))
+    sums.add_evaluation(eval_sums(2.0))
+    reduced = sums.reduce(None)
+    assert not reduced.stopped and reduced.tokens == 120
+    assert reduced.batches == [[0, 0, 0], [2, 4, 7], [0, 0, 0]]
+    assert torch.equal(reduced.objective, objective_sums(1.0).as_vector())
+    assert reduced.summary()["loss"] == 0.5 and reduced.summary()["tau"] == 3.0
+    assert reduced.eval_batches == 2
+    assert torch.equal(reduced.eval, eval_sums(3.0).as_vector())
+    assert not sums.vector.any()
+    sums.request_stop()
+    assert sums.reduce(None).stopped and not sums.reduce(None).stopped
+
+
+def test_eval_tally_completes_a_round_by_batch_count() -> None:
+    tally = EvalTally(total_batches=3, block_size=BLOCK, rounds_done=4)
+    vector = eval_sums(1.0).as_vector()
+    assert tally.absorb(0, torch.zeros_like(vector)) is None
+    assert tally.absorb(2, 2 * vector) is None
+    metrics = tally.absorb(1, vector)
+    assert metrics == {**EvalSums.summarise(3 * vector, BLOCK), "round": 5}
+    assert metrics["tau_sim"] == 3.0 and tally.completed_rounds == 5
+    assert tally.absorb(3, 5 * vector) == {**EvalSums.summarise(5 * vector, BLOCK), "round": 6}
+
+
+def test_ledger_keeps_a_prefix_and_the_later_batches_and_refuses_repeats() -> None:
+    ledger = BatchLedger()
+    for target, seq in [(0, 1), (0, 3), (1, 0), (0, 0)]:
+        ledger.record(target, seq)
+    assert ledger.cursor(0) == {"start": 2, "skip": [3]} and ledger.cursor(1)["start"] == 1
+    assert ledger.cursor(5) == {"start": 0, "skip": []}
+    with pytest.raises(RuntimeError, match="batch 1 of target 0 was trained twice"):
+        ledger.record(0, 1)
+    with pytest.raises(RuntimeError, match="batch 3 of target 0 was trained twice"):
+        ledger.record(0, 3)
+    resumed = BatchLedger(ledger.state())  # JSON keys are strings
+    assert (
+        resumed.state()
+        == ledger.state()
+        == {
+            "0": {"start": 2, "skip": [3]},
+            "1": {"start": 1, "skip": []},
+        }
+    )
+    resumed.record(0, 2)
+    assert resumed.cursor(0) == {"start": 4, "skip": []}
