@@ -34,10 +34,6 @@ class GpuBusySampler:
         except Exception:
             self._handle = None
 
-    @property
-    def available(self) -> bool:
-        return self._handle is not None
-
     def sample(self) -> float | None:
         """Mean busy fraction (0..1) of this process since the previous sample, or None."""
         if self._handle is None:

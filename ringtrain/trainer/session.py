@@ -210,10 +210,6 @@ def _save_checkpoint(root: Path, trainee: Trainee, spec: DrafterSpec, state: Dra
         spec,
         trainee.optimizer,
         trainee.scheduler,
-        extra={
-            "cursors": state.ledger.state(),
-            "tap_layers": list(spec.tap_layers),
-            "step": state.step,
-        },
+        extra={"cursors": state.ledger.state(), "step": state.step},
     )
     get_logger().info("checkpoint written: %s", path)
