@@ -92,10 +92,10 @@ class _Run:
         """List a failed record; raises ServerGone after `max_failures` server faults in a row."""
         self.journal.write_error(line, f"{self.options.input}:{line}", reason)
         self.totals.failed += 1
-        if not server_fault:
-            self.note(f"skipped {reason}")
         if server_fault:
             self.streak += 1
+        else:
+            self.note(f"skipped {reason}")
         self._advance()
         if self.streak >= self.options.max_failures:
             raise ServerGone(
@@ -111,6 +111,7 @@ class _Run:
         tqdm.write(f"ringtrain-data: {message}", file=sys.stderr)
 
     def record_written(self, record: dict[str, Any], tokens: int) -> None:
+        """Append a regenerated record; a success ends the failure streak."""
         self.journal.write(record)
         self.totals.written += 1
         self.totals.generated_tokens += tokens
@@ -118,6 +119,7 @@ class _Run:
         self._advance()
 
     def _advance(self) -> None:
+        """One more record on the bar; the rates beside it at most every half second."""
         now = time.monotonic()
         if now - self.last_postfix >= POSTFIX_INTERVAL_S:
             elapsed = now - self.started
