@@ -23,3 +23,7 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # torch.compile the decoder layers (fused norms, rotary, SiLU*mul, residual adds):
     # "auto" (on when the target runs on CUDA, off on CPU) | "on" | "off".
     compile: Literal["auto", "on", "off"] = "auto"
+    # Attention kernels: "auto" (SDPA where the model allows it, else flex_attention on
+    # CUDA and eager on CPU, e.g. gpt-oss's attention sinks) | "sdpa" | "eager" |
+    # "flex_attention".
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention"] = "auto"

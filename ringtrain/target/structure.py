@@ -18,7 +18,6 @@ attention sinks SDPA cannot express).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -27,8 +26,6 @@ from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, truncated_config_values
 from ringtrain.target.quantized import dequantizing_config
-
-AttnImplementation = Literal["auto", "sdpa", "eager", "flex_attention"]
 
 
 def base_model_class(config: PretrainedConfig) -> type[nn.Module]:
