@@ -79,7 +79,9 @@ def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path)
         "block_size": 4,
         "mask_token_id": 39,
         "target_layer_ids": [1, 2, 4],
+        "causal": False,
     }
+    assert raw["is_causal"] is False
     assert spec_from_hf_config(raw) == spec
     state_only = load_checkpoint(path, "cpu", weights=False)
     assert state_only.model is None and state_only.extra == {"cursor": [3, 4]}

@@ -110,6 +110,18 @@ def test_dpace_objective_equals_the_per_block_reference(trained) -> None:
     assert sums.counted.tolist() == ref["counted"]
 
 
+def test_causal_sliding_objective_equals_the_per_block_inference_reference() -> None:
+    cfg, model, head, batch = make_setup(sliding_attention="causal")
+    _, bidirectional, *_ = make_setup()
+    assert model.spec.sliding_causal and not bidirectional.spec.sliding_causal
+    with torch.no_grad():
+        sums = objective(model, head, batch, cfg, seed=1)
+        other = objective(bidirectional, head, batch, cfg, seed=1)
+    ref = reference_sums(model, head, batch, cfg, 1, gamma=4.0)
+    assert math.isclose(float(sums.loss_sum), ref["loss_sum"], rel_tol=1e-9)
+    assert abs(float(other.loss_sum) - ref["loss_sum"]) > 1e-6 * ref["loss_sum"]
+
+
 def test_dpace_training_lowers_the_loss() -> None:
     cfg, model, head, batch = make_setup(objective="dpace")
     losses = train(model, head, batch, cfg, seeds=[0] * 15)

@@ -32,6 +32,13 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     intermediate_size: int = 0
     # Per-layer sliding window (0 = full attention); empty = all full attention.
     sliding_windows: list[int] = msgspec.field(default_factory=list)
+    # What a sliding layer computes inside a block: "bidirectional" (every block token
+    # sees the whole block; what the DFlash reference computes for a checkpoint with
+    # is_causal = false) or "causal" (block token k sees block tokens 0..k; what SGLang,
+    # vLLM and the reference compute for sliding layers of a checkpoint that does not
+    # declare is_causal). Full-attention layers are bidirectional either way; the
+    # checkpoint's config.json says which, so every engine computes what was trained.
+    sliding_attention: Literal["bidirectional", "causal"] = "bidirectional"
     # Most anchors per batch (a static shape); 0: ceil(num_anchors * max_tokens / anchor_ref_len).
     max_anchors: int = 0
     # Rows of the LM head + cross-entropy computed at once.

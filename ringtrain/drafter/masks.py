@@ -5,7 +5,9 @@ Keys/values are laid out as `[ctx (C rows) ; block 0 ; block 1 ; ...]` and queri
 document starting at packed row s, sees the context rows s <= kv < p (strictly before its
 anchor: at inference the anchor's own hidden state does not exist yet), all B rows of
 itself, and nothing else. A sliding-window layer (window w) further limits a query at
-position p + k to keys with (p + k) - kv < w. Padding blocks see only themselves.
+position p + k to keys with (p + k) - kv < w; with ``causal`` its block slot k sees only
+slots 0..k of its block (the window never cuts into a block: w >= B). Padding blocks
+see only themselves.
 
 Every row of a block sees one interval of the context and one of the block region, so
 the tile-level structure (which 128 x 128 tiles are empty, partial or full) is computed
@@ -35,6 +37,7 @@ class BlockMaskBuilder:
         block_size: int,
         windows: tuple[int, ...],
         device: torch.device,
+        causal: bool = False,
     ) -> None:
         if ctx_capacity % TILE or (max_anchors * block_size) % TILE:
             raise ValueError(
@@ -47,6 +50,7 @@ class BlockMaskBuilder:
         self.q_len = max_anchors * block_size
         self.kv_len = ctx_capacity + self.q_len
         self.device = device
+        self.causal = causal
         self.ctx_lo = torch.zeros(max_anchors, dtype=torch.int32, device=device)
         self.ctx_hi = torch.zeros(max_anchors, dtype=torch.int32, device=device)
         self.anchor = torch.zeros(max_anchors, dtype=torch.int32, device=device)
@@ -59,10 +63,16 @@ class BlockMaskBuilder:
         self._tile_hi = self._tile_lo + TILE
         block_lo = ctx_capacity + self._row_block * block_size
         self._block_counts = self._tile_counts(block_lo, block_lo + block_size)
+        self._causal_block_counts = self._tile_counts(block_lo, block_lo + self._row_slot + 1)
+
+    def _causal(self, window: int) -> bool:
+        """Whether blocks are causal in layers of this window (sliding layers only)."""
+        return self.causal and window > 0
 
     def _make_mask_mod(self, window: int):
         ctx_lo, ctx_hi, anchor = self.ctx_lo, self.ctx_hi, self.anchor
         ctx_capacity, block_size = self.ctx_capacity, self.block_size
+        causal = self._causal(window)
 
         def mask_mod(b, h, q_idx, kv_idx):
             block = q_idx // block_size
@@ -71,7 +81,8 @@ class BlockMaskBuilder:
                 lo = torch.maximum(lo, anchor[block] + q_idx % block_size - (window - 1))
             own = ctx_capacity + block * block_size
             in_ctx = (kv_idx >= lo) & (kv_idx < ctx_hi[block])
-            return in_ctx | ((kv_idx >= own) & (kv_idx < own + block_size))
+            own_end = own + q_idx % block_size + 1 if causal else own + block_size
+            return in_ctx | ((kv_idx >= own) & (kv_idx < own_end))
 
         return mask_mod
 
@@ -89,7 +100,8 @@ class BlockMaskBuilder:
         if window:
             rows_anchor = self.anchor[self._row_block].long()
             lo = torch.maximum(lo, rows_anchor + self._row_slot - (window - 1))
-        counts = self._tile_counts(lo, hi) + self._block_counts
+        own = self._causal_block_counts if self._causal(window) else self._block_counts
+        counts = self._tile_counts(lo, hi) + own
         full = counts == TILE * TILE
         partial = (counts > 0) & ~full
         kv_num_blocks, kv_indices = _as_kv_blocks(partial)

@@ -8,7 +8,9 @@ Parameter names match the DFlash checkpoint layout (`layers.N.self_attn.q_proj.w
 
 Two entry points share one layer stack: `forward` (training: many blocks of a packed batch,
 flex_attention with a BlockMask) and `draft_logits` / `draft_tokens` (speculative decoding
-of one sequence: dense SDPA, the block sees all of the context before it).
+of one sequence: dense SDPA, the block sees all of the context before it). Sliding layers
+limit a block token at position q to keys with q - kv < window, and with
+``spec.sliding_causal`` also to kv <= q (block tokens 0..k for slot k).
 """
 
 from __future__ import annotations
@@ -243,7 +245,10 @@ class DFlashDrafter(nn.Module):
             for window in self.spec.sliding_windows:
                 mask = None
                 if window:
-                    mask = block_positions[:, None] - key_positions[None, :] < window
+                    distance = block_positions[:, None] - key_positions[None, :]
+                    mask = distance < window
+                    if self.spec.sliding_causal:
+                        mask = mask & (distance >= 0)
                 attends.append(partial(_dense_attend, mask=mask, scale=scale))
             hidden = self._run(
                 ctx_features.to(embeds.dtype), ctx_positions, embeds, block_positions, attends

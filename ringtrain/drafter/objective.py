@@ -79,7 +79,12 @@ class _Workspace:
         ctx_capacity, max_anchors = layout
         self.spec = spec
         self.builder = BlockMaskBuilder(
-            ctx_capacity, max_anchors, spec.block_size, spec.sliding_windows, device
+            ctx_capacity,
+            max_anchors,
+            spec.block_size,
+            spec.sliding_windows,
+            device,
+            spec.sliding_causal,
         )
         compiled = cfg.compile and device.type == "cuda"
         self.forward = (

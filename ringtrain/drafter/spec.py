@@ -37,6 +37,8 @@ class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
     num_target_layers: int
     # Per layer: 0 = full attention, w > 0 = keys within w positions of the query.
     sliding_windows: tuple[int, ...]
+    # Sliding layers causal inside a block (block token k sees block tokens 0..k).
+    sliding_causal: bool = False
 
     @property
     def num_taps(self) -> int:
@@ -129,6 +131,7 @@ def drafter_spec_from_target(
         tap_layers=tuple(int(t) for t in tap_layers),
         num_target_layers=int(tc["num_hidden_layers"]),
         sliding_windows=tuple(cfg.sliding_windows) or (0,) * cfg.num_layers,
+        sliding_causal=cfg.sliding_attention == "causal" and any(cfg.sliding_windows),
     )
     if spec.intermediate_size <= 0:
         raise ValueError("target config has no intermediate_size; set [drafter] intermediate_size")
@@ -147,9 +150,27 @@ def loss_gamma(cfg: DrafterConfig) -> float:
     return PAPER_GAMMA[cfg.block_size]
 
 
+def causality_keys(spec: DrafterSpec) -> dict[str, bool]:
+    """The config.json keys that make every engine compute the trained causality.
+
+    SGLang, vLLM and the DFlash reference read a top-level ``is_causal`` first (vLLM then
+    ``dflash_config.causal``) and apply it to EVERY layer; without it, sliding layers are
+    causal and full-attention layers bidirectional. Bidirectional training therefore
+    writes ``is_causal: false``; causal sliding layers next to full-attention ones write
+    nothing (the engines' per-layer default is exactly that), and causal sliding layers
+    alone write ``is_causal: true``.
+    """
+    if not spec.sliding_causal:
+        return {"is_causal": False}
+    if all(spec.sliding_windows):
+        return {"is_causal": True}
+    return {}
+
+
 def hf_config_dict(spec: DrafterSpec) -> dict[str, Any]:
     """The checkpoint's config.json: a Qwen3 config plus the DFlash fields."""
     window = max(spec.sliding_windows)
+    causal = causality_keys(spec)
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -167,7 +188,7 @@ def hf_config_dict(spec: DrafterSpec) -> dict[str, Any]:
         "hidden_act": "silu",
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "is_causal": False,
+        **causal,
         "tie_word_embeddings": False,
         "use_cache": False,
         "use_sliding_window": window > 0,
@@ -183,8 +204,30 @@ def hf_config_dict(spec: DrafterSpec) -> dict[str, Any]:
             "block_size": spec.block_size,
             "mask_token_id": spec.mask_token_id,
             "target_layer_ids": list(spec.tap_layers),
+            **({"causal": causal["is_causal"]} if causal else {}),
         },
     }
+
+
+def layer_causality(config: Mapping[str, Any], layer_types: list[str]) -> list[bool]:
+    """Per layer, whether the engines compute it causal inside a block (see causality_keys)."""
+    declared = config.get("is_causal")
+    if declared is None:
+        declared = (config.get("dflash_config") or {}).get("causal")
+    if declared is not None:
+        return [bool(declared)] * len(layer_types)
+    return [kind == "sliding_attention" for kind in layer_types]
+
+
+def _sliding_causal(config: Mapping[str, Any], layer_types: list[str]) -> bool:
+    """Whether the sliding layers are causal; refuses causal full-attention layers."""
+    causal = layer_causality(config, layer_types)
+    if any(c and kind != "sliding_attention" for c, kind in zip(causal, layer_types, strict=True)):
+        raise ValueError(
+            "the config makes full-attention layers causal (is_causal = true); ringtrain "
+            "drafters attend bidirectionally inside a block in full-attention layers"
+        )
+    return any(causal)
 
 
 def spec_from_hf_config(config: Mapping[str, Any]) -> DrafterSpec:
@@ -209,6 +252,7 @@ def spec_from_hf_config(config: Mapping[str, Any]) -> DrafterSpec:
             tap_layers=tuple(int(t) for t in dflash["target_layer_ids"]),
             num_target_layers=int(config["num_target_layers"]),
             sliding_windows=tuple(window if t == "sliding_attention" else 0 for t in layer_types),
+            sliding_causal=_sliding_causal(config, list(layer_types)),
         ).validate()
     except KeyError as exc:
         raise ValueError(f"drafter config.json lacks the key {exc}; not a DFlash drafter") from None
