@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -162,3 +163,30 @@ def test_producer_waiting_on_closed_consumers_raises_ring_closed() -> None:
             producer.acquire()
     finally:
         target.close()
+
+
+def test_draining_after_a_clean_end_is_quiet_and_after_a_failure_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A device slab waits for its items to be read before it is freed (Ring.close): when
+    every drafter closed cleanly that wait ends the run quietly; a failed drafter warns."""
+    for drafter_ends, warned in [("closes", False), ("fails", True)]:
+        target, drafter = _pair()
+        try:
+            producer = target.producer()
+            for seq in range(2):
+                producer.publish(producer.acquire(), 0, 0, {"seq": seq})
+            if drafter_ends == "closes":
+                drafter.close(clean=True)
+            else:
+                drafter.set_error("boom")
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="ringtrain.ring"):
+                target._drain(producer)
+            warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert bool(warnings) == warned, warnings
+            if warned:
+                assert "closing before consumers drained" in warnings[0] and "boom" in warnings[0]
+        finally:
+            drafter.close(clean=drafter_ends == "closes")
+            target.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from tests.launcher import (
@@ -31,6 +32,16 @@ def _assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _warnings(run_dir: Path) -> list[str]:
+    """Warning and error lines of every rank's log: a successful run ends quietly."""
+    return [
+        line
+        for log in sorted((run_dir / "logs").glob("*.log"))
+        for line in log.read_text().splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ]
 
 
 def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
@@ -63,6 +74,7 @@ def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
     loaded = load_checkpoint(mid[0], "cpu")
     assert loaded.step == 10
     assert shm_entries("t2d1") == []
+    assert _warnings(run_dir) == []
 
 
 def test_one_target_two_drafters(tmp_path: Path) -> None:
@@ -123,3 +135,16 @@ def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
     resumed = trained_batches(step_records(run_dir))
     assert resumed == reference
     assert shm_entries("resume") == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_clean_run_over_device_slabs_ends_quietly(tmp_path: Path) -> None:
+    """The target frees its GPU slab at the end while unread items are still in the ring:
+    the drafters closing cleanly is the normal end, not a fault to warn about."""
+    run_dir = tmp_path / "run"
+    overrides = ['run.device="cuda"', 'ring.transport="device"', "run.max_steps=8"]
+    overrides += ["run.eval_every=0", "drafter.compile=false", 'target.compile="off"']
+    _assert_ok(run_training(run_dir, 1, 1, [*overrides, "run.name=quiet"]))
+    assert "transport device" in (run_dir / "logs" / "rank0-target.log").read_text()
+    assert _warnings(run_dir) == []

@@ -73,7 +73,7 @@ import torch
 
 from ringtrain.ring import control as cb
 from ringtrain.ring.ends import Consumer, Producer
-from ringtrain.ring.errors import PeerDied, RingError
+from ringtrain.ring.errors import PeerDied, RingClosed, RingError
 from ringtrain.ring.handoff import HandOff
 from ringtrain.ring.liveness import monotonic_ns, own_identity
 from ringtrain.ring.names import (
@@ -297,11 +297,18 @@ class Ring:
     def _drain(self, producer: Producer) -> None:
         """Let consumers copy every published slot out of this producer's GPU slab.
 
-        A dead or closed consumer ends the wait (the slab is freed anyway; the failure is
+        Every drafter closing cleanly ends the wait quietly: that is how a run ends (the
+        drafters finished their steps; nobody reads what is left in the ring). A dead or
+        failed consumer ends it with a warning (the slab is freed anyway; the failure is
         reported by the peers).
         """
         try:
             producer.drain()
+        except RingClosed:
+            log.info(
+                "ring %s: every drafter closed; the items they did not take go with the slab",
+                self.spec.run_id,
+            )
         except RingError as exc:
             log.warning("ring %s: closing before consumers drained: %s", self.spec.run_id, exc)
 
