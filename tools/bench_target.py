@@ -7,15 +7,21 @@ H2D) into a packed [N, K*H] output on the GPU ("device" out) and in pinned host 
 
 - qwen3-8b: Qwen3-8B (36 layers, hidden 4096, 32 q / 8 kv heads of 128, MLP 12288,
   vocab 151936);
+- qwen3-30b-a3b: Qwen3-30B-A3B (qwen3_moe: 48 layers, hidden 2048, 32 q / 4 kv heads of
+  128, 128 experts of MLP 768, top-8, no shared expert), routed experts run by the
+  experts implementation transformers picks (``experts_implementation`` in the JSON:
+  "grouped_mm" runs all experts in grouped GEMMs, no Python loop over experts);
 - qwen3.5-hybrid: transformers' Qwen3.5 text config defaults (Gated DeltaNet layers,
   3 linear : 1 full attention); FLA Triton kernels when flash-linear-attention is
   installed, else the torch fallback.
 
-FLOPs (forward, per token): 2 x every decoder-layer linear weight kept, plus causal
+FLOPs (forward, per token): 2 x the weights a token is multiplied by in the kept layers
+(every matrix outside expert stacks: linear layers and routers; of each mixture-of-experts
+block's expert stacks only its top-k experts' share, the ACTIVE parameters), plus causal
 attention 4 * q_heads * head_dim * (S+1)/2, plus for Gated DeltaNet layers the causal
 convolution 2 * channels * kernel and the chunked delta-rule core, estimated as
 v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 989e12
-(H200 dense bf16).
+(H200 dense bf16). Random router weights spread tokens about evenly over the experts.
 
 Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, as
 ``target.compile`` does: ringtrain.target.compiled); the first call of a compiled
@@ -24,8 +30,9 @@ single row and on more rows of other lengths, the graphs compiled while running 
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
 each variant's first measurement.
 
-    python tools/bench_target.py --json                     # both shapes, 8192 and 16384 tokens
+    python tools/bench_target.py --json                     # every shape, 8192 and 16384 tokens
     python tools/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
+    python tools/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
     python tools/bench_target.py --device cpu --small --json  # smoke run without a GPU
 """
 
@@ -43,12 +50,13 @@ import numpy as np
 import torch
 import transformers
 from kernel_profile import print_top, top_kernels
-from model_shapes import QWEN3_8B
+from model_shapes import QWEN3_8B, QWEN3_30B_A3B
 from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
 from ringtrain.target.checkpoint import truncated_config_values
+from ringtrain.target.compiled import is_mixture_of_experts
 from ringtrain.target.loader import (
     build_truncated_model,
     linear_attention_backend,
@@ -65,6 +73,7 @@ GDN_CHUNK = 64
 COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
 SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
+    "qwen3-30b-a3b": ("qwen3_moe", {**QWEN3_30B_A3B, "max_position_embeddings": 40960}),
     "qwen3.5-hybrid": ("qwen3_5_text", {}),
 }
 # --small: the same model types at toy size, for a CPU smoke run.
@@ -79,6 +88,12 @@ SMALL_SIZES = {
 }
 SMALL: dict[str, dict] = {
     "qwen3-8b": SMALL_SIZES,
+    "qwen3-30b-a3b": {
+        **SMALL_SIZES,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+    },
     "qwen3.5-hybrid": {
         **SMALL_SIZES,
         "linear_num_key_heads": 2,
@@ -97,11 +112,44 @@ def build_config(shape: str, small: bool) -> PretrainedConfig:
     return CONFIG_MAPPING[model_type](**values)
 
 
+def expert_stacks(layers: nn.Module) -> list[nn.Module]:
+    """The expert modules of the mixture-of-experts blocks among ``layers`` (the ``experts``
+    of a block; transformers 5 holds them as fused [experts, out, in] parameters)."""
+    return [m.experts for m in layers.modules() if is_mixture_of_experts(m)]
+
+
+def active_matmul_params(layers: nn.Module, top_k: int) -> float:
+    """Weights one token is multiplied by in ``layers``: every matrix (2-D parameter:
+    linear layers, routers) outside expert stacks, and ``top_k / num_experts`` of the
+    matrices in each block's expert stacks (fused 3-D stacks or per-expert linears)."""
+    total = 0.0
+    in_experts: set[int] = set()
+    for experts in expert_stacks(layers):
+        count = getattr(experts, "num_experts", None) or len(experts)
+        matrices = [
+            p for name, p in experts.named_parameters() if p.ndim >= 2 and "bias" not in name
+        ]
+        total += sum(p.numel() for p in matrices) * top_k / count
+        in_experts.update(id(p) for p in experts.parameters())
+    for param in layers.parameters():
+        if param.ndim == 2 and id(param) not in in_experts:
+            total += param.numel()
+    return total
+
+
+def experts_implementation(module: nn.Module) -> str | None:
+    """How transformers runs the routed experts ("grouped_mm", "batched_mm", "eager": a
+    Python loop over experts), None for a model without mixture-of-experts blocks."""
+    if not expert_stacks(module.layers):
+        return None
+    return getattr(module.config, "_experts_implementation", None) or "eager"
+
+
 def flops_per_token(config: PretrainedConfig, module: nn.Module, seq_len: int) -> float:
     """Forward FLOPs per token of the kept layers (see the module docstring)."""
-    linear = sum(m.weight.numel() for m in module.layers.modules() if isinstance(m, nn.Linear))
-    total = 2.0 * linear
-    head_dim = config.head_dim
+    top_k = getattr(config, "num_experts_per_tok", 0)
+    total = 2.0 * active_matmul_params(module.layers, top_k)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     for layer_type in getattr(config, "layer_types", None) or ["full_attention"] * len(
         module.layers
     ):
@@ -206,6 +254,63 @@ def build_target(
     return target, time.perf_counter() - started
 
 
+def describe_target(
+    shape: str, config: PretrainedConfig, target: TappedTarget, backend: str | None
+) -> dict:
+    """The facts of a built target that every result row of its variant repeats."""
+    module = target.module
+    top_k = getattr(config, "num_experts_per_tok", 0)
+    return {
+        "shape": shape,
+        "compile": "on" if target.compiled_units else "off",
+        "model_type": config.model_type,
+        "layers_kept": len(module.layers),
+        "layers_total": config.num_hidden_layers,
+        "taps": target.tap_layers,
+        "hidden_size": config.hidden_size,
+        "linear_attention": backend,
+        "experts_implementation": experts_implementation(module),
+        "active_params_per_token_m": round(active_matmul_params(module.layers, top_k) / 1e6, 1),
+        "compiled_units": len(target.compiled_units),
+        "weights_gib": round(sum(p.nbytes for p in module.parameters()) / 2**30, 2),
+    }
+
+
+def measure_placement(
+    runner: TargetRunner, batch: object, placement: str, args: argparse.Namespace
+) -> tuple[dict, torch.Tensor]:
+    """Time one batch into a GPU ("device") or pinned host ("host") output; the timings
+    and the output buffer."""
+    target, device = runner.target, runner.device
+    rows, seq_len = batch.input_ids.shape
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    out_device = device if placement == "device" else torch.device("cpu")
+    out = torch.empty(
+        rows * seq_len,
+        target.tap_width,
+        dtype=target.dtype,
+        device=out_device,
+        pin_memory=placement == "host",
+    )
+    first_call, step_s = measure(runner, batch, out, args.iters, device)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    flops = flops_per_token(target.module.config, target.module, seq_len) * rows * seq_len
+    timings = {
+        "tokens": rows * seq_len,
+        "rows": rows,
+        "seq_len": seq_len,
+        "out": placement,
+        "first_call_s": round(first_call, 3),
+        "step_ms": round(step_s * 1e3, 3),
+        "tokens_per_s": round(rows * seq_len / step_s),
+        "tflops": round(flops / step_s / 1e12, 1),
+        "mfu": round(flops / step_s / PEAK_FLOPS, 4),
+        "peak_mem_gib": round(peak, 2),
+    }
+    return timings, out
+
+
 def bench_variant(
     args: argparse.Namespace, shape: str, device: torch.device, compiled: bool
 ) -> list[dict]:
@@ -214,53 +319,21 @@ def bench_variant(
     taps = default_tap_layers(config.num_hidden_layers, NUM_TAPS)
     backend = linear_attention_backend(config, device)
     target, build_s = build_target(config, taps, device, compiled)
-    module, dtype = target.module, target.dtype
     runner = TargetRunner(target)
-    weights_gib = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**30
+    facts = {**describe_target(shape, config, target, backend), "build_s": round(build_s, 2)}
     graphs_before = compiled_graph_count()
     results = []
     for tokens in args.tokens:
         rows = max(1, tokens // args.seq_len)
-        seq_len = min(args.seq_len, tokens)
-        batch = padded_batch(rows, seq_len, config.vocab_size)
-        n = rows * seq_len
-        flops = flops_per_token(module.config, module, seq_len) * n
+        batch = padded_batch(rows, min(args.seq_len, tokens), config.vocab_size)
         placements = ["device", "host"] if device.type == "cuda" else ["device"]
         for placement in placements:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            out_device = device if placement == "device" else torch.device("cpu")
-            out = torch.empty(
-                n, target.tap_width, dtype=dtype, device=out_device, pin_memory=placement == "host"
-            )
-            first_call, step_s = measure(runner, batch, out, args.iters, device)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-            row = {
-                "shape": shape,
-                "compile": "on" if compiled else "off",
-                "model_type": config.model_type,
-                "layers_kept": len(module.layers),
-                "layers_total": config.num_hidden_layers,
-                "taps": taps,
-                "hidden_size": config.hidden_size,
-                "linear_attention": backend,
-                "compiled_units": len(target.compiled_units),
-                "tokens": n,
-                "rows": rows,
-                "seq_len": seq_len,
-                "out": placement,
-                "build_s": round(build_s, 2),
-                "first_call_s": round(first_call, 3),
-                "step_ms": round(step_s * 1e3, 3),
-                "tokens_per_s": round(n / step_s),
-                "tflops": round(flops / step_s / 1e12, 1),
-                "mfu": round(flops / step_s / PEAK_FLOPS, 4),
-                "weights_gib": round(weights_gib, 2),
-                "peak_mem_gib": round(peak, 2),
-            }
+            timings, out = measure_placement(runner, batch, placement, args)
+            row = {**facts, **timings}
             if args.profile and not results:
                 row["profile"] = top_kernels(functools.partial(run_once, runner, batch, out))
-                print_top(f"target {shape}, compile {row['compile']}, {n} tokens", row["profile"])
+                title = f"target {shape}, compile {row['compile']}, {row['tokens']} tokens"
+                print_top(title, row["profile"])
             results.append(row)
             del out
     first_rows = max(1, args.tokens[0] // args.seq_len)
@@ -270,7 +343,7 @@ def bench_variant(
     for row in results:
         row["graphs"] = compiled_graph_count() - graphs_before
         row["recompiles"] = recompiles
-    del runner, target, module
+    del runner, target
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return results
@@ -317,13 +390,13 @@ def main() -> None:
 
     print(
         f"{'shape':<15} {'compile':<7} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
-        f"{'first s':>8} {'recomp':>6} {'peak GiB':>8}"
+        f"{'first s':>8} {'recomp':>6} {'peak GiB':>8} experts"
     )
     for r in results:
         print(
             f"{r['shape']:<15} {r['compile']:<7} {r['tokens']:>6} {r['out']:<6} "
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
-            f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f}"
+            f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": device_name, **versions(), "results": results}

@@ -1,8 +1,10 @@
 """Model shapes shared by the benchmark scripts in tools/ (imported as a sibling module).
 
-``QWEN3_8B`` holds the sizes of Qwen3-8B's architecture as its config.json spells them;
-each benchmark adds the config values its consumer needs (model type, norm epsilon,
-RoPE base, context length). ``QWEN3_MASK_TOKEN_ID`` is the DFlash mask token of Qwen3.
+``QWEN3_8B`` holds the sizes of Qwen3-8B's architecture as its config.json spells them,
+``QWEN3_30B_A3B`` those of Qwen3-30B-A3B (model type ``qwen3_moe``: 128 routed experts,
+8 per token, no shared expert, every layer sparse); each benchmark adds the config values
+its consumer needs (model type, norm epsilon, RoPE base, context length).
+``QWEN3_MASK_TOKEN_ID`` is the DFlash mask token of Qwen3 (both share the vocabulary).
 """
 
 from __future__ import annotations
@@ -15,5 +17,19 @@ QWEN3_8B: dict[str, int] = {
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
     "head_dim": 128,
+}
+QWEN3_30B_A3B: dict[str, int | bool] = {
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
 }
 QWEN3_MASK_TOKEN_ID = 151669
