@@ -15,12 +15,12 @@ says which, ``cold_method``).
 Reported per load: seconds, GB/s (bytes of the kept tensors / seconds, 1 GB = 1e9 bytes)
 and the load time of the full 48-layer model extrapolated from it (the same rate over the
 full model's layer bytes plus its embedding and norm; aim: 60 s or less warm). Only kept
-tensors should be read: the LM head (the only tensor this cut drops) must not be, so the
-JSON holds the kept tensors' bytes, the bytes of the loaded model's parameters (equal to
-them) and the bytes the process read from storage during the cold load
-(``/proc/self/io``; about the kept bytes, well under the checkpoint's size, on a local
-disk; 0 means the cold load was served from memory, e.g. a tmpfs directory: see
-``filesystem``). The checkpoint is deleted at the end unless ``--keep``.
+tensors may be read: the LM head (the only tensor this cut drops) must not be. The JSON
+holds the kept tensors' bytes, the loaded model's parameter bytes (equal to them) and,
+from the page cache's residency (mincore(2) over each tensor's byte range), how much of
+the kept and of the unkept tensors the cold load brought into memory (``only_kept_read``;
+None when the cache could not be emptied, e.g. a tmpfs directory: see ``filesystem``).
+The checkpoint is deleted at the end unless ``--keep``.
 
     python tools/bench_load.py --json                          # GPU machine, /tmp
     python tools/bench_load.py --device cpu --small --json     # smoke run without a GPU
