@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.prepare import MAX_RECORD_BYTES, prepare_dataset
 from ringtrain.data.stats import dataset_statistics, format_statistics
 
 PREPARE_HELP = """\
@@ -136,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)"
     )
+    prepare.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=MAX_RECORD_BYTES,
+        help=f"reject input lines longer than this, unread (default {MAX_RECORD_BYTES >> 20} MiB)",
+    )
     inspect = commands.add_parser("inspect", help="validate a dataset and print statistics")
     inspect.add_argument("path", help="dataset directory or file")
     inspect.add_argument("--vocab-size", type=int, default=None, help="check token ids < V")
@@ -160,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
                 args.output,
                 max_len=args.max_len,
                 workers=max(1, args.workers),
+                max_record_bytes=args.max_record_bytes,
             )
             print(
                 f"{args.output}: {totals.samples} samples, {totals.tokens} tokens, "
                 f"{totals.supervised_tokens} supervised tokens; dropped {totals.dropped} "
-                f"without assistant tokens, truncated {totals.truncated} "
-                f"(of {totals.conversations} conversations)"
+                f"without assistant tokens and {totals.too_large} over --max-record-bytes, "
+                f"truncated {totals.truncated} (of {totals.conversations} conversations)"
             )
         else:
             stats = dataset_statistics(

@@ -12,8 +12,13 @@ model's answers learns a distribution the target does not produce, which lowers 
 acceptance length.
 
 Conversations are encoded in parallel worker processes (chunks of lines, results kept in
-input order) and written to `<output>/data-00000.arrow` (Arrow IPC, large record
-batches), which `open_dataset` memory-maps.
+input order, a bounded number of chunks in flight) and written to
+`<output>/data-00000.arrow` (Arrow IPC, large record batches), which `open_dataset`
+memory-maps. The tokenizer and its chat template are checked in the parent before any
+worker starts; a worker's error stops the command with that error, and a worker that
+dies (e.g. killed by the out-of-memory killer) stops it too, never a hang. A line longer
+than `max_record_bytes` is rejected unread (counted), so one huge record cannot take the
+machine's memory. On any failure the partial output is removed.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +44,11 @@ from ringtrain.data.writer import TokenFileWriter
 OUTPUT_FILE = "data-00000.arrow"
 LINES_PER_TASK = 256
 FLUSH_TOKENS = 1 << 26
+# Largest input line encoded; longer ones are rejected before decoding (a conversation
+# of 16 MiB is about 4M tokens, far beyond any training length).
+MAX_RECORD_BYTES = 16 << 20
+# Chunks queued per worker: enough to keep workers busy, bounded memory.
+CHUNKS_IN_FLIGHT_PER_WORKER = 4
 
 
 @dataclass
@@ -48,6 +61,7 @@ class PrepareTotals:
     supervised_tokens: int = 0
     dropped: int = 0  # conversations without any supervised token (after truncation)
     truncated: int = 0
+    too_large: int = 0  # lines over max_record_bytes, rejected before decoding
 
     def add(self, other: PrepareTotals) -> None:
         """Accumulate another chunk's counts."""
@@ -81,9 +95,27 @@ def load_tokenizer(directory: str | Path) -> Any:
         ) from None
 
 
-def _init_worker(tokenizer_dir: str, max_len: int | None) -> None:
-    global _encoder
+PROBE_CONVERSATION = [
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hello!"},
+]
+
+
+def _init_worker(tokenizer_dir: str, max_len: int | None, max_record_bytes: int) -> None:
+    global _encoder, _max_record_bytes
     _encoder = ConversationEncoder(load_tokenizer(tokenizer_dir), max_len)
+    _max_record_bytes = max_record_bytes
+
+
+_max_record_bytes = MAX_RECORD_BYTES
+
+
+def check_tokenizer(tokenizer_dir: str | Path, max_len: int | None) -> None:
+    """Load the tokenizer and encode a probe conversation, so a wrong directory or a
+    missing chat template fails once, here, before any worker starts."""
+    ConversationEncoder(load_tokenizer(tokenizer_dir), max_len).encode(
+        PROBE_CONVERSATION, f"{tokenizer_dir} (probe conversation)"
+    )
 
 
 def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
@@ -94,6 +126,9 @@ def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
     ids_parts, mask_parts, lengths = [], [], []
     for number, line in enumerate(lines, start=first_line):
         if not line.strip():
+            continue
+        if len(line) > _max_record_bytes:
+            totals.too_large += 1
             continue
         where = f"{source}:{number}"
         record = decode_record(line, where)
@@ -158,6 +193,43 @@ class _ChunkWriter:
         self.pending, self.pending_tokens = [], 0
 
 
+def _in_order(
+    workers: int, initargs: tuple, tasks: Iterable[tuple[str, int, list[bytes]]]
+) -> Iterator[EncodedChunk]:
+    """Encoded chunks in input order from ``workers`` spawned processes, with at most
+    ``CHUNKS_IN_FLIGHT_PER_WORKER`` chunks per worker queued. A worker's exception is
+    raised here; a worker that dies raises DatasetError."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, context, _init_worker, initargs) as pool:
+        queued: deque[Future[EncodedChunk]] = deque()
+        try:
+            for task in tasks:
+                queued.append(pool.submit(_encode_chunk, task))
+                if len(queued) >= workers * CHUNKS_IN_FLIGHT_PER_WORKER:
+                    yield queued.popleft().result()
+            while queued:
+                yield queued.popleft().result()
+        except BrokenProcessPool:
+            raise DatasetError(
+                "a prepare worker process died (killed, e.g. by the out-of-memory killer, "
+                "or crashed); nothing was written. Rerun with fewer --workers or a smaller "
+                "--max-record-bytes if memory is short"
+            ) from None
+        finally:
+            for future in queued:
+                future.cancel()
+
+
+def _encoded_chunks(
+    workers: int, initargs: tuple, tasks: Iterable[tuple[str, int, list[bytes]]]
+) -> Iterator[EncodedChunk]:
+    """Encoded chunks in input order: in worker processes, or here with one worker."""
+    if workers > 1:
+        return _in_order(workers, initargs, tasks)
+    _init_worker(*initargs)
+    return map(_encode_chunk, tasks)
+
+
 def _check_output(output: Path) -> Path:
     if output.exists() and any(p.suffix in DATA_SUFFIXES for p in output.iterdir()):
         raise DatasetError(
@@ -174,30 +246,31 @@ def prepare_dataset(
     *,
     max_len: int | None = None,
     workers: int = 1,
+    max_record_bytes: int = MAX_RECORD_BYTES,
     progress: TextIO | None = sys.stderr,
 ) -> PrepareTotals:
     """Encode a chat JSONL file into an Arrow dataset directory; returns the totals.
 
     `workers` > 1 encodes in that many spawned processes. Rows longer than `max_len`
-    are truncated; conversations without supervised tokens are dropped (counted).
-    Progress lines go to `progress` (None: silent).
+    are truncated; conversations without supervised tokens are dropped (counted); lines
+    over `max_record_bytes` are rejected before decoding (counted). Progress lines go to
+    `progress` (None: silent).
     """
     input_path = Path(input_path)
     if not input_path.is_file():
         raise DatasetError(f"{input_path}: no such input file")
+    check_tokenizer(tokenizer_dir, max_len)
     target = _check_output(Path(output_dir))
     partial = target.with_suffix(".arrow.partial")
     totals = PrepareTotals()
     started = last_report = time.monotonic()
-    args = (str(tokenizer_dir), max_len)
-    pool = None
+    args = (str(tokenizer_dir), max_len, max_record_bytes)
+    if progress is not None:
+        print(
+            f"prepare: encoding {input_path} with {workers} process(es)", file=progress, flush=True
+        )
     try:
-        if workers > 1:
-            pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, args)
-            chunks = pool.imap(_encode_chunk, _tasks(input_path))
-        else:
-            _init_worker(*args)
-            chunks = map(_encode_chunk, _tasks(input_path))
+        chunks = _encoded_chunks(workers, args, _tasks(input_path))
         with TokenFileWriter(partial) as writer:
             buffered = _ChunkWriter(writer)
             for chunk in chunks:
@@ -217,10 +290,6 @@ def prepare_dataset(
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
     if totals.samples == 0:
         partial.unlink()
         raise DatasetError(

@@ -1,0 +1,109 @@
+"""`ringtrain-data prepare` fails fast and cleanly: bad tokenizer directories, worker errors,
+a killed worker, and oversized records (memory stays bounded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data.errors import DatasetError
+from ringtrain.data.prepare import prepare_dataset
+from tests.chat_data import CONVERSATIONS
+
+FAILURE_TIMEOUT_S = 120
+
+
+def test_wrong_tokenizer_directory_fails_once_before_workers(
+    tmp_path: Path,
+    chats: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    args = ["prepare", "--tokenizer", str(empty), "--input", str(chats)]
+    assert data_main([*args, "--output", str(tmp_path / "out"), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("cannot load a tokenizer from this directory") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_without_chat_template_is_named(
+    tmp_path: Path,
+    chats: Path,
+    tokenizer_dir: Path,
+) -> None:
+    plain = tmp_path / "plain"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(DatasetError, match="no chat template"):
+        prepare_dataset(plain, chats, tmp_path / "out", workers=2, progress=None)
+
+
+def test_worker_error_stops_the_command_with_its_message(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+) -> None:
+    path = tmp_path / "chats.jsonl"
+    good = json.dumps(CONVERSATIONS[0])
+    path.write_text("\n".join([good] * 2 + ["{not json"] + [good] * 600) + "\n")
+    with pytest.raises(DatasetError, match=r"chats\.jsonl:3: not valid JSON"):
+        prepare_dataset(tokenizer_dir, path, tmp_path / "out", workers=2, progress=None)
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_oversized_records_are_rejected_unread(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+) -> None:
+    path = tmp_path / "chats.jsonl"
+    huge = {"messages": [{"role": "user", "content": "x" * 5000}, CONVERSATIONS[0]["messages"][1]]}
+    lines = [json.dumps(CONVERSATIONS[0]), json.dumps(huge), json.dumps(CONVERSATIONS[0])]
+    path.write_text("\n".join(lines) + "\n")
+    totals = prepare_dataset(
+        tokenizer_dir, path, tmp_path / "out", max_record_bytes=1000, progress=None
+    )
+    assert (totals.too_large, totals.samples, totals.conversations) == (1, 2, 2)
+
+
+def test_killed_worker_stops_the_command(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """SIGKILL of a worker (as the out-of-memory killer would) ends the command with an
+    error and no output, instead of hanging."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 200_000)
+    command = [sys.executable, "-m", "ringtrain.cli.data", "prepare", "--tokenizer"]
+    command += [str(tokenizer_dir), "--input", str(path), "--output", str(tmp_path / "out")]
+    prepare = subprocess.Popen(
+        [*command, "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert "encoding" in prepare.stderr.readline()  # the pool starts right after this line
+        worker = _worker_pid(prepare.pid)
+        os.kill(worker, signal.SIGKILL)
+        _, err = prepare.communicate(timeout=FAILURE_TIMEOUT_S)
+    finally:
+        prepare.kill()
+    assert prepare.returncode == 2, err
+    assert "prepare worker process died" in err
+    assert not list((tmp_path / "out").glob("*.arrow*"))
+
+
+def _worker_pid(pid: int) -> int:
+    """The pid of a pool worker of ``pid`` (a spawned child that is not multiprocessing's
+    resource tracker), once one exists: a bounded watch of /proc."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for _ in range(1_000_000):
+        for child in children.read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                return int(child)
+    raise AssertionError(f"process {pid} started no worker")
