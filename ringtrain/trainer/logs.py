@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
+
+if TYPE_CHECKING:
+    from ringtrain.monitor.sinks import Sink
 
 LOGGER_NAME = "ringtrain"
 
@@ -48,14 +53,22 @@ def get_logger() -> logging.Logger:
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to `<run_dir>/metrics.jsonl`."""
+    """Appends one JSON object per line to `<run_dir>/metrics.jsonl` and hands each to the
+    `sinks` too (`run.report_to`, see ringtrain.monitor.sinks). Opening writes a `start`
+    record, so a reader sees where each session (a resume) began."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sinks: Sequence[Sink] = ()) -> None:
         self._file: TextIO = path.open("a", buffering=1, encoding="utf-8")
         self._encoder = msgspec.json.Encoder()
+        self._sinks = list(sinks)
+        self.write({"event": "start", "wall": time.time()})
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(self._encoder.encode(record).decode() + "\n")
+        for sink in self._sinks:
+            sink.write(record)
 
     def close(self) -> None:
         self._file.close()
+        for sink in self._sinks:
+            sink.close()

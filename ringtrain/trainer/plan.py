@@ -21,6 +21,7 @@ from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
 from ringtrain.drafter.checkpoint import checkpoint_spec
+from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.target import TargetLoadError, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
@@ -73,7 +74,8 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     """Resolve the target and dataset and check that they fit together (no GPU work).
 
     Also checks, with `resume`, that the newest checkpoint fits this drafter, and that
-    /dev/shm can hold the ring."""
+    /dev/shm can hold the ring, and that the run.report_to packages are installed."""
+    check_report_to(config.run.report_to)
     target_path, data_path, eval_path = prepare_builtin_inputs(config, run_dir)
     target_config = read_target_config(target_path, weights=not config.target.random_weights)
     num_layers = target_config.num_hidden_layers

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 from ringtrain.config import Config
+from ringtrain.monitor.advice import ring_advice
+from ringtrain.monitor.ring_figures import ring_figures
 from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import MetricsWriter, get_logger
@@ -22,15 +24,19 @@ class Progress:
         self._window_start = self._started
         self._window_tokens = 0
         self._tokens = 0
+        self._items = 0
         self._first: StepRecord | None = None
         self._last: StepRecord | None = None
         self._ring_before: RingSnapshot = ring.snapshot()
+        self._advice_from = self._ring_before  # then the first progress line's: warm-up excluded
+        self._warmed = False
         self._evaluated: dict | None = None
 
     def step(self, record: StepRecord) -> None:
         self._first = self._first or record
         self._last = record
         self._tokens += record.tokens
+        self._items += len(record.batches)
         self._window_tokens += record.tokens
         if record.step % self._every and record.step != self._max_steps:
             return
@@ -48,6 +54,12 @@ class Progress:
             record.lr,
             self._ring_line(),
         )
+        if not self._warmed and record.step < self._max_steps:
+            self._advice_from, self._warmed = self._ring_before, True
+
+    def ring_figures(self) -> dict:
+        """The ring's occupancy and per-rank counters now (a step record's `ring` entry)."""
+        return ring_figures(self._ring.snapshot())
 
     def _ring_line(self) -> str:
         """Ring occupancy and who waited on whom since the previous progress line."""
@@ -80,7 +92,8 @@ class Progress:
         )
 
     def summary(self) -> None:
-        """One closing line: throughput, loss first -> last, final tau."""
+        """Closing lines: throughput, loss first -> last, final tau, held-out figures, and
+        the split of the node into targets and drafters that the measured rates favour."""
         if self._first is None or self._last is None:
             get_logger().info("no training step completed")
             return
@@ -103,6 +116,9 @@ class Progress:
                 self._evaluated["loss"],
                 self._evaluated["accuracy"],
             )
+        tokens_per_item = self._tokens / max(self._items, 1)
+        for line in ring_advice(self._ring.snapshot(), self._advice_from, tokens_per_item):
+            get_logger().info("%s", line)
 
 
 class LeadReporter:
@@ -115,7 +131,9 @@ class LeadReporter:
 
     def step(self, record: StepRecord) -> None:
         """A completed training step."""
-        self.metrics.write({"event": "step", **record.__dict__})
+        self.metrics.write(
+            {"event": "step", **record.__dict__, "ring": self.progress.ring_figures()}
+        )
         self.progress.step(record)
 
     def evaluation(self, step: int, metrics: dict) -> None:

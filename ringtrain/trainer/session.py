@@ -26,6 +26,7 @@ from ringtrain.drafter import (
     read_checkpoint_extra,
     save_checkpoint,
 )
+from ringtrain.monitor.sinks import open_sinks
 from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
 from ringtrain.trainer.batch_meta import BatchMeta
@@ -157,7 +158,8 @@ def _run_drafter(
     state = _resumed_state(trainee, resume_from, info.device)
     reporter, save = None, None
     if info.is_lead_drafter:
-        reporter = LeadReporter(MetricsWriter(run_dir / "metrics.jsonl"), Progress(config, ring))
+        metrics = MetricsWriter(run_dir / "metrics.jsonl", open_sinks(config, run_dir))
+        reporter = LeadReporter(metrics, Progress(config, ring))
         save = partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec)
     loop = DrafterLoop(
         config,
