@@ -2,8 +2,10 @@
 
 Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV heads of
 128, MLP 12288, vocabulary 151936, 5 taps) with a random frozen head, on packed batches of
-3 x 3072-token documents with 512 anchors per 3072 tokens and blocks of 16. After warm-up,
-two timed sets of 20 steps each, with 1-6 documents of random lengths per batch:
+3 x 3072-token documents with 512 anchors per 3072 tokens and blocks of 16
+(``--target-shape qwen3-30b-a3b``: the drafter of Qwen3-30B-A3B, hidden 2048, 32 query /
+4 KV heads of 128, MLP 6144). After warm-up, two timed sets of 20 steps each, with 1-6
+documents of random lengths per batch:
 "packed" batches filled to 97-100% of the token budget, as the data pipeline packs them
 (padding fraction about 1.5%), give tokens/s (context tokens) and MFU; "varied" batches
 filled to only 60-100% give `mfu_varied_fill` (the drafter runs at a static layout, so
@@ -35,7 +37,7 @@ from dataclasses import replace
 
 import torch
 from kernel_profile import print_top, top_kernels
-from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
+from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
 from packed_batch import PackedBatch, random_packed_batch
 
 from ringtrain.drafter import (
@@ -53,7 +55,12 @@ from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
 
 PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
-QWEN3_8B_TARGET = {**QWEN3_8B, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
+# --target-shape: the target whose drafter is benchmarked; the drafter takes its hidden
+# size, heads, MLP width and vocabulary from it.
+TARGETS = {
+    name: {**shape, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
+    for name, shape in (("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B))
+}
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -155,7 +162,7 @@ def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dty
 
 def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     """Build a fresh drafter for one variant, warm up, then time the measured steps."""
-    target = TINY if args.small else QWEN3_8B_TARGET
+    target = TINY if args.small else TARGETS[args.target_shape]
     cfg = DrafterConfig(
         num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
         anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
@@ -245,6 +252,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument(
+        "--target-shape", choices=sorted(TARGETS), default="qwen3-8b", help="the drafter's target"
+    )
     parser.add_argument("--variants", default="base", help="comma list of names, or 'all'")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -299,7 +309,7 @@ def main() -> None:
         "benchmark": "bench_drafter",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "shape": "small" if args.small else "qwen3-8b",
+        "shape": "small" if args.small else args.target_shape,
         "docs": args.docs,
         "doc_len": args.doc_len,
         "anchors_per_doc": args.anchors,

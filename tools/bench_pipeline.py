@@ -2,7 +2,8 @@
 """End-to-end pipeline benchmark on one GPU: standalone rates, the shared-GPU pipeline,
 start-up times and steady-state recompiles. Prints a table, then one JSON object.
 
-For each target shape (Qwen3-8B-like; Qwen3.5-like hybrid with Gated DeltaNet layers):
+For each target shape (Qwen3-8B-like; Qwen3-30B-A3B-like mixture of experts; Qwen3.5-like
+hybrid with Gated DeltaNet layers):
   a. target-only tokens/s and MFU     (tools/bench_target.py)
   b. drafter-only tokens/s and MFU    (tools/bench_drafter.py)
   c. the full trainer, 1 target + 1 drafter sharing the GPU over the device ring:
@@ -16,7 +17,10 @@ full rows (`fill` in the JSON: real tokens per step / budget), the batch the sta
 target benchmark runs: the three rates see the same work per token. (Rows of varied
 lengths fill a 9216-token budget to only about 82%, since a batch holds rows of one
 padded length; then tokens/s drops with the fill while the per-step work barely does.)
-Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3.5-hybrid] [--steps N] [--json]
+`--target-result FILE` takes a. from a bench_target JSON of the same run instead (same
+shape, --tokens = budget, --seq-len = mean-len, compiled): one target benchmark fewer.
+Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3-30b-a3b,qwen3.5-hybrid] [--steps N]
+[--json]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
+from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +51,27 @@ TARGET_SHAPES = {
         "vocab_size": 1024,
         "mask_token_id": 1023,
     },
+    "tiny-moe": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 128,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 256,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "vocab_size": 1024,
+        "mask_token_id": 1023,
+    },
     "qwen3-8b": {"model_type": "qwen3", **QWEN3_8B, "mask_token_id": QWEN3_MASK_TOKEN_ID},
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        **QWEN3_30B_A3B,
+        "mask_token_id": QWEN3_MASK_TOKEN_ID,
+    },
     "qwen3.5-hybrid": {
         "model_type": "qwen3_5_text",
         "hidden_size": 2048,
@@ -60,6 +84,8 @@ TARGET_SHAPES = {
         "mask_token_id": 248070,
     },
 }
+# Shapes whose drafter tools/bench_drafter.py benchmarks (--target-shape).
+DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b")
 
 
 def last_json(text: str) -> dict:
@@ -113,6 +139,8 @@ def write_target_dir(path: Path, shape: dict) -> None:
                 "architectures": ["Qwen3_5ForCausalLM"],
             }
         )
+    if shape["model_type"] == "qwen3_moe":
+        config["architectures"] = ["Qwen3MoeForCausalLM"]
     (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
@@ -208,6 +236,44 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
     return lines
 
 
+def standalone_target(name: str, args: argparse.Namespace) -> dict:
+    """The standalone target's result row: from ``--target-result`` when it holds the
+    shape, else measured (the trainer's own settings: compiled layers, GPU output)."""
+    if args.target_result:
+        report = json.loads(Path(args.target_result).read_text())
+    else:
+        report = run_tool(
+            ["tools/bench_target.py", "--shape", name, "--tokens", str(args.budget),
+             "--seq-len", str(args.mean_len), "--compile", "on", "--json"],
+            timeout=400,
+        )  # fmt: skip
+    rows = [
+        r
+        for r in report.get("results", [])
+        if (r["shape"], r["out"], r["compile"], r["seq_len"])
+        == (name, "device", "on", args.mean_len)
+        and r["tokens"] == args.budget // args.mean_len * args.mean_len
+    ]
+    if args.target_result and not rows:
+        return {
+            "error": f"{args.target_result} has no compiled {name} result (device out) of "
+            f"{args.budget // args.mean_len} rows of {args.mean_len} tokens"
+        }
+    return rows[0] if rows else report
+
+
+def measure_standalone(name: str, args: argparse.Namespace, entry: dict, results: dict) -> None:
+    """The standalone target and drafter rates of a shape, saved as each arrives."""
+    entry["target"] = standalone_target(name, args)
+    save(results)
+    if name in DRAFTER_SHAPES:
+        drafter = run_tool(
+            ["tools/bench_drafter.py", "--target-shape", name, "--json"], timeout=500
+        )
+        entry["drafter"] = drafter.get("results", [drafter])[0]
+        save(results)
+
+
 def save(results: dict) -> None:
     """Write the results so far to $OUT/bench_pipeline.json (when $OUT is set)."""
     if os.environ.get("OUT"):
@@ -232,6 +298,11 @@ def main() -> None:
         type=int,
         default=3072,
         help="length of every dataset row (and the standalone target's row length)",
+    )
+    parser.add_argument(
+        "--target-result",
+        help="a bench_target JSON (same run, --tokens BUDGET --seq-len MEAN_LEN, compiled) to "
+        "take the standalone target rate from instead of measuring it",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -258,20 +329,7 @@ def main() -> None:
             entry: dict = {}
             results["shapes"][name] = entry  # saved after each part, so a cut run keeps some
             if not args.skip_standalone:
-                # The trainer's own settings: compiled target layers, GPU output.
-                target = run_tool(
-                    ["tools/bench_target.py", "--shape", name, "--tokens", str(args.budget),
-                     "--seq-len", str(args.mean_len), "--compile", "on", "--json"],
-                    timeout=400,
-                )  # fmt: skip
-                entry["target"] = next(
-                    (r for r in target.get("results", []) if r["out"] == "device"), target
-                )
-                save(results)
-                if name == "qwen3-8b":
-                    drafter = run_tool(["tools/bench_drafter.py", "--json"], timeout=500)
-                    entry["drafter"] = drafter.get("results", [drafter])[0]
-                    save(results)
+                measure_standalone(name, args, entry, results)
             cache = work / f"cache-{name}"
             shutil.rmtree(cache, ignore_errors=True)
             # The first run starts with empty compile caches; a second one reuses them.
