@@ -7,7 +7,8 @@ tokenizer trained on the same text. The output is a Hugging Face directory (conf
 model.safetensors, tokenizer files with a <|mask|> token as the last id for the
 drafter) that ringtrain loads as a target; toy_target.json beside it records how it was
 made. Deterministic for a seed and a step count: --minutes picks the step count from the
-measured speed of the first steps and logs it, and --steps N repeats a run exactly.
+measured speed of a few throwaway steps (after warm-up steps, which on a GPU include
+kernel selection and are slow) and logs it, and --steps N repeats a run exactly.
 
     python tools/make_toy_target.py --output models/toy --minutes 10
     python tools/make_toy_target.py --output /tmp/tiny --tiny      # seconds, for tests
@@ -16,6 +17,7 @@ measured speed of the first steps and logs it, and --steps N repeats a run exact
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -33,7 +35,8 @@ from ringtrain.target.tiny import tiny_config
 END_OF_TEXT = "<|endoftext|>"
 MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = [END_OF_TEXT, "<|im_start|>", "<|im_end|>"]
-CALIBRATION_STEPS = 4
+WARMUP_STEPS = 3  # untimed: first-use costs (CUDA context, kernel selection, allocator)
+CALIBRATION_STEPS = 8  # timed, on throwaway copies of the model and optimiser
 
 
 @dataclass(frozen=True)
@@ -146,50 +149,78 @@ def sample_windows(
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
+def _optimizer(model: torch.nn.Module, preset: Preset) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def _train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor
+) -> torch.Tensor:
+    loss = model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate_steps(
+    model: torch.nn.Module,
+    stream: torch.Tensor,
+    preset: Preset,
+    minutes: float,
+    device: torch.device,
+) -> int:
+    """The step count that fits in ``minutes``, timed on copies (the model is untouched)."""
+    trial = copy.deepcopy(model).train()
+    optimizer = _optimizer(trial, preset)
+    generator = torch.Generator().manual_seed(12345)
+    started = 0.0
+    for step in range(WARMUP_STEPS + CALIBRATION_STEPS):
+        if step == WARMUP_STEPS:
+            _sync(device)
+            started = time.perf_counter()
+        batch = sample_windows(stream, preset.batch_size, preset.seq_len, generator).to(device)
+        _train_step(trial, optimizer, batch)
+    _sync(device)
+    per_step = (time.perf_counter() - started) / CALIBRATION_STEPS
+    return max(1, int(minutes * 60 / per_step))
+
+
 def train(
     model: torch.nn.Module,
     stream: torch.Tensor,
     preset: Preset,
     steps: int,
-    minutes: float,
     seed: int,
     device: torch.device,
-) -> tuple[int, list[float]]:
-    """Train for ``steps`` steps (0: as many as fit in ``minutes``); returns steps and losses."""
+) -> list[float]:
+    """Train for ``steps`` steps with warm-up and cosine decay; returns the losses."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.1
-    )
+    optimizer = _optimizer(model, preset)
     model.train()
-    losses: list[float] = []
-    total = steps or CALIBRATION_STEPS + 1
+    losses: list[torch.Tensor] = []  # on the device: no sync per step
     started = time.perf_counter()
-    step = 0
-    while step < total:
+    for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, total, preset.lr)
+            group["lr"] = learning_rate(step, steps, preset.lr)
         batch = sample_windows(stream, preset.batch_size, preset.seq_len, generator).to(device)
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        step += 1
-        elapsed = time.perf_counter() - started
-        if not steps and step == CALIBRATION_STEPS:
-            total = max(CALIBRATION_STEPS + 1, int(minutes * 60 / (elapsed / step)))
+        losses.append(_train_step(model, optimizer, batch))
+        done = step + 1
+        if done % max(1, steps // 20) == 0 or done == steps:
+            elapsed = time.perf_counter() - started
+            tokens = done * preset.batch_size * preset.seq_len
             log(
-                f"training {total} steps (~{minutes:g} min); pass --steps {total} to repeat exactly"
-            )
-        if step % max(1, total // 20) == 0 or step == total:
-            tokens = step * preset.batch_size * preset.seq_len
-            log(
-                f"step {step}/{total} loss {losses[-1]:.3f} "
+                f"step {done}/{steps} loss {float(losses[-1]):.3f} "
                 f"{tokens / elapsed:.0f} tokens/s {elapsed:.0f} s"
             )
     model.eval()
-    return total, losses
+    return torch.stack(losses).tolist()
 
 
 def greedy_sample(
@@ -252,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {config.model_type}, {preset.num_layers} layers, {params / 1e6:.1f} M params")
-    steps, losses = train(model, stream, preset, args.steps, args.minutes, args.seed, device)
+    steps = args.steps
+    if not steps:
+        steps = calibrate_steps(model, stream, preset, args.minutes, device)
+        log(
+            f"training {steps} steps (~{args.minutes:g} min); pass --steps {steps} to repeat exactly"
+        )
+    losses = train(model, stream, preset, steps, args.seed, device)
     sample, distinct = greedy_sample(model, tokenizer, "def ", device)
     log(f"greedy sample after 'def ' ({distinct:.0%} distinct tokens): {sample!r}")
     output.mkdir(parents=True, exist_ok=True)
@@ -263,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         "hybrid": args.hybrid,
         "seed": args.seed,
         "steps": steps,
+        "minutes": None if args.steps else args.minutes,
+        "device": device.type,
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "mask_token_id": tokenizer.mask_token_id,
         "greedy_distinct_share": distinct,

@@ -102,6 +102,8 @@ def load_dflash_drafter(
         model = DFlashDrafter(spec)
     model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(target.device)))
     model.eval().requires_grad_(False)
+    if target.device.type != "cuda":
+        model.to(target.dtype)  # CUDA runs it under bf16 autocast; elsewhere in the target's dtype
     lm = target.model
     head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
     return DFlashBlockDrafter(model, head, max_positions)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The toy recipe in one command: a small target trained on local text, data regenerated
+# with it, a drafter trained on that data, and ringtrain-eval on held-out prompts, each
+# step timed (tools/toy_recipe.py; sizes in configs/recipes/toy.toml).
+# Usage: launch/toy_recipe.sh --device cpu|cuda [--objectives decayed_ce,dpace] [--fresh]
+#        [--set section.key=value ...]
+# Runs with the project's .venv when there is one, else with $PYTHON (default python3).
+# Timings and results: a table printed last, JSON in $OUT/toy_recipe.json (when $OUT is
+# set) and in the run directory.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-python3}
+[ -x "$root/.venv/bin/python" ] && python=$root/.venv/bin/python
+cd "$root"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec "$python" "$root/tools/toy_recipe.py" "$@"
