@@ -3,10 +3,12 @@
 # collecting each benchmark's JSON and one combined log (gpu_checks.log) under $OUT
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
-#        [target] [pipeline] [pipeline_mps]
-# (default: tests ring drafter target pipeline)
+#        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
+# (default: tests ring drafter target pipeline). The Qwen3-30B-A3B (mixture-of-experts)
+# checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
 set -uo pipefail
-out=${OUT:-gpu-results}
+export OUT=${OUT:-gpu-results}
+out=$OUT
 mkdir -p "$out"
 steps=${*:-tests ring drafter target pipeline}
 run() {
@@ -49,6 +51,22 @@ for step in $steps; do
                 --shapes qwen3-8b --json
             mv "$out/bench_pipeline.json" "$out/$step.json" 2>/dev/null
             [ "$step" = pipeline_mps ] && echo quit | nvidia-cuda-mps-control ;;
+        target_moe)
+            run target_moe 200 python tools/bench_target.py --shape qwen3-30b-a3b \
+                --tokens 9216 --seq-len 3072 --compile on --profile --json
+            mv "$out/bench_target.json" "$out/target_moe.json" 2>/dev/null ;;
+        load)
+            # A 16 GB checkpoint under /tmp, loaded cold and warm, then deleted.
+            run load 200 python tools/bench_load.py --dir "/tmp/ringtrain-bench-load-$$" --json ;;
+        pipeline_moe)
+            # The standalone target rate comes from target_moe when it ran (same shape,
+            # batch and compile setting); the drafter's is measured here.
+            reuse=()
+            [ -f "$out/target_moe.json" ] && reuse=(--target-result "$out/target_moe.json")
+            run pipeline_moe 330 python tools/bench_pipeline.py --budget 9216 --steps 30 \
+                --shapes qwen3-30b-a3b --cold-shapes none "${reuse[@]}" --json
+            mv "$out/bench_pipeline.json" "$out/pipeline_moe.json" 2>/dev/null ;;
+        moe_report) OUT=$out python tools/moe_report.py | tee -a "$out/gpu_checks.log" ;;
         *) echo "unknown step $step" ;;
     esac
 done
