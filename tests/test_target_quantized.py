@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
-from tests.tiny_families import LAYERS, VOCAB, build_model, write_fp8
+from tests.tiny_families import LAYERS, VOCAB, build_model, write_fp8, write_mxfp4
 
 TAPS = [1, 3, LAYERS - 1]
 
@@ -42,6 +43,20 @@ def test_fp8_checkpoint_loads_the_dequantized_values(tmp_path: Path) -> None:
         assert handle.get_tensor("model.layers.0.mlp.up_proj.weight").dtype == torch.float8_e4m3fn
 
     torch.testing.assert_close(taps_of(tmp_path / "fp8"), taps_of(tmp_path / "meant"))
+
+
+def test_mxfp4_checkpoint_loads_what_transformers_dequantizes(tmp_path: Path) -> None:
+    """gpt-oss's MXFP4 experts: the taps equal the hidden states of the full model that
+    transformers itself loads dequantized."""
+    directory = write_mxfp4(tmp_path / "mxfp4", build_model("gpt_oss"))
+    full = AutoModelForCausalLM.from_pretrained(
+        directory, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32
+    )
+    ids = np.random.default_rng(0).integers(1, VOCAB, size=(1, 17))
+    with torch.no_grad():
+        hidden = full(input_ids=torch.from_numpy(ids), output_hidden_states=True).hidden_states
+    expected = torch.cat([hidden[layer + 1][0] for layer in TAPS], dim=1)
+    torch.testing.assert_close(taps_of(directory), expected, atol=1e-4, rtol=1e-5)
 
 
 def test_fp8_weights_without_their_scheme_are_refused(tmp_path: Path) -> None:

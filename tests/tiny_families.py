@@ -186,3 +186,34 @@ def write_fp8(directory: Path, model: torch.nn.Module, block: int = 16) -> torch
         for key, value in meant.items():
             model.get_parameter(key).copy_(value)
     return model
+
+
+def write_mxfp4(directory: Path, model: torch.nn.Module, seed: int = 0) -> Path:
+    """Write a gpt-oss ``model`` as an MXFP4 checkpoint, the layout gpt-oss is published in:
+    each expert stack as packed 4-bit values (``*_blocks``, two per byte, 32 per block)
+    and one shared power-of-two exponent per block (``*_scales``), drawn at random."""
+    config = model.config
+    experts, inner, hidden = config.num_local_experts, config.intermediate_size, config.hidden_size
+    generator = torch.Generator().manual_seed(seed)
+    stacks = ("experts.gate_up_proj", "experts.down_proj")
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith(stacks)}
+    shapes = {"gate_up_proj": (2 * inner, hidden), "down_proj": (hidden, inner)}
+    for layer in range(config.num_hidden_layers):
+        for name, (rows, columns) in shapes.items():
+            key = f"model.layers.{layer}.mlp.experts.{name}"
+            blocks = (experts, rows, columns // 32)
+            state[f"{key}_blocks"] = torch.randint(
+                0, 256, (*blocks, 16), dtype=torch.uint8, generator=generator
+            )
+            state[f"{key}_scales"] = torch.randint(
+                119, 124, blocks, dtype=torch.uint8, generator=generator
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config.quantization_config = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router"],
+    }
+    config.save_pretrained(directory)
+    del config.quantization_config
+    return directory
