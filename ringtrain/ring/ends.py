@@ -72,11 +72,8 @@ class Producer:
 
     def __init__(self, handoff: HandOff, payload: HostPayload | DevicePayload) -> None:
         self._handoff, self._payload = handoff, payload
-        self.spec, self._control, self._local_index = (
-            handoff.spec,
-            handoff.control,
-            handoff.local_index,
-        )
+        self.spec, self._control = handoff.spec, handoff.control
+        self._local_index = handoff.local_index
         self.index = self.spec.producers.index(self._local_index)
         self._seq = 0
         self._pid = os.getpid()
@@ -159,11 +156,8 @@ class Consumer:
         meta_type: Any = dict[str, int],
     ) -> None:
         self._handoff, self._payload, self.device = handoff, payload, device
-        self.spec, self._control, self._local_index = (
-            handoff.spec,
-            handoff.control,
-            handoff.local_index,
-        )
+        self.spec, self._control = handoff.spec, handoff.control
+        self._local_index = handoff.local_index
         spec = self.spec
         self._layout = SlotLayout.of(spec)
         # One buffer laid out like a slot: one copy of the slot's used prefix brings an item.
