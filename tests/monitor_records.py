@@ -1,4 +1,5 @@
-"""Synthetic metrics records shaped like the lead drafter's (for the monitor tests)."""
+"""Helpers of the monitor tests: synthetic metrics records shaped like the lead drafter's,
+and TensorBoard scalars read back with TensorBoard's own reader."""
 
 from __future__ import annotations
 
@@ -66,3 +67,15 @@ def write_run(run_dir: Path, records: list[dict[str, Any]], tail: str = "") -> P
     lines = "".join(json.dumps(record) + "\n" for record in records)
     (run_dir / "metrics.jsonl").write_text(lines + tail)
     return run_dir
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
+    """Every scalar under `log_dir` as {tag: {step: value}} (needs the tensorboard extra)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reader = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    reader.Reload()
+    return {
+        tag: {event.step: event.value for event in reader.Scalars(tag)}
+        for tag in reader.Tags()["scalars"]
+    }

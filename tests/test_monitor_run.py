@@ -11,16 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from monitor_records import tensorboard_scalars
 
 from ringtrain.cli.plot import main as plot_main
 from ringtrain.monitor.runlog import RunDirError, read_run
 from tests.launcher import RUN_TIMEOUT_S, eval_records, run_env, step_records, torchrun_command
 
 pytestmark = pytest.mark.slow
-event_accumulator = pytest.importorskip(
-    "tensorboard.backend.event_processing.event_accumulator",
-    reason="the tensorboard extra is not installed",
-)
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("matplotlib", reason="the plot extra is not installed")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -43,15 +41,6 @@ def _wait_until_evaluated(run_dir: Path, proc: subprocess.Popen[str]) -> None:
             pass  # not started yet
         time.sleep(0.2)
     raise AssertionError("no evaluation recorded in time")
-
-
-def _scalars(log_dir: Path) -> dict[str, dict[int, float]]:
-    reader = event_accumulator.EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
-    reader.Reload()
-    return {
-        tag: {event.step: event.value for event in reader.Scalars(tag)}
-        for tag in reader.Tags()["scalars"]
-    }
 
 
 def test_a_run_reporting_to_tensorboard_plotted_live_and_finished(tmp_path: Path) -> None:
@@ -83,7 +72,7 @@ def test_a_run_reporting_to_tensorboard_plotted_live_and_finished(tmp_path: Path
             proc.wait()
     steps, evals = step_records(run_dir), eval_records(run_dir)
     assert len(steps) >= 3 and evals, out[-3000:]
-    scalars = _scalars(run_dir / "tensorboard")
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
     approx = pytest.approx
     assert scalars["train/loss"] == approx({r["step"]: r["loss"] for r in steps})
     assert scalars["train/accuracy/pos1"] == approx({r["step"]: r["accuracy"][0] for r in steps})

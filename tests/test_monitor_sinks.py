@@ -8,24 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from monitor_records import eval_record, step_record
+from monitor_records import eval_record, step_record, tensorboard_scalars
 
 from ringtrain.config import ConfigError
 from ringtrain.monitor.sinks import WANDB_ID_FILE, TensorBoardSink, check_report_to
 
-event_accumulator = pytest.importorskip(
-    "tensorboard.backend.event_processing.event_accumulator",
-    reason="the tensorboard extra is not installed",
-)
-
-
-def _read_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
-    reader = event_accumulator.EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
-    reader.Reload()
-    return {
-        tag: {event.step: event.value for event in reader.Scalars(tag)}
-        for tag in reader.Tags()["scalars"]
-    }
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 
 
 def _records() -> list[dict]:
@@ -41,7 +29,7 @@ def test_tensorboard_scalars_match_the_records(tmp_path: Path) -> None:
     for record in records:
         sink.write(record)
     sink.close()
-    scalars = _read_scalars(tmp_path / "tensorboard")
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
     steps = [r for r in records if r["event"] == "step"]
     evals = [r for r in records if r["event"] == "eval"]
     approx = pytest.approx
@@ -76,7 +64,7 @@ def test_a_resumed_run_replaces_the_steps_it_trained_again(tmp_path: Path) -> No
         record["loss"] = 100.0 + step
         resumed.write(record)
     resumed.close()
-    loss = _read_scalars(tmp_path / "tensorboard")["train/loss"]
+    loss = tensorboard_scalars(tmp_path / "tensorboard")["train/loss"]
     assert loss == pytest.approx({1: 6.0, 2: 3.0, 3: 2.0, 4: 104.0, 5: 105.0, 6: 106.0, 7: 107.0})
 
 
@@ -93,7 +81,7 @@ def test_a_missing_package_names_the_extra_to_install(monkeypatch: pytest.Monkey
 def test_wandb_offline_writes_its_run_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
     from ringtrain.monitor.sinks import WandbSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -109,6 +97,7 @@ def test_wandb_offline_writes_its_run_directory(
     for record in records:
         sink.write(record)
     sink.close()
+    wandb.teardown()  # waits for W&B's service process to finish writing
     run_id = (tmp_path / WANDB_ID_FILE).read_text().strip()
     [run_dir] = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     [history] = run_dir.glob("*.wandb")
