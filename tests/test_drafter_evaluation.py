@@ -145,8 +145,8 @@ def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -
     # Uniform anchors q .. r - 1 accept min(j, r - p): j everywhere but near the end.
     per_span = [min(j, response - 1 - i) for i in range(response - 1)]
     assert int(sums.block_count) == 2 * len(per_span)
-    assert metrics["tau"] == pytest.approx(1 + sum(per_span) / len(per_span))
-    assert metrics["tau"] < metrics["tau_sim"]
+    assert metrics["tau_uniform"] == pytest.approx(1 + sum(per_span) / len(per_span))
+    assert metrics["tau_uniform"] < metrics["tau_sim"]
     assert metrics["accuracy_per_slot"][:j] == [1.0] * j
     assert metrics["accuracy_per_slot"][j:] == [0.0] * (block - 1 - j)
 
@@ -171,7 +171,7 @@ def test_evaluation_runs_without_grad_and_changes_nothing(trained) -> None:
         assert torch.equal(p, before[name]), name
     metrics = EvalSums.summarise(vector, cfg.block_size)
     assert metrics["replay_steps"] > 0 and 1.0 <= metrics["tau_sim"] <= cfg.block_size
-    assert metrics["tau"] > 1.0, "the checks below need some accepted drafts"
+    assert metrics["tau_uniform"] > 1.0, "the checks below need some accepted drafts"
 
 
 def test_evaluation_equals_the_objective_over_every_anchor(trained) -> None:

@@ -195,7 +195,7 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
     assert not reduced.stopped and reduced.tokens == 120
     assert reduced.batches == [[0, 0, 0], [2, 4, 7], [0, 0, 0]]
     assert torch.equal(reduced.objective, objective_sums(1.0).as_vector())
-    assert reduced.summary()["loss"] == 0.5 and reduced.summary()["tau"] == 3.0
+    assert reduced.summary()["loss"] == 0.5 and reduced.summary()["tau_uniform"] == 3.0
     assert reduced.eval_batches == 2
     assert torch.equal(reduced.eval, eval_sums(3.0).as_vector())
     assert not sums.vector.any()

@@ -55,7 +55,9 @@ class ObjectiveSums:
 
     @staticmethod
     def summarise(vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
-        """Metrics from a (possibly all-reduced) as_vector(): loss, accuracy per slot, tau."""
+        """Metrics from a (possibly all-reduced) as_vector(): loss, accuracy per slot and
+        tau_uniform (1 + mean accepted prefix over the sampled anchors: uniform anchors,
+        so it overestimates decoding's acceptance; tau_sim replays decoding)."""
         values = vector.tolist()
         loss_sum, weight_sum = values[0], values[1]
         slots = block_size - 1
@@ -66,7 +68,7 @@ class ObjectiveSums:
             "weight_sum": weight_sum,
             "accuracy": sum(correct) / max(sum(counted), 1.0),
             "accuracy_per_slot": [c / max(n, 1.0) for c, n in zip(correct, counted, strict=True)],
-            "tau": 1.0 + accepted_sum / max(blocks, 1.0),
+            "tau_uniform": 1.0 + accepted_sum / max(blocks, 1.0),
             "blocks": blocks,
             "scored_labels": sum(counted),
         }

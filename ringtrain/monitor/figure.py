@@ -151,7 +151,9 @@ def render(run: RunLog, output: Path, dpi: int = 80) -> Path:
     fig, axes = plt.subplots(3, 2, figsize=(13, 10), constrained_layout=True)
     (loss, tau), (rate, ring), (busy, accuracy) = axes
     _train_and_eval(loss, run, "loss", "loss", "training loss")
-    _train_and_eval(tau, run, "tau", "tau_sim", "training tau (uniform anchors)")
+    # Metrics files written before the uniform-anchor figure was named tau_uniform say "tau".
+    uniform = "tau_uniform" if run.steps and "tau_uniform" in run.steps[0] else "tau"
+    _train_and_eval(tau, run, uniform, "tau_sim", "tau_uniform (training, uniform anchors)")
     _throughput(rate, run)
     _ring(ring, run)
     _gpu_busy(busy, run)

@@ -53,7 +53,7 @@ class StepRecord:
     step: int
     loss: float
     accuracy: list[float]
-    tau: float
+    tau_uniform: float  # uniform-anchor acceptance of the training batches (not tau_sim)
     tokens: int
     seconds: float
     lr: float
@@ -265,7 +265,7 @@ class DrafterLoop:
             step=step,
             loss=summary["loss"],
             accuracy=summary["accuracy_per_slot"],
-            tau=summary["tau"],
+            tau_uniform=summary["tau_uniform"],
             tokens=reduced.tokens,
             seconds=time.perf_counter() - started,
             lr=self.trainee.scheduler.get_last_lr()[0],

@@ -14,7 +14,12 @@ from ringtrain.trainer.logs import MetricsWriter, get_logger
 
 
 class Progress:
-    """Prints `step | tokens/s | loss | acc | tau | ring` every log_every steps."""
+    """Prints `step | tau_sim | tokens/s | loss | acc | tau_uniform | ring` every log_every steps.
+
+    tau_sim (the held-out replay of speculative decoding, from the latest evaluation round)
+    leads: it predicts real speed. tau_uniform is the training batches' uniform-anchor
+    figure; it overestimates acceptance and is named so nobody mistakes it for it.
+    """
 
     def __init__(self, config: Config, ring: Ring) -> None:
         self._ring = ring
@@ -31,6 +36,7 @@ class Progress:
         self._advice_from = self._ring_before  # then the first progress line's: warm-up excluded
         self._warmed = False
         self._evaluated: dict | None = None
+        self._evaluated_step = 0
 
     def step(self, record: StepRecord) -> None:
         self._first = self._first or record
@@ -44,18 +50,24 @@ class Progress:
         rate = self._window_tokens / max(now - self._window_start, 1e-9)
         self._window_start, self._window_tokens = now, 0
         get_logger().info(
-            "step %d/%d | %s tok/s | loss %.4f | acc@1 %.3f | tau %.3f | lr %.2e | %s",
+            "step %d/%d | %s | %s tok/s | loss %.4f | acc@1 %.3f | tau_uniform %.3f | lr %.2e | %s",
             record.step,
             self._max_steps,
+            self._tau_sim_text(),
             f"{rate:,.0f}",
             record.loss,
             record.accuracy[0],
-            record.tau,
+            record.tau_uniform,
             record.lr,
             self._ring_line(),
         )
         if not self._warmed and record.step < self._max_steps:
             self._advice_from, self._warmed = self._ring_before, True
+
+    def _tau_sim_text(self) -> str:
+        if self._evaluated is None:
+            return "tau_sim - (no evaluation yet)"
+        return f"tau_sim {self._evaluated['tau_sim']:.3f} (step {self._evaluated_step})"
 
     def ring_figures(self) -> dict:
         """The ring's occupancy and per-rank counters now (a step record's `ring` entry)."""
@@ -79,43 +91,47 @@ class Progress:
 
     def evaluation(self, step: int, metrics: dict) -> None:
         """One line per completed held-out evaluation round."""
-        self._evaluated = metrics
+        self._evaluated, self._evaluated_step = metrics, step
         get_logger().info(
-            "eval round %d after step %d | loss %.4f | acc %.3f | tau_sim %.3f "
-            "(replayed decoding) | uniform-anchor tau %.3f",
+            "eval round %d after step %d | tau_sim %.3f (replayed decoding) | loss %.4f | "
+            "acc %.3f | tau_uniform %.3f",
             metrics["round"],
             step,
+            metrics["tau_sim"],
             metrics["loss"],
             metrics["accuracy"],
-            metrics["tau_sim"],
-            metrics["tau"],
+            metrics["tau_uniform"],
         )
 
     def summary(self) -> None:
-        """Closing lines: throughput, loss first -> last, final tau, held-out figures, and
-        the split of the node into targets and drafters that the measured rates favour."""
+        """Closing lines: the held-out tau_sim first, then throughput, loss first -> last,
+        tau_uniform, and the split of the node into targets and drafters that the measured
+        rates favour."""
         if self._first is None or self._last is None:
             get_logger().info("no training step completed")
             return
         seconds = time.perf_counter() - self._started
+        if self._evaluated is not None:
+            get_logger().info(
+                "held-out after step %d: tau_sim %.3f (replayed speculative decoding), "
+                "loss %.4f, acc %.3f",
+                self._evaluated_step,
+                self._evaluated["tau_sim"],
+                self._evaluated["loss"],
+                self._evaluated["accuracy"],
+            )
         get_logger().info(
-            "done: %d steps, %s tokens in %.1f s (%s tok/s) | loss %.4f -> %.4f | tau %.3f -> %.3f",
+            "done: %d steps, %s tokens in %.1f s (%s tok/s) | loss %.4f -> %.4f | "
+            "tau_uniform %.3f -> %.3f (training batches, uniform anchors: not acceptance)",
             self._last.step,
             f"{self._tokens:,}",
             seconds,
             f"{self._tokens / max(seconds, 1e-9):,.0f}",
             self._first.loss,
             self._last.loss,
-            self._first.tau,
-            self._last.tau,
+            self._first.tau_uniform,
+            self._last.tau_uniform,
         )
-        if self._evaluated is not None:
-            get_logger().info(
-                "held-out: tau_sim %.3f (replayed speculative decoding), loss %.4f, acc %.3f",
-                self._evaluated["tau_sim"],
-                self._evaluated["loss"],
-                self._evaluated["accuracy"],
-            )
         tokens_per_item = self._tokens / max(self._items, 1)
         for line in ring_advice(self._ring.snapshot(), self._advice_from, tokens_per_item):
             get_logger().info("%s", line)

@@ -57,7 +57,7 @@ class ReducedSums:
     eval: torch.Tensor  # their EvalSums.as_vector() summed
 
     def summary(self) -> dict[str, float | list[float]]:
-        """Loss, accuracy per slot, tau and weight sum of the step's training batches."""
+        """Loss, accuracy per slot, tau_uniform and weight sum of the step's training batches."""
         return ObjectiveSums.summarise(self.objective, self.block_size)
 
 
