@@ -39,33 +39,21 @@ from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 
+TINY = {
+    "model_type": "qwen3",
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 256,
+    "vocab_size": 1024,
+    "mask_token_id": 1023,
+}
+TINY_EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 TARGET_SHAPES = {
-    "tiny": {
-        "model_type": "qwen3",
-        "hidden_size": 128,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "intermediate_size": 256,
-        "vocab_size": 1024,
-        "mask_token_id": 1023,
-    },
-    "tiny-moe": {
-        "model_type": "qwen3_moe",
-        "hidden_size": 128,
-        "num_hidden_layers": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "intermediate_size": 256,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 64,
-        "norm_topk_prob": True,
-        "vocab_size": 1024,
-        "mask_token_id": 1023,
-    },
+    "tiny": TINY,
+    "tiny-moe": {**TINY, "model_type": "qwen3_moe", **TINY_EXPERTS, "norm_topk_prob": True},
     "qwen3-8b": {"model_type": "qwen3", **QWEN3_8B, "mask_token_id": QWEN3_MASK_TOKEN_ID},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe",
