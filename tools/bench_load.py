@@ -35,6 +35,8 @@ import json
 import mmap
 import os
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,8 +277,10 @@ def bench(args: argparse.Namespace, directory: Path, device: torch.device) -> di
     full_bytes = kept_bytes + (full_layers - config.num_hidden_layers) * layer_bytes
     cold_method = drop_file_cache(directory, args.cold)
     cached_before = sum(cached_bytes(directory, {LM_HEAD}))
+    print(f"loading with a cold file cache (emptied by {cold_method})", flush=True)
     cold = rates(timed_load(directory, device), kept_bytes, full_bytes)
     kept_cached, unkept_cached = cached_bytes(directory, {LM_HEAD})
+    print(f"cold load {cold['seconds']} s; loading again, warm", flush=True)
     warm = rates(timed_load(directory, device), kept_bytes, full_bytes)
     return {
         "benchmark": "bench_load",
@@ -335,6 +339,8 @@ def main() -> None:
             f"(the benchmark deletes it at the end)"
         )
     device = torch.device(args.device)
+    # A time limit's SIGTERM still deletes the checkpoint (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         report = bench(args, directory, device)
     finally:
