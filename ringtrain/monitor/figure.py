@@ -35,9 +35,14 @@ def _smooth(values: np.ndarray) -> np.ndarray:
     return np.convolve(padded, np.ones(window) / window, mode="valid")
 
 
+# Records written before a figure was renamed carry it under its old name.
+_OLD_NAMES = {"tau_uniform": "tau"}
+
+
 def _series(run: RunLog, key: str) -> tuple[np.ndarray, np.ndarray]:
     steps = np.array([r["step"] for r in run.steps], dtype=float)
-    return steps, np.array([float(r[key]) for r in run.steps])
+    old = _OLD_NAMES.get(key, key)
+    return steps, np.array([float(r[key] if key in r else r[old]) for r in run.steps])
 
 
 def _note(ax: Axes, text: str) -> None:
@@ -151,17 +156,17 @@ def render(run: RunLog, output: Path, dpi: int = 80) -> Path:
     fig, axes = plt.subplots(3, 2, figsize=(13, 10), constrained_layout=True)
     (loss, tau), (rate, ring), (busy, accuracy) = axes
     _train_and_eval(loss, run, "loss", "loss", "training loss")
-    # Metrics files written before the uniform-anchor figure was named tau_uniform say "tau".
-    uniform = "tau_uniform" if run.steps and "tau_uniform" in run.steps[0] else "tau"
-    _train_and_eval(tau, run, uniform, "tau_sim", "tau_uniform (training, uniform anchors)")
+    _train_and_eval(tau, run, "tau_uniform", "tau_sim", "tau_uniform (training, uniform anchors)")
     _throughput(rate, run)
     _ring(ring, run)
     _gpu_busy(busy, run)
     _accuracy_per_position(accuracy, run)
     titles = ["loss", "acceptance length", "throughput", "ring: who waits on whom", "GPU busy"]
+    first, last = run.steps[0]["step"], run.steps[-1]["step"]
     for ax, title in zip((loss, tau, rate, ring, busy), titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.set_xlim(first - 0.5, last + 0.5)
         for index, step in enumerate(run.restarts):
             ax.axvline(step, color="grey", ls="--", lw=1, label=None if index else "resumed")
         ax.grid(alpha=0.3)
