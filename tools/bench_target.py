@@ -24,8 +24,8 @@ v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 98
 (H200 dense bf16). Random router weights spread tokens about evenly over the experts.
 
 Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, as
-``target.compile`` does: ringtrain.target.compiled); the first call of a compiled
-variant includes compilation. Recompiles: after the measured shapes and a warm-up on a
+``target.compile`` does: ringtrain.target.compiled; mixture-of-experts blocks stay
+eager there); the first call of a compiled variant includes compilation. Recompiles: after the measured shapes and a warm-up on a
 single row and on more rows of other lengths, the graphs compiled while running three
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
 each variant's first measurement.
