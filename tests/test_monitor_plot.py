@@ -77,6 +77,8 @@ def test_a_finished_run_renders_one_png(tmp_path: Path, capsys: pytest.CaptureFi
     from PIL import Image
 
     records = [step_record(step) for step in range(1, 41)]
+    for record in records[:25]:  # written before the uniform-anchor tau was renamed
+        record["tau"] = record.pop("tau_uniform")
     records += [eval_record(20, 1), eval_record(40, 2)]
     records.insert(25, {"event": "start"})  # resumed after step 25
     run_dir = write_run(tmp_path / "run", records)

@@ -34,7 +34,7 @@ def test_tensorboard_scalars_match_the_records(tmp_path: Path) -> None:
     evals = [r for r in records if r["event"] == "eval"]
     approx = pytest.approx
     assert scalars["train/loss"] == approx({r["step"]: r["loss"] for r in steps})
-    assert scalars["train/tau"] == approx({r["step"]: r["tau"] for r in steps})
+    assert scalars["train/tau_uniform"] == approx({r["step"]: r["tau_uniform"] for r in steps})
     for position in range(1, 8):
         expected = {r["step"]: r["accuracy"][position - 1] for r in steps}
         assert scalars[f"train/accuracy/pos{position}"] == approx(expected)
