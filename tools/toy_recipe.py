@@ -75,8 +75,10 @@ class Recipe:
         return ROOT / (self.config.data.path if split == "train" else self.config.data.eval_path)
 
     def run_dir(self, objective: str, compared: bool) -> Path:
+        """The config's run directory, suffixed by the objective when it is not the config's."""
         base = ROOT / self.config.run.run_dir
-        return base.with_name(f"{base.name}-{objective}") if compared else base
+        own = not compared and objective == self.config.drafter.objective
+        return base if own else base.with_name(f"{base.name}-{objective}")
 
 
 def log(message: str) -> None:
@@ -194,33 +196,45 @@ def evaluate(recipe: Recipe, objective: str, run_dir: Path, dtype: str) -> dict:
 
 
 def run_recipe(recipe: Recipe, objectives: list[str]) -> dict:
-    """Every step; returns the results (timings included)."""
+    """Every step; returns the results (timings included), saved after every step."""
     started = time.perf_counter()
-    make_target(recipe)
-    for split in ("train", "eval"):
-        make_data(recipe, split)
-    compared = len(objectives) > 1
-    results = {}
-    for objective in objectives:
-        run_dir = recipe.run_dir(objective, compared)
-        train(recipe, objective, run_dir)
-        results[objective] = {
-            "run_dir": str(run_dir),
-            "held_out": held_out(run_dir),
-            "eval": {
-                d: evaluate(recipe, objective, run_dir, d) for d in recipe.settings.eval_dtypes
-            },
-        }
-    recipe.timings["total"] = time.perf_counter() - started
-    return {
+    report = {
         "device": recipe.device,
         "machine": machine_name(recipe.device),
         "date": date.today().isoformat(),
         "settings": msgspec.to_builtins(recipe.settings),
         "overrides": recipe.overrides,
-        "timings_s": {k: round(v, 1) for k, v in recipe.timings.items()},
-        "objectives": results,
+        "timings_s": {},
+        "objectives": {},
     }
+
+    def save() -> None:
+        report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
+        report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
+        save_report(recipe, report)
+
+    make_target(recipe)
+    for split in ("train", "eval"):
+        make_data(recipe, split)
+        save()
+    for objective in objectives:
+        run_dir = recipe.run_dir(objective, len(objectives) > 1)
+        train(recipe, objective, run_dir)
+        entry = {"run_dir": str(run_dir), "held_out": held_out(run_dir), "eval": {}}
+        report["objectives"][objective] = entry
+        for dtype in recipe.settings.eval_dtypes:
+            entry["eval"][dtype] = evaluate(recipe, objective, run_dir, dtype)
+            save()
+    return report
+
+
+def save_report(recipe: Recipe, report: dict) -> None:
+    """Write the results so far to $OUT/toy_recipe.json (when set) and the run directory."""
+    text = json.dumps(report, indent=2) + "\n"
+    for directory in (os.environ.get("OUT"), ROOT / recipe.config.run.run_dir):
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            (Path(directory) / "toy_recipe.json").write_text(text)
 
 
 def machine_name(device: str) -> str:
@@ -361,11 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     objectives = [o for o in args.objectives.split(",") if o] or [recipe.config.drafter.objective]
     report = run_recipe(recipe, objectives)
     command = "launch/toy_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = json.dumps(report, indent=2) + "\n"
-    for directory in (os.environ.get("OUT"), ROOT / recipe.config.run.run_dir):
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            (Path(directory) / "toy_recipe.json").write_text(text)
     print(table(report, command.strip()), flush=True)
     lossless = all(
         r.get("exit") == 0
