@@ -166,7 +166,10 @@ class Consumer:
         self._cuda = device.type == "cuda"
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder(tuple[int, int, meta_type]).decode
-        self._producer_ranks = [spec.global_ranks[i] for i in spec.producers]
+        # The global rank of the target that owns each slot.
+        self._owner_rank = [
+            spec.global_ranks[spec.producers[spec.slot_owner(g)[0]]] for g in range(spec.num_slots)
+        ]
         self._item_cache: dict[tuple[int, int, int], _ItemCopy] = {}
         # CUDA: slots whose copy is queued, oldest first; each goes back once its copy is
         # seen complete (see ring.py).
@@ -241,7 +244,7 @@ class Consumer:
         return entry
 
     def _read(self, slot: int) -> ReadItem:
-        spec, index, ctl = self.spec, self._local_index, self._control
+        index, ctl = self._local_index, self._control
         column = ctl.slot
         column["reader"][slot] = index
         column["consumer_pid"][slot] = self._pid
@@ -249,7 +252,6 @@ class Consumer:
         num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
         seq = int(column["seq"][slot])
         entry = self._item_copy(slot, num_tokens, num_docs)
-        owner = spec.slot_owner(slot)[0]
         if not self._cuda:
             entry.destination.copy_(entry.source)
             self._free_slot(slot)
@@ -276,6 +278,6 @@ class Consumer:
             num_tokens=num_tokens,
             num_docs=num_docs,
             meta=meta,
-            producer_rank=self._producer_ranks[owner],
+            producer_rank=self._owner_rank[slot],
             seq=seq,
         )

@@ -58,6 +58,7 @@ class HandOff:
         self._free = [
             posix_ipc.Semaphore(free_sem_name(spec.run_id, p)) for p in range(len(spec.producers))
         ]
+        self._free_of_slot = [self._free[spec.slot_owner(g)[0]] for g in range(spec.num_slots)]
         self.finished = False
 
     # ---- producer side ---------------------------------------------------------------
@@ -113,7 +114,7 @@ class HandOff:
 
     def give_back(self, slot: int) -> None:
         """Return one free-slot token to the producer that owns `slot` (now FREE)."""
-        self._free[self.spec.slot_owner(slot)[0]].release()
+        self._free_of_slot[slot].release()
 
     def release_ready(self) -> None:
         """Leave one ready token, so the next waiting consumer wakes (end of stream)."""
