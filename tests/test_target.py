@@ -263,3 +263,16 @@ def test_error_token_outside_vocabulary(tiny_dirs: dict[bool, Path]) -> None:
     batch = Padded([np.array([1, 2, 512])], width=4)
     with pytest.raises(ValueError, match=r"token ids must lie in 0\.\.511"):
         runner.prefetch(batch)
+
+
+def test_tap_of_the_last_layer_warns_that_engines_cannot_serve_it(
+    tiny_dirs: dict[bool, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="ringtrain.target.loader"):
+        target = load_target(tiny_dirs[False], tap_layers=[1, NUM_LAYERS - 1])
+    assert not isinstance(target.module.norm, torch.nn.Identity)  # the tap is after it
+    assert "tapping the last layer (7)" in caplog.text and "cannot serve" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ringtrain.target.loader"):
+        load_target(tiny_dirs[False], tap_layers=[1, NUM_LAYERS - 2])
+    assert "tapping the last layer" not in caplog.text

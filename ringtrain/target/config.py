@@ -13,7 +13,8 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Local Hugging Face model directory. Empty: the built-in tiny hybrid target,
     # random-initialised and written to the run directory.
     path: str = ""
-    dtype: str = "auto"  # "auto" (bf16 on GPU, float32 on CPU) | "bfloat16" | "float32"
+    # "auto" (bf16 on GPU, float32 on CPU) | "bfloat16" | "float32"
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Layer indices whose outputs feed the drafter. Empty: DFlash default spread.
     tap_layers: list[int] = msgspec.field(default_factory=list)
     num_taps: int = 5

@@ -105,41 +105,16 @@ def load_target(
     """
     started = time.perf_counter()
     checkpoint = TargetCheckpoint(path, weights=not random_weights)
-    full_layers = checkpoint.num_layers
-    source = str(checkpoint.path)
-    if tap_layers:
-        taps = check_tap_layers(tap_layers, full_layers, source)
-    else:
-        taps = default_tap_layers(full_layers, num_taps)
+    taps = _resolve_taps(checkpoint, tap_layers, num_taps)
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
     compiled = resolve_compile(compile, device)
     full_config = checkpoint.text_config()
     check_structure(full_config)
-    quantization = dequantizing_config(checkpoint.quantization, source)
     attention = resolve_attn_implementation(attn_implementation, full_config, device)
-    backend = linear_attention_backend(full_config, device)
+    _announce(checkpoint, taps, dtype, device, attention, compiled)
     kept = max(taps) + 1
-    log.info(
-        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s",
-        source,
-        checkpoint.model_type,
-        kept - 1,
-        full_layers,
-        taps,
-        dtype,
-        device,
-        attention,
-        f", {quantization['quant_method']} weights dequantized" if quantization else "",
-        f", Gated DeltaNet kernels: {backend}" if backend else "",
-        ", layers compiled" if compiled else "",
-    )
-    if backend == "torch" and device.type == "cuda":
-        log.warning(
-            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
-            "fallback on GPU (install the 'gpu' extra)"
-        )
-    final_norm = taps_final_norm(taps, full_layers)
+    final_norm = taps_final_norm(taps, checkpoint.num_layers)
     if random_weights:
         module = build_truncated_model(
             checkpoint.text_config(num_layers=kept), device, dtype, attention, final_norm
@@ -153,6 +128,58 @@ def load_target(
         target.precompile()
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     return target
+
+
+def _resolve_taps(
+    checkpoint: TargetCheckpoint, tap_layers: list[int] | None, num_taps: int
+) -> list[int]:
+    """The tapped layers: the given ones checked, or the DFlash spread; a tap of the last
+    layer is logged with a warning (see ringtrain.target.taps)."""
+    full_layers = checkpoint.num_layers
+    if not tap_layers:
+        return default_tap_layers(full_layers, num_taps)
+    taps = check_tap_layers(tap_layers, full_layers, str(checkpoint.path))
+    if taps_final_norm(taps, full_layers):
+        log.warning(
+            "tapping the last layer (%d): its tap is taken after the final norm, as the DFlash "
+            "reference computes it; SGLang and vLLM capture taps as the input of the next "
+            "layer and cannot serve a drafter that taps the last one",
+            full_layers - 1,
+        )
+    return taps
+
+
+def _announce(
+    checkpoint: TargetCheckpoint,
+    taps: list[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    attention: str,
+    compiled: bool,
+) -> None:
+    """Log what is about to load (and refuse an unsupported quantization scheme first)."""
+    source = str(checkpoint.path)
+    quantization = dequantizing_config(checkpoint.quantization, source)
+    backend = linear_attention_backend(checkpoint.text_config(), device)
+    log.info(
+        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s",
+        source,
+        checkpoint.model_type,
+        max(taps),
+        checkpoint.num_layers,
+        taps,
+        dtype,
+        device,
+        attention,
+        f", {quantization['quant_method']} weights dequantized" if quantization else "",
+        f", Gated DeltaNet kernels: {backend}" if backend else "",
+        ", layers compiled" if compiled else "",
+    )
+    if backend == "torch" and device.type == "cuda":
+        log.warning(
+            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
+            "fallback on GPU (install the 'gpu' extra)"
+        )
 
 
 def build_truncated_model(

@@ -137,6 +137,7 @@ def _run_target(
         num_taps=len(plan.tap_layers),
         device=info.device,
         dtype=plan.hidden_dtype,
+        attn_implementation=config.target.attn_implementation,
         random_weights=config.target.random_weights,
         compile=config.target.compile,
     )
