@@ -7,12 +7,13 @@ Sections live beside the code they configure; this module assembles them.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -46,10 +47,10 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str = "run"
     run_dir: str = "runs/run"
     seed: int = 0
-    max_steps: int = 100
-    log_every: int = 10
-    eval_every: int = 0
-    checkpoint_every: int = 0
+    max_steps: Annotated[int, msgspec.Meta(ge=1)] = 100
+    log_every: Annotated[int, msgspec.Meta(ge=1)] = 10
+    eval_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: no evaluation
+    checkpoint_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: only at the end
     # Persistent per-process Triton / Inductor caches live below this directory.
     cache_dir: str = "~/.cache/ringtrain"
     # "auto": CUDA when present, else CPU.
@@ -98,12 +99,33 @@ def parse_config(text: str, source: str = "<string>", overrides: Sequence[str] =
     for assignment in overrides:
         apply_override(tree, assignment)
     try:
-        return msgspec.convert(tree, type=Config)
+        config = msgspec.convert(tree, type=Config)
     except msgspec.ValidationError as exc:
         where = re.search(r"at `(\$[^`]*)`", str(exc))
         allowed = _choices(where.group(1)) if where else ()
         fix = f"use one of {', '.join(map(repr, allowed))}" if allowed else "fix or remove that key"
+        if not allowed and "Expected `int` >=" in str(exc):
+            fix = "fix that value, or remove the key for the default"
         raise ConfigError(f"{source}: {exc} ({fix})") from None
+    _check_rates(config, source)
+    return config
+
+
+def _check_rates(config: Config, source: str) -> None:
+    """Learning-rate settings must be finite numbers in range (TOML allows inf and nan)."""
+    optim = config.optim
+    for key, value, in_range, need in (
+        ("optim.lr", optim.lr, optim.lr > 0, "a finite number > 0"),
+        ("optim.min_lr_ratio", optim.min_lr_ratio, 0 <= optim.min_lr_ratio <= 1, "in [0, 1]"),
+        (
+            "optim.warmup_fraction",
+            optim.warmup_fraction,
+            0 <= optim.warmup_fraction <= 1,
+            "in [0, 1]",
+        ),
+    ):
+        if not (math.isfinite(value) and in_range):
+            raise ConfigError(f"{source}: {key} = {value} must be {need}")
 
 
 def _choices(path: str) -> tuple[Any, ...]:

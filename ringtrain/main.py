@@ -48,11 +48,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def read_config(args: argparse.Namespace) -> Config:
-    """The config file named on the command line, or the embedded default."""
+    """The config file named on the command line, or the embedded default (whose role
+    split follows the number of processes torchrun started, unless --set gives one)."""
     if args.config:
         return load_config(args.config, args.overrides)
     text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
-    return parse_config(text, "<embedded tiny.toml>", args.overrides)
+    overrides = list(args.overrides)
+    if not any(o.strip().startswith("layout.") for o in overrides):
+        overrides = embedded_split(int(os.environ.get("LOCAL_WORLD_SIZE", "3"))) + overrides
+    return parse_config(text, "<embedded tiny.toml>", overrides)
+
+
+def embedded_split(processes: int) -> list[str]:
+    """The embedded default's role split for ``processes`` per node: about one drafter per
+    three processes (2 -> 1+1, 3 -> 2+1, 8 -> 5+3), at least one of each."""
+    if processes < 2:
+        raise ConfigError(
+            f"the embedded default needs at least 2 processes per node (a target and a "
+            f"drafter); torchrun started {processes}: use --nproc-per-node 2 or more"
+        )
+    drafters = max(1, round(processes / 3))
+    return [
+        f"layout.targets_per_node={processes - drafters}",
+        f"layout.drafters_per_node={drafters}",
+    ]
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Raise ConfigError unless the run directory can be created and written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"run.run_dir = {str(run_dir)!r} cannot be written ({exc.strerror}); choose a "
+            f"writable directory (--set run.run_dir=...)"
+        ) from None
 
 
 def set_compile_caches(config: Config, info: RankInfo) -> None:
@@ -82,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = read_config(args)
         info = rank_info_from_env(config.layout, config.run.device)
+        run_dir = Path(config.run.run_dir).expanduser().resolve()
+        check_run_dir(run_dir)
     except ConfigError as exc:
-        print(f"ringtrain: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank fails alike: say it once
+            print(f"ringtrain: {exc}", file=sys.stderr)
         return 2
-    run_dir = Path(config.run.run_dir).expanduser().resolve()
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
     log = get_logger()
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)

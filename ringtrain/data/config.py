@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -13,12 +17,12 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Held-out split (a separate directory). Empty: no evaluation data.
     eval_path: str = ""
     # Tokens per batch (real tokens; padding is not counted).
-    token_budget: int = 16384
-    max_len: int = 4096
+    token_budget: Positive = 16384
+    max_len: Positive = 4096
     # Cut rows longer than max_len; if false, such a row is an error.
     truncate: bool = True
     # Padded batch lengths are rounded up to a multiple of this. A row's padding is its
     # rounding only (batches group rows of one padded length), about bucket / 2 tokens:
     # 32 keeps padding near 1.6% for ~1000-token rows (128 would cost ~6%).
-    bucket: int = 32
+    bucket: Positive = 32
     seed: int = 0
