@@ -148,3 +148,25 @@ def test_clean_run_over_device_slabs_ends_quietly(tmp_path: Path) -> None:
     _assert_ok(run_training(run_dir, 1, 1, [*overrides, "run.name=quiet"]))
     assert "transport device" in (run_dir / "logs" / "rank0-target.log").read_text()
     assert _warnings(run_dir) == []
+
+
+def test_two_targets_two_drafters_share_gradients_and_evaluate(tmp_path: Path) -> None:
+    """Two drafters under DDP: every step trains one batch each, held-out rounds (run
+    through the DDP module without gradients, in uneven numbers per drafter) complete,
+    and the checkpoint holds the plain module's parameter names."""
+    run_dir = tmp_path / "run"
+    overrides = ["run.max_steps=12", "run.eval_every=6", "run.checkpoint_every=6", "run.name=t2d2"]
+    proc = run_training(run_dir, 2, 2, overrides)
+    _assert_ok(proc)
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert all(len(r["batches"]) == 2 for r in records)
+    batches = trained_batches(records)
+    assert len(set(batches)) == len(batches) == 24
+    assert {producer for producer, _, _ in batches} == {0, 1}
+    assert [e["round"] for e in eval_records(run_dir)] == [1, 2]
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step == 12
+    names = load_checkpoint(checkpoint, "cpu").model.state_dict()
+    assert "fc.weight" in names and not any(name.startswith("module.") for name in names)
+    assert _warnings(run_dir) == []

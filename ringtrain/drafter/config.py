@@ -60,3 +60,7 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+    # Precision of the drafters' gradient reduction: "float32", or "bfloat16" (half the
+    # bytes on the wire, each bucket rounded to bf16 before the sum; the optimizer still
+    # sees fp32 gradients). Only matters with more than one drafter.
+    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"

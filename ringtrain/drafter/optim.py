@@ -75,6 +75,6 @@ def optimizer_step(
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     optimizer.step()
     scheduler.step()
-    # In place, not set_to_none: a trainer may keep .grad as views into one flat buffer.
+    # In place, not set_to_none: under DDP the .grad tensors are views into its buckets.
     optimizer.zero_grad(set_to_none=False)
     return norm

@@ -1,15 +1,17 @@
-"""The drafter rank's loop: take a batch, run the DFlash objective, all-reduce, step.
+"""The drafter rank's loop: take a batch, forward, reduce the sums, backward, step.
 
 One global step = one training batch per drafter rank, in five phases that every rank
 runs in the same order: take (evaluating any held-out batches met on the way: see
-trainer/evaluation.py), forward/backward, reduce (the gradients and the step's sums:
-trainer/step_sums.py), apply (normalise, check, optimizer step) and record (ledger,
-progress in the ring, report, checkpoint). The summed gradients are divided by the
-global weight sum, which is exactly the loss normalised by the global count of
-supervised labels; a non-finite loss stops the run before the optimizer step, so it
-never reaches the weights. A drafter that finds no batch (ring closed, SIGTERM) raises
-the stop flag: the step is then discarded on every rank, so all drafters stop after the
-same completed step and no batch is half-trained.
+trainer/evaluation.py), forward, reduce (the step's sums: trainer/step_sums.py), backward
+with the gradients reduced by DistributedDataParallel while it runs
+(trainer/data_parallel.py), apply (clip, optimizer step) and record (ledger, progress in
+the ring, report, checkpoint). The sums are reduced before backward, so every rank knows
+the global weight sum and scales its loss by ranks / weight sum: the averaged gradient
+is exactly the loss normalised by the global count of supervised labels. A non-finite
+loss stops the run before backward, so it never reaches the weights. A drafter that
+finds no batch (ring closed, SIGTERM) raises the stop flag: then no rank runs backward,
+so no rank waits in a gradient reduction, all drafters stop after the same completed
+step and no batch is half-trained.
 
 The loop reads items through a `take` callable (a ring Consumer's take in a run) and
 talks to the ring only through the three calls of RingSide, so it runs as well on an
@@ -38,12 +40,18 @@ from ringtrain.drafter import (
 )
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind
+from ringtrain.trainer.data_parallel import (
+    GradSyncProbe,
+    data_parallel_ranks,
+    scaled_loss,
+    wrap_data_parallel,
+)
 from ringtrain.trainer.evaluation import EvalTally, final_round
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
-from ringtrain.trainer.step_sums import GradientBucket, ReducedSums, StepSums
+from ringtrain.trainer.step_sums import ReducedSums, StepSums
 
 
 @dataclass
@@ -62,6 +70,10 @@ class StepRecord:
     compiles: int  # graphs compiled so far in this process (flat in steady state)
     gpu_busy: float | None  # this rank's GPU busy fraction since the last step (NVML)
     gpu_busy_by_rank: dict[int, float]  # last fraction published by each rank of the node
+    # DDP's sampled timing of this step's gradient reduction (None on unsampled steps and
+    # for a drafter alone): its duration, and the part backward did not hide.
+    grad_sync_ms: float | None = None
+    grad_sync_exposed_ms: float | None = None
 
 
 @dataclass
@@ -92,7 +104,10 @@ class Reporter(Protocol):
 
 @dataclass
 class Trainee:
-    """The drafter being trained: its model, the frozen head, optimizer and schedule."""
+    """The drafter being trained: its model, the frozen head, optimizer and schedule.
+
+    `model` is the plain module (checkpoints save it); the loop trains it through DDP
+    when other drafters share the gradients."""
 
     model: DFlashDrafter
     head: FrozenHead
@@ -122,7 +137,9 @@ class DrafterLoop:
         self.group = group
         self.device = next(trainee.model.parameters()).device
         self.block_size = config.drafter.block_size
-        self.bucket = GradientBucket([p for p in trainee.model.parameters() if p.requires_grad])
+        self.network = wrap_data_parallel(trainee.model, group, config.optim.grad_reduce_dtype)
+        self.ranks = data_parallel_ranks(group)
+        self.grad_sync = GradSyncProbe(self.network)
         self.sums = StepSums(self.block_size, drafter_count, self.device)
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
@@ -153,16 +170,15 @@ class DrafterLoop:
         while state.step < run.max_steps:
             step, started = state.step + 1, time.perf_counter()
             item = self._take_training_item(stop)
-            if item is None:
+            loss_sum = None if item is None else self._forward(item, step)
+            if loss_sum is None:
                 self.sums.request_stop()
-            else:
-                self._forward_backward(item, step)
-            reduced = self._reduce(gradients=True)
+            reduced = self.sums.reduce(self.group)
             self._report_evaluation(tally, reduced, state.step, reporter)
             if reduced.stopped:
                 self._discard(step, stop)
                 break
-            summary = self._apply(reduced, step)
+            summary = self._apply(reduced, loss_sum, step)
             record = self._record(state, step, reduced, summary, started)
             if reporter is not None:
                 reporter.step(record)
@@ -198,7 +214,7 @@ class DrafterLoop:
         trainee = self.trainee
         with torch.no_grad(), self.autocast:
             sums = evaluate_batch(
-                trainee.model,
+                self.network,
                 trainee.head,
                 item,
                 self.config.drafter,
@@ -206,47 +222,40 @@ class DrafterLoop:
             )
         self.sums.add_evaluation(sums)
 
-    # ---- forward/backward ------------------------------------------------------------
+    # ---- forward ---------------------------------------------------------------------
 
-    def _forward_backward(self, item: ReadItem, step: int) -> None:
+    def _forward(self, item: ReadItem, step: int) -> torch.Tensor:
         """The objective on this drafter's batch (anchors seeded by run seed, step and
-        drafter), its backward into the gradient bucket, and its sums."""
+        drafter): its sums are added to the step's, its loss sum is returned."""
         config = self.config
         self.generator.manual_seed(config.run.seed * 1_000_003 + step * 1009 + self.drafter_index)
         with self.autocast:
             objective = block_objective(
-                self.trainee.model,
+                self.network,
                 self.trainee.head,
                 item,
                 self.generator,
                 config.drafter,
                 max_tokens=config.data.token_budget,
             )
-        objective.loss_sum.backward()
         self.sums.add_training(self.drafter_index, objective, item.num_tokens, item.meta)
-
-    # ---- reduce ----------------------------------------------------------------------
-
-    def _reduce(self, gradients: bool) -> ReducedSums:
-        if gradients and self.group is not None:
-            dist.all_reduce(self.bucket.flat, group=self.group)
-        return self.sums.reduce(self.group)
+        return objective.loss_sum
 
     def _discard(self, step: int, stop: StopRequest) -> None:
-        self.bucket.flat.zero_()
         get_logger().info(
             "stopping before step %d (%s)", step, stop.signal_name or "no more batches"
         )
 
     # ---- apply -----------------------------------------------------------------------
 
-    def _apply(self, reduced: ReducedSums, step: int) -> dict:
-        """Normalise the summed gradients and step the optimizer, unless the loss is not
-        finite: then raise before the weights change."""
+    def _apply(self, reduced: ReducedSums, loss_sum: torch.Tensor, step: int) -> dict:
+        """Backward of the normalised loss (the gradients reduced meanwhile) and the
+        optimizer step, unless the loss is not finite: then raise before backward, on
+        every rank alike (the loss is global)."""
         summary = reduced.summary()
         if not math.isfinite(summary["loss"]):
             raise FloatingPointError(f"loss is {summary['loss']} at step {step}: lower optim.lr")
-        self.bucket.flat.div_(max(summary["weight_sum"], 1e-12))
+        scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
         trainee = self.trainee
         optimizer_step(trainee.model, trainee.optimizer, trainee.scheduler, self.config.optim)
         return summary
@@ -275,6 +284,9 @@ class DrafterLoop:
             gpu_busy=self.busy.sample(),
             gpu_busy_by_rank=self.ring.gpu_busy_by_rank(),
         )
+        sync = self.grad_sync.sample()
+        if sync is not None:
+            record.grad_sync_ms, record.grad_sync_exposed_ms = sync
         self.ring.report_gpu_busy(record.gpu_busy)
         return record
 
@@ -303,7 +315,7 @@ class DrafterLoop:
                 self.sums.request_stop()
             elif item.meta.kind == BatchKind.EVAL:
                 self._evaluate(item)
-            reduced = self._reduce(gradients=False)
+            reduced = self.sums.reduce(self.group)
             self._report_evaluation(tally, reduced, step, reporter)
             if reduced.stopped:
                 return

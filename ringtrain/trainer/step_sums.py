@@ -1,10 +1,11 @@
-"""What the drafter ranks all-reduce each step: the gradients, and one vector of sums.
+"""What the drafter ranks all-reduce each step besides the gradients: one vector of sums.
 
-Gradients live in one flat fp32 buffer (GradientBucket). Every other number a step needs
-from all drafters travels in one fp64 vector (StepSums), so a step costs two
-all-reduces: the objective's sums, the tokens trained, the stop flag, the identity of
-each drafter's batch, and the sums of the evaluation batches evaluated meanwhile. Each
-drafter fills only its own part; ReducedSums reads the summed vector back by name.
+Every number a step needs from all drafters travels in one fp64 vector (StepSums),
+reduced after forward and before backward (the gradients go through DDP during
+backward: trainer/data_parallel.py): the objective's sums, the tokens trained, the stop
+flag, the identity of each drafter's batch, and the sums of the evaluation batches
+evaluated meanwhile. Each drafter fills only its own part; ReducedSums reads the summed
+vector back by name.
 """
 
 from __future__ import annotations
@@ -30,18 +31,6 @@ def objective_vector_len(block_size: int) -> int:
 def eval_vector_len(block_size: int) -> int:
     """Length of EvalSums.as_vector(): the objective's sums plus the replayed tokens and steps."""
     return objective_vector_len(block_size) + 2
-
-
-class GradientBucket:
-    """Every parameter's .grad as a view into one flat fp32 buffer."""
-
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        total = sum(p.numel() for p in params)
-        self.flat = torch.zeros(total, dtype=torch.float32, device=params[0].device)
-        offset = 0
-        for p in params:
-            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
 
 
 @dataclass

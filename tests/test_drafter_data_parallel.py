@@ -1,0 +1,135 @@
+"""Two drafters under DDP (gloo, two real processes) train exactly as one drafter does.
+
+One step of two drafters, each on its own batch, must give the weights and Adam moments
+that one drafter gives when its loss is the sum over both batches (the same anchors)
+normalised by the total weight; the bf16 reduction is refused on CPU with the fix; and
+a drafter that finds no batch must stop both without anyone waiting in a reduction.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_trainer_loop import RingStandIn, item
+from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg
+
+from ringtrain.config import Config, RunConfig
+from ringtrain.data.config import DataConfig
+from ringtrain.drafter import (
+    DFlashDrafter,
+    FrozenHead,
+    block_objective,
+    build_optimizer,
+    drafter_spec_from_target,
+    optimizer_step,
+)
+from ringtrain.drafter.config import OptimConfig
+from ringtrain.trainer.data_parallel import wrap_data_parallel
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
+from ringtrain.trainer.ledger import BatchLedger
+from ringtrain.trainer.signals import StopRequest
+
+CTX = mp.get_context("spawn")
+SEED = 0
+
+
+def make_config() -> Config:
+    """One step; no clipping, so Adam's first moment keeps the gradient's scale."""
+    return Config(
+        run=RunConfig(max_steps=1, eval_every=0, checkpoint_every=0, seed=SEED),
+        data=DataConfig(token_budget=MAX_TOKENS),
+        drafter=make_cfg(),
+        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0, grad_clip=0.0),
+    )
+
+
+def make_trainee(config: Config) -> Trainee:
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
+    embed, lm_head = torch.randn(2, 64, TARGET["hidden_size"]) * 0.5
+    optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
+    return Trainee(model, FrozenHead(embed, lm_head), optimizer, scheduler)
+
+
+def trained(trainee: Trainee) -> dict[str, list[torch.Tensor]]:
+    """The weights and Adam's first moments (0.1 x the step's gradient) after training."""
+    params = [p for p in trainee.model.parameters() if p.requires_grad]
+    return {
+        "weights": [p.detach().clone() for p in params],
+        "moments": [trainee.optimizer.state[p]["exp_avg"].clone() for p in params],
+    }
+
+
+def drafter_worker(rank: int, store: str, out: str) -> None:
+    """Drafter `rank` of two: one step, then a run where rank 1 has no batch; what it
+    trained is saved to `out`/rank.pt."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    group = dist.new_group([0, 1])
+    with pytest.raises(ValueError, match=r"bfloat16.* needs drafters on CUDA"):
+        wrap_data_parallel(make_trainee(make_config()).model, group, "bfloat16")
+    trainee = make_trainee(make_config())
+    ring = RingStandIn([item(rank)])
+    loop = DrafterLoop(make_config(), ring.take, ring, trainee, rank, 2, group, 0)
+    state = loop.train(DrafterState(0, BatchLedger()), StopRequest())
+    results = {"trained": {**trained(trainee), "step": state.step}}
+    trainee = make_trainee(make_config())
+    before = [p.detach().clone() for p in trainee.model.parameters()]
+    ring = RingStandIn([item(0)] if rank == 0 else [])
+    loop = DrafterLoop(make_config(), ring.take, ring, trainee, rank, 2, group, 0)
+    state = loop.train(DrafterState(0, BatchLedger()), StopRequest())
+    unchanged = all(
+        torch.equal(a, b) for a, b in zip(before, trainee.model.parameters(), strict=True)
+    )
+    results["stopped"] = {"step": state.step, "unchanged": unchanged, "left": len(ring.items)}
+    torch.save(results, Path(out) / f"{rank}.pt")
+    dist.destroy_process_group()
+
+
+def one_drafter_on_both_batches() -> dict[str, list[torch.Tensor]]:
+    """One drafter, one optimizer step on the sum of both batches' objectives (anchors
+    drawn as drafters 0 and 1 draw them) over their total weight."""
+    config = make_config()
+    trainee = make_trainee(config)
+    loss, weight = 0.0, 0.0
+    for index in (0, 1):
+        generator = torch.Generator().manual_seed(SEED * 1_000_003 + 1 * 1009 + index)
+        sums = block_objective(
+            trainee.model, trainee.head, item(index), generator, config.drafter, MAX_TOKENS
+        )
+        loss, weight = loss + sums.loss_sum, weight + sums.weight_sum.item()
+    (loss / weight).backward()
+    optimizer_step(trainee.model, trainee.optimizer, trainee.scheduler, config.optim)
+    return trained(trainee)
+
+
+def assert_close_lists(got: list[torch.Tensor], want: list[torch.Tensor], **tol) -> None:
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.slow
+def test_two_drafters_step_as_one_drafter_on_both_batches(tmp_path: Path) -> None:
+    workers = [
+        CTX.Process(target=drafter_worker, args=(rank, str(tmp_path / "store"), str(tmp_path)))
+        for rank in (0, 1)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0, f"drafter worker exit code {worker.exitcode}"
+    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    want = one_drafter_on_both_batches()
+    for result in ranks:
+        got = result["trained"]
+        assert got["step"] == 1
+        assert_close_lists(got["moments"], want["moments"], rtol=1e-5, atol=1e-8)
+        assert_close_lists(got["weights"], want["weights"], rtol=1e-5, atol=1e-6)
+        assert result["stopped"] == {"step": 0, "unchanged": True, "left": 0}
+    assert_close_lists(
+        ranks[0]["trained"]["weights"], ranks[1]["trained"]["weights"], rtol=0, atol=0
+    )
