@@ -15,6 +15,7 @@ import torch
 
 from ringtrain.cli.stat import format_snapshot
 from ringtrain.ring import Ring, with_interval
+from ringtrain.ring.names import ring_id
 
 CTX = mp.get_context("spawn")
 JOIN_S = 60
@@ -102,3 +103,63 @@ def test_interval_and_verdict_over_a_window() -> None:
     finally:
         drafter.close()
         target.close()
+
+
+def _open_pair(run_id: str) -> tuple[Ring, Ring]:
+    spec = rw.make_spec(run_id, producers=1, consumers=1, slots=1)
+    return Ring.create(spec, 0, "cpu"), Ring.attach(spec.run_id, 1, "cpu")
+
+
+def test_a_ring_is_found_by_id_run_name_or_run_directory(tmp_path) -> None:
+    name = f"stat{uuid.uuid4().hex[:8]}"
+    run_id = ring_id(name, str(tmp_path.resolve()), 0)
+    (tmp_path / "config.json").write_text(json.dumps({"run": {"name": name}}))
+    target, drafter = _open_pair(run_id)
+    try:
+        for handle in (run_id, name, str(tmp_path)):
+            assert stat("--json", handle)["run"] == run_id
+        missing = subprocess.run(
+            [sys.executable, "-m", "ringtrain.cli.stat", f"{name}x"], capture_output=True, text=True
+        )
+        assert missing.returncode == 2 and "no live ring of" in missing.stderr
+    finally:
+        drafter.close()
+        target.close()
+
+
+def test_watch_reports_an_ended_run_and_exits(tmp_path) -> None:
+    target, drafter = _open_pair(f"t{uuid.uuid4().hex[:10]}")
+    command = [sys.executable, "-m", "ringtrain.cli.stat", "--json", "--watch"]
+    watcher = subprocess.Popen(
+        [*command, "--interval", "0.05", target.spec.run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = json.loads(watcher.stdout.readline())  # attached and reading
+        assert first["ended"] is False
+        drafter.close()
+        target.close()
+        out, err = watcher.communicate(timeout=JOIN_S)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["ended"] is True
+
+
+def test_output_to_a_closed_pipe_ends_quietly() -> None:
+    target, drafter = _open_pair(f"t{uuid.uuid4().hex[:10]}")
+    command = [sys.executable, "-m", "ringtrain.cli.stat", "--watch", "--interval", "0.01"]
+    watcher = subprocess.Popen(
+        [*command, target.spec.run_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert watcher.stdout.readline().startswith(b"ring ")
+        watcher.stdout.close()  # like `| head -1`
+        _, err = watcher.communicate(timeout=JOIN_S)
+    finally:
+        watcher.kill()
+        drafter.close()
+        target.close()
+    assert watcher.returncode == 0 and b"Traceback" not in err, err

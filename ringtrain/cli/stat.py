@@ -3,7 +3,9 @@
     ringtrain-stat                 list live rings
     ringtrain-stat RUN             slot states, occupancy, wait percentages, ranks, verdict,
                                    and the split of the node's GPUs the ranks' rates favour
-    ringtrain-stat RUN --watch 2   refresh every 2 s, adding rates over the last interval
+                                   (RUN: the ring id, the run's name or its run directory)
+    ringtrain-stat [RUN] --watch   refresh every --interval seconds (default 2), adding
+                                   rates over the last interval, until the run ends
     --json                         machine-readable output (one JSON document per refresh)
 
 Rings are mapped read-only (see ringtrain.ring.snapshot); this module only formats.
@@ -14,11 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
 from ringtrain.monitor.advice import ring_advice
-from ringtrain.ring.snapshot import RingSnapshot, discover, open_ring, with_interval
+from ringtrain.ring.snapshot import RingReader, RingSnapshot, discover, open_ring, with_interval
 
 _STATE_MARK = {"free": ".", "writing": "w", "ready": "R", "reading": "r"}
 
@@ -91,50 +94,69 @@ def _list(as_json: bool) -> int:
     return 0
 
 
+def ring_ended(snap: RingSnapshot) -> bool:
+    """Whether the run behind the ring is over: it is closing after a failure, or every
+    rank has left it (closed, failed or gone)."""
+    left = ("closed", "failed", "dead")
+    return snap.closing or all(r.status in left or not r.alive for r in snap.ranks)
+
+
+def _watch(reader: RingReader, as_json: bool, interval: float | None) -> int:
+    """Print the ring once (``interval`` None) or every ``interval`` seconds until it ends."""
+    previous = None
+    while True:
+        snap = reader.snapshot()
+        if previous is not None:
+            snap = with_interval(previous, snap)
+        ended = ring_ended(snap)
+        advice = [] if ended else role_split_advice(snap, previous)
+        if as_json:
+            print(json.dumps({**dataclasses.asdict(snap), "ended": ended, "advice": advice}))
+        else:
+            status = [f"ring {snap.run} has ended: the run is over"] if ended else []
+            print("\n".join([format_snapshot(snap), *advice, *status]), end="\n\n", flush=True)
+        sys.stdout.flush()
+        if interval is None or ended:
+            return 0
+        previous = snap
+        time.sleep(interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ringtrain-stat console script."""
     parser = argparse.ArgumentParser(
         prog="ringtrain-stat", description="Inspect live ringtrain rings (read-only)."
     )
-    parser.add_argument("run", nargs="?", help="run id of the ring; omit to list live rings")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
-        "--watch",
+        "run",
         nargs="?",
-        type=float,
-        const=2.0,
-        default=None,
-        metavar="SECONDS",
-        help="refresh every SECONDS (default 2)",
+        help="ring id, run name or run directory; omit to list live rings (or, with "
+        "--watch, to watch the only one)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--watch", action="store_true", help="refresh until the run ends")
+    parser.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="refresh period (2)"
     )
     args = parser.parse_args(argv)
-    if args.run is None:
-        return _list(args.json)
     try:
-        reader = open_ring(args.run)
-    except (LookupError, ValueError) as exc:
-        print(f"ringtrain-stat: {exc}", file=sys.stderr)
-        return 2
-    try:
-        previous = None
-        while True:
-            snap = reader.snapshot()
-            if previous is not None:
-                snap = with_interval(previous, snap)
-            advice = role_split_advice(snap, previous)
-            if args.json:
-                print(json.dumps({**dataclasses.asdict(snap), "advice": advice}), flush=True)
-            else:
-                text = "\n".join([format_snapshot(snap), *advice])
-                print(text + ("\n" if args.watch else ""), flush=True)
-            if args.watch is None:
-                return 0
-            previous = snap
-            time.sleep(args.watch)
+        if args.run is None and not args.watch:
+            return _list(args.json)
+        try:
+            reader = open_ring(args.run)
+        except (LookupError, ValueError) as exc:
+            print(f"ringtrain-stat: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return _watch(reader, args.json, args.interval if args.watch else None)
+        finally:
+            reader.close()
     except KeyboardInterrupt:
         return 0
-    finally:
-        reader.close()
+    except BrokenPipeError:
+        # The reader of our output went away (e.g. `| head`): end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

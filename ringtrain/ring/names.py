@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import re
 import time
+import zlib
 
 import numpy as np
 import posix_ipc
@@ -28,6 +30,23 @@ SEM_PREFIX = "sem."
 INIT_GRACE_S = 30.0
 
 log = logging.getLogger(__name__)
+
+
+def ring_name_part(run_name: str) -> str:
+    """The run name as it appears in ring ids: cut to 24 filesystem-safe characters."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", run_name)[:24]
+
+
+def run_dir_digest(run_dir: str) -> str:
+    """The digest of a resolved run directory that ring ids carry (8 hex digits)."""
+    return f"{zlib.crc32(run_dir.encode()) & 0xFFFFFFFF:08x}"
+
+
+def ring_id(run_name: str, run_dir: str, node_rank: int) -> str:
+    """A node-unique, filesystem-safe ring name of a run: its name, a digest of its
+    resolved run directory, and the node, e.g. ``tiny-1a2b3c4d-n0``. ``ringtrain-stat``
+    finds a run's ring from either part."""
+    return f"{ring_name_part(run_name)}-{run_dir_digest(run_dir)}-n{node_rank}"
 
 
 def ctl_name(run_id: str) -> str:

@@ -8,16 +8,18 @@ touches no semaphore. Live rings are found through /proc/<pid>/fd links to their
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from ringtrain.ring import control as cb
 from ringtrain.ring.liveness import monotonic_ns, process_alive
-from ringtrain.ring.names import PREFIX, SHM_DIR
+from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
 from ringtrain.ring.spec import RingSpec
 
 # A side is the bottleneck once the other side waits at least this share of the time.
@@ -290,16 +292,33 @@ class RingReader:
 
 
 def open_ring(run: str | None = None) -> RingReader:
-    """Open the live ring `run` (or the only live ring) read-only; errors list what exists."""
+    """Open a live ring read-only: ``run`` is its ring id, the run's name, or the run's
+    directory (None: the only live ring). Errors list the live rings."""
     rings = discover()
+    names = ", ".join(r.run for r in rings) or "none"
     if run is None:
         if len(rings) != 1:
-            raise LookupError(
-                f"{len(rings)} live rings ({', '.join(r.run for r in rings) or 'none'}): name one"
-            )
+            raise LookupError(f"{len(rings)} live rings ({names}): name one")
         return RingReader(rings[0])
-    for location in rings:
-        if location.run == run:
-            return RingReader(location)
-    names = ", ".join(r.run for r in rings) or "none"
-    raise LookupError(f"no live ring named {run!r} (live rings: {names})")
+    pattern = _ring_pattern(run)
+    matches = [r for r in rings if r.run == run] or [r for r in rings if pattern.match(r.run)]
+    if len(matches) == 1:
+        return RingReader(matches[0])
+    if matches:
+        listed = ", ".join(r.run for r in matches)
+        raise LookupError(f"{run!r} matches several live rings ({listed}): name one")
+    raise LookupError(f"no live ring of {run!r} (live rings: {names})")
+
+
+def _ring_pattern(run: str) -> re.Pattern[str]:
+    """The ring ids that ``run`` names: a run directory's rings (its config.json gives
+    the name, its path the digest), or every ring of a run of that name."""
+    directory = Path(run).expanduser()
+    name, digest = run, r"[0-9a-f]{8}"
+    if (directory / "config.json").is_file():
+        try:
+            name = json.loads((directory / "config.json").read_text())["run"]["name"]
+            digest = run_dir_digest(str(directory.resolve()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return re.compile(rf"{re.escape(ring_name_part(name))}-{digest}-n\d+$")

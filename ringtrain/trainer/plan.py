@@ -8,8 +8,6 @@ every rank must agree on: the node's ring spec and each target's batch stream.
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_chec
 from ringtrain.drafter.checkpoint import checkpoint_spec
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
+from ringtrain.ring.names import ring_id
 from ringtrain.target import TargetLoadError, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
@@ -44,13 +43,6 @@ class Plan:
     hidden_dtype: torch.dtype
     max_docs: int  # most documents one batch can hold (sizes the ring's slots)
     eval_dataset: TokenDataset | None  # held-out split (None: no evaluation)
-
-
-def ring_run_id(config: Config, run_dir: Path, node_rank: int) -> str:
-    """A node-unique, filesystem-safe ring name prefix for this run."""
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", config.run.name)[:24]
-    digest = zlib.crc32(str(run_dir).encode()) & 0xFFFFFFFF
-    return f"{name}-{digest:08x}-n{node_rank}"
 
 
 def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
@@ -161,7 +153,7 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
     roles = ["target"] * info.targets_per_node + ["drafter"] * info.drafters_per_node
     first = info.node_rank * info.local_world_size
     return RingSpec(
-        run_id=ring_run_id(config, run_dir, info.node_rank),
+        run_id=ring_id(config.run.name, str(run_dir), info.node_rank),
         generation=info.restart_count,
         roles=roles,
         global_ranks=[first + i for i in range(info.local_world_size)],
