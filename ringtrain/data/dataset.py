@@ -143,6 +143,33 @@ def _check_max_len(segment: Segment, max_len: int) -> None:
     )
 
 
+def _kept_rows(
+    segments: list[Segment],
+    max_len: int,
+    truncate: bool,
+    min_supervised: int,
+    vocab_size: int | None,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], int, int]:
+    """Validate each segment and pick the rows with at least ``min_supervised``
+    supervised tokens (after truncation to ``max_len``): per segment their segment index,
+    start and length, plus the counts of truncated rows and supervised tokens kept."""
+    kept_segment, kept_start, kept_length = [], [], []
+    num_truncated = num_supervised = 0
+    for index, segment in enumerate(segments):
+        validate_segment(segment, vocab_size)
+        if not truncate:
+            _check_max_len(segment, max_len)
+        lengths = np.minimum(segment.lengths, max_len)
+        supervised = supervised_counts(segment.loss_mask, segment.starts, lengths)
+        keep = supervised >= min_supervised
+        kept_segment.append(np.full(int(keep.sum()), index, dtype=np.int32))
+        kept_start.append(segment.starts[keep])
+        kept_length.append(lengths[keep])
+        num_truncated += int((segment.lengths[keep] > max_len).sum())
+        num_supervised += int(supervised[keep].sum())
+    return kept_segment, kept_start, kept_length, num_truncated, num_supervised
+
+
 def open_dataset(
     path: str | Path,
     *,
@@ -170,20 +197,8 @@ def open_dataset(
     if total_rows == 0:
         raise DatasetError(f"{path}: the dataset has no rows; prepare it again")
     min_supervised = 2 * block_size
-    kept_segment, kept_start, kept_length = [], [], []
-    num_truncated = num_supervised = 0
-    for index, segment in enumerate(segments):
-        validate_segment(segment, vocab_size)
-        if not truncate:
-            _check_max_len(segment, max_len)
-        lengths = np.minimum(segment.lengths, max_len)
-        supervised = supervised_counts(segment.loss_mask, segment.starts, lengths)
-        keep = supervised >= min_supervised
-        kept_segment.append(np.full(int(keep.sum()), index, dtype=np.int32))
-        kept_start.append(segment.starts[keep])
-        kept_length.append(lengths[keep])
-        num_truncated += int((segment.lengths[keep] > max_len).sum())
-        num_supervised += int(supervised[keep].sum())
+    kept = _kept_rows(segments, max_len, truncate, min_supervised, vocab_size)
+    kept_segment, kept_start, kept_length, num_truncated, num_supervised = kept
     row_length = np.concatenate(kept_length)
     num_dropped = total_rows - len(row_length)
     if num_dropped:
