@@ -19,8 +19,16 @@ lengths fill a 9216-token budget to only about 82%, since a batch holds rows of 
 padded length; then tokens/s drops with the fill while the per-step work barely does.)
 `--target-result FILE` takes a. from a bench_target JSON of the same run instead (same
 shape, --tokens = budget, --seq-len = mean-len, compiled): one target benchmark fewer.
+`--layout T+D --gpu-map G,G,...` runs c. with T targets and D drafters on the GPUs named
+per rank (targets first), `--mps` under an MPS daemon of its own; then the ideal of c.
+is the rate at which the busiest GPU saturates (tools/pipeline_layout.py), each rank's
+GPU busy and peak memory are reported, and with more than one drafter DDP's gradient
+reduction: median time per step and the median share of the step it is not hidden
+behind backward. `--scale-reference` also runs 1 + 1 on GPU 0 under the same MPS
+setting: scaling_efficiency = tokens/s / (GPUs of the layout x its rate). `--set K=V`
+passes a trainer override (e.g. optim.grad_reduce_dtype="bfloat16").
 Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3-30b-a3b,qwen3.5-hybrid] [--steps N]
-[--json]
+[--layout 2+2 --gpu-map 0,1,0,1 --mps --scale-reference] [--json]
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
+from pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +84,7 @@ TARGET_SHAPES = {
 }
 # Shapes whose drafter tools/bench_drafter.py benchmarks (--target-shape).
 DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b")
+DEFAULT_LAYOUT = Layout(1, 1, (0, 0))
 
 
 def last_json(text: str) -> dict:
@@ -133,9 +144,16 @@ def write_target_dir(path: Path, shape: dict) -> None:
 
 
 def run_pipeline(
-    work: Path, name: str, shape: dict, args: argparse.Namespace, cache_dir: Path
+    work: Path,
+    name: str,
+    shape: dict,
+    args: argparse.Namespace,
+    cache_dir: Path,
+    layout: Layout = DEFAULT_LAYOUT,
+    env: dict[str, str] | None = None,
 ) -> dict:
-    """Train 1 target + 1 drafter on one GPU; rate after warm-up and launch->first step."""
+    """Train `layout` (1 target + 1 drafter on GPU 0 by default); rate after warm-up,
+    launch->first step, each rank's GPU busy and peak memory, DDP's gradient reduction."""
     target_dir = work / f"{name}-target"
     write_target_dir(target_dir, shape)
     run_dir = work / f"{name}-run-{time.monotonic_ns()}"
@@ -147,14 +165,14 @@ def run_pipeline(
         "run.log_every": 5,
         "run.checkpoint_every": 0,
         "run.cache_dir": json.dumps(str(cache_dir)),
-        "layout.targets_per_node": 1,
-        "layout.drafters_per_node": 1,
-        "layout.gpu_map": "[0, 0]",
+        "layout.targets_per_node": layout.targets,
+        "layout.drafters_per_node": layout.drafters,
+        "layout.gpu_map": json.dumps(list(layout.gpu_map)),
         "ring.transport": '"device"',
         "ring.slots_per_producer": 3,
         "data.path": json.dumps(str(data_dir)),
         "data.token_budget": args.budget,
-        "data.max_len": min(4096, args.budget),
+        "data.max_len": max_len(args),
         "target.path": json.dumps(str(target_dir)),
         "target.random_weights": "true",
         "drafter.mask_token_id": shape["mask_token_id"],
@@ -164,11 +182,18 @@ def run_pipeline(
             {"run.device": '"cpu"', "layout.gpu_map": "[]", "ring.transport": '"host"'}
         )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node=2", "-m", "ringtrain.main", "--config", "configs/bench.toml"]
+    command += [f"--nproc-per-node={len(layout.gpu_map)}", "-m", "ringtrain.main"]
+    command += ["--config", "configs/bench.toml"]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
+    for setting in args.set:
+        command += ["--set", setting]
     started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=560, cwd=ROOT)
+    with PeakMemory() as memory:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=560, cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -185,14 +210,14 @@ def run_pipeline(
     window = steps_done[warm:]
     seconds = window[-1]["wall"] - window[0]["wall"]
     tokens = sum(r["tokens"] for r in window[1:])
-    fill = tokens / (len(window) - 1) / args.budget
-    # Ranks of the run: 0 is the target, 1 the drafter (configs/bench.toml); the mean of
-    # each rank's published NVML samples over the window.
-    by_role = {"target": [], "drafter": []}
-    for record in window:
-        for rank, value in record.get("gpu_busy_by_rank", {}).items():
-            by_role["target" if int(rank) == 0 else "drafter"].append(value)
+    fill = tokens / (len(window) - 1) / (args.budget * layout.drafters)
+    busy = busy_by_rank(window)
+    by_role = {
+        role: [v for rank, v in busy.items() if layout.role(rank) == role]
+        for role in ("target", "drafter")
+    }
     return {
+        "layout": layout.name,
         "tokens_per_s": tokens / max(seconds, 1e-9),
         "fill": fill,
         "first_step_s": steps_done[0]["wall"] - started,
@@ -205,9 +230,19 @@ def run_pipeline(
         "gpu_busy_drafter": sum(by_role["drafter"]) / len(by_role["drafter"])
         if by_role["drafter"]
         else None,
+        "gpu_busy_by_rank": busy,
+        "min_drafter_busy": min(by_role["drafter"], default=None),
+        "peak_memory_mib_by_rank": memory.peak_mib,
+        **grad_sync(steps_done),
         "steps": len(steps_done),
         "startup_log": startup,
     }
+
+
+def max_len(args: argparse.Namespace) -> int:
+    """The dataset's and the trainer's longest row: 4096 (or the budget), or the row
+    length when rows are longer."""
+    return max(min(4096, args.budget), args.mean_len)
 
 
 def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
@@ -268,7 +303,7 @@ def save(results: dict) -> None:
         Path(os.environ["OUT"], "bench_pipeline.json").write_text(json.dumps(results))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="qwen3-8b,qwen3.5-hybrid")
     parser.add_argument("--steps", type=int, default=40)
@@ -292,56 +327,107 @@ def main() -> None:
         help="a bench_target JSON (same run, --tokens BUDGET --seq-len MEAN_LEN, compiled) to "
         "take the standalone target rate from instead of measuring it",
     )
+    parser.add_argument("--layout", default="1+1", help="targets+drafters of one node")
+    parser.add_argument(
+        "--gpu-map", help="GPU of each rank, targets first, e.g. 0,1,0,1 (default: all on 0)"
+    )
+    parser.add_argument(
+        "--mps", action="store_true", help="run the pipelines under an MPS daemon of their own"
+    )
+    parser.add_argument(
+        "--scale-reference",
+        action="store_true",
+        help="also run 1 target + 1 drafter on GPU 0 (same MPS setting) and report "
+        "scaling_efficiency = tokens/s / (GPUs of the layout x that rate)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], help="extra trainer override KEY=VALUE"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results: dict = {"shapes": {}}
-    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as tmp:
-        work = Path(tmp)
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from ringtrain.data import write_synthetic_dataset as w; "
-                "w(sys.argv[1], rows=4000, vocab_size=int(sys.argv[2]), mean_len=int(sys.argv[3]), "
-                "seed=0, max_len=int(sys.argv[4]), sigma=0.0)",
-                str(work / "data"),
-                str(min(s["vocab_size"] for s in TARGET_SHAPES.values())),
-                str(args.mean_len),
-                str(min(4096, args.budget)),
-            ],
-            check=True,
-            cwd=ROOT,
-        )
-        for name in args.shapes.split(","):
-            shape = TARGET_SHAPES[name]
-            entry: dict = {}
-            results["shapes"][name] = entry  # saved after each part, so a cut run keeps some
-            if not args.skip_standalone:
-                measure_standalone(name, args, entry, results)
-            cache = work / f"cache-{name}"
-            shutil.rmtree(cache, ignore_errors=True)
-            # The first run starts with empty compile caches; a second one reuses them.
-            runs = ["cold", "warm"] if name in args.cold_shapes.split(",") else ["cold"]
-            for run in runs:
-                entry[run] = run_pipeline(work, name, shape, args, cache)
-                save(results)
-            a = entry.get("target", {}).get("tokens_per_s")
-            b = entry.get("drafter", {}).get("tokens_per_s")
-            rate = entry[runs[-1]].get("tokens_per_s")
-            if a and b and rate:
-                ideal = 1.0 / (1.0 / a + 1.0 / b)
-                entry["ideal_tokens_per_s"] = ideal
-                entry["pipeline_efficiency"] = rate / ideal
-            save(results)
-    print(f"{'shape':16} {'tok/s':>10} {'eff':>6} {'cold s':>7} {'warm s':>7} {'recomp':>6}")
+    args.layout = Layout.parse(args.layout, args.gpu_map)
+    return args
+
+
+def write_dataset(work: Path, args: argparse.Namespace) -> None:
+    """Rows of exactly --mean-len tokens over the smallest vocabulary of the shapes."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ringtrain.data import write_synthetic_dataset as w; "
+            "w(sys.argv[1], rows=4000, vocab_size=int(sys.argv[2]), mean_len=int(sys.argv[3]), "
+            "seed=0, max_len=int(sys.argv[4]), sigma=0.0)",
+            str(work / "data"),
+            str(min(s["vocab_size"] for s in TARGET_SHAPES.values())),
+            str(args.mean_len),
+            str(max_len(args)),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
+
+
+def bench_shape(
+    work: Path, name: str, args: argparse.Namespace, env: dict, entry: dict, results: dict
+) -> None:
+    """Standalone rates, the layout's runs (cold, then warm for --cold-shapes), the
+    reference run, and the efficiencies."""
+    shape = TARGET_SHAPES[name]
+    if not args.skip_standalone:
+        measure_standalone(name, args, entry, results)
+    cache = work / f"cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
+    # The first run starts with empty compile caches; a second one reuses them.
+    runs = ["cold", "warm"] if name in args.cold_shapes.split(",") else ["cold"]
+    for run in runs:
+        entry[run] = run_pipeline(work, name, shape, args, cache, args.layout, env)
+        save(results)
+    rate = entry[runs[-1]].get("tokens_per_s")
+    if args.scale_reference:
+        entry["reference"] = run_pipeline(work, name, shape, args, cache, DEFAULT_LAYOUT, env)
+        reference = entry["reference"].get("tokens_per_s")
+        if rate and reference:
+            gpus = len(set(args.layout.gpu_map))
+            entry["scaling_efficiency"] = rate / (gpus * reference)
+    a = entry.get("target", {}).get("tokens_per_s")
+    b = entry.get("drafter", {}).get("tokens_per_s")
+    if a and b and rate:
+        entry["ideal_tokens_per_s"] = args.layout.ideal_tokens_per_s(a, b)
+        entry["pipeline_efficiency"] = rate / entry["ideal_tokens_per_s"]
+    save(results)
+
+
+def print_table(results: dict) -> None:
+    print(
+        f"{'shape':16} {'layout':14} {'tok/s':>10} {'eff':>6} {'scale':>6} {'cold s':>7} "
+        f"{'warm s':>7} {'recomp':>6} {'minbusy':>7} {'sync ms':>8} {'exposed':>7}"
+    )
     for name, entry in results["shapes"].items():
         cold, warm = entry.get("cold", {}), entry.get("warm", {})
         last = warm or cold
         print(
-            f"{name:16} {last.get('tokens_per_s', 0):10.0f} "
-            f"{entry.get('pipeline_efficiency', 0):6.3f} {cold.get('first_step_s', 0):7.1f} "
-            f"{warm.get('first_step_s', 0):7.1f} {last.get('steady_recompiles', -1):6}"
+            f"{name:16} {last.get('layout', '-'):14} {last.get('tokens_per_s', 0):10.0f} "
+            f"{entry.get('pipeline_efficiency', 0):6.3f} "
+            f"{entry.get('scaling_efficiency', 0):6.3f} {cold.get('first_step_s', 0):7.1f} "
+            f"{warm.get('first_step_s', 0):7.1f} {last.get('steady_recompiles', -1):6} "
+            f"{last.get('min_drafter_busy') or 0:7.2f} {last.get('grad_sync_ms_p50', 0):8.1f} "
+            f"{last.get('grad_sync_exposed_fraction', 0):7.3f}"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    results: dict = {"layout": args.layout.name, "mps": args.mps, "shapes": {}}
+    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as tmp:
+        work = Path(tmp)
+        write_dataset(work, args)
+        with mps_daemon(work) if args.mps else nullcontext({}) as env:
+            for name in args.shapes.split(","):
+                entry: dict = {}
+                results["shapes"][name] = entry  # saved after each part: a cut run keeps some
+                bench_shape(work, name, args, env, entry, results)
+    print_table(results)
     save(results)
     print(json.dumps(results))
 

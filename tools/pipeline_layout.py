@@ -1,0 +1,164 @@
+"""Layouts of the pipeline benchmark: roles on GPUs, their ideal rate, MPS, and what a run
+measured per rank (tools/bench_pipeline.py).
+
+A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` names
+(ranks 0..T-1 are the targets, T..T+D-1 the drafters). The ideal rate follows from the
+standalone rates a (target tokens/s, one whole GPU) and b (drafter): targets share the
+tokens evenly and so do drafters, so GPU g is saturated at X tokens/s when
+X * (t_g / T / a + d_g / D / b) = 1; the ideal is the least such X over the GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+# Steps whose DDP timings are skipped: the first ones compile and warm the allocator.
+GRAD_SYNC_SKIP_STEPS = 4
+
+
+@dataclass(frozen=True)
+class Layout:
+    """T targets + D drafters, and the GPU of each rank."""
+
+    targets: int
+    drafters: int
+    gpu_map: tuple[int, ...]
+
+    @staticmethod
+    def parse(split: str, gpu_map: str | None) -> Layout:
+        """`split` "T+D" and `gpu_map` "0,1,..." (default: every rank on GPU 0)."""
+        try:
+            targets, drafters = (int(part) for part in split.split("+"))
+        except ValueError:
+            raise SystemExit(f"--layout {split!r}: write targets+drafters, e.g. 2+2") from None
+        ranks = targets + drafters
+        gpus = tuple(int(g) for g in gpu_map.split(",")) if gpu_map else (0,) * ranks
+        if targets < 1 or drafters < 1 or len(gpus) != ranks:
+            raise SystemExit(
+                f"--layout {split} --gpu-map {gpu_map}: at least one target and one drafter, "
+                f"and one GPU per rank ({ranks} ranks)"
+            )
+        return Layout(targets, drafters, gpus)
+
+    @property
+    def name(self) -> str:
+        return f"{self.targets}+{self.drafters}@{','.join(map(str, self.gpu_map))}"
+
+    def role(self, rank: int) -> str:
+        return "target" if rank < self.targets else "drafter"
+
+    def ideal_tokens_per_s(self, target_rate: float, drafter_rate: float) -> float:
+        """The rate at which the busiest GPU saturates (see the module docstring)."""
+        loads = []
+        for gpu in set(self.gpu_map):
+            ranks = [r for r, g in enumerate(self.gpu_map) if g == gpu]
+            targets = sum(self.role(r) == "target" for r in ranks)
+            drafters = len(ranks) - targets
+            loads.append(
+                targets / self.targets / target_rate + drafters / self.drafters / drafter_rate
+            )
+        return 1.0 / max(loads)
+
+
+@contextmanager
+def mps_daemon(work: Path) -> Iterator[dict[str, str]]:
+    """An MPS control daemon of its own (pipe and log directories under `work`) for the
+    time of the block; yields the environment its clients need."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH")
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(work / "mps-pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(work / "mps-log"),
+    }
+    for directory in env.values():
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    full = {**os.environ, **env}
+    subprocess.run([control, "-d"], env=full, check=True)
+    try:
+        yield env
+    finally:
+        subprocess.run([control], input="quit\n", text=True, env=full, check=False)
+
+
+class PeakMemory:
+    """Peak GPU memory of each rank of a run, polled from nvidia-smi every half second.
+
+    A process is matched to its rank by the RANK in its environment. Under MPS the
+    clients are not listed (the server is): the result is then empty."""
+
+    def __init__(self) -> None:
+        self.peak_mib: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _poll(self) -> None:
+        query = [
+            "nvidia-smi",
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+        while not self._stop.wait(0.5):
+            listing = subprocess.run(query, capture_output=True, text=True, check=False).stdout
+            for line in listing.splitlines():
+                pid, _, used = line.partition(",")
+                rank = _rank_of(pid.strip())
+                if rank is not None and used.strip().isdigit():
+                    self.peak_mib[rank] = max(self.peak_mib.get(rank, 0.0), float(used))
+
+
+def _rank_of(pid: str) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"RANK="):
+            return int(entry[5:])
+    return None
+
+
+def busy_by_rank(window: list[dict]) -> dict[int, float]:
+    """Each rank's mean published NVML busy fraction over the step records `window`."""
+    samples: dict[int, list[float]] = {}
+    for record in window:
+        for rank, value in record.get("gpu_busy_by_rank", {}).items():
+            samples.setdefault(int(rank), []).append(value)
+    return {rank: sum(v) / len(v) for rank, v in sorted(samples.items())}
+
+
+def grad_sync(steps: list[dict]) -> dict[str, float | int | None]:
+    """Median DDP reduction time per step, median part of it not hidden by backward, and
+    that part's share of the median step, over the sampled steps after warm-up."""
+    sampled = [
+        r for r in steps if r.get("grad_sync_ms") is not None and r["step"] > GRAD_SYNC_SKIP_STEPS
+    ]
+    if not sampled:
+        return {"grad_sync_samples": 0}
+    exposed = statistics.median(r["grad_sync_exposed_ms"] for r in sampled)
+    step_ms = 1000 * statistics.median(r["seconds"] for r in steps[GRAD_SYNC_SKIP_STEPS:])
+    return {
+        "grad_sync_samples": len(sampled),
+        "grad_sync_ms_p50": statistics.median(r["grad_sync_ms"] for r in sampled),
+        "grad_sync_exposed_ms_p50": exposed,
+        "step_ms_p50": step_ms,
+        "grad_sync_exposed_fraction": exposed / step_ms,
+    }
