@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from ringtrain.drafter.spec import text_config_dict
+from ringtrain.target.checkpoint import index_weights
 
 EMBED_KEYS = (
     "model.embed_tokens.weight",
@@ -64,25 +65,6 @@ class FrozenHead:
         return cls(embed.to(dtype), lm_head.to(dtype))
 
 
-def _key_to_file(target_dir: Path) -> dict[str, Path]:
-    """Map every tensor key of the target to the safetensors file that holds it."""
-    index = target_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {key: target_dir / name for key, name in weight_map.items()}
-    files = sorted(target_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"{target_dir}: no model.safetensors.index.json and no *.safetensors files; "
-            "point [target] path at a Hugging Face model directory"
-        )
-    mapping: dict[str, Path] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            mapping.update(dict.fromkeys(handle.keys(), file))
-    return mapping
-
-
 def _read_tensor(path: Path, key: str) -> torch.Tensor:
     with safe_open(str(path), framework="pt") as handle:
         return handle.get_tensor(key)
@@ -101,7 +83,7 @@ def load_frozen_head(
 ) -> FrozenHead:
     """Read the target's embedding and LM head (tied when the LM head is absent or tied)."""
     target_dir = Path(target_dir)
-    key_to_file = _key_to_file(target_dir)
+    key_to_file = index_weights(target_dir)
     embed_key = next((k for k in EMBED_KEYS if k in key_to_file), None)
     if embed_key is None:
         raise KeyError(

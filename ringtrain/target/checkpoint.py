@@ -62,6 +62,33 @@ def layer_index(relative_key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def index_weights(path: Path) -> dict[str, Path]:
+    """Map every tensor key of a Hugging Face model directory to the safetensors file
+    holding it (from the index file when there is one, else from the files' headers)."""
+    index_files = sorted(path.glob("*.safetensors.index.json"))
+    if index_files:
+        weight_map = json.loads(index_files[0].read_text())["weight_map"]
+        key_to_file = {key: path / file for key, file in weight_map.items()}
+        missing = sorted({str(f) for f in key_to_file.values() if not f.is_file()})
+        if missing:
+            raise TargetLoadError(
+                f"{index_files[0]}: lists weight files that are missing: {missing[:3]}; "
+                f"the download is incomplete (fetch the missing shards)"
+            )
+        return key_to_file
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise TargetLoadError(
+            f"{path}: no weights (*.safetensors) found; download the model's "
+            f"safetensors files into this directory (other weight formats are not read)"
+        )
+    key_to_file = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            key_to_file.update(dict.fromkeys(handle.keys(), file))
+    return key_to_file
+
+
 class TargetCheckpoint:
     """One local target directory: parsed text config and an index of its weight files."""
 
@@ -93,7 +120,7 @@ class TargetCheckpoint:
             "quantization_config"
         ) or full.get("quantization_config")
         self.model_type = self._text_model_type(full)
-        self._key_to_file = self._index_weights() if weights else {}
+        self._key_to_file = index_weights(self.path) if weights else {}
         self.key_prefix = self._detect_key_prefix() if weights else "model."
 
     @property
@@ -162,30 +189,6 @@ class TargetCheckpoint:
                 f"(ringtrain runs any decoder model transformers can build)"
             )
         return model_type
-
-    def _index_weights(self) -> dict[str, Path]:
-        index_files = sorted(self.path.glob("*.safetensors.index.json"))
-        if index_files:
-            weight_map = json.loads(index_files[0].read_text())["weight_map"]
-            key_to_file = {key: self.path / file for key, file in weight_map.items()}
-            missing = sorted({str(f) for f in key_to_file.values() if not f.is_file()})
-            if missing:
-                raise TargetLoadError(
-                    f"{index_files[0]}: lists weight files that are missing: {missing[:3]}; "
-                    f"the download is incomplete (fetch the missing shards)"
-                )
-            return key_to_file
-        files = sorted(self.path.glob("*.safetensors"))
-        if not files:
-            raise TargetLoadError(
-                f"{self.path}: no weights (*.safetensors) found; download the model's "
-                f"safetensors files into this directory (other weight formats are not read)"
-            )
-        key_to_file = {}
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                key_to_file.update(dict.fromkeys(handle.keys(), file))
-        return key_to_file
 
     def _detect_key_prefix(self) -> str:
         for prefix in TEXT_KEY_PREFIXES:
