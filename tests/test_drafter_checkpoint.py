@@ -21,6 +21,7 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.spec import hf_config_dict, spec_from_hf_config
 
 TARGET = {
@@ -88,14 +89,16 @@ def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path)
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:
-    spec, model, optimizer, scheduler = trained_state(steps=2)
-    save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler, {})
+    spec, model, optimizer, scheduler_after_2 = trained_state(steps=2)
+    save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler_after_2, {})
     _, uninterrupted, _, _ = trained_state(steps=4)
 
     loaded = load_checkpoint(tmp_path, "cpu")
-    opt_b, sched_b = build_optimizer(loaded.model, OptimConfig(), total_steps=10)
-    loaded.restore(opt_b, sched_b)
-    assert sched_b.last_epoch == 2
+    opt_b, _ = build_optimizer(loaded.model, OptimConfig(), total_steps=10)
+    loaded.restore(opt_b)
+    assert resume_settings(opt_b, OptimConfig(), loaded.saved_schedule) == []
+    sched_b = schedule_at(opt_b, OptimConfig(), 10, loaded.step)
+    assert sched_b.last_epoch == 2 and sched_b.get_last_lr() == scheduler_after_2.get_last_lr()
     for _ in range(2):
         loaded.model(
             torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),

@@ -83,13 +83,17 @@ def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> R
 
 
 def make_loop(
-    ring: RingStandIn, max_steps: int, eval_every: int = 0, eval_batches: int = 0
+    ring: RingStandIn,
+    max_steps: int,
+    eval_every: int = 0,
+    eval_batches: int = 0,
+    max_nonfinite_steps: int = 10,
 ) -> DrafterLoop:
     config = Config(
         run=RunConfig(max_steps=max_steps, eval_every=eval_every, checkpoint_every=2),
         data=DataConfig(token_budget=MAX_TOKENS),
         drafter=make_cfg(),
-        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0),
+        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0, max_nonfinite_steps=max_nonfinite_steps),
     )
     torch.manual_seed(0)
     model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
@@ -154,16 +158,60 @@ class WeightsAfterEachStep(ReporterStandIn):
         self.weights.append(weights(self.loop))
 
 
-def test_non_finite_loss_never_reaches_the_weights() -> None:
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_step_with_a_non_finite_loss_is_skipped_and_training_goes_on() -> None:
     ring = RingStandIn([item(0), item(1, poison=True), item(2)])
     loop = make_loop(ring, max_steps=3)
     reporter = WeightsAfterEachStep(loop)
-    state = DrafterState(0, BatchLedger())
-    with pytest.raises(FloatingPointError, match="loss is nan at step 2"):
-        loop.train(state, StopRequest(), reporter)
-    [after_step_1] = reporter.weights
-    assert all(torch.equal(a, b) for a, b in zip(after_step_1, weights(loop), strict=True))
-    assert state.step == 1 and state.ledger.cursor(0) == {"start": 1, "skip": []}
+    state = loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
+    assert [r.skipped for r in reporter.steps] == [False, True, False]
+    assert math.isnan(reporter.steps[1].loss) and reporter.steps[1].grad_norm is None
+    after_1, after_2, after_3 = reporter.weights
+    assert same(after_1, after_2) and not same(after_2, after_3)
+    # The poisoned batch was consumed: a resume does not meet it again.
+    assert state.step == 3 and state.ledger.cursor(0) == {"start": 3, "skip": []}
+
+
+def test_step_with_an_exploding_gradient_is_skipped_optimizer_state_and_all() -> None:
+    ring = RingStandIn([item(0), item(1), item(2)])
+    loop = make_loop(ring, max_steps=3)
+    backwards = []
+
+    def explode_on_step_2(grad: torch.Tensor) -> torch.Tensor:
+        backwards.append(None)
+        return grad * math.inf if len(backwards) == 2 else grad
+
+    loop.trainee.model.fc.weight.register_hook(explode_on_step_2)
+    moments: list[torch.Tensor] = []
+
+    class Recorder(WeightsAfterEachStep):
+        def step(self, record: StepRecord) -> None:
+            super().step(record)
+            state = loop.trainee.optimizer.state[loop.trainee.model.fc.weight]
+            moments.append(state["exp_avg"].clone())
+
+    reporter = Recorder(loop)
+    loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
+    assert [r.skipped for r in reporter.steps] == [False, True, False]
+    assert math.isfinite(reporter.steps[1].loss)
+    assert not math.isfinite(reporter.steps[1].grad_norm)
+    assert same(reporter.weights[0], reporter.weights[1]) and torch.equal(*moments[:2])
+    assert not same(reporter.weights[1], reporter.weights[2])
+    assert all(torch.isfinite(w).all() for w in reporter.weights[2])
+
+
+def test_a_run_of_non_finite_steps_stops_naming_the_count() -> None:
+    items = [item(0), item(1, poison=True), item(2, poison=True), item(3)]
+    loop = make_loop(RingStandIn(items), max_steps=4, max_nonfinite_steps=2)
+    reporter = WeightsAfterEachStep(loop)
+    with pytest.raises(FloatingPointError, match=r"2 steps in a row \(up to step 3\).*"
+                       r"optim.max_nonfinite_steps = 2"):  # fmt: skip
+        loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
+    assert [r.skipped for r in reporter.steps] == [False, True, True]
+    assert same(reporter.weights[0], weights(loop))
 
 
 def objective_sums(scale: float, block_size: int = BLOCK) -> ObjectiveSums:

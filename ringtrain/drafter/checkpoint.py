@@ -9,7 +9,13 @@ Layout under a checkpoints root:
 
 A checkpoint is written into a hidden temporary sibling, every file and the directory are
 fsync'ed, and only then is it renamed to its final name, so a directory named step_N is
-always complete; `latest_checkpoint` also checks the files and ignores temporaries.
+always complete; `latest_checkpoint` also checks the files and ignores temporaries. A
+failed write (disk full, ...) removes its temporary and raises CheckpointError naming the
+path, the free space and what the checkpoint needs; free space is checked before writing.
+Weights that are not all finite are never written.
+
+`extra` may carry a `run_id`: `latest_checkpoint(root, run_id)` then skips checkpoints of
+another run (those written without one are taken as this run's).
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ STATE_FILE = "training_state.pt"
 EXTRA_FILE = "trainer_state.json"
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, EXTRA_FILE)
 STEP_DIR = re.compile(r"^step_(\d+)$")
+# Room left beyond the tensors' bytes for pickling, JSON and file-system overhead.
+SIZE_MARGIN_BYTES = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that could not or must not be written; the message says why and what to do."""
 
 
 def _fsync_path(path: Path) -> None:
@@ -86,15 +98,9 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}"
     final = root / name
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    # One writer per run: any temporary here is this one's or a crashed save's leftover.
-    for leftover in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp.mkdir()
     drafter = getattr(model, "module", model)
     weights = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / CONFIG_FILE).write_text(json.dumps(hf_config_dict(spec), indent=2) + "\n")
+    _check_finite(weights, final)
     state = {
         "step": step,
         "optimizer": optimizer.state_dict(),
@@ -102,11 +108,18 @@ def save_checkpoint(
         "rng": rng_states(),
         "extra": extra,
     }
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / EXTRA_FILE).write_text(json.dumps({"step": step, "extra": extra}) + "\n")
-    for file in REQUIRED_FILES:
-        _fsync_path(tmp / file)
-    _fsync_path(tmp)
+    need = _expected_bytes(weights, state["optimizer"])
+    # One writer per run: any temporary here is this one's or a crashed save's leftover.
+    remove_partial_checkpoints(root)
+    _check_free_space(root, final, need)
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    try:
+        _write_files(tmp, weights, spec, state, {"step": step, "extra": extra})
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"writing checkpoint {final} failed ({exc}); {_space_note(root, need)}"
+        ) from exc
     previous = root / f".old-{name}-{os.getpid()}"
     if final.exists():
         final.rename(previous)
@@ -117,8 +130,84 @@ def save_checkpoint(
     return final
 
 
-def latest_checkpoint(root_dir: str | Path) -> Path | None:
-    """The complete step_N directory with the highest N under root_dir, or None."""
+def _write_files(
+    tmp: Path,
+    weights: dict[str, torch.Tensor],
+    spec: DrafterSpec,
+    state: dict[str, Any],
+    extra_record: dict[str, Any],
+) -> None:
+    """Write and fsync every file of a checkpoint into the new directory `tmp`."""
+    tmp.mkdir()
+    save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(hf_config_dict(spec), indent=2) + "\n")
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / EXTRA_FILE).write_text(json.dumps(extra_record) + "\n")
+    for file in REQUIRED_FILES:
+        _fsync_path(tmp / file)
+    _fsync_path(tmp)
+
+
+def remove_partial_checkpoints(root_dir: str | Path) -> list[Path]:
+    """Delete what interrupted saves left under a checkpoints root; returns what was removed."""
+    root = Path(root_dir)
+    if not root.is_dir():
+        return []
+    leftovers = [*root.glob(".tmp-*"), *root.glob(".old-*")]
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+    return leftovers
+
+
+def _check_finite(weights: dict[str, torch.Tensor], final: Path) -> None:
+    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in weights.items()}
+    bad = {name: count for name, count in bad.items() if count}
+    if bad:
+        total = sum(t.numel() for t in weights.values())
+        first = next(iter(bad))
+        raise CheckpointError(
+            f"refusing to write checkpoint {final}: {sum(bad.values())} of {total} weight "
+            f"values are not finite (NaN or inf; first in {first}); the newest complete "
+            "checkpoint is intact: resume from it with a lower optim.lr"
+        )
+
+
+def _expected_bytes(weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> int:
+    """About what a checkpoint of these weights and this optimiser state takes on disk."""
+    tensors = list(weights.values()) + [
+        value
+        for per_param in optimizer_state["state"].values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors) + SIZE_MARGIN_BYTES
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):,.1f} MiB"
+
+
+def _space_note(root: Path, need: int) -> str:
+    free = shutil.disk_usage(root).free
+    verdict = "not enough space" if free < need else "space looks sufficient"
+    return (
+        f"the file system of {root} has {_mib(free)} free and the checkpoint needs about "
+        f"{_mib(need)} ({verdict})"
+    )
+
+
+def _check_free_space(root: Path, final: Path, need: int) -> None:
+    if shutil.disk_usage(root).free < need:
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {_space_note(root, need)}; free space there "
+            "or move run.run_dir, then resume"
+        )
+
+
+def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path | None:
+    """The complete step_N directory with the highest N under root_dir, or None.
+
+    With `run_id`, checkpoints that record another run id are skipped."""
     root = Path(root_dir)
     if not root.is_dir():
         return None
@@ -126,6 +215,8 @@ def latest_checkpoint(root_dir: str | Path) -> Path | None:
     for entry in root.iterdir():
         match = STEP_DIR.match(entry.name)
         if not match or not all((entry / f).is_file() for f in REQUIRED_FILES):
+            continue
+        if run_id is not None and read_checkpoint_extra(entry).get("run_id", run_id) != run_id:
             continue
         if best is None or int(match.group(1)) > best[0]:
             best = (int(match.group(1)), entry)
@@ -147,15 +238,16 @@ class LoadedCheckpoint:
         """The `extra` dict given to save_checkpoint (data cursors, ...)."""
         return self.training_state["extra"]
 
-    def restore(
-        self,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        rng: bool = True,
-    ) -> None:
-        """Load the optimiser and scheduler state (and the global RNG states) for exact resume."""
+    @property
+    def saved_schedule(self) -> dict[str, Any]:
+        """The learning-rate scheduler's state dict at the save (what it was, for comparison:
+        a resumed run rebuilds its schedule from the config, see drafter/optim.py)."""
+        return self.training_state["scheduler"]
+
+    def restore(self, optimizer: torch.optim.Optimizer, rng: bool = True) -> None:
+        """Load the optimiser state (moments and settings as saved) and the global RNG
+        states; drafter/optim.py's resume_settings and schedule_at then apply the config."""
         optimizer.load_state_dict(self.training_state["optimizer"])
-        scheduler.load_state_dict(self.training_state["scheduler"])
         if rng:
             restore_rng_states(self.training_state["rng"])
 

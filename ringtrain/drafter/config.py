@@ -60,6 +60,9 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+    # A step whose loss or gradient norm is not finite is skipped (the weights keep their
+    # values); this many such steps in a row stop the run.
+    max_nonfinite_steps: Annotated[int, msgspec.Meta(ge=1)] = 10
     # Precision of the drafters' gradient reduction: "float32", or "bfloat16" (half the
     # bytes on the wire, each bucket rounded to bf16 before the sum; the optimizer still
     # sees fp32 gradients). Only matters with more than one drafter.

@@ -7,8 +7,11 @@ with the gradients reduced by DistributedDataParallel while it runs
 (trainer/data_parallel.py), apply (clip, optimizer step) and record (ledger, progress in
 the ring, report, checkpoint). The sums are reduced before backward, so every rank knows
 the global weight sum and scales its loss by ranks / weight sum: the averaged gradient
-is exactly the loss normalised by the global count of supervised labels. A non-finite
-loss stops the run before backward, so it never reaches the weights. A drafter that
+is exactly the loss normalised by the global count of supervised labels. A step whose
+loss (global, so alike on every rank) or reduced gradient norm (alike on every rank, as
+the reduced gradients are) is not finite is skipped on every rank: the weights keep
+their values, the step counts (its batches are consumed, the schedule advances), its
+record says so, and optim.max_nonfinite_steps such steps in a row stop the run. A drafter that
 finds no batch (ring closed, SIGTERM) raises the stop flag: then no rank runs backward,
 so no rank waits in a gradient reduction, all drafters stop after the same completed
 step and no batch is half-trained.
@@ -74,6 +77,10 @@ class StepRecord:
     # for a drafter alone): its duration, and the part backward did not hide.
     grad_sync_ms: float | None = None
     grad_sync_exposed_ms: float | None = None
+    # Norm of the reduced gradients before clipping (None: the loss was not finite, so
+    # no backward ran), and whether the update was skipped for a non-finite value.
+    grad_norm: float | None = None
+    skipped: bool = False
 
 
 @dataclass
@@ -144,6 +151,7 @@ class DrafterLoop:
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
         self.eval_batches_per_round = eval_batches_per_round
+        self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
         )
@@ -178,10 +186,12 @@ class DrafterLoop:
             if reduced.stopped:
                 self._discard(step, stop)
                 break
-            summary = self._apply(reduced, loss_sum, step)
+            summary, grad_norm = self._apply(reduced, loss_sum, step)
             record = self._record(state, step, reduced, summary, started)
+            self._mark_skipped(record, grad_norm)
             if reporter is not None:
                 reporter.step(record)
+            self._stop_after_nonfinite_run(record.step)
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
                 save(state)
                 last_saved = step
@@ -248,17 +258,47 @@ class DrafterLoop:
 
     # ---- apply -----------------------------------------------------------------------
 
-    def _apply(self, reduced: ReducedSums, loss_sum: torch.Tensor, step: int) -> dict:
+    def _apply(
+        self, reduced: ReducedSums, loss_sum: torch.Tensor, step: int
+    ) -> tuple[dict, float | None]:
         """Backward of the normalised loss (the gradients reduced meanwhile) and the
-        optimizer step, unless the loss is not finite: then raise before backward, on
-        every rank alike (the loss is global)."""
+        optimizer step; returns the summary and the gradient norm (None: the loss was not
+        finite, so no rank ran backward). The schedule advances either way."""
         summary = reduced.summary()
-        if not math.isfinite(summary["loss"]):
-            raise FloatingPointError(f"loss is {summary['loss']} at step {step}: lower optim.lr")
-        scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
         trainee = self.trainee
-        optimizer_step(trainee.model, trainee.optimizer, trainee.scheduler, self.config.optim)
-        return summary
+        if not math.isfinite(summary["loss"]):
+            trainee.scheduler.step()
+            return summary, None
+        scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
+        norm = optimizer_step(
+            trainee.model, trainee.optimizer, trainee.scheduler, self.config.optim
+        )
+        return summary, norm
+
+    def _mark_skipped(self, record: StepRecord, grad_norm: float | None) -> None:
+        """Put the gradient norm in the record and, for a skipped step, say so and log it."""
+        record.grad_norm = grad_norm
+        record.skipped = grad_norm is None or not math.isfinite(grad_norm)
+        if not record.skipped:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        what = f"loss {record.loss}" if grad_norm is None else f"gradient norm {grad_norm}"
+        get_logger().warning(
+            "step %d skipped: %s; the weights keep their values (%d such steps in a row, "
+            "optim.max_nonfinite_steps = %d)", record.step, what, self.nonfinite_in_a_row,
+            self.config.optim.max_nonfinite_steps,
+        )  # fmt: skip
+
+    def _stop_after_nonfinite_run(self, step: int) -> None:
+        limit = self.config.optim.max_nonfinite_steps
+        if self.nonfinite_in_a_row >= limit:
+            raise FloatingPointError(
+                f"{self.nonfinite_in_a_row} steps in a row (up to step {step}) had a "
+                f"non-finite loss or gradient norm (optim.max_nonfinite_steps = {limit}); "
+                "the weights hold the last finite update: lower optim.lr or check the data, "
+                "then resume from the newest checkpoint"
+            )
 
     # ---- record ----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ringtrain.drafter import (
     read_checkpoint_extra,
     save_checkpoint,
 )
+from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
 from ringtrain.monitor.sinks import open_sinks
 from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
@@ -156,7 +157,7 @@ def _run_drafter(
     stop: StopRequest,
 ) -> None:
     trainee = _build_trainee(config, info.device, plan)
-    state = _resumed_state(trainee, resume_from, info.device)
+    state = _resumed_state(config, trainee, resume_from, info.device)
     reporter, save = None, None
     if info.is_lead_drafter:
         metrics = MetricsWriter(run_dir / "metrics.jsonl", open_sinks(config, run_dir))
@@ -193,15 +194,32 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
 
 
 def _resumed_state(
-    trainee: Trainee, resume_from: Path | None, device: torch.device
+    config: Config, trainee: Trainee, resume_from: Path | None, device: torch.device
 ) -> DrafterState:
-    """Step 0 with an empty ledger, or the checkpoint's state loaded into `trainee`."""
+    """Step 0 with an empty ledger, or the checkpoint's state loaded into `trainee`: the
+    weights, the optimiser's moments and the RNG states as saved; the optimiser settings
+    and the schedule (over run.max_steps, from the saved step) as configured."""
     if resume_from is None:
         return DrafterState(step=0, ledger=BatchLedger())
+    log = get_logger()
     checkpoint = load_checkpoint(resume_from, device)
     trainee.model.load_state_dict(checkpoint.model.state_dict())
-    checkpoint.restore(trainee.optimizer, trainee.scheduler)
-    get_logger().info("resumed from %s at step %d", resume_from, checkpoint.step)
+    checkpoint.restore(trainee.optimizer)
+    changes = resume_settings(trainee.optimizer, config.optim, checkpoint.saved_schedule)
+    total = config.run.max_steps
+    saved_total, _ = saved_schedule_length(checkpoint.saved_schedule)
+    if saved_total is not None and saved_total != total:
+        changes.append(f"run.max_steps {saved_total} -> {total}")
+    trainee.scheduler = schedule_at(trainee.optimizer, config.optim, total, checkpoint.step)
+    warmup = trainee.scheduler.lr_lambdas[0].warmup_steps
+    log.info(
+        "resumed from %s at step %d; schedule: step %d of %d, lr %.4g (warm-up %d steps, "
+        "cosine from optim.lr %g to %g of it)", resume_from, checkpoint.step, checkpoint.step,
+        total, trainee.scheduler.get_last_lr()[0], warmup, config.optim.lr,
+        config.optim.min_lr_ratio,
+    )  # fmt: skip
+    for change in changes:
+        log.info("resume applies the config's setting: %s", change)
     return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
 
 

@@ -1,0 +1,120 @@
+"""What a checkpoint refuses to be: non-finite weights, a write the disk cannot hold (the
+temporary removed, the message naming the path, the free space and the need), another
+run's checkpoint picked on resume; and a resumed schedule that follows the config."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from ringtrain.drafter import DFlashDrafter, build_optimizer, drafter_spec_from_target
+from ringtrain.drafter.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.optim import WarmupCosine, resume_settings, schedule_at
+
+TARGET = {
+    "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 24, "rms_norm_eps": 1e-5, "rope_theta": 5e5,
+}  # fmt: skip
+
+
+class Parts(NamedTuple):
+    model: DFlashDrafter
+    spec: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+def parts(cfg: OptimConfig | None = None, total_steps: int = 10) -> Parts:
+    torch.manual_seed(0)
+    spec = drafter_spec_from_target(TARGET, DrafterConfig(num_layers=1, block_size=4), [1, 2])
+    model = DFlashDrafter(spec)
+    optimizer, scheduler = build_optimizer(model, cfg or OptimConfig(), total_steps)
+    return Parts(model, spec, optimizer, scheduler)
+
+
+def save(root: Path, step: int, p: Parts, extra: dict | None = None) -> Path:
+    return save_checkpoint(root, step, p.model, p.spec, p.optimizer, p.scheduler, extra or {})
+
+
+def test_non_finite_weights_are_never_written(tmp_path: Path) -> None:
+    p = parts()
+    good = save(tmp_path, 1, p)
+    with torch.no_grad():
+        p.model.fc.weight[0, :3] = math.nan
+    with pytest.raises(CheckpointError, match=r"3 of \d+ weight values are not finite.*fc"):
+        save(tmp_path, 2, p)
+    assert sorted(x.name for x in tmp_path.iterdir()) == [good.name]
+
+
+def test_a_failed_write_is_removed_and_names_path_free_space_and_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = parts()
+
+    def disk_full(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointError) as failed:
+        save(tmp_path, 3, p)
+    message = str(failed.value)
+    assert str(tmp_path / "step_00000003") in message and "unexpected pos" in message
+    assert "MiB free" in message and "needs about" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_space_is_checked_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = parts()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage._replace(free=4096))
+    with pytest.raises(CheckpointError, match=r"0\.0 MiB free .* needs about 1\.\d MiB .*"
+                       r"not enough space"):  # fmt: skip
+        save(tmp_path, 1, p)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_latest_checkpoint_of_this_run_only(tmp_path: Path) -> None:
+    p = parts()
+    ours = save(tmp_path, 4, p, {"run_id": "ours"})
+    save(tmp_path, 100, p, {"run_id": "theirs"})
+    legacy = save(tmp_path, 2, p)  # written before checkpoints named their run
+    assert latest_checkpoint(tmp_path, "ours") == ours
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_00000100"
+    shutil.rmtree(ours)
+    assert latest_checkpoint(tmp_path, "ours") == legacy
+
+
+def test_resumed_schedule_and_settings_follow_the_config(tmp_path: Path) -> None:
+    p = parts(OptimConfig(lr=1e-2, min_lr_ratio=0.0, warmup_fraction=0.1), total_steps=4)
+    for _ in range(4):
+        p.optimizer.step()
+        p.scheduler.step()
+    assert p.scheduler.get_last_lr() == [0.0, 0.0]  # the old schedule ended
+    loaded = load_checkpoint(save(tmp_path, 4, p), "cpu")
+    changed = OptimConfig(lr=2e-2, beta2=0.99, weight_decay=0.1, warmup_fraction=0.1)
+    fresh = parts(changed, total_steps=8)
+    loaded.restore(fresh.optimizer)
+    assert resume_settings(fresh.optimizer, changed, loaded.saved_schedule) == [
+        "optim.lr 0.01 -> 0.02",
+        "optim.beta2 0.95 -> 0.99",
+        "optim.weight_decay 0.0 -> 0.1",
+    ]
+    scheduler = schedule_at(fresh.optimizer, changed, 8, loaded.step)
+    expected = 2e-2 * WarmupCosine(8, 0.1, 0.0)(4)
+    assert scheduler.last_epoch == 4 and scheduler.get_last_lr() == [expected, expected]
+    decay, no_decay = fresh.optimizer.param_groups
+    assert decay["betas"] == (0.9, 0.99) and decay["weight_decay"] == 0.1
+    assert no_decay["weight_decay"] == 0.0 and expected > 0
