@@ -85,6 +85,7 @@ TARGET_SHAPES = {
 # Shapes whose drafter tools/bench_drafter.py benchmarks (--target-shape).
 DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b")
 DEFAULT_LAYOUT = Layout(1, 1, (0, 0))
+DATASET_TOKENS = 4000 * 3072
 
 
 def last_json(text: str) -> dict:
@@ -350,18 +351,20 @@ def parse_args() -> argparse.Namespace:
 
 
 def write_dataset(work: Path, args: argparse.Namespace) -> None:
-    """Rows of exactly --mean-len tokens over the smallest vocabulary of the shapes."""
+    """Rows of exactly --mean-len tokens over the smallest vocabulary of the shapes,
+    DATASET_TOKENS in all (4000 rows of the default length; fewer long ones)."""
     subprocess.run(
         [
             sys.executable,
             "-c",
             "import sys; from ringtrain.data import write_synthetic_dataset as w; "
-            "w(sys.argv[1], rows=4000, vocab_size=int(sys.argv[2]), mean_len=int(sys.argv[3]), "
-            "seed=0, max_len=int(sys.argv[4]), sigma=0.0)",
+            "w(sys.argv[1], rows=int(sys.argv[5]), vocab_size=int(sys.argv[2]), "
+            "mean_len=int(sys.argv[3]), seed=0, max_len=int(sys.argv[4]), sigma=0.0)",
             str(work / "data"),
             str(min(s["vocab_size"] for s in TARGET_SHAPES.values())),
             str(args.mean_len),
             str(max_len(args)),
+            str(max(64, DATASET_TOKENS // args.mean_len)),
         ],
         check=True,
         cwd=ROOT,
