@@ -5,8 +5,16 @@ control.py; read-only statistics (for ringtrain-stat and progress lines) in snap
 """
 
 from ringtrain.ring.ends import Consumer, Producer, ReadItem, WriteSlot
-from ringtrain.ring.errors import PeerDied, RingClosed, RingError, RingTimeout, ShmTooSmall
-from ringtrain.ring.ring import Ring
+from ringtrain.ring.errors import (
+    PeerDied,
+    RankHung,
+    RingClosed,
+    RingError,
+    RingTimeout,
+    ShmTooSmall,
+)
+from ringtrain.ring.phases import Phase
+from ringtrain.ring.ring import Ring, open_rings
 from ringtrain.ring.snapshot import (
     RankSnapshot,
     RingLocation,
@@ -21,7 +29,9 @@ from ringtrain.ring.spec import RingSpec
 __all__ = [
     "Consumer",
     "PeerDied",
+    "Phase",
     "Producer",
+    "RankHung",
     "RankSnapshot",
     "ReadItem",
     "Ring",
@@ -36,5 +46,6 @@ __all__ = [
     "WriteSlot",
     "discover",
     "open_ring",
+    "open_rings",
     "with_interval",
 ]

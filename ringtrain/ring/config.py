@@ -15,7 +15,14 @@ class RingConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     slots_per_producer: int = 4
     # Seconds one blocking wait may last before peers are checked for liveness.
     wait_timeout_s: float = 1.0
-    # A peer whose heartbeat is older than this is declared dead.
-    heartbeat_timeout_s: float = 60.0
+    # A peer whose heartbeat is older than this is declared dead (its process is frozen:
+    # stopped, or a call holding the interpreter lock).
+    heartbeat_timeout_s: float = 30.0
+    # A rank whose main thread makes no progress for this long in steady work (a step, a
+    # batch, a wake-up in a ring wait) is hung: the run ends naming it (ring/phases.py).
+    progress_timeout_s: float = 45.0
+    # The same allowance in start-up phases (loading, compiling, autotuning, the first
+    # step) and while a checkpoint is written.
+    startup_timeout_s: float = 600.0
     # Directory for lock files (fcntl.lockf needs a real file).
     lock_dir: str = "/dev/shm"

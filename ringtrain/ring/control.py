@@ -19,7 +19,7 @@ import numpy as np
 from ringtrain.ring.spec import RingSpec
 
 MAGIC = int.from_bytes(b"RINGTRN1", "little")
-VERSION = 1
+VERSION = 2
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
@@ -91,6 +91,9 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("attached_ns", "<i8"),
             ("heartbeat_ns", "<i8"),
             ("step", "<i8"),
+            # Last progress of the rank's main thread, and the phase it announced
+            # (written by that thread only; see phases.py).
+            ("progress_ns", "<i8"),
             ("items", "<i8"),
             ("blocked_ns", "<i8"),
             ("starved_ns", "<i8"),
@@ -98,6 +101,7 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("wait_start_ns", "<i8"),
             # This rank's GPU busy fraction as it last sampled it; negative: unknown.
             ("gpu_busy", "<f8"),
+            ("phase", "<i4"),
             ("error_len", "<i4"),
             ("handles_len", "<i4"),
             ("error", "u1", (ERROR_BYTES,)),

@@ -31,3 +31,9 @@ class RingTimeout(RingError):
 
 class ShmTooSmall(RingError):
     """/dev/shm has too little free space for the ring's segments."""
+
+
+class RankHung(PeerDied):
+    """A rank of the ring made no progress for longer than its phase allows (phases.py):
+    its main thread is stuck or its process is stopped. Raised by its peers, or by the
+    rank's own watchdog about itself."""

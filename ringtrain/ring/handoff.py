@@ -157,11 +157,14 @@ class HandOff:
     ) -> None:
         """Acquire `sem`; time spent waiting goes to this rank's `counter` (ns).
 
-        If the semaphore is not available at once, `poll` runs before each retry of the
+        The call and each wake-up refresh this rank's progress (a rank waiting on the
+        ring waits on its peers: it is not hung; see phases.py). If the semaphore is not available at once, `poll` runs before each retry of the
         spin (see the module docstring). When a spin ends, `before_block` runs; if it
         returns True (it made progress, e.g. freed a slot) the spin starts over,
         otherwise the wait sleeps on the semaphore.
         """
+        progress = self.control.rank["progress_ns"]
+        progress[self.local_index] = monotonic_ns()
         try:
             sem.acquire(0)
             return
@@ -181,6 +184,7 @@ class HandOff:
                 except (posix_ipc.BusyError, posix_ipc.SignalError):
                     # A signal (SIGTERM from torchrun, handled by the trainer) cuts the wait
                     # short: the process decides at a safe point, the wait goes on.
+                    progress[self.local_index] = monotonic_ns()
                     self._check_peers()
                     self._check_consumers_open(waits_on)
                     if deadline is not None and monotonic_ns() >= deadline:

@@ -25,6 +25,12 @@ def process_start_time(pid: int) -> int:
     return int(fields[19]) if fields else _MISSING
 
 
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of `pid` ("R", "S", "T" stopped, ...), "" if it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else ""
+
+
 def process_alive(pid: int, start_time: int) -> bool:
     """True while `pid` runs and is the same process (same start time; not a zombie)."""
     if pid <= 0:

@@ -42,12 +42,15 @@ finished (and releases `ready` again so the next consumer wakes too), else waits
 Tokens released = items + finishes, and a consumer only discards a token while some
 producer is unfinished, so at least one token is always left for the final wake-up.
 
-Liveness: each rank beats its heartbeat from a daemon thread about once a second.
-Every blocking wait lasts at most `wait_timeout_s`; then the peers are checked: a
+Liveness: each rank beats its heartbeat from a daemon thread about once a second,
+and its main thread publishes progress and the phase it is in (phases.py). Every
+blocking wait lasts at most `wait_timeout_s`; then the peers are checked (watch.py): a
 rank whose pid is gone (or reused: kernel start time differs, or is a zombie), whose
 heartbeat is older than `heartbeat_timeout_s`, that recorded an error, or that set
 the ring's closing flag raises PeerDied naming that rank, its role and its last
-error. A slot held by a rank that died mid-write or mid-read is not recovered: the
+error; one whose main thread made no progress for longer than its phase allows raises
+RankHung, naming what it was doing. A watchdog thread runs the same checks, and checks
+its own rank too. A slot held by a rank that died mid-write or mid-read is not recovered: the
 run treats any dead rank as fatal, so survivors raise PeerDied within one wait
 timeout. POSIX semaphores survive their holders, so they are counters only.
 
@@ -65,8 +68,9 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import posix_ipc
 import torch
@@ -86,7 +90,8 @@ from ringtrain.ring.names import (
     remove_run,
     shm_path,
 )
-from ringtrain.ring.snapshot import RingSnapshot, death_reason, take_snapshot
+from ringtrain.ring.phases import Phase
+from ringtrain.ring.snapshot import RingSnapshot, take_snapshot
 from ringtrain.ring.spec import RingSpec, SlotLayout
 from ringtrain.ring.transport import (
     DevicePayload,
@@ -94,9 +99,17 @@ from ringtrain.ring.transport import (
     create_host_segment,
     resolve_transport,
 )
+from ringtrain.ring.watch import Watch, heartbeat_interval_s
 
 log = logging.getLogger(__name__)
-HEARTBEAT_INTERVAL_S = 1.0
+Result = TypeVar("Result")
+# Every ring this process opened (a stop request during start-up leaves them: open_rings).
+_OPENED: weakref.WeakSet[Ring] = weakref.WeakSet()
+
+
+def open_rings() -> list[Ring]:
+    """The rings this process opened and still holds."""
+    return list(_OPENED)
 
 
 def shm_bytes(spec: RingSpec, transport: str) -> int:
@@ -131,11 +144,15 @@ class Ring:
         self._closed = False
         self._close_lock = threading.Lock()
         self._owner_thread = threading.get_ident()
+        self.watch = Watch(spec, self.control, local_index, self._owner_thread)
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Set by the first record_progress(): from then on this rank stops at safe points.
+        self.worked = False
         self._register_rank()
+        _OPENED.add(self)
         self._start_thread(self._heartbeat_loop, "ring-heartbeat")
 
     # ---- lifetime -------------------------------------------------------------------
@@ -245,6 +262,8 @@ class Ring:
         row["device"] = -1 if self.device.type != "cuda" else (self.device.index or 0)
         row["attached_ns"] = now
         row["heartbeat_ns"] = now
+        row["progress_ns"] = now
+        row["phase"] = Phase.STARTING
         row["gpu_busy"] = -1.0
         row["status"] = cb.ATTACHED
 
@@ -264,8 +283,9 @@ class Ring:
         An unclean close sets the ring's closing flag and wakes every waiter, so the
         other ranks raise PeerDied at once. Also unlinks the names (idempotent). Called
         from another thread than the one that opened the ring (e.g. a watchdog callback
-        about to exit the process), it only marks, wakes and unlinks: the opening thread
-        may still be inside a wait, so mappings and semaphores stay until process exit.
+        or a stop signal in start-up, about to exit the process), it only marks, wakes and
+        unlinks (no drain): the opening thread may still be inside a wait, so mappings and
+        semaphores stay until process exit.
         """
         with self._close_lock:
             first = not self._closed
@@ -277,11 +297,12 @@ class Ring:
 
     def _mark_closed(self, clean: bool) -> None:
         """Record the exit in the rank table, wake waiters if unclean, stop threads, unlink."""
+        owner = threading.get_ident() == self._owner_thread
         if self.role == "target" and clean:
             self.handoff.finish()
-        if clean and self._producer is not None and self.transport == "device":
+        if clean and owner and self._producer is not None and self.transport == "device":
             self._drain(self._producer)
-        if self._consumer is not None and threading.get_ident() == self._owner_thread:
+        if self._consumer is not None and owner:
             self._consumer.release_copied()
         self._row["status"] = cb.CLOSED if clean else cb.FAILED
         if not clean:
@@ -332,7 +353,7 @@ class Ring:
         self._threads.append(thread)
 
     def _heartbeat_loop(self) -> None:
-        interval = min(HEARTBEAT_INTERVAL_S, self.spec.heartbeat_timeout_s / 4)
+        interval = heartbeat_interval_s(self.spec)
         while not self._stop.wait(interval):
             self._row["heartbeat_ns"] = monotonic_ns()
 
@@ -352,14 +373,39 @@ class Ring:
         return max(int(steps[i]) for i in self.spec.consumers)
 
     def record_progress(self, count: int) -> None:
-        """Record how far this rank's main loop got, and refresh the heartbeat.
+        """Record how far this rank's main loop got (main thread only): the rank is in
+        steady work from now on, its progress and heartbeat are fresh.
 
         The count is the rank's unit of work: a drafter's completed training steps, a
         target's published batches (`ringtrain-stat` shows it as `step`)."""
         if self._closed:
             return
+        now = monotonic_ns()
         self._row["step"] = count
-        self._row["heartbeat_ns"] = monotonic_ns()
+        self._row["phase"] = Phase.RUNNING
+        self._row["progress_ns"] = now
+        self._row["heartbeat_ns"] = now
+        self.worked = True
+
+    def set_phase(self, phase: Phase) -> None:
+        """Announce what the main thread does next (main thread only; see phases.py)."""
+        if self._closed:
+            return
+        self._row["phase"] = phase
+        self._row["progress_ns"] = monotonic_ns()
+
+    def announcing(self, phase: Phase, call: Callable[..., Result]) -> Callable[..., Result]:
+        """`call` run in `phase`, back in the previous phase after it (e.g. a checkpoint)."""
+
+        def in_phase(*args: Any, **kwargs: Any) -> Result:
+            before = Phase(int(self._row["phase"])) if not self._closed else phase
+            self.set_phase(phase)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.set_phase(before)
+
+        return in_phase
 
     def set_error(self, text: str) -> None:
         """Record this rank's last error; peers treat the rank as failed from now on."""
@@ -369,39 +415,19 @@ class Ring:
         self._row["status"] = cb.FAILED
 
     def check_peers(self) -> None:
-        """Raise PeerDied if another rank died, failed, went silent or aborted the ring."""
-        now = monotonic_ns()
-        timeout_ns = int(self.spec.heartbeat_timeout_s * 1e9)
-        ranks = self.control.ranks
-        if int(self.control.closing):
-            index = int(self.control.header["closing_rank"])
-            if index != self.local_index:
-                raise self._peer_died(index, "aborted the ring")
-        for index in range(self.spec.num_ranks):
-            if index != self.local_index:
-                reason = death_reason(ranks[index], now, timeout_ns)
-                if reason:
-                    raise self._peer_died(index, reason)
-
-    def _peer_died(self, index: int, reason: str) -> PeerDied:
-        row = self.control.ranks[index]
-        error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
-        rank, role = self.spec.global_ranks[index], self.spec.roles[index]
-        return PeerDied(
-            f"ring {self.spec.run_id}: rank {rank} ({role}, pid {int(row['pid'])}) {reason}; "
-            f"its last error: {error or 'none recorded'}",
-            rank=rank,
-            role=role,
-            last_error=error,
-        )
+        """Raise PeerDied if another rank died, failed, aborted the ring or is hung
+        (RankHung; a frozen one is killed first: see watch.py)."""
+        self.watch.check_peers()
 
     def start_watchdog(self, on_dead: Callable[[PeerDied], None]) -> None:
-        """Check peers every wait_timeout_s in a daemon thread; call on_dead once on a death."""
+        """Check the peers and this rank's own progress every wait_timeout_s in a daemon
+        thread; call on_dead once on a death or a hang (of a peer or of this rank)."""
 
         def watch() -> None:
             while not self._stop.wait(self.spec.wait_timeout_s):
                 try:
-                    self.check_peers()
+                    self.watch.check_peers()
+                    self.watch.check_self()
                 except PeerDied as exc:
                     on_dead(exc)
                     return

@@ -20,6 +20,7 @@ import numpy as np
 from ringtrain.ring import control as cb
 from ringtrain.ring.liveness import monotonic_ns, process_alive
 from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
+from ringtrain.ring.phases import describe, hang_reason, is_silent, progress_age_s
 from ringtrain.ring.spec import RingSpec
 
 # A side is the bottleneck once the other side waits at least this share of the time.
@@ -76,6 +77,10 @@ class RankSnapshot:
     interval_items_per_s: float | None = None
     interval_blocked_pct: float | None = None
     interval_starved_pct: float | None = None
+    doing: str = ""  # what its main thread announced (phases.py)
+    progress_age_s: float = 0.0  # seconds since its main thread last made progress
+    hung_reason: str | None = None  # set while it is hung (alive, but no progress)
+    silent: bool = False  # silent for a few seconds (phases.SILENT_AFTER_S)
 
 
 @dataclass
@@ -116,11 +121,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def verdict(dead: list[RankSnapshot], blocked_pct: float, starved_pct: float) -> str:
-    """One line saying which side limits the ring (or who is dead)."""
-    if dead:
+def verdict(ranks: list[RankSnapshot], blocked_pct: float, starved_pct: float) -> str:
+    """One line saying which side limits the ring (or who is dead or hung)."""
+    if dead := [r for r in ranks if not r.alive]:
         r = dead[0]
         return f"rank {r.rank} ({r.role}) is dead: {r.dead_reason} - the run cannot continue"
+    if hung := [r for r in ranks if r.hung_reason]:
+        r = hung[0]
+        return f"rank {r.rank} ({r.role}) {r.hung_reason} - the run cannot continue"
     if blocked_pct >= BOTTLENECK_PCT and blocked_pct >= starved_pct:
         return (
             f"drafters are the bottleneck: ring full {blocked_pct:.0f}% of the time - "
@@ -140,6 +148,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
     row = ctl.ranks[index]
     status = int(row["status"])
     reason = death_reason(row, now, int(spec.heartbeat_timeout_s * 1e9))
+    hung = hang_reason(row, now, spec, spec.roles[index]) if reason is None else None
     attached = int(row["attached_ns"])
     uptime_s = (now - attached) / 1e9 if status != cb.EMPTY else 0.0
     waiting = int(row["wait_start_ns"])
@@ -155,7 +164,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         role=role,
         pid=int(row["pid"]),
         device=int(row["device"]),
-        status=cb.RANK_STATUS[status] if reason is None else "dead",
+        status="dead" if reason else "hung" if hung else cb.RANK_STATUS[status],
         alive=reason is None,
         dead_reason=reason,
         heartbeat_age_s=(now - int(row["heartbeat_ns"])) / 1e9 if status != cb.EMPTY else 0.0,
@@ -169,6 +178,10 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         starved_ns=starved,
         last_error=cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace"),
         gpu_busy=float(row["gpu_busy"]) if float(row["gpu_busy"]) >= 0 else None,
+        doing=describe(int(row["phase"]), role),
+        progress_age_s=progress_age_s(row, now) if status != cb.EMPTY else 0.0,
+        hung_reason=hung,
+        silent=reason is None and is_silent(row, now, spec),
     )
 
 
@@ -201,7 +214,7 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
         producers_blocked_pct=blocked,
         consumers_starved_pct=starved,
         ranks=ranks,
-        verdict=verdict([r for r in ranks if not r.alive], blocked, starved),
+        verdict=verdict(ranks, blocked, starved),
     )
 
 
@@ -230,7 +243,7 @@ def with_interval(previous: RingSnapshot, current: RingSnapshot) -> RingSnapshot
         interval_producers_blocked_pct=blocked,
         interval_consumers_starved_pct=starved,
         interval_items_per_s=consumed,
-        verdict=verdict([r for r in ranks if not r.alive], blocked, starved),
+        verdict=verdict(ranks, blocked, starved),
     )
 
 

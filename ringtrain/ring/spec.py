@@ -59,7 +59,9 @@ class RingSpec:
     hidden_dtype: torch.dtype
     transport: str = "auto"
     wait_timeout_s: float = 1.0
-    heartbeat_timeout_s: float = 60.0
+    heartbeat_timeout_s: float = 30.0
+    progress_timeout_s: float = 45.0
+    startup_timeout_s: float = 600.0
     lock_dir: str = "/dev/shm"
 
     def __post_init__(self) -> None:
@@ -84,8 +86,9 @@ class RingSpec:
                 f"slots_per_producer = {self.slots_per_producer} is more than "
                 f"{MAX_SLOTS_PER_PRODUCER}; a few slots per target keep it busy (4 is typical)"
             )
-        if self.wait_timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
-            problems.append("wait_timeout_s and heartbeat_timeout_s must be > 0")
+        timeouts = ("wait", "heartbeat", "progress", "startup")
+        if any(getattr(self, f"{name}_timeout_s") <= 0 for name in timeouts):
+            problems.append(", ".join(f"{name}_timeout_s" for name in timeouts) + " must be > 0")
         dtype_name(self.hidden_dtype)
         if problems:
             raise ValueError("invalid ring spec: " + "; ".join(problems))

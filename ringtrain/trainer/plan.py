@@ -165,5 +165,7 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         transport=config.ring.transport,
         wait_timeout_s=config.ring.wait_timeout_s,
         heartbeat_timeout_s=config.ring.heartbeat_timeout_s,
+        progress_timeout_s=config.ring.progress_timeout_s,
+        startup_timeout_s=config.ring.startup_timeout_s,
         lock_dir=config.ring.lock_dir,
     )

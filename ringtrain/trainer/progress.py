@@ -85,8 +85,15 @@ class Progress:
         gpu = " ".join(
             f"{role}s {sum(values) / len(values):.0%}" for role, values in busy.items() if values
         )
-        return f"ring {window.occupancy:.0%} occupied | {window.verdict}" + (
-            f" | GPU busy: {gpu}" if gpu else ""
+        silent = "".join(
+            f" | target rank {r.rank} silent {r.progress_age_s:.0f} s"
+            for r in window.ranks
+            if r.role == "target" and r.silent
+        )
+        return (
+            f"ring {window.occupancy:.0%} occupied | {window.verdict}"
+            + silent
+            + (f" | GPU busy: {gpu}" if gpu else "")
         )
 
     def evaluation(self, step: int, metrics: dict) -> None:

@@ -28,7 +28,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
 from ringtrain.monitor.sinks import open_sinks
-from ringtrain.ring import PeerDied, Ring
+from ringtrain.ring import PeerDied, Phase, Ring
 from ringtrain.target import TargetRunner, load_target
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
@@ -132,6 +132,7 @@ def _run_target(
     stream = batch_stream(
         config, plan.dataset, info.role_index, info.role_count, cursor["start"], cursor["skip"]
     )
+    ring.set_phase(Phase.LOADING_TARGET)
     model = load_target(
         plan.target_path,
         tap_layers=plan.tap_layers,
@@ -156,13 +157,17 @@ def _run_drafter(
     group: dist.ProcessGroup | None,
     stop: StopRequest,
 ) -> None:
+    ring.set_phase(Phase.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
     reporter, save = None, None
     if info.is_lead_drafter:
         metrics = MetricsWriter(run_dir / "metrics.jsonl", open_sinks(config, run_dir))
         reporter = LeadReporter(metrics, Progress(config, ring))
-        save = partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec)
+        save = ring.announcing(
+            Phase.CHECKPOINT,
+            partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec),
+        )
     loop = DrafterLoop(
         config,
         ring.consumer(info.device, BatchMeta).take,
@@ -173,6 +178,7 @@ def _run_drafter(
         group,
         eval_batches_per_round(config, plan, info),
     )
+    ring.set_phase(Phase.FIRST_STEP)
     loop.train(state, stop, reporter, save)
     if reporter is not None:
         reporter.close()

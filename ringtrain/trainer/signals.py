@@ -1,10 +1,26 @@
-"""SIGTERM/SIGINT handling: ask the loops to stop at a safe point instead of dying mid-step."""
+"""SIGTERM/SIGINT handling: stop at a safe point once training runs, leave at once before.
+
+Once this rank's loop has done a unit of work (its ring's first `record_progress`), a
+signal asks the loops to stop at a safe point instead of dying mid-step: they poll the
+request between steps and the drafters save a checkpoint. Before that, in start-up
+(validating inputs, rendezvous, barriers, joining the ring, loading, the first step),
+nothing would be lost and the main thread may be blocked in a call that no signal
+interrupts (a barrier whose peers are gone, a file lock, a collective): a thread woken
+by the signal (through `signal.set_wakeup_fd`) leaves every ring cleanly and ends the
+process at once, with exit code 128 + the signal number.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
+
+from ringtrain.ring import open_rings
+from ringtrain.trainer.logs import get_logger
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
@@ -23,10 +39,38 @@ class StopRequest:
         self._event.set()
 
     def install(self) -> None:
-        """Route SIGTERM and SIGINT to this request (main thread only)."""
+        """Route SIGTERM and SIGINT to this request, and start the thread that ends the
+        process when one arrives during start-up (main thread only)."""
 
         def handler(signum: int, _frame: FrameType | None) -> None:
             self.request(signal.Signals(signum).name)
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, handler)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        threading.Thread(
+            target=self._watch, args=(read_end,), name="stop-signals", daemon=True
+        ).start()
+
+    def _watch(self, read_end: int) -> None:
+        """Wake on every caught signal; a stop signal during start-up ends the process."""
+        while True:
+            for signum in os.read(read_end, 64):
+                if signum in STOP_SIGNALS:
+                    self.request(signal.Signals(signum).name)
+                    if not any(ring.worked for ring in open_rings()):
+                        leave_now(signal.Signals(signum))
+
+
+def leave_now(signum: signal.Signals) -> None:
+    """End the process during start-up: close every ring cleanly (peers see a rank that
+    left, not one that died; names are unlinked), flush the logs, exit 128 + signum."""
+    log = get_logger()
+    log.warning("%s during start-up: leaving now (nothing trained yet to save)", signum.name)
+    for ring in open_rings():
+        ring.close(clean=True)
+    for handler in log.handlers:
+        handler.flush()
+    os._exit(128 + signum)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ringtrain.data import Batch, BatchStream
-from ringtrain.ring import Ring, RingClosed
+from ringtrain.ring import Phase, Ring, RingClosed
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
@@ -65,6 +65,7 @@ def run_target_loop(
             "the first forward autotunes the Gated DeltaNet Triton kernels; this takes "
             "about a minute with empty caches"
         )
+    ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     while not stop.requested:
         try:
             slot = producer.acquire()

@@ -1,0 +1,106 @@
+"""Judging the ranks of a ring from its rank table: dead, failed, aborted, hung or frozen.
+
+Every rank checks its peers whenever a ring wait times out and, from a watchdog thread,
+about once per wait timeout; the watchdog also checks the rank itself, so a rank whose
+main thread is stuck (while its threads live) names itself and leaves. A peer that is
+frozen (stopped: no heartbeat either) cannot leave by itself, so the peer that finds it
+kills it: the run then ends within seconds instead of waiting for the launcher's grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+from ringtrain.ring import control as cb
+from ringtrain.ring.errors import PeerDied, RankHung
+from ringtrain.ring.liveness import monotonic_ns, process_alive
+from ringtrain.ring.phases import hang_reason
+from ringtrain.ring.snapshot import death_reason
+from ringtrain.ring.spec import RingSpec
+
+log = logging.getLogger(__name__)
+HEARTBEAT_INTERVAL_S = 1.0
+# A rank whose heartbeat is this many intervals old is frozen (its threads do not run).
+FROZEN_AFTER_BEATS = 3
+
+
+def heartbeat_interval_s(spec: RingSpec) -> float:
+    """How often each rank's heartbeat thread beats."""
+    return min(HEARTBEAT_INTERVAL_S, spec.heartbeat_timeout_s / 4)
+
+
+class Watch:
+    """The checks of one rank (`local_index`) on the ring behind `control`."""
+
+    def __init__(
+        self, spec: RingSpec, control: cb.ControlBlock, local_index: int, main_thread: int
+    ) -> None:
+        self.spec, self.control, self.local_index = spec, control, local_index
+        self._main_thread = main_thread
+
+    def check_peers(self) -> None:
+        """Raise PeerDied if another rank died, failed, aborted the ring or is hung."""
+        now = monotonic_ns()
+        timeout_ns = int(self.spec.heartbeat_timeout_s * 1e9)
+        ranks = self.control.ranks
+        if int(self.control.closing):
+            index = int(self.control.header["closing_rank"])
+            if index != self.local_index:
+                raise self._failure(index, "aborted the ring")
+        others = [i for i in range(self.spec.num_ranks) if i != self.local_index]
+        for index in others:
+            if reason := death_reason(ranks[index], now, timeout_ns):
+                raise self._failure(index, reason)
+        for index in others:
+            if reason := hang_reason(ranks[index], now, self.spec, self.spec.roles[index]):
+                raise self._failure(index, reason, RankHung)
+
+    def check_self(self) -> None:
+        """Raise RankHung if this rank's own main thread made no progress for too long."""
+        reason = hang_reason(
+            self.control.ranks[self.local_index],
+            monotonic_ns(),
+            self.spec,
+            self.spec.roles[self.local_index],
+        )
+        if reason:
+            frame = sys._current_frames().get(self._main_thread)
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            raise self._failure(
+                self.local_index, f"{reason}; its main thread is at {where}", RankHung
+            )
+
+    def _failure(self, index: int, reason: str, kind: type[PeerDied] = PeerDied) -> PeerDied:
+        """The error naming rank `index`; a frozen peer is killed first (see the docstring)."""
+        row = self.control.ranks[index]
+        if index != self.local_index:
+            self._kill_if_frozen(index)
+        error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
+        rank, role = self.spec.global_ranks[index], self.spec.roles[index]
+        return kind(
+            f"ring {self.spec.run_id}: rank {rank} ({role}, pid {int(row['pid'])}) {reason}; "
+            f"its last error: {error or 'none recorded'}",
+            rank=rank,
+            role=role,
+            last_error=error,
+        )
+
+    def _kill_if_frozen(self, index: int) -> None:
+        row = self.control.ranks[index]
+        pid, start = int(row["pid"]), int(row["start_time"])
+        beat_age_s = (monotonic_ns() - int(row["heartbeat_ns"])) / 1e9
+        frozen = beat_age_s > FROZEN_AFTER_BEATS * heartbeat_interval_s(self.spec)
+        if int(row["status"]) in (cb.EMPTY, cb.CLOSED) or not frozen or pid == os.getpid():
+            return
+        if process_alive(pid, start):
+            log.warning(
+                "rank %d (pid %d) is frozen (no heartbeat for %.0f s): killing it so the run "
+                "ends now",
+                self.spec.global_ranks[index],
+                pid,
+                beat_age_s,
+            )
+            os.kill(pid, signal.SIGKILL)

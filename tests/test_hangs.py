@@ -1,0 +1,214 @@
+"""Liveness by progress and prompt exits: hung ranks are named and end the run, start-up
+signals end every rank at once.
+
+The ring checks (progress per phase, a watchdog that names its own stuck main thread)
+run on an in-process ring pair; the end-to-end cases use real torchrun runs of the
+embedded default on CPU: a SIGSTOPped target, a drafter whose main thread spins (SIGUSR1
+through tools/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
+in start-up. Every wait polls processes or files against a deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import ring_workers as rw
+
+from ringtrain.ring import PeerDied, Phase, RankHung, Ring
+from tests.launcher import shm_entries
+from tests.test_reliability import (
+    Launched,
+    _launch,
+    _pid_alive,
+    _rank_log,
+    _ring_reader,
+    _stop_all,
+    _wait_for_step,
+    _wait_gone,
+)
+
+SPIN_HOOK = Path(__file__).resolve().parent.parent / "tools" / "spin_hook"
+DETECT_S = 5.0
+POLL_S = 0.05
+
+
+def _pair(progress_timeout_s: float, startup_timeout_s: float) -> tuple[Ring, Ring]:
+    spec = dataclasses.replace(
+        rw.make_spec(f"t{uuid.uuid4().hex[:10]}", producers=1, consumers=1),
+        progress_timeout_s=progress_timeout_s,
+        startup_timeout_s=startup_timeout_s,
+    )
+    first = Ring.create(spec, 0, "cpu")
+    return first, Ring.attach(spec.run_id, 1, "cpu")
+
+
+def _age_progress(ring: Ring, index: int, seconds: float) -> None:
+    ring.control.rank["progress_ns"][index] = time.monotonic_ns() - int(seconds * 1e9)
+
+
+def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
+    target, drafter = _pair(progress_timeout_s=2.0, startup_timeout_s=30.0)
+    try:
+        target.set_phase(Phase.LOADING_TARGET)
+        _age_progress(target, 0, 10.0)
+        drafter.check_peers()  # loading may take 30 s: not hung after 10
+        assert target.snapshot().ranks[0].status == "attached"
+        target.record_progress(1)
+        _age_progress(target, 0, 10.0)
+        with pytest.raises(RankHung, match=r"rank 10 \(target, pid \d+\) is hung: no progress"):
+            drafter.check_peers()
+        snapshot = drafter.snapshot()
+        hung = snapshot.ranks[0]
+        assert hung.status == "hung" and hung.doing == "producing batches"
+        assert snapshot.verdict.startswith("rank 10 (target) is hung: no progress for 10 s")
+        assert "ring.progress_timeout_s" in snapshot.verdict
+    finally:
+        drafter.close()
+        target.close()
+
+
+def test_the_watchdog_names_its_own_stuck_main_thread() -> None:
+    target, drafter = _pair(progress_timeout_s=2.0, startup_timeout_s=30.0)
+    try:
+        fired: list[PeerDied] = []
+        done = threading.Event()
+
+        def on_dead(exc: PeerDied) -> None:
+            fired.append(exc)
+            done.set()
+
+        target.record_progress(1)
+        _age_progress(target, 0, 5.0)
+        target.start_watchdog(on_dead)
+        assert done.wait(DETECT_S)
+        assert isinstance(fired[0], RankHung) and fired[0].rank == 10
+        assert "while producing batches" in str(fired[0])
+        assert "its main thread is at" in str(fired[0])
+    finally:
+        drafter.close(clean=False)
+        target.close(clean=False)
+
+
+# ---- whole runs ----------------------------------------------------------------------------
+
+# A hung rank's run must be gone this long after the fault, detection included (the
+# progress and heartbeat allowances below are 6-8 s; torchrun's own grace is 30 s).
+END_AFTER_HANG_S = 20.0
+END_AFTER_STARTUP_SIGNAL_S = 5.0
+
+
+def _hang_run(tmp_path: Path, name: str, targets: int, drafters: int, timeout_s: int) -> Launched:
+    launched = _launch(
+        tmp_path / "run",
+        targets,
+        drafters,
+        [
+            "run.max_steps=1000",
+            "run.log_every=1",
+            "run.checkpoint_every=0",
+            "run.eval_every=0",
+            f'run.name="{name}"',
+            f"ring.progress_timeout_s={timeout_s}",
+            f"ring.heartbeat_timeout_s={timeout_s}",
+        ],
+    )
+    _wait_for_step(launched, 2)
+    return launched
+
+
+def _ends_naming(launched: Launched, name: str, victim_rank: int, fault: signal.Signals) -> str:
+    """Send `fault` to rank `victim_rank`; return the output once the whole run ended in
+    time, naming the rank, with /dev/shm clean and no rank exiting cleanly."""
+    reader = _ring_reader(name)
+    try:
+        ranks = {r.rank: r for r in reader.snapshot().ranks}
+    finally:
+        reader.close()
+    victim = ranks[victim_rank]
+    os.kill(victim.pid, fault)
+    _wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
+    launched.proc.wait(END_AFTER_HANG_S)
+    output = launched.text()
+    assert launched.proc.returncode != 0, output[-3000:]
+    named = f"rank {victim_rank} ({victim.role}, pid {victim.pid})"
+    assert named in output, f"the terminal does not name {named}:\n{output[-3000:]}"
+    for rank in ranks.values():
+        assert "exiting with code 0" not in _rank_log(launched.run_dir, rank.rank, rank.role)
+    assert shm_entries(name) == []
+    return output
+
+
+@pytest.mark.slow
+def test_a_stopped_target_ends_the_run_naming_it(tmp_path: Path) -> None:
+    name = f"stop{os.getpid()}"
+    launched = _hang_run(tmp_path, name, targets=2, drafters=1, timeout_s=8)
+    try:
+        output = _ends_naming(launched, name, 1, signal.SIGSTOP)
+    finally:
+        _stop_all(launched)
+    # While it was silent the drafter trained on the other target's batches: it said so.
+    assert "target rank 1 silent" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stuck_main_thread_ends_the_run_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(SPIN_HOOK), os.environ.get("PYTHONPATH", "")])
+    )
+    name = f"spin{os.getpid()}"
+    launched = _hang_run(tmp_path, name, targets=1, drafters=1, timeout_s=6)
+    try:
+        output = _ends_naming(launched, name, 1, signal.SIGUSR1)
+    finally:
+        _stop_all(launched)
+    assert "is hung: no progress" in output, output[-3000:]
+
+
+def _lock_waiters(path: Path) -> list[int]:
+    """Pids of processes blocked on a POSIX lock of `path` (from /proc/locks)."""
+    inode = os.stat(path).st_ino
+    waiters = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and int(fields[-3].rsplit(":", 1)[1]) == inode:
+            waiters.append(int(fields[fields.index("->") + 4]))
+    return waiters
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_ends_every_rank_at_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    lock_path = run_dir / "builtin" / ".lock"
+    lock_path.parent.mkdir(parents=True)
+    name = f"early{os.getpid()}"
+    with lock_path.open("w") as lock:
+        # Every rank blocks in start-up, building the built-in inputs under this lock.
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        launched = _launch(run_dir, 2, 1, [f'run.name="{name}"'])
+        try:
+            deadline = time.monotonic() + 300
+            while len(ranks := _lock_waiters(lock_path)) < 3:
+                assert launched.proc.poll() is None, launched.text()[-3000:]
+                assert time.monotonic() < deadline, "the ranks never reached the lock"
+                time.sleep(POLL_S)
+            launched.proc.send_signal(signal.SIGTERM)
+            took = _wait_gone(ranks, END_AFTER_STARTUP_SIGNAL_S)
+            launched.proc.wait(END_AFTER_STARTUP_SIGNAL_S)
+        finally:
+            _stop_all(launched)
+    assert not any(_pid_alive(pid) for pid in ranks)
+    logs = [p.read_text() for p in (run_dir / "logs").glob("rank*.log")]
+    assert len(logs) == 3 and all("SIGTERM during start-up: leaving now" in log for log in logs), (
+        f"{took:.1f} s\n" + launched.text()[-3000:]
+    )
+    assert shm_entries(name) == []
