@@ -394,6 +394,16 @@ class Ring:
         self._row["phase"] = phase
         self._row["progress_ns"] = monotonic_ns()
 
+    def phase_marker(self, phase: Phase) -> Callable[..., None]:
+        """A callable (of any arguments) that announces `phase` until the next
+        record_progress: for a rank that waits on another's long phase, e.g. a drafter
+        waiting in the next step's reduction while the lead drafter writes a checkpoint."""
+
+        def mark(*_args: Any, **_kwargs: Any) -> None:
+            self.set_phase(phase)
+
+        return mark
+
     def announcing(self, phase: Phase, call: Callable[..., Result]) -> Callable[..., Result]:
         """`call` run in `phase`, back in the previous phase after it (e.g. a checkpoint)."""
 

@@ -160,7 +160,7 @@ def _run_drafter(
     ring.set_phase(Phase.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
-    reporter, save = None, None
+    reporter, save = None, ring.phase_marker(Phase.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
         metrics = MetricsWriter(run_dir / "metrics.jsonl", open_sinks(config, run_dir))
         reporter = LeadReporter(metrics, Progress(config, ring))
