@@ -1,0 +1,363 @@
+"""A bounded soak of the failure handling: faults at random moments, resumes, and checks.
+
+    python tools/chaos_run.py [--rounds 40] [--seed 0] [--work-dir DIR] [--json FILE]
+
+Each round starts the embedded default (`torchrun --standalone --nproc-per-node 3 -m
+ringtrain.main`, small checkpoint interval, resuming from the second round on) in one
+run directory, injects one fault at a random time after launch, and waits for the whole
+run to end:
+
+    kill   SIGKILL of a random rank
+    stop   SIGSTOP of a random rank
+    term   SIGTERM to the launcher (as a scheduler's preemption sends it)
+    stuck  a random rank's main thread spins forever while its other threads live
+           (SIGUSR1 through tools/spin_hook, which every process loads from PYTHONPATH)
+
+`stop` waits until the ranks have joined the ring (before that a rank's peers wait for it
+in the rendezvous), `stuck` until every rank runs its loop (a main thread stuck while
+loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it
+checks, over all rounds: every stop took at most 60 s (fault to launcher exit) and, for
+a fault of one rank, the output named that rank (its pid); no batch was trained twice
+or skipped (the step records of metrics.jsonl, each step superseded by its resumed
+replay, against the newest checkpoint's cursors); no checkpoint holds a non-finite
+weight; no process of the run is left and /dev/shm holds nothing of it. Prints one line
+per round, a summary table, and the JSON last (`chaos_rounds`, `chaos_violations`, per
+fault counts and stop times). Not part of the test suite: a round takes 30-90 s on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ringtrain.drafter import latest_checkpoint, read_checkpoint_extra
+from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
+from ringtrain.ring import Phase, RingReader, discover
+from ringtrain.ring.phases import describe
+
+ROOT = Path(__file__).resolve().parent.parent
+SPIN_HOOK = ROOT / "tools" / "spin_hook"
+FAULTS = ("kill", "stop", "term", "stuck")
+STOP_LIMIT_S = 60.0  # the promise: a fault ends the whole run within this
+GIVE_UP_S = 180.0  # a run still alive this long after its fault is killed (a violation)
+POLL_S = 0.1
+
+
+@dataclass
+class Round:
+    """What one round did and found."""
+
+    index: int
+    fault: str
+    planned_s: float  # fault time after launch, as drawn
+    injected_s: float | None = None  # actual fault time after launch (None: never)
+    victim_rank: int | None = None
+    victim_pid: int | None = None
+    stop_s: float | None = None  # fault to launcher exit
+    exit_code: int | None = None
+    named: bool | None = None
+    violations: list[str] = field(default_factory=list)
+
+
+def torchrun_command(run_dir: Path, name: str, resume: bool, max_steps: int, every: int) -> list:
+    settings = {
+        "run.run_dir": json.dumps(str(run_dir)),
+        "run.name": json.dumps(name),
+        "run.device": '"cpu"',
+        "run.max_steps": max_steps,
+        "run.checkpoint_every": every,
+        "run.log_every": 1,
+        "run.eval_every": 0,
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "3", "-m", "ringtrain.main"]
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    return command + (["--resume"] if resume else [])
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SPIN_HOOK), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def workers(launcher: int) -> dict[int, int]:
+    """{global rank: pid} of the launcher's worker processes (from /proc)."""
+    found = {}
+    for task in Path(f"/proc/{launcher}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in map(int, children):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for entry in environ:
+                if entry.startswith(b"RANK="):
+                    found[int(entry[5:])] = pid
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def ring_up(name: str, running: bool = False) -> bool:
+    """Whether the run's ring exists and every rank maps it (and, with `running`, every
+    rank made progress in its loop)."""
+    rings = [r for r in discover() if r.run.startswith(f"{name}-") and len(r.pids) == 3]
+    if not rings or not running:
+        return bool(rings)
+    reader = RingReader(rings[0])
+    try:
+        ranks = reader.snapshot().ranks
+    finally:
+        reader.close()
+    return all(r.doing == describe(Phase.RUNNING, r.role) for r in ranks)
+
+
+def wait_until(condition, deadline: float, proc: subprocess.Popen) -> bool:
+    """Poll `condition` until it holds (True) or the run ended or the deadline passed."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        if condition():
+            return True
+        time.sleep(POLL_S)
+    return False
+
+
+def inject(result: Round, proc: subprocess.Popen, name: str, started: float) -> dict[int, int]:
+    """Deliver the round's fault; returns the workers then ({}: the run ended before)."""
+    wait_until(lambda: False, started + result.planned_s, proc)
+    give_up = time.monotonic() + GIVE_UP_S
+    if result.fault in ("stop", "stuck"):
+        wait_until(lambda: ring_up(name, result.fault == "stuck"), give_up, proc)
+    wait_until(lambda: len(workers(proc.pid)) == 3, give_up, proc)
+    ranks = workers(proc.pid)
+    if proc.poll() is not None or len(ranks) != 3:
+        return {}
+    if result.fault == "term":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        result.victim_rank = random.choice(sorted(ranks))
+        result.victim_pid = ranks[result.victim_rank]
+        kind = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "stuck": signal.SIGUSR1}
+        os.kill(result.victim_pid, kind[result.fault])
+    result.injected_s = time.monotonic() - started
+    return ranks
+
+
+def run_round(result: Round, args: argparse.Namespace, run_dir: Path, name: str) -> str:
+    """Launch, inject, wait for the end; returns the run's output."""
+    output = run_dir.parent / f"round{result.index:03d}.out"
+    command = torchrun_command(run_dir, name, result.index > 0, args.max_steps, args.every)
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            command, env=run_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    started = time.monotonic()
+    pids = inject(result, proc, name, started)
+    fault_time = time.monotonic()
+    try:
+        proc.wait(GIVE_UP_S)
+    except subprocess.TimeoutExpired:
+        result.violations.append(f"run still alive {GIVE_UP_S:.0f} s after the fault")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    result.exit_code = proc.returncode
+    if pids:
+        result.stop_s = time.monotonic() - fault_time
+    left = [pid for pid in pids.values() if alive(pid)]
+    if left:
+        result.violations.append(f"processes {left} outlived the launcher")
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    return output.read_text(errors="replace")
+
+
+def judge_round(result: Round, text: str, name: str) -> None:
+    """Record the round's violations: slow stop, unnamed victim, leftovers in /dev/shm."""
+    if result.injected_s is None:
+        if result.exit_code != 0:
+            result.violations.append(f"no fault injected, yet exit code {result.exit_code}")
+        return
+    if result.stop_s is not None and result.stop_s > STOP_LIMIT_S:
+        result.violations.append(f"stop took {result.stop_s:.1f} s (> {STOP_LIMIT_S:.0f})")
+    if result.victim_pid is not None:
+        ours = re.search(rf"rank {result.victim_rank} \(\w+, pid {result.victim_pid}\)", text)
+        launcher = f"(pid: {result.victim_pid})" in text
+        result.named = bool(ours or launcher)
+        if not result.named:
+            result.violations.append(f"output never names rank {result.victim_rank}")
+    if result.fault != "term" and result.exit_code == 0:
+        result.violations.append("a run with a failed rank exited 0")
+    leaked = [e for e in os.listdir("/dev/shm") if f"ringtrain.{name}-" in e]
+    if leaked:
+        result.violations.append(f"/dev/shm holds {leaked}")
+
+
+def lineage(metrics: Path) -> list[dict]:
+    """The step records that stand: a resumed session's step s supersedes every earlier
+    record of step s and later (those steps were lost with the crash and trained again)."""
+    kept: list[dict] = []
+    if not metrics.exists():
+        return kept
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a cut last line is the writer's problem, reported by its own tests
+        if record.get("event") == "step":
+            while kept and kept[-1]["step"] >= record["step"]:
+                kept.pop()
+            kept.append(record)
+    return kept
+
+
+def check_batches(run_dir: Path) -> tuple[list[str], int]:
+    """Violations of exactly-once training up to the newest checkpoint, and its step."""
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is None:
+        return [], 0
+    extra = read_checkpoint_extra(checkpoint)
+    step = int(extra["step"])
+    records = [r for r in lineage(run_dir / "metrics.jsonl") if r["step"] <= step]
+    problems = []
+    if [r["step"] for r in records] != list(range(1, step + 1)):
+        problems.append(f"step records up to checkpoint step {step} are not steps 1..{step}")
+    trained: dict[int, list[int]] = defaultdict(list)
+    for record in records:
+        for producer, seq, _batch_id in record["batches"]:
+            trained[int(producer)].append(int(seq))
+    for producer, seqs in sorted(trained.items()):
+        if len(seqs) != len(set(seqs)):
+            twice = sorted({s for s in seqs if seqs.count(s) > 1})
+            problems.append(f"target {producer}: batches {twice[:10]} trained twice")
+        cursor = extra["cursors"].get(str(producer), {"start": 0, "skip": []})
+        expected = set(range(cursor["start"])) | set(cursor["skip"])
+        if set(seqs) != expected:
+            missing = sorted(expected - set(seqs))[:10]
+            extra_seqs = sorted(set(seqs) - expected)[:10]
+            problems.append(
+                f"target {producer}: skipped {missing} / not in the checkpoint {extra_seqs}"
+            )
+    return problems, step
+
+
+def check_weights(run_dir: Path) -> tuple[list[str], int]:
+    """Checkpoints holding a non-finite weight, and how many checkpoints were read."""
+    problems, count = [], 0
+    for directory in sorted((run_dir / "checkpoints").glob("step_*")):
+        if not STEP_DIR.match(directory.name) or not (directory / WEIGHTS_FILE).exists():
+            continue
+        count += 1
+        weights = load_file(directory / WEIGHTS_FILE)
+        bad = [k for k, v in weights.items() if not bool(torch.isfinite(v).all())]
+        if bad:
+            problems.append(f"{directory.name}: non-finite weights in {bad[:5]}")
+    return problems, count
+
+
+def summarise(rounds: list[Round], final: list[str], steps: int, checkpoints: int) -> dict:
+    by_fault: dict[str, dict] = {}
+    for fault in FAULTS:
+        mine = [r for r in rounds if r.fault == fault]
+        stops = [round(r.stop_s, 1) for r in mine if r.stop_s is not None]
+        by_fault[fault] = {
+            "rounds": len(mine),
+            "injected": sum(r.injected_s is not None for r in mine),
+            "stop_s": stops,
+            "max_stop_s": max(stops, default=None),
+        }
+    violations = [f"round {r.index}: {v}" for r in rounds for v in r.violations] + final
+    return {
+        "chaos_rounds": len(rounds),
+        "chaos_violations": len(violations),
+        "violations": violations,
+        "faults": by_fault,
+        "steps_checkpointed": steps,
+        "checkpoints_checked": checkpoints,
+        "rounds": [asdict(r) for r in rounds],
+    }
+
+
+def print_table(summary: dict) -> None:
+    print(f"\n{'fault':<6} {'rounds':>6} {'injected':>8} {'max stop s':>10}  stop times (s)")
+    for fault, figures in summary["faults"].items():
+        worst = figures["max_stop_s"]
+        print(
+            f"{fault:<6} {figures['rounds']:>6} {figures['injected']:>8} "
+            f"{'-' if worst is None else f'{worst:.1f}':>10}  {figures['stop_s']}"
+        )
+    print(
+        f"rounds {summary['chaos_rounds']}, violations {summary['chaos_violations']}, "
+        f"steps checkpointed {summary['steps_checkpointed']}, "
+        f"checkpoints checked {summary['checkpoints_checked']}"
+    )
+    for violation in summary["violations"]:
+        print(f"  violation: {violation}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", help="where the run directory goes (default: a temp dir)")
+    parser.add_argument("--json", help="also write the JSON summary to this file")
+    parser.add_argument("--latest", type=float, default=35.0, help="latest fault time (s)")
+    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--every", type=int, default=4, help="run.checkpoint_every")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    random.seed(args.seed)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir, name = work / "run", f"chaos{os.getpid()}"
+    rounds = []
+    for index in range(args.rounds):
+        result = Round(index, random.choice(FAULTS), round(random.uniform(1.0, args.latest), 1))
+        text = run_round(result, args, run_dir, name)
+        judge_round(result, text, name)
+        rounds.append(result)
+        print(
+            f"round {index}: {result.fault} rank {result.victim_rank} at "
+            f"{result.injected_s or 0:.1f} s -> ended after {result.stop_s or 0:.1f} s, "
+            f"exit {result.exit_code}, violations {result.violations or 'none'}",
+            flush=True,
+        )
+    batch_problems, steps = check_batches(run_dir)
+    weight_problems, checkpoints = check_weights(run_dir)
+    summary = summarise(rounds, batch_problems + weight_problems, steps, checkpoints)
+    print_table(summary)
+    text = json.dumps(summary, indent=1)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}))
+    return 0 if summary["chaos_violations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
