@@ -4,28 +4,37 @@ Everything that can be wrong with the inputs (config, target directory, tapped l
 dataset, drafter shape, /dev/shm) is checked on every rank, so bad input fails in
 seconds with a message that names the problem and the fix. The plan also derives what
 every rank must agree on: the node's ring spec and each target's batch stream.
+
+A resume must train the batch sequence the checkpoint was trained on, or each target's
+cursor would point into another sequence (batches trained twice or never): every
+checkpoint records what decides it (`stream_identity`) and `--resume` refuses any change,
+naming the setting and both values. A moved dataset with the same rows is accepted.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
-from ringtrain.drafter.checkpoint import checkpoint_spec
+from ringtrain.drafter.checkpoint import checkpoint_spec, read_checkpoint_extra
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
 from ringtrain.target import TargetLoadError, read_target_config
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
+from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.roles import RankInfo
+from ringtrain.trainer.run_dir import read_run_id
 
 # Errors that mean "the inputs are wrong": reported as such, exit code 2.
 INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, RingError)
@@ -43,6 +52,7 @@ class Plan:
     hidden_dtype: torch.dtype
     max_docs: int  # most documents one batch can hold (sizes the ring's slots)
     eval_dataset: TokenDataset | None  # held-out split (None: no evaluation)
+    stream: dict[str, Any]  # what decides the batch sequence (stream_identity)
 
 
 def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
@@ -60,6 +70,56 @@ def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
         f"({differences}); resume with the original config and target, or start a new "
         "run directory"
     )
+
+
+def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> dict[str, Any]:
+    """Everything that decides the targets' batch sequence, keyed by the setting's name:
+    the dataset (path, kept rows, tokens and a hash of the row lengths, cheap to compute
+    and sensitive to any change of the rows), the [data] settings and the target count."""
+    return {  # settings first: a changed setting is named before the rows it changes
+        "data.seed": config.data.seed,
+        "data.token_budget": config.data.token_budget,
+        "data.bucket": config.data.bucket,
+        "data.max_len": config.data.max_len,
+        "data.truncate": config.data.truncate,
+        "target count (layout.targets_per_node x nodes)": targets,
+        "data.path": str(dataset.path),
+        "dataset rows": dataset.num_rows,
+        "dataset tokens": dataset.num_tokens,
+        "dataset row lengths (hash)": hashlib.blake2b(
+            np.ascontiguousarray(dataset.row_length, dtype=np.int64).tobytes(), digest_size=8
+        ).hexdigest(),
+    }
+
+
+def check_resume_stream(checkpoint: Path, stream: dict[str, Any], announce: bool) -> None:
+    """Raise ConfigError if the checkpoint was trained on another batch sequence than
+    `stream` describes; a checkpoint that does not record its sequence gets a warning
+    (logged where `announce`: one rank says it)."""
+    saved = read_checkpoint_extra(checkpoint).get("stream")
+    if saved is None:
+        if announce:
+            get_logger().warning(
+                "--resume: checkpoint %s does not record its batch sequence (written by an "
+                "older version): it cannot be checked that the data settings are unchanged",
+                checkpoint,
+            )
+        return
+    for key, now in stream.items():
+        if key == "data.path" or saved.get(key) == now:
+            continue
+        raise ConfigError(
+            f"--resume: {key} is {now!r} but checkpoint {checkpoint} was trained with "
+            f"{saved.get(key)!r}; the batch sequence would change (batches trained twice or "
+            f"never): resume with the original value, or start a new run (--overwrite, or "
+            "another run.run_dir)"
+        )
+    if saved.get("data.path") != stream["data.path"] and announce:
+        get_logger().info(
+            "--resume: the dataset moved from %s to %s (same rows)",
+            saved.get("data.path"),
+            stream["data.path"],
+        )
 
 
 def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool = False) -> Plan:
@@ -103,14 +163,19 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         spec = drafter_spec_from_target(target_config, config.drafter, taps)
     except ValueError as exc:
         raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
-    if resume and (checkpoint := latest_checkpoint(run_dir / "checkpoints")) is not None:
+    stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
+    checkpoints = run_dir / "checkpoints"
+    if resume and (checkpoint := latest_checkpoint(checkpoints, read_run_id(run_dir))) is not None:
         check_resume_spec(checkpoint, spec)
+        check_resume_stream(checkpoint, stream, announce=info.rank == 0)
     cuda = info.device.type == "cuda"
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
     splits = [d for d in (dataset, eval_dataset) if d is not None]
     max_docs = max(batch_stream(config, split, 0, 1).max_docs for split in splits)
-    plan = Plan(target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset)
+    plan = Plan(
+        target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset, stream
+    )
     try:
         ring = ring_spec(config, info, run_dir, plan)
     except ValueError as exc:

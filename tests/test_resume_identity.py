@@ -1,0 +1,87 @@
+"""What a checkpoint records of its batch sequence, and what --resume makes of a change
+(in one process; tests/test_resume_guard.py runs the refusal through torchrun)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ringtrain.config import Config, ConfigError
+from ringtrain.data import open_dataset, write_synthetic_dataset
+from ringtrain.data.config import DataConfig
+from ringtrain.drafter.checkpoint import EXTRA_FILE
+from ringtrain.trainer.plan import check_resume_stream, stream_identity
+
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("data") / "data"
+    write_synthetic_dataset(directory, rows=40, vocab_size=64, mean_len=200, seed=0)
+    return directory
+
+
+def identity(data_dir: Path, targets: int = 2, **data: object) -> dict:
+    config = Config(data=DataConfig(**{"token_budget": 2048, "max_len": 512, "bucket": 64, **data}))
+    dataset = open_dataset(
+        data_dir, max_len=config.data.max_len, truncate=config.data.truncate, block_size=BLOCK
+    )
+    return stream_identity(config, dataset, targets)
+
+
+def checkpoint_with(tmp_path: Path, stream: dict | None) -> Path:
+    path = tmp_path / "step_00000004"
+    path.mkdir()
+    extra = {"cursors": {}} | ({"stream": stream} if stream is not None else {})
+    (path / EXTRA_FILE).write_text(json.dumps({"step": 4, "extra": extra}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [
+        ({"seed": 7}, "data.seed is 7 but checkpoint .* was trained with 0"),
+        ({"bucket": 32}, "data.bucket is 32 but checkpoint .* was trained with 64"),
+        ({"max_len": 256}, "data.max_len is 256 but checkpoint .* was trained with 512"),
+        ({"truncate": False}, "data.truncate is False but checkpoint .* was trained with True"),
+    ],
+)
+def test_a_change_of_the_batch_sequence_is_refused_naming_it(
+    data_dir: Path, tmp_path: Path, change: dict, setting: str
+) -> None:
+    checkpoint = checkpoint_with(tmp_path, identity(data_dir))
+    check_resume_stream(checkpoint, identity(data_dir), announce=True)
+    with pytest.raises(ConfigError, match=setting):
+        check_resume_stream(checkpoint, identity(data_dir, **change), announce=True)
+
+
+def test_other_rows_under_the_same_path_are_refused(data_dir: Path, tmp_path: Path) -> None:
+    saved = identity(data_dir)
+    checkpoint = checkpoint_with(tmp_path, {**saved, "dataset row lengths (hash)": "0" * 16})
+    with pytest.raises(ConfigError, match=r"dataset row lengths \(hash\) is '[0-9a-f]{16}'"):
+        check_resume_stream(checkpoint, saved, announce=True)
+
+
+def test_a_moved_dataset_is_accepted_with_a_word(
+    data_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    moved = Path(shutil.copytree(data_dir, tmp_path / "moved"))
+    checkpoint = checkpoint_with(tmp_path, identity(data_dir))
+    with caplog.at_level(logging.INFO, logger="ringtrain"):
+        check_resume_stream(checkpoint, identity(moved), announce=True)
+    assert f"the dataset moved from {data_dir} to {moved} (same rows)" in caplog.text
+
+
+def test_a_checkpoint_without_the_record_resumes_with_a_warning(
+    data_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoint = checkpoint_with(tmp_path, None)
+    with caplog.at_level(logging.WARNING, logger="ringtrain"):
+        check_resume_stream(checkpoint, identity(data_dir), announce=True)
+    assert "does not record its batch sequence" in caplog.text
+    assert "cannot be checked" in caplog.text
