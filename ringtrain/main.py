@@ -23,6 +23,7 @@ from ringtrain.config import Config, ConfigError, dump_config, load_config, pars
 from ringtrain.trainer.logs import get_logger, setup_logging
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
+from ringtrain.trainer.run_dir import claim_run_dir
 from ringtrain.trainer.session import run_session
 from ringtrain.trainer.signals import StopRequest
 
@@ -43,6 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--resume", action="store_true", help="continue from the newest complete checkpoint"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a run directory that holds an earlier run: deletes its "
+        "checkpoints and metrics.jsonl first (without it such a start is refused)",
     )
     return parser.parse_args(argv)
 
@@ -121,9 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # every rank fails alike: say it once
             print(f"ringtrain: {exc}", file=sys.stderr)
         return 2
+    try:
+        notes = claim_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite)
+    except ConfigError as exc:
+        if info.local_rank == 0:  # the lock and the refusals are local rank 0's
+            print(f"ringtrain: {exc}", file=sys.stderr)
+        return 2
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
     log = get_logger()
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
+    for note in notes:
+        log.info("%s", note)
     if info.rank == 0:
         (run_dir / "config.json").write_bytes(dump_config(config))
     set_compile_caches(config, info)
