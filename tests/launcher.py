@@ -6,13 +6,19 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 RUN_TIMEOUT_S = 300
 
 
 def torchrun_command(
-    run_dir: Path, targets: int, drafters: int, overrides: list[str], resume: bool = False
+    run_dir: Path,
+    targets: int,
+    drafters: int,
+    overrides: list[str],
+    resume: bool = False,
+    flags: Sequence[str] = (),
 ) -> list[str]:
     """The command line of a tiny CPU run with the given layout and config overrides."""
     command = [
@@ -36,7 +42,7 @@ def torchrun_command(
         command += ["--set", item]
     if resume:
         command.append("--resume")
-    return command
+    return command + list(flags)
 
 
 def run_env() -> dict[str, str]:
@@ -53,10 +59,11 @@ def run_training(
     drafters: int,
     overrides: list[str],
     resume: bool = False,
+    flags: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run a training job to completion and return its finished process."""
     return subprocess.run(
-        torchrun_command(run_dir, targets, drafters, overrides, resume),
+        torchrun_command(run_dir, targets, drafters, overrides, resume, flags),
         env=run_env(),
         capture_output=True,
         text=True,
@@ -92,3 +99,18 @@ def trained_batches(records: list[dict]) -> list[tuple[int, int, int]]:
 def shm_entries(marker: str) -> list[str]:
     """Names in /dev/shm that contain `marker`."""
     return sorted(name for name in os.listdir("/dev/shm") if marker in name)
+
+
+def worker_pid(launcher_pid: int, local_rank: int) -> int:
+    """The pid of the worker of local rank `local_rank` that torchrun `launcher_pid` started."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == launcher_pid and f"LOCAL_RANK={local_rank}".encode() in environ:
+            return int(entry.name)
+    raise LookupError(f"torchrun {launcher_pid} has no worker of local rank {local_rank}")

@@ -3,17 +3,25 @@
 Every rank writes `<run_dir>/logs/rank<R>-<role>.log` (line-buffered, timestamped). The
 terminal gets warnings and errors from every rank, and progress from the lead drafter
 (the rank that knows the loss). Metrics go to `<run_dir>/metrics.jsonl`, one object per
-logged step, written by the lead drafter.
+logged step, written by the lead drafter, each line in one write.
+
+A session opening metrics.jsonl makes it the record of the run as it now stands: a torn
+last line (a crash mid-write) is cut, and the records of steps after the step the session
+starts from (a resume trains them again; a fresh start trains all) are dropped, the file
+as it was kept beside it as `metrics.jsonl.pre-resume`. So every step appears once, as
+ringtrain-plot's reader (which keeps the later copy of a step) would also read it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -54,17 +62,22 @@ def get_logger() -> logging.Logger:
 
 class MetricsWriter:
     """Appends one JSON object per line to `<run_dir>/metrics.jsonl` and hands each to the
-    `sinks` too (`run.report_to`, see ringtrain.monitor.sinks). Opening writes a `start`
+    `sinks` too (`run.report_to`, see ringtrain.monitor.sinks). Opening supersedes the
+    records of steps after `resumed_step` (see the module docstring) and writes a `start`
     record, so a reader sees where each session (a resume) began."""
 
-    def __init__(self, path: Path, sinks: Sequence[Sink] = ()) -> None:
-        self._file: TextIO = path.open("a", buffering=1, encoding="utf-8")
+    def __init__(self, path: Path, sinks: Sequence[Sink] = (), resumed_step: int = 0) -> None:
+        self.notes = supersede_records(path, resumed_step)
+        self._file = path.open("ab", buffering=0)
         self._encoder = msgspec.json.Encoder()
         self._sinks = list(sinks)
-        self.write({"event": "start", "wall": time.time()})
+        self.write({"event": "start", "wall": time.time(), "resumed_step": resumed_step})
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(self._encoder.encode(record).decode() + "\n")
+        """Append `record` as one line, in one write (unbuffered, so it is on disk whole)."""
+        line = memoryview(self._encoder.encode(record) + b"\n")
+        while line:  # a regular file takes it in one write unless the disk is full
+            line = line[self._file.write(line) :]
         for sink in self._sinks:
             sink.write(record)
 
@@ -72,3 +85,39 @@ class MetricsWriter:
         self._file.close()
         for sink in self._sinks:
             sink.close()
+
+
+def _superseded(line: bytes, resumed_step: int) -> bool:
+    """Whether a line of metrics.jsonl is a torn line or a step/eval record after `resumed_step`."""
+    try:
+        record = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return True
+    return (
+        isinstance(record, dict)
+        and record.get("event") in ("step", "eval")
+        and int(record.get("step", 0)) > resumed_step
+    )
+
+
+def supersede_records(path: Path, resumed_step: int) -> list[str]:
+    """Cut a torn last line of `path` and drop records of steps after `resumed_step`
+    (keeping the file as it was in `<path>.pre-resume`); returns what was done, for the log."""
+    if not path.exists():
+        return []
+    content = path.read_bytes()
+    whole = content[: content.rfind(b"\n") + 1]
+    kept = [line for line in whole.splitlines(keepends=True) if not _superseded(line, resumed_step)]
+    dropped = len(whole.splitlines()) - len(kept)
+    notes = [f"{path.name}: cut a torn last line"] if len(whole) < len(content) else []
+    if dropped:
+        shutil.copyfile(path, path.with_name(path.name + ".pre-resume"))
+        notes.append(
+            f"{path.name}: {dropped} records of steps after step {resumed_step} (or torn) "
+            f"superseded; the file before is kept as {path.name}.pre-resume"
+        )
+    if notes:
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_bytes(b"".join(kept))
+        temporary.replace(path)
+    return notes

@@ -38,6 +38,7 @@ from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
 from ringtrain.trainer.progress import LeadReporter, Progress
 from ringtrain.trainer.roles import RankInfo
+from ringtrain.trainer.run_dir import read_run_id
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_loop import run_target_loop
 
@@ -80,7 +81,7 @@ def run_session(
     """Join the ring and run this rank's role; returns the process exit code."""
     log = get_logger()
     checkpoints = run_dir / "checkpoints"
-    resume_from = latest_checkpoint(checkpoints) if resume else None
+    resume_from = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
     if resume and resume_from is None:
         log.warning("--resume: no complete checkpoint under %s; starting fresh", checkpoints)
     ring = join_ring(config, info, run_dir, plan)
@@ -162,11 +163,16 @@ def _run_drafter(
     state = _resumed_state(config, trainee, resume_from, info.device)
     reporter, save = None, ring.phase_marker(Phase.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
-        metrics = MetricsWriter(run_dir / "metrics.jsonl", open_sinks(config, run_dir))
+        metrics = MetricsWriter(
+            run_dir / "metrics.jsonl", open_sinks(config, run_dir), resumed_step=state.step
+        )
+        for note in metrics.notes:
+            get_logger().info("%s", note)
         reporter = LeadReporter(metrics, Progress(config, ring))
+        identity = {"stream": plan.stream, "run_id": read_run_id(run_dir)}
         save = ring.announcing(
             Phase.CHECKPOINT,
-            partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec),
+            partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec, identity),
         )
     loop = DrafterLoop(
         config,
@@ -229,7 +235,10 @@ def _resumed_state(
     return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
 
 
-def _save_checkpoint(root: Path, trainee: Trainee, spec: DrafterSpec, state: DrafterState) -> None:
+def _save_checkpoint(
+    root: Path, trainee: Trainee, spec: DrafterSpec, identity: dict, state: DrafterState
+) -> None:
+    """Checkpoint `state`; `identity` (the run id, the batch sequence) goes into its extra."""
     path = save_checkpoint(
         root,
         state.step,
@@ -237,6 +246,6 @@ def _save_checkpoint(root: Path, trainee: Trainee, spec: DrafterSpec, state: Dra
         spec,
         trainee.optimizer,
         trainee.scheduler,
-        extra={"cursors": state.ledger.state(), "step": state.step},
+        extra={**identity, "cursors": state.ledger.state(), "step": state.step},
     )
     get_logger().info("checkpoint written: %s", path)
