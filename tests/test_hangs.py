@@ -25,7 +25,6 @@ import ring_workers as rw
 from ringtrain.ring import PeerDied, Phase, RankHung, Ring
 from tests.launcher import shm_entries
 from tests.test_reliability import (
-    Launched,
     _launch,
     _pid_alive,
     _rank_log,
@@ -105,7 +104,13 @@ END_AFTER_HANG_S = 20.0
 END_AFTER_STARTUP_SIGNAL_S = 5.0
 
 
-def _hang_run(tmp_path: Path, name: str, targets: int, drafters: int, timeout_s: int) -> Launched:
+def _hang_ends_run(
+    tmp_path: Path, targets: int, drafters: int, timeout_s: int, fault: signal.Signals
+) -> str:
+    """Start a run with progress and heartbeat allowances of `timeout_s`, send `fault` to
+    its last rank after step 2, and return the output once the whole run ended in time,
+    naming that rank, with /dev/shm clean and no rank exiting cleanly."""
+    name = f"{fault.name.lower()}{os.getpid()}"
     launched = _launch(
         tmp_path / "run",
         targets,
@@ -120,25 +125,22 @@ def _hang_run(tmp_path: Path, name: str, targets: int, drafters: int, timeout_s:
             f"ring.heartbeat_timeout_s={timeout_s}",
         ],
     )
-    _wait_for_step(launched, 2)
-    return launched
-
-
-def _ends_naming(launched: Launched, name: str, victim_rank: int, fault: signal.Signals) -> str:
-    """Send `fault` to rank `victim_rank`; return the output once the whole run ended in
-    time, naming the rank, with /dev/shm clean and no rank exiting cleanly."""
-    reader = _ring_reader(name)
     try:
-        ranks = {r.rank: r for r in reader.snapshot().ranks}
+        _wait_for_step(launched, 2)
+        reader = _ring_reader(name)
+        try:
+            ranks = {r.rank: r for r in reader.snapshot().ranks}
+        finally:
+            reader.close()
+        victim = ranks[targets - 1 if fault == signal.SIGSTOP else targets + drafters - 1]
+        os.kill(victim.pid, fault)
+        _wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
+        launched.proc.wait(END_AFTER_HANG_S)
     finally:
-        reader.close()
-    victim = ranks[victim_rank]
-    os.kill(victim.pid, fault)
-    _wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
-    launched.proc.wait(END_AFTER_HANG_S)
+        _stop_all(launched)
     output = launched.text()
     assert launched.proc.returncode != 0, output[-3000:]
-    named = f"rank {victim_rank} ({victim.role}, pid {victim.pid})"
+    named = f"rank {victim.rank} ({victim.role}, pid {victim.pid})"
     assert named in output, f"the terminal does not name {named}:\n{output[-3000:]}"
     for rank in ranks.values():
         assert "exiting with code 0" not in _rank_log(launched.run_dir, rank.rank, rank.role)
@@ -148,12 +150,7 @@ def _ends_naming(launched: Launched, name: str, victim_rank: int, fault: signal.
 
 @pytest.mark.slow
 def test_a_stopped_target_ends_the_run_naming_it(tmp_path: Path) -> None:
-    name = f"stop{os.getpid()}"
-    launched = _hang_run(tmp_path, name, targets=2, drafters=1, timeout_s=8)
-    try:
-        output = _ends_naming(launched, name, 1, signal.SIGSTOP)
-    finally:
-        _stop_all(launched)
+    output = _hang_ends_run(tmp_path, 2, 1, timeout_s=8, fault=signal.SIGSTOP)  # target 1
     # While it was silent the drafter trained on the other target's batches: it said so.
     assert "target rank 1 silent" in output, output[-3000:]
 
@@ -165,12 +162,7 @@ def test_a_stuck_main_thread_ends_the_run_naming_it(
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(SPIN_HOOK), os.environ.get("PYTHONPATH", "")])
     )
-    name = f"spin{os.getpid()}"
-    launched = _hang_run(tmp_path, name, targets=1, drafters=1, timeout_s=6)
-    try:
-        output = _ends_naming(launched, name, 1, signal.SIGUSR1)
-    finally:
-        _stop_all(launched)
+    output = _hang_ends_run(tmp_path, 1, 1, timeout_s=6, fault=signal.SIGUSR1)  # the drafter
     assert "is hung: no progress" in output, output[-3000:]
 
 

@@ -47,6 +47,7 @@ from safetensors.torch import load_file
 from ringtrain.drafter import latest_checkpoint, read_checkpoint_extra
 from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
 from ringtrain.ring import Phase, RingReader, discover
+from ringtrain.ring.liveness import process_state
 from ringtrain.ring.phases import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,14 +116,6 @@ def workers(launcher: int) -> dict[int, int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def ring_up(name: str, running: bool = False) -> bool:
     """Whether the run's ring exists and every rank maps it (and, with `running`, every
     rank made progress in its loop)."""
@@ -187,7 +180,7 @@ def run_round(result: Round, args: argparse.Namespace, run_dir: Path, name: str)
     result.exit_code = proc.returncode
     if pids:
         result.stop_s = time.monotonic() - fault_time
-    left = [pid for pid in pids.values() if alive(pid)]
+    left = [pid for pid in pids.values() if process_state(pid) not in ("", "Z", "X")]
     if left:
         result.violations.append(f"processes {left} outlived the launcher")
         for pid in left:
