@@ -94,3 +94,10 @@ def test_a_finished_run_renders_one_png(tmp_path: Path, capsys: pytest.CaptureFi
     no_figures = [step_record(step, ring=False, gpu=False) for step in range(1, 3)]
     assert plot_main([str(write_run(tmp_path / "cpu", no_figures))]) == 0
     assert (tmp_path / "cpu" / "run.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_skipped_step_with_a_non_finite_loss_is_plotted_as_a_gap(tmp_path: Path) -> None:
+    records = [step_record(step) for step in range(1, 6)]
+    records[2] |= {"loss": None, "skipped": True}  # NaN is null in JSON
+    assert plot_main([str(write_run(tmp_path / "run", records))]) == 0
+    assert (tmp_path / "run" / "run.png").read_bytes().startswith(PNG_MAGIC)

@@ -10,6 +10,7 @@ written before they were recorded, GPU busy on CPU) leaves its panel with a note
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from pathlib import Path
 
@@ -42,7 +43,9 @@ _OLD_NAMES = {"tau_uniform": "tau"}
 def _series(run: RunLog, key: str) -> tuple[np.ndarray, np.ndarray]:
     steps = np.array([r["step"] for r in run.steps], dtype=float)
     old = _OLD_NAMES.get(key, key)
-    return steps, np.array([float(r[key] if key in r else r[old]) for r in run.steps])
+    values = [r[key] if key in r else r[old] for r in run.steps]
+    # A skipped step's non-finite loss is null in JSON: plotted as a gap.
+    return steps, np.array([math.nan if v is None else float(v) for v in values])
 
 
 def _note(ax: Axes, text: str) -> None:
