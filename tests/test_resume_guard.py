@@ -146,7 +146,8 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_host_and_pid(
     try:
         wait_for_step(live, run_dir, 5, output)
         holder = worker_pid(live.pid, 0)
-        second = run_training(run_dir, 2, 1, [*BASE, "run.max_steps=100000"], resume=True)
+        # Two processes are enough to be refused (the lock comes before the layout matters).
+        second = run_training(run_dir, 1, 1, [*BASE, "run.max_steps=100000"], resume=True)
         assert live.poll() is None, output.read_text()[-3000:]
         os.kill(live.pid, signal.SIGTERM)  # the launcher: the live run checkpoints and ends
         live.wait(RUN_TIMEOUT_S)
@@ -165,7 +166,7 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_host_and_pid(
 @pytest.mark.slow
 def test_a_fresh_start_over_checkpoints_needs_overwrite(run_dir: Path) -> None:
     old_run_id = read_run_id(run_dir)
-    refused = run_training(run_dir, 2, 1, BASE)
+    refused = run_training(run_dir, 1, 1, BASE)
     assert refused.returncode != 0 and refused_in_preflight(refused)
     assert refused.stderr.count("holds checkpoints of an earlier run (newest step_00000004)") == 1
     assert "--overwrite" in refused.stderr
