@@ -19,7 +19,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringtrain.config import Config, ConfigError, dump_config, load_config, parse_config
+from ringtrain.config import (
+    Config,
+    ConfigError,
+    add_override_option,
+    dump_config,
+    load_config,
+    parse_config,
+)
 from ringtrain.trainer.logs import get_logger, setup_logging
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
@@ -34,14 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Train a DFlash drafter (start through torchrun).",
     )
     parser.add_argument("--config", help="TOML config (default: the embedded tiny run)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set run.max_steps=10",
-    )
+    add_override_option(parser)
     parser.add_argument(
         "--resume", action="store_true", help="continue from the newest complete checkpoint"
     )

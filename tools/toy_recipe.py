@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from ringtrain.config import Config, load_config
+from ringtrain.config import Config, add_override_option, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "configs" / "recipes" / "toy.toml"
@@ -347,14 +347,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "steps (decayed_ce, dpace; default: the training config's)",
     )
     parser.add_argument("--fresh", action="store_true", help="remake the target and the data")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a training config value (repeatable)",
-    )
+    add_override_option(parser)
     parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
     return parser.parse_args(argv)
 
