@@ -55,7 +55,7 @@ from tests.launcher import (
 # Every surviving rank must be gone this long after a peer was killed.
 EXIT_AFTER_KILL_S = 30.0
 # A run refused for bad input exits well within this (it never starts distributed work).
-VALIDATION_TIMEOUT_S = 90.0
+VALIDATION_TIMEOUT_S = 240.0
 POLL_S = 0.1
 
 
