@@ -39,7 +39,11 @@ def test_stopped_run_resumed_yields_every_record_once(
     with ChatServer(faults=Faults(hold_after=60)) as server:
         command = [sys.executable, "-m", "ringtrain.cli.data"]
         command += _args(server.url, chats, output, "--concurrency", "8")
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        # Ctrl-C as in a terminal: the child takes SIGINT whatever this process ignores
+        # (a background job of a non-interactive shell starts with SIGINT ignored).
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, preexec_fn=_default_sigint
+        )
         try:
             assert server.held.wait(60), "the run never reached the held answers"
             process.send_signal(stop)
@@ -53,6 +57,10 @@ def test_stopped_run_resumed_yields_every_record_once(
         server.open_gate()
         assert data_main(_args(server.url, chats, output, "--resume")) == 0
     assert_all_regenerated(chats, output, good)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _options(url: str, chats: Path, output: Path) -> RegenerateOptions:
