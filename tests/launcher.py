@@ -72,6 +72,21 @@ def run_training(
     )
 
 
+def start_training(
+    run_dir: Path, targets: int, drafters: int, overrides: list[str]
+) -> subprocess.Popen[str]:
+    """Start a training job in a process group of its own (so a test can signal the whole
+    launch) with its output merged on one pipe; returns the running launcher."""
+    return subprocess.Popen(
+        torchrun_command(run_dir, targets, drafters, overrides),
+        env=run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def metric_records(run_dir: Path, event: str) -> list[dict]:
     """The records of one event type ("step", "eval") in metrics.jsonl, in file order."""
     path = run_dir / "metrics.jsonl"

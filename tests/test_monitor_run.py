@@ -15,7 +15,7 @@ from monitor_records import tensorboard_scalars
 
 from ringtrain.cli.plot import main as plot_main
 from ringtrain.monitor.runlog import RunDirError, read_run
-from tests.launcher import RUN_TIMEOUT_S, eval_records, run_env, step_records, torchrun_command
+from tests.launcher import RUN_TIMEOUT_S, eval_records, start_training, step_records
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
@@ -52,14 +52,7 @@ def test_a_run_reporting_to_tensorboard_plotted_live_and_finished(tmp_path: Path
         'run.report_to=["tensorboard"]',
         "run.name=plotted",
     ]
-    proc = subprocess.Popen(
-        torchrun_command(run_dir, 1, 1, overrides),
-        env=run_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_training(run_dir, 1, 1, overrides)
     try:
         _wait_until_evaluated(run_dir, proc)
         _plot(run_dir, tmp_path / "live.png")

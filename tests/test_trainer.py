@@ -15,11 +15,10 @@ from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from tests.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
-    run_env,
     run_training,
     shm_entries,
+    start_training,
     step_records,
-    torchrun_command,
     trained_batches,
 )
 
@@ -114,14 +113,7 @@ def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
     assert len(reference) == 20
 
     run_dir = tmp_path / "interrupted"
-    proc = subprocess.Popen(
-        torchrun_command(run_dir, 1, 1, overrides),
-        env=run_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_training(run_dir, 1, 1, overrides)
     _wait_for_step(run_dir, proc, 5)
     os.killpg(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
