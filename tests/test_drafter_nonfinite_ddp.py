@@ -9,13 +9,12 @@ reduction), and end with the same finite weights.
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_drafter_data_parallel import make_trainee
+from test_drafter_data_parallel import make_trainee, run_two_drafters
 from test_trainer_loop import ReporterStandIn, RingStandIn, item
 from tiny_drafter import MAX_TOKENS, make_cfg
 
@@ -26,7 +25,6 @@ from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 
-CTX = mp.get_context("spawn")
 STEPS = 4
 
 
@@ -61,16 +59,7 @@ def worker(rank: int, store: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_both_drafters_skip_the_same_non_finite_steps(tmp_path: Path) -> None:
-    workers = [
-        CTX.Process(target=worker, args=(rank, str(tmp_path / "store"), str(tmp_path)))
-        for rank in (0, 1)
-    ]
-    for process in workers:
-        process.start()
-    for process in workers:
-        process.join(timeout=120)
-        assert process.exitcode == 0, f"drafter worker exit code {process.exitcode}"
-    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    ranks = run_two_drafters(worker, tmp_path)
     for result in ranks:
         assert result["skipped"] == [False, True, True, False]
         assert all(torch.isfinite(w).all() for w in result["weights"])
