@@ -90,6 +90,7 @@ def load_target(
     attn_implementation: str = "auto",
     random_weights: bool = False,
     compile: str = "auto",
+    group: torch.distributed.ProcessGroup | None = None,
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
 
@@ -98,12 +99,21 @@ def load_target(
     ``"auto"`` compiles the decoder layers with torch.compile on CUDA and runs them
     eagerly on CPU; ``"on"`` / ``"off"`` force it. ``attn_implementation``
     (``target.attn_implementation``): ``"auto"`` picks SDPA where the model allows it.
+    ``group``: the process group of a tensor-parallel target group (every member calls
+    ``load_target`` with the same arguments and later ``forward_into`` with the same
+    batch, and gets identical taps); None or a group of one loads the whole truncated
+    target on this rank. Sharding over a group of several is not implemented yet.
 
     ``tap_layers`` empty or None picks the DFlash spread over the FULL layer count
     (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights,
     quantization and tapped layers runs before any weight is read.
     """
     started = time.perf_counter()
+    if group is not None and group.size() > 1:
+        raise NotImplementedError(
+            f"a tensor-parallel target group of {group.size()} is not supported yet; "
+            f"use target_tp = 1"
+        )
     checkpoint = TargetCheckpoint(path, weights=not random_weights)
     taps = _resolve_taps(checkpoint, tap_layers, num_taps)
     device = torch.device(device)
