@@ -38,6 +38,10 @@ class LayoutConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     targets_per_node: int = 2
     drafters_per_node: int = 1
+    # Target ranks per tensor-parallel target group: consecutive target ranks of a node
+    # run one target together and feed the ring as one producer. Must divide
+    # targets_per_node (a group never spans nodes). 1: every target rank is its own.
+    target_tp: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Local rank -> CUDA device index. Empty: local rank r uses GPU r % device_count.
     gpu_map: list[int] = msgspec.field(default_factory=list)
 

@@ -106,15 +106,24 @@ def set_compile_caches(config: Config, info: RankInfo) -> None:
 
 
 def init_distributed(info: RankInfo) -> dist.ProcessGroup | None:
-    """Join the world (gloo, start-up barriers only) and build the drafters' group.
+    """Join the world (gloo, start-up barriers only) and build the drafters' group and
+    the target groups.
 
-    Returns the drafters' gradient group on drafter ranks when there is more than one
-    drafter, else None. Target ranks never join a collective after start-up."""
+    Returns this rank's group: the drafters' gradient group on drafter ranks when there
+    is more than one drafter, a target rank's tensor-parallel group when
+    layout.target_tp > 1, else None. Every rank creates every group, in the same order
+    (torch.distributed requires it). Target ranks join no collective but their group's."""
     dist.init_process_group("gloo", timeout=timedelta(minutes=30))
-    ranks = info.drafter_ranks
     backend = "nccl" if info.device.type == "cuda" else "gloo"
+    ranks = info.drafter_ranks
     group = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
-    return group if info.role == "drafter" else None
+    own = group if info.role == "drafter" else None
+    if info.target_tp > 1:
+        for ranks in info.target_groups:
+            group = dist.new_group(ranks=ranks, backend=backend)
+            if info.role == "target" and info.rank in ranks:
+                own = group
+    return own
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ def format_snapshot(snap: RingSnapshot) -> str:
             if snap.interval_s
             else ""
         ),
+        *_group_lines(snap),
         "",
         f"{'rank':>4} {'role':<7} {'pid':>7} {'status':<8} {'beat':>6} {'step':>7} {'items':>8} "
         f"{'items/s':>8} {'blocked':>7} {'starved':>7} {'gpu':>6}  last error",
@@ -64,7 +65,7 @@ def format_snapshot(snap: RingSnapshot) -> str:
         status = r.status if r.alive else f"DEAD ({r.dead_reason})"
         lines.append(
             f"{r.rank:>4} {r.role:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
-            f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.role == 'target' else '-':>7} "
+            f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.is_producer else '-':>7} "
             f"{_pct(starved) if r.role == 'drafter' else '-':>7} "
             f"{'-' if r.gpu_busy is None else _pct(100.0 * r.gpu_busy):>6}  {r.last_error[:60]}"
         )
@@ -72,9 +73,23 @@ def format_snapshot(snap: RingSnapshot) -> str:
     return "\n".join(lines)
 
 
+def _group_lines(snap: RingSnapshot) -> list[str]:
+    """One line naming the target groups and their ranks (none without target groups)."""
+    if not snap.target_groups:
+        return []
+    named = ", ".join(
+        f"target group {g} (ranks {','.join(map(str, ranks))})"
+        for g, ranks in snap.target_groups.items()
+    )
+    return [f"{named}; each group is one producer, its first rank publishes"]
+
+
 def role_split_advice(current: RingSnapshot, previous: RingSnapshot | None) -> list[str]:
     """Which split of the node's GPUs would be fastest, from the ranks' rates since `previous`
-    (since they attached without one); nothing while a rank is dead or a role has no rate."""
+    (since they attached without one); nothing while a rank is dead or a role has no rate,
+    and nothing for target groups (the arithmetic counts one GPU per target)."""
+    if current.target_groups:
+        return []
     advice = ring_advice(current, previous)
     if not advice:
         return []

@@ -52,7 +52,7 @@ class HandOff:
     ) -> None:
         self.spec, self.control, self.local_index = spec, control, local_index
         self._check_peers = check_peers
-        self._is_producer = spec.roles[local_index] == "target"
+        self._is_producer = local_index in spec.producers
         self._lock_fd = os.open(lock_path(spec.lock_dir, spec.run_id), os.O_RDWR)
         self._ready = posix_ipc.Semaphore(ready_sem_name(spec.run_id))
         self._free = [

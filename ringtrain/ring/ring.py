@@ -129,6 +129,8 @@ class Ring:
             )
         self.spec, self.local_index, self.device = spec, local_index, device
         self.role = spec.roles[local_index]
+        # False for a target group's non-lead members: they attach, own no slots.
+        self.is_producer = local_index in spec.producers
         self.layout = SlotLayout.of(spec)
         self._shm = posix_ipc.SharedMemory(ctl_name(spec.run_id))
         self._mm = mmap.mmap(self._shm.fd, self._shm.size)
@@ -298,7 +300,7 @@ class Ring:
     def _mark_closed(self, clean: bool) -> None:
         """Record the exit in the rank table, wake waiters if unclean, stop threads, unlink."""
         owner = threading.get_ident() == self._owner_thread
-        if self.role == "target" and clean:
+        if self.is_producer and clean:
             self.handoff.finish()
         if clean and owner and self._producer is not None and self.transport == "device":
             self._drain(self._producer)
@@ -394,6 +396,13 @@ class Ring:
         self._row["phase"] = phase
         self._row["progress_ns"] = monotonic_ns()
 
+    def waiting(self) -> None:
+        """Refresh this rank's progress while its main thread waits on a peer outside the
+        ring (a target group's member waiting for its lead's decision): like a ring wait,
+        it waits on its peers and is not stuck; a hung peer is named by its own progress."""
+        if not self._closed:
+            self._row["progress_ns"] = monotonic_ns()
+
     def phase_marker(self, phase: Phase) -> Callable[..., None]:
         """A callable (of any arguments) that announces `phase` until the next
         record_progress: for a rank that waits on another's long phase, e.g. a drafter
@@ -451,10 +460,11 @@ class Ring:
     # ---- roles ---------------------------------------------------------------------
 
     def producer(self) -> Producer:
-        """The producer end (target ranks only)."""
-        if self.role != "target":
+        """The producer end (target ranks that lead their group only)."""
+        if not self.is_producer:
             raise RingError(
-                f"ring index {self.local_index} is a {self.role}, not a target: no producer()"
+                f"ring index {self.local_index} is a {self.spec.role_label(self.local_index)}, "
+                "not a producer: no producer()"
             )
         if self._producer is None:
             self._producer = Producer(self.handoff, self.payload)

@@ -81,6 +81,15 @@ class RankSnapshot:
     progress_age_s: float = 0.0  # seconds since its main thread last made progress
     hung_reason: str | None = None  # set while it is hung (alive, but no progress)
     silent: bool = False  # silent for a few seconds (phases.SILENT_AFTER_S)
+    # Target groups (layout.target_tp > 1): the rank's group, global over nodes, and its
+    # place in it (0: the lead, the group's producer); -1 for drafters and without groups.
+    group: int = -1
+    member: int = -1
+
+    @property
+    def is_producer(self) -> bool:
+        """A rank that publishes slots: a target rank, or with target groups a group's lead."""
+        return self.role == "target" and self.member <= 0
 
 
 @dataclass
@@ -110,6 +119,15 @@ class RingSnapshot:
     interval_producers_blocked_pct: float | None = None
     interval_consumers_starved_pct: float | None = None
     interval_items_per_s: float | None = None
+
+    @property
+    def target_groups(self) -> dict[int, list[int]]:
+        """Global ranks of each target group, by group index (empty without target groups)."""
+        groups: dict[int, list[int]] = {}
+        for r in self.ranks:
+            if r.group >= 0:
+                groups.setdefault(r.group, []).append(r.rank)
+        return groups
 
     @property
     def dead(self) -> list[RankSnapshot]:
@@ -154,7 +172,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
     waiting = int(row["wait_start_ns"])
     live_wait = now - waiting if waiting and reason is None else 0
     role = spec.roles[index]
-    blocked = int(row["blocked_ns"]) + (live_wait if role == "target" else 0)
+    blocked = int(row["blocked_ns"]) + (live_wait if index in spec.producers else 0)
     starved = int(row["starved_ns"]) + (live_wait if role == "drafter" else 0)
     items = int(row["items"])
     span_ns = max(now - attached, 1)
@@ -182,6 +200,8 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         progress_age_s=progress_age_s(row, now) if status != cb.EMPTY else 0.0,
         hung_reason=hung,
         silent=reason is None and is_silent(row, now, spec),
+        group=group[0] if (group := spec.target_group(index)) else -1,
+        member=group[1] if group else -1,
     )
 
 
@@ -192,7 +212,7 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
     states = [cb.SLOT_STATES[int(s)] for s in ctl.slot_state]
     counts = {name: states.count(name) for name in cb.SLOT_STATES}
     ranks = [_rank_snapshot(ctl, spec, i, now) for i in range(spec.num_ranks)]
-    blocked = _mean([r.blocked_pct for r in ranks if r.role == "target"])
+    blocked = _mean([r.blocked_pct for r in ranks if r.is_producer])
     starved = _mean([r.starved_pct for r in ranks if r.role == "drafter"])
     transport = "device" if int(header["transport"]) else "host"
     return RingSnapshot(
@@ -233,7 +253,7 @@ def with_interval(previous: RingSnapshot, current: RingSnapshot) -> RingSnapshot
                 interval_starved_pct=100.0 * (r.starved_ns - p.starved_ns) / span_ns,
             )
         )
-    blocked = _mean([r.interval_blocked_pct for r in ranks if r.role == "target"])
+    blocked = _mean([r.interval_blocked_pct for r in ranks if r.is_producer])
     starved = _mean([r.interval_starved_pct for r in ranks if r.role == "drafter"])
     consumed = sum(r.interval_items_per_s for r in ranks if r.role == "drafter")
     return replace(

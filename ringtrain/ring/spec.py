@@ -63,6 +63,9 @@ class RingSpec:
     progress_timeout_s: float = 45.0
     startup_timeout_s: float = 600.0
     lock_dir: str = "/dev/shm"
+    # Consecutive target ranks per target group (tensor parallelism): only each group's
+    # first member is a producer; the others attach for liveness and own no slots.
+    target_tp: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,6 +79,11 @@ class RingSpec:
             problems.append(f"unknown roles {bad}: use {ROLES}")
         if "target" not in self.roles or "drafter" not in self.roles:
             problems.append(f"roles {self.roles} need at least one target and one drafter")
+        targets = self.roles.count("target")
+        if self.target_tp < 1 or targets % self.target_tp:
+            problems.append(
+                f"target_tp = {self.target_tp} must be >= 1 and divide the {targets} target ranks"
+            )
         if self.transport not in TRANSPORTS:
             problems.append(f"transport {self.transport!r} must be one of {TRANSPORTS}")
         for name in ("slots_per_producer", "max_tokens", "max_docs", "hidden_width"):
@@ -100,13 +108,38 @@ class RingSpec:
 
     @functools.cached_property
     def producers(self) -> tuple[int, ...]:
-        """Ring-local indices of the target ranks, in producer order."""
-        return tuple(i for i, role in enumerate(self.roles) if role == "target")
+        """Ring-local indices of the producers, in producer order: every target rank, or
+        with target groups (target_tp > 1) each group's lead."""
+        return tuple(g[0] for g in self.target_groups_local)
 
     @functools.cached_property
     def consumers(self) -> tuple[int, ...]:
         """Ring-local indices of the drafter ranks."""
         return tuple(i for i, role in enumerate(self.roles) if role == "drafter")
+
+    @functools.cached_property
+    def target_groups_local(self) -> tuple[tuple[int, ...], ...]:
+        """Ring-local indices of each target group's ranks, lead first, in producer order."""
+        targets = [i for i, role in enumerate(self.roles) if role == "target"]
+        k = self.target_tp
+        return tuple(tuple(targets[i : i + k]) for i in range(0, len(targets), k))
+
+    def target_group(self, index: int) -> tuple[int, int] | None:
+        """(group index, global over nodes; member index) of ring-local rank `index` when
+        target groups are on (target_tp > 1); None for a drafter or without groups."""
+        if self.target_tp == 1:
+            return None
+        node = self.global_ranks[0] // self.num_ranks  # nodes have equal rank counts
+        for producer, members in enumerate(self.target_groups_local):
+            if index in members:
+                return node * len(self.target_groups_local) + producer, members.index(index)
+        return None
+
+    def role_label(self, index: int) -> str:
+        """How messages name ring-local rank `index`'s role: "target", "drafter", or with
+        target groups "target, group G member M"."""
+        group = self.target_group(index)
+        return self.roles[index] if group is None else f"target, group {group[0]} member {group[1]}"
 
     @property
     def num_slots(self) -> int:

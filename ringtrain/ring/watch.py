@@ -81,7 +81,8 @@ class Watch:
         error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
         rank, role = self.spec.global_ranks[index], self.spec.roles[index]
         return kind(
-            f"ring {self.spec.run_id}: rank {rank} ({role}, pid {int(row['pid'])}) {reason}; "
+            f"ring {self.spec.run_id}: rank {rank} ({self.spec.role_label(index)}, "
+            f"pid {int(row['pid'])}) {reason}; "
             f"its last error: {error or 'none recorded'}",
             rank=rank,
             role=role,

@@ -72,10 +72,15 @@ def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
     )
 
 
+# Keys of stream_identity that older checkpoints lack, with the value those runs had.
+_RECORDED_LATER = {"layout.target_tp": 1}
+
+
 def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> dict[str, Any]:
     """Everything that decides the targets' batch sequence, keyed by the setting's name:
     the dataset (path, kept rows, tokens and a hash of the row lengths, cheap to compute
-    and sensitive to any change of the rows), the [data] settings and the target count."""
+    and sensitive to any change of the rows), the [data] settings, the target count and
+    the target group size (together: the producer count, which shards the data)."""
     return {  # settings first: a changed setting is named before the rows it changes
         "data.seed": config.data.seed,
         "data.token_budget": config.data.token_budget,
@@ -83,6 +88,7 @@ def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> dict
         "data.max_len": config.data.max_len,
         "data.truncate": config.data.truncate,
         "target count (layout.targets_per_node x nodes)": targets,
+        "layout.target_tp": config.layout.target_tp,
         "data.path": str(dataset.path),
         "dataset rows": dataset.num_rows,
         "dataset tokens": dataset.num_tokens,
@@ -106,11 +112,12 @@ def check_resume_stream(checkpoint: Path, stream: dict[str, Any], announce: bool
             )
         return
     for key, now in stream.items():
-        if key == "data.path" or saved.get(key) == now:
+        was = saved.get(key, _RECORDED_LATER.get(key))
+        if key == "data.path" or was == now:
             continue
         raise ConfigError(
             f"--resume: {key} is {now!r} but checkpoint {checkpoint} was trained with "
-            f"{saved.get(key)!r}; the batch sequence would change (batches trained twice or "
+            f"{was!r}; the batch sequence would change (batches trained twice or "
             f"never): resume with the original value, or start a new run (--overwrite, or "
             "another run.run_dir)"
         )
@@ -206,11 +213,11 @@ def batch_stream(
 
 
 def eval_batches_per_round(config: Config, plan: Plan, info: RankInfo) -> int:
-    """Held-out batches of one evaluation round over every target (0: no evaluation)."""
+    """Held-out batches of one evaluation round over every producer (0: no evaluation)."""
     if not config.run.eval_every or plan.eval_dataset is None:
         return 0
-    targets = info.num_nodes * info.targets_per_node
-    return batch_stream(config, plan.eval_dataset, 0, targets).batches_per_rank * targets
+    producers = info.producer_count
+    return batch_stream(config, plan.eval_dataset, 0, producers).batches_per_rank * producers
 
 
 def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> RingSpec:
@@ -233,4 +240,5 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         progress_timeout_s=config.ring.progress_timeout_s,
         startup_timeout_s=config.ring.startup_timeout_s,
         lock_dir=config.ring.lock_dir,
+        target_tp=info.target_tp,
     )

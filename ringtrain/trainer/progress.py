@@ -140,7 +140,10 @@ class Progress:
             self._last.tau_uniform,
         )
         tokens_per_item = self._tokens / max(self._items, 1)
-        for line in ring_advice(self._ring.snapshot(), self._advice_from, tokens_per_item):
+        snapshot = self._ring.snapshot()
+        if snapshot.target_groups:  # the split arithmetic counts one GPU per target
+            return
+        for line in ring_advice(snapshot, self._advice_from, tokens_per_item):
             get_logger().info("%s", line)
 
 

@@ -3,6 +3,12 @@
 On every node, local ranks 0..T-1 are targets (producers into the node's ring) and local
 ranks T..T+D-1 are drafters (consumers). Role indices are global: target i of node n is
 target n*T + i, likewise for drafters, so data sharding and gradient groups span nodes.
+
+With `[layout] target_tp = k`, consecutive target ranks of a node form groups of k that
+run one target with tensor parallelism: target i is member i % k of group i // k (global
+over nodes, since k divides T a group never spans nodes). A group is one producer on the
+ring: its data stream, cursor and evaluation shard are keyed by the group index, and its
+member 0 (the lead) is the one that takes and publishes slots.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class RankInfo:
     targets_per_node: int
     drafters_per_node: int
     device: torch.device
+    target_tp: int = 1  # target ranks per tensor-parallel target group
 
     @property
     def is_target(self) -> bool:
@@ -54,6 +61,36 @@ class RankInfo:
             node * per_node + self.targets_per_node + i
             for node in range(self.num_nodes)
             for i in range(self.drafters_per_node)
+        ]
+
+    @property
+    def producer_count(self) -> int:
+        """Producers on all rings: target groups over all nodes (target ranks when k = 1)."""
+        return self.num_nodes * self.targets_per_node // self.target_tp
+
+    @property
+    def group_index(self) -> int:
+        """A target rank's group, global over nodes: its producer index."""
+        return self.role_index // self.target_tp
+
+    @property
+    def group_member(self) -> int:
+        """A target rank's place in its group (0: the lead, which publishes the slots)."""
+        return self.role_index % self.target_tp
+
+    @property
+    def group_ranks(self) -> list[int]:
+        """Global ranks of this target rank's group, lead first."""
+        first = self.rank - self.group_member
+        return list(range(first, first + self.target_tp))
+
+    @property
+    def target_groups(self) -> list[list[int]]:
+        """Global ranks of every target group, node by node (the same list on every rank)."""
+        return [
+            [node * self.local_world_size + first + m for m in range(self.target_tp)]
+            for node in range(self.num_nodes)
+            for first in range(0, self.targets_per_node, self.target_tp)
         ]
 
     @property
@@ -113,6 +150,12 @@ def rank_info_from_env(
             f"torchrun started {local_world_size}: use --nproc-per-node {per_node} or "
             "change [layout]"
         )
+    if layout.targets_per_node % layout.target_tp:
+        raise ConfigError(
+            f"[layout] target_tp = {layout.target_tp} does not divide targets_per_node = "
+            f"{layout.targets_per_node}: a target group is target_tp consecutive target ranks "
+            "of one node; make targets_per_node a multiple of target_tp"
+        )
     num_nodes = world_size // local_world_size
     node_rank = rank // local_world_size
     if local_rank < layout.targets_per_node:
@@ -136,4 +179,5 @@ def rank_info_from_env(
         targets_per_node=layout.targets_per_node,
         drafters_per_node=layout.drafters_per_node,
         device=choose_device(local_rank, layout, device_preference),
+        target_tp=layout.target_tp,
     )

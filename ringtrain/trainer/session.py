@@ -40,7 +40,8 @@ from ringtrain.trainer.progress import LeadReporter, Progress
 from ringtrain.trainer.roles import RankInfo
 from ringtrain.trainer.run_dir import read_run_id
 from ringtrain.trainer.signals import StopRequest
-from ringtrain.trainer.target_loop import run_target_loop
+from ringtrain.trainer.target_group import GroupDecisions
+from ringtrain.trainer.target_loop import BatchOrder, run_target_loop
 
 
 def join_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring:
@@ -88,7 +89,7 @@ def run_session(
     ring.start_watchdog(_die_on_peer_death(ring))
     try:
         if info.is_target:
-            _run_target(config, info, plan, ring, resume_from, stop)
+            _run_target(config, info, plan, ring, resume_from, group, stop)
         else:
             _run_drafter(config, info, run_dir, plan, ring, resume_from, group, stop)
         if stop.requested:
@@ -116,22 +117,26 @@ def _run_target(
     plan: Plan,
     ring: Ring,
     resume_from: Path | None,
+    group: dist.ProcessGroup | None,
     stop: StopRequest,
 ) -> None:
+    """Produce batches as this rank's producer (its target group, when target_tp > 1):
+    the group's stream, cursor and evaluation shard are keyed by the group index."""
     log = get_logger()
+    producer, producers = info.group_index, info.producer_count
     cursor = {"start": 0, "skip": []}
     resumed_step = 0
     if resume_from is not None:
         extra = read_checkpoint_extra(resume_from)
-        cursor = extra["cursors"].get(str(info.role_index), cursor)
+        cursor = extra["cursors"].get(str(producer), cursor)
         resumed_step = extra["step"]
-        log.info("resuming at batch %d of this target's stream", cursor["start"])
+        log.info("resuming at batch %d of this producer's stream", cursor["start"])
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
-        held_out = batch_stream(config, plan.eval_dataset, info.role_index, info.role_count)
+        held_out = batch_stream(config, plan.eval_dataset, producer, producers)
         schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
     stream = batch_stream(
-        config, plan.dataset, info.role_index, info.role_count, cursor["start"], cursor["skip"]
+        config, plan.dataset, producer, producers, cursor["start"], cursor["skip"]
     )
     ring.set_phase(Phase.LOADING_TARGET)
     model = load_target(
@@ -145,7 +150,9 @@ def _run_target(
         compile=config.target.compile,
     )
     runner = TargetRunner(model, info.device)
-    run_target_loop(ring, runner, stream, schedule, config.data.bucket, info.role_index, stop)
+    decisions = GroupDecisions(ring, group, info.group_ranks[0], info.device)
+    order = BatchOrder(stream, schedule)
+    run_target_loop(ring, runner, order, decisions, config.data.bucket, producer, stop)
 
 
 def _run_drafter(

@@ -5,10 +5,15 @@ hooks writing the tapped layers straight into the slot, fills in the token array
 publishes the slot. The next batch's host-to-device copy is started while the current
 forward runs. Held-out batches are inserted when evaluation is due (trainer/evaluation.py).
 The loop ends when the ring closes (the drafters are done) or on SIGTERM.
+
+A tensor-parallel target group runs this loop on every member: the lead takes and
+publishes the slots and decides each iteration, the other members follow its decision
+(trainer/target_group.py) and write their identical taps into a scratch buffer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -17,6 +22,7 @@ import torch
 
 from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Phase, Ring, RingClosed
+from ringtrain.ring.ends import Producer, WriteSlot
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
@@ -24,38 +30,94 @@ from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.target_group import Decision, GroupDecisions
 
 
 def _fill(view: torch.Tensor, values: np.ndarray) -> None:
     view[: len(values)].copy_(torch.from_numpy(values), non_blocking=True)
 
 
-def _batches(
-    ring: Ring, stream: BatchStream, schedule: EvalSchedule | None
-) -> Iterator[tuple[Batch, BatchKind, int]]:
-    """(batch, kind, eval round) in production order: training batches, with this target's
-    held-out shard inserted whenever the drafters reach the next evaluation step."""
-    while True:
-        if schedule is not None and schedule.due(ring.drafter_step()):
-            for batch, round_id in schedule.round_batches():
-                yield batch, BatchKind.EVAL, round_id
-        yield next(stream), BatchKind.TRAIN, 0
+class BatchOrder:
+    """A producer's batches in production order: training batches, with its held-out shard
+    inserted whenever an evaluation round is due (decided by the group's lead)."""
+
+    def __init__(self, stream: BatchStream, schedule: EvalSchedule | None) -> None:
+        self.stream, self.schedule = stream, schedule
+        self._round: Iterator[tuple[Batch, int]] | None = None
+
+    def eval_due(self, drafter_step: int) -> bool:
+        """Whether the drafters reached the next evaluation step."""
+        return self.schedule is not None and self.schedule.due(drafter_step)
+
+    def next(self, eval_due: bool) -> tuple[Batch, BatchKind, int]:
+        """(batch, kind, eval round) to produce next; `eval_due` starts a round unless one
+        is in progress."""
+        if self._round is None and eval_due and self.schedule is not None:
+            self._round = self.schedule.round_batches()
+        if self._round is not None:
+            for batch, round_id in self._round:
+                return batch, BatchKind.EVAL, round_id
+            self._round = None
+        return next(self.stream), BatchKind.TRAIN, 0
+
+
+def _fill_slot(
+    slot: WriteSlot, batch: Batch, kind: BatchKind, round_id: int, producer_index: int
+) -> BatchMeta:
+    """Write the batch's token arrays into `slot`; the descriptor to publish it with."""
+    _fill(slot.input_ids, batch.input_ids)
+    _fill(slot.loss_mask, batch.loss_mask)
+    _fill(slot.position_ids, batch.position_ids)
+    _fill(slot.cu_seqlens, batch.cu_seqlens)
+    return BatchMeta(
+        batch_id=batch.batch_id,
+        epoch=batch.epoch,
+        seq=batch.seq,
+        producer=producer_index,
+        kind=kind,
+        round=round_id,
+    )
+
+
+def _lead_decision(
+    ring: Ring, producer: Producer | None, order: BatchOrder, stop: StopRequest
+) -> tuple[WriteSlot | None, Decision | None]:
+    """On the lead: a free slot, or None to stop (stop requested, or the ring closed), and
+    the decision to share; (None, None) on the other members of a group."""
+    if producer is None:
+        return None, None
+    slot = None
+    if not stop.requested:
+        with contextlib.suppress(RingClosed):  # every drafter is done
+            slot = producer.acquire()
+    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.drafter_step()))
 
 
 def run_target_loop(
     ring: Ring,
     runner: TargetRunner,
-    stream: BatchStream,
-    schedule: EvalSchedule | None,
+    order: BatchOrder,
+    decisions: GroupDecisions,
     bucket: int,
     producer_index: int,
     stop: StopRequest,
 ) -> int:
-    """Produce batches until the ring closes or a stop is requested; returns batches produced."""
+    """Produce batches until the ring closes or a stop is requested (the lead decides for
+    its group); returns the forward passes run."""
     log = get_logger()
-    producer = ring.producer()
-    source = _batches(ring, stream, schedule)
-    batch, kind, round_id = next(source)
+    producer = ring.producer() if decisions.is_lead else None
+    spec = ring.spec
+    done, scratch = "published", None
+    if producer is None:  # a group member: identical taps, never published
+        done = "run as a target group member"
+        scratch = torch.empty(
+            spec.max_tokens, spec.hidden_width, dtype=spec.hidden_dtype, device=runner.device
+        )
+    ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
+    first = decisions.share(
+        Decision(True, order.eval_due(ring.drafter_step())) if producer else None
+    )
+    batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
     produced = 0
     busy = GpuBusySampler(runner.device)
@@ -65,34 +127,24 @@ def run_target_loop(
             "the first forward autotunes the Gated DeltaNet Triton kernels; this takes "
             "about a minute with empty caches"
         )
-    ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
-    while not stop.requested:
-        try:
-            slot = producer.acquire()
-        except RingClosed:
+    while True:
+        slot, decision = _lead_decision(ring, producer, order, stop)
+        decision = decisions.share(decision)
+        if not decision.go:
             break
         n, docs = batch.num_tokens, batch.num_docs
-        runner.forward_into(slot.hidden[:n])
-        _fill(slot.input_ids, batch.input_ids)
-        _fill(slot.loss_mask, batch.loss_mask)
-        _fill(slot.position_ids, batch.position_ids)
-        _fill(slot.cu_seqlens, batch.cu_seqlens)
-        meta = BatchMeta(
-            batch_id=batch.batch_id,
-            epoch=batch.epoch,
-            seq=batch.seq,
-            producer=producer_index,
-            kind=kind,
-            round=round_id,
-        )
-        batch, kind, round_id = next(source)
+        runner.forward_into(slot.hidden[:n] if slot is not None else scratch[:n])
+        meta = _fill_slot(slot, batch, kind, round_id, producer_index) if slot is not None else None
+        batch, kind, round_id = order.next(decision.eval_due)
         runner.prefetch(batch.padded(bucket))
-        producer.publish(slot, n, docs, meta)
+        if slot is not None:
+            producer.publish(slot, n, docs, meta)
         produced += 1
         ring.record_progress(produced)
         ring.report_gpu_busy(busy.sample())
         if produced == 1:
-            log.info("first batch published after %.1f s", time.perf_counter() - started)
-    producer.finish()
-    log.info("target done: %d batches produced", produced)
+            log.info("first batch %s after %.1f s", done, time.perf_counter() - started)
+    if producer is not None:
+        producer.finish()
+    log.info("target done: %d batches %s", produced, done)
     return produced
