@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,10 +26,12 @@ from transformers.utils import logging as hf_logging
 
 from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, layer_index
 from ringtrain.target.compiled import resolve_compile
+from ringtrain.target.parallel import check_tensor_parallel, group_size, shard_target
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
     base_model_class,
     check_structure,
+    is_hybrid,
     resolve_attn_implementation,
 )
 from ringtrain.target.tapped import TappedTarget
@@ -54,11 +57,6 @@ def resolve_dtype(
     if dtype not in DTYPES:
         raise ValueError(f"{setting} {dtype!r} is not one of 'auto', {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def is_hybrid(config: PretrainedConfig) -> bool:
-    """Whether the target has linear-attention (Gated DeltaNet) layers."""
-    return "linear_attention" in (getattr(config, "layer_types", None) or ())
 
 
 def linear_attention_backend(config: PretrainedConfig, device: torch.device) -> str | None:
@@ -102,18 +100,15 @@ def load_target(
     ``group``: the process group of a tensor-parallel target group (every member calls
     ``load_target`` with the same arguments and later ``forward_into`` with the same
     batch, and gets identical taps); None or a group of one loads the whole truncated
-    target on this rank. Sharding over a group of several is not implemented yet.
+    target on this rank. With k > 1 members each holds 1/k of every layer's attention
+    and MLP / expert weights (``ringtrain.target.parallel``): the truncated model is read
+    into host memory, then split layer by layer onto ``device``.
 
     ``tap_layers`` empty or None picks the DFlash spread over the FULL layer count
     (``default_tap_layers(L, num_taps)``). Every check on the directory, config, weights,
     quantization and tapped layers runs before any weight is read.
     """
     started = time.perf_counter()
-    if group is not None and group.size() > 1:
-        raise NotImplementedError(
-            f"a tensor-parallel target group of {group.size()} is not supported yet; "
-            f"use target_tp = 1"
-        )
     checkpoint = TargetCheckpoint(path, weights=not random_weights)
     taps = _resolve_taps(checkpoint, tap_layers, num_taps)
     device = torch.device(device)
@@ -122,22 +117,63 @@ def load_target(
     full_config = checkpoint.text_config()
     check_structure(full_config)
     attention = resolve_attn_implementation(attn_implementation, full_config, device)
-    _announce(checkpoint, taps, dtype, device, attention, compiled)
     kept = max(taps) + 1
+    members = group_size(group)
+    check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
+    _announce(checkpoint, taps, dtype, device, attention, compiled, members)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
-    if random_weights:
-        module = build_truncated_model(
-            checkpoint.text_config(num_layers=kept), device, dtype, attention, final_norm
-        )
-        randomise_weights(module)
-    else:
-        module = read_truncated_model(checkpoint, kept, final_norm, device, dtype, attention)
+    place = TargetPlacement(device, dtype, attention, group)
+    module = _truncated_module(checkpoint, kept, final_norm, place, random_weights)
     target = TappedTarget(module, full_config, taps, device, dtype)
     if compiled:
         target.compile_layers()
         target.precompile()
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     return target
+
+
+@dataclass(frozen=True)
+class TargetPlacement:
+    """Where and how the truncated model is built: device, dtype, attention
+    implementation and the tensor-parallel group (None: this rank alone)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attention: str
+    group: torch.distributed.ProcessGroup | None
+
+
+def _truncated_module(
+    checkpoint: TargetCheckpoint,
+    kept: int,
+    final_norm: bool,
+    place: TargetPlacement,
+    random_weights: bool,
+) -> nn.Module:
+    """The first ``kept`` layers, read (or drawn at random) and, for a group, split.
+
+    A group's members read the whole truncated model into host memory, then split it
+    layer by layer onto the device; random weights are drawn alike on every member
+    (replicated weights must agree).
+    """
+    members = group_size(place.group)
+    load_device = place.device if members == 1 else torch.device("cpu")
+    if random_weights:
+        config = checkpoint.text_config(num_layers=kept)
+        module = build_truncated_model(
+            config, load_device, place.dtype, place.attention, final_norm
+        )
+        with torch.random.fork_rng(devices=[], enabled=members > 1):
+            if members > 1:
+                torch.manual_seed(0)
+            randomise_weights(module)
+    else:
+        module = read_truncated_model(
+            checkpoint, kept, final_norm, load_device, place.dtype, place.attention
+        )
+    if members > 1:
+        shard_target(module, place.group, place.device)
+    return module
 
 
 def _resolve_taps(
@@ -166,13 +202,14 @@ def _announce(
     device: torch.device,
     attention: str,
     compiled: bool,
+    members: int,
 ) -> None:
     """Log what is about to load (and refuse an unsupported quantization scheme first)."""
     source = str(checkpoint.path)
     quantization = dequantizing_config(checkpoint.quantization, source)
     backend = linear_attention_backend(checkpoint.text_config(), device)
     log.info(
-        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s",
+        "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s%s",
         source,
         checkpoint.model_type,
         max(taps),
@@ -184,6 +221,7 @@ def _announce(
         f", {quantization['quant_method']} weights dequantized" if quantization else "",
         f", Gated DeltaNet kernels: {backend}" if backend else "",
         ", layers compiled" if compiled else "",
+        f", split over a tensor-parallel group of {members}" if members > 1 else "",
     )
     if backend == "torch" and device.type == "cuda":
         log.warning(

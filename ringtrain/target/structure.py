@@ -40,6 +40,11 @@ def base_model_class(config: PretrainedConfig) -> type[nn.Module]:
         ) from None
 
 
+def is_hybrid(config: PretrainedConfig) -> bool:
+    """Whether the target has linear-attention (Gated DeltaNet) layers."""
+    return "linear_attention" in (getattr(config, "layer_types", None) or ())
+
+
 def resolve_attn_implementation(
     setting: str, config: PretrainedConfig, device: torch.device
 ) -> str:
