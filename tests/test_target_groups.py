@@ -1,0 +1,179 @@
+"""Tensor-parallel target groups in the trainer: one group of two target ranks feeds the
+ring as one producer, a killed member stops the run naming it, resume is exact, and a
+layout that would split a group is refused in pre-flight.
+
+The runs are real torchrun processes on CPU (gloo) with the embedded tiny config: a
+reference run, and a run whose non-lead group member is killed mid-run and which is then
+resumed from its last checkpoint; the resumed run must train what the reference trained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringtrain.cli.stat import format_snapshot
+from ringtrain.config import LayoutConfig
+from ringtrain.main import main
+from ringtrain.ring import RingReader, RingSpec, discover
+from ringtrain.trainer.roles import rank_info_from_env
+from tests.launcher import (
+    RUN_TIMEOUT_S,
+    eval_records,
+    run_training,
+    shm_entries,
+    start_training,
+    step_records,
+    trained_batches,
+)
+
+EXIT_AFTER_KILL_S = 30.0
+POLL_S = 0.1
+STEPS = 6
+# Two target ranks in one group, one drafter; evaluation rounds ride along (the lead
+# decides when they start, the member follows).
+OVERRIDES = [
+    "layout.target_tp=2",
+    f"run.max_steps={STEPS}",
+    "run.eval_every=3",
+    "run.log_every=1",
+]
+
+
+def _logs(run_dir: Path) -> dict[str, str]:
+    return {log.name: log.read_text() for log in sorted((run_dir / "logs").glob("*.log"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run with one target group of two and one drafter."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    done = run_training(run_dir, 2, 1, [*OVERRIDES, "run.name=tpref"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_one_group_of_two_targets_feeds_one_drafter_that_learns(reference: Path) -> None:
+    records = step_records(reference)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    losses = [r["loss"] for r in records]
+    assert sum(losses[-2:]) < sum(losses[:2])
+    batches = trained_batches(records)
+    # One producer: the group's stream, gapless, published by the lead only.
+    assert {producer for producer, _, _ in batches} == {0}
+    assert sorted(seq for _, seq, _ in batches) == list(range(STEPS))
+    assert [e["round"] for e in eval_records(reference)] == [1, 2]
+    logs = _logs(reference)
+    assert "batches published" in logs["rank0-target.log"]
+    assert "batches run as a target group member" in logs["rank1-target.log"]
+    for name, text in logs.items():
+        assert "exiting with code 0" in text, f"{name}:\n{text[-2000:]}"
+    assert shm_entries("tpref") == []
+
+
+def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (records := step_records(run_dir)) or records[-1]["step"] < step:
+        assert proc.poll() is None, "the run ended before it was interrupted"
+        assert time.monotonic() < deadline, f"step {step} never came"
+        time.sleep(POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple[str, float]:
+    """SIGKILL the group's non-lead member mid-run: (its name in messages, seconds until
+    every other rank was gone); also checks what ringtrain-stat shows of the group."""
+    _wait_for_step(proc, run_dir, 2)
+    rings = [r for r in discover() if r.run.startswith(f"{name}-") and r.pids]
+    assert len(rings) == 1, rings
+    reader = RingReader(rings[0])
+    try:
+        before = reader.snapshot()
+        assert "target group 0 (ranks 0,1)" in format_snapshot(before)
+        ranks = {r.rank: r for r in before.ranks}
+        assert (ranks[0].group, ranks[0].member, ranks[1].member) == (0, 0, 1)
+        os.kill(ranks[1].pid, signal.SIGKILL)
+        start = time.monotonic()
+        while _alive(ranks[0].pid) or _alive(ranks[2].pid):
+            assert time.monotonic() - start < EXIT_AFTER_KILL_S, "ranks outlived the kill"
+            time.sleep(POLL_S)
+        took = time.monotonic() - start
+        assert "DEAD (died" in format_snapshot(reader.snapshot())
+    finally:
+        reader.close()
+    return f"rank 1 (target, group 0 member 1, pid {ranks[1].pid})", took
+
+
+@pytest.mark.slow
+def test_killed_member_stops_the_run_naming_it_and_resume_is_exact(
+    reference: Path, tmp_path: Path
+) -> None:
+    name = f"tpkill{os.getpid()}"
+    run_dir = tmp_path / "run"
+    overrides = [*OVERRIDES, "run.checkpoint_every=1", f"run.name={name}"]
+    proc = start_training(run_dir, 2, 1, overrides)
+    try:
+        named, took = _kill_member(name, run_dir, proc)
+        output, _ = proc.communicate(timeout=EXIT_AFTER_KILL_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(RUN_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert named in output, f"not named after {took:.1f} s:\n{output[-3000:]}"
+    logs = _logs(run_dir)
+    for survivor in ("rank0-target.log", "rank2-drafter.log"):
+        assert named in logs[survivor], logs[survivor][-2000:]
+        assert "exiting with code 0" not in logs[survivor]
+    assert shm_entries(name) == []
+
+    resumed = run_training(run_dir, 2, 1, overrides, resume=True)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from" in _logs(run_dir)["rank2-drafter.log"]
+    # The group's cursor came back from the checkpoint: the same batches, none twice.
+    assert trained_batches(step_records(run_dir)) == trained_batches(step_records(reference))
+
+
+def test_a_layout_that_splits_a_group_is_refused_in_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 4, "LOCAL_WORLD_SIZE": 4}.items():
+        monkeypatch.setenv(key, str(value))
+    run_dir = json.dumps(str(tmp_path / "run"))
+    layout = ["layout.targets_per_node=3", "layout.drafters_per_node=1", "layout.target_tp=2"]
+    code = main([arg for item in [f"run.run_dir={run_dir}", *layout] for arg in ("--set", item)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "target_tp = 2 does not divide targets_per_node = 3" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_groups_are_consecutive_target_ranks_of_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes of 4 targets + 2 drafters, groups of 2: rank 7 is member 1 of group 2."""
+    for key, value in {"RANK": 7, "LOCAL_RANK": 1, "WORLD_SIZE": 12, "LOCAL_WORLD_SIZE": 6}.items():
+        monkeypatch.setenv(key, str(value))
+    layout = LayoutConfig(targets_per_node=4, drafters_per_node=2, target_tp=2)
+    info = rank_info_from_env(layout, "cpu")
+    assert (info.group_index, info.group_member, info.group_ranks) == (2, 1, [6, 7])
+    assert info.target_groups == [[0, 1], [2, 3], [6, 7], [8, 9]]
+    assert info.producer_count == 4
+    roles = ["target"] * 4 + ["drafter"] * 2
+    spec = RingSpec("r", 0, roles, list(range(6, 12)), 2, 64, 4, 8, torch.float32, target_tp=2)
+    assert spec.producers == (0, 2) and spec.num_slots == 4
+    assert spec.role_label(1) == "target, group 2 member 1"
+    assert spec.role_label(4) == "drafter"
