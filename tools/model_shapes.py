@@ -1,6 +1,7 @@
 """Model shapes shared by the benchmark scripts in tools/ (imported as a sibling module).
 
-``QWEN3_8B`` holds the sizes of Qwen3-8B's architecture as its config.json spells them,
+``QWEN3_8B`` holds the sizes of Qwen3-8B's architecture as its config.json spells them
+(``QWEN3_32B`` those of Qwen3-32B),
 ``QWEN3_30B_A3B`` those of Qwen3-30B-A3B (model type ``qwen3_moe``: 128 routed experts,
 8 per token, no shared expert, every layer sparse); each benchmark adds the config values
 its consumer needs (model type, norm epsilon, RoPE base, context length).
@@ -33,3 +34,12 @@ QWEN3_30B_A3B: dict[str, int | bool] = {
     "decoder_sparse_step": 1,
 }
 QWEN3_MASK_TOKEN_ID = 151669
+QWEN3_32B: dict[str, int] = {
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
