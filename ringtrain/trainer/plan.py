@@ -30,6 +30,7 @@ from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
 from ringtrain.target import TargetLoadError, read_target_config
+from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.logs import get_logger
@@ -136,13 +137,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     /dev/shm can hold the ring, and that the run.report_to packages are installed."""
     check_report_to(config.run.report_to)
     target_path, data_path, eval_path = prepare_builtin_inputs(config, run_dir)
-    target_config = read_target_config(target_path, weights=not config.target.random_weights)
-    num_layers = target_config.num_hidden_layers
-    try:
-        taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
-        taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    target_config, taps = _target_and_taps(config, target_path)
     datasets = [
         open_dataset(
             path,
@@ -189,6 +184,23 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         raise ConfigError(f"[ring]: {exc}") from None
     Ring.check_space(ring, info.device)
     return plan
+
+
+def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]:
+    """The target's config and its tapped layers, checked; with target groups, also that
+    the family can be split over target_tp members (before anything is loaded)."""
+    target_config = read_target_config(target_path, weights=not config.target.random_weights)
+    num_layers = target_config.num_hidden_layers
+    try:
+        taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
+        taps = check_tap_layers(taps, num_layers, f"target.tap_layers ({target_path})")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        check_tensor_parallel(target_config, config.layout.target_tp)
+    except TargetLoadError as exc:
+        raise ConfigError(f"[layout] target_tp = {config.layout.target_tp}: {exc}") from None
+    return target_config, taps
 
 
 def batch_stream(

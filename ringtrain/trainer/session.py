@@ -148,6 +148,7 @@ def _run_target(
         attn_implementation=config.target.attn_implementation,
         random_weights=config.target.random_weights,
         compile=config.target.compile,
+        group=group,
     )
     runner = TargetRunner(model, info.device)
     decisions = GroupDecisions(ring, group, info.group_ranks[0], info.device)
