@@ -2,9 +2,10 @@
 ring as one producer, a killed member stops the run naming it, resume is exact, and a
 layout that would split a group is refused in pre-flight.
 
-The runs are real torchrun processes on CPU (gloo) with the embedded tiny config: a
-reference run, and a run whose non-lead group member is killed mid-run and which is then
-resumed from its last checkpoint; the resumed run must train what the reference trained.
+The runs are real torchrun processes on CPU (gloo) with the embedded tiny config and a
+tiny dense Qwen3 target written with save_pretrained, split over the group: a reference
+run, and a run whose non-lead group member is killed mid-run and which is then resumed
+from its last checkpoint; the resumed run must train what the reference trained.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 import torch
 
 from ringtrain.cli.stat import format_snapshot
-from ringtrain.config import LayoutConfig
+from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
 from ringtrain.ring import RingReader, RingSpec, discover
+from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import rank_info_from_env
 from tests.launcher import (
     RUN_TIMEOUT_S,
@@ -33,18 +35,21 @@ from tests.launcher import (
     step_records,
     trained_batches,
 )
+from tests.tiny_families import build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
 POLL_S = 0.1
 STEPS = 6
 # Two target ranks in one group, one drafter; evaluation rounds ride along (the lead
 # decides when they start, the member follows).
-OVERRIDES = [
-    "layout.target_tp=2",
-    f"run.max_steps={STEPS}",
-    "run.eval_every=3",
-    "run.log_every=1",
-]
+RUN = ["layout.target_tp=2", f"run.max_steps={STEPS}", "run.eval_every=3", "run.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def overrides(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """RUN with a tiny dense target that a group of two can split."""
+    target = write_model(tmp_path_factory.mktemp("target") / "qwen3", build_model("qwen3"))
+    return [*RUN, f"target.path={json.dumps(str(target))}"]
 
 
 def _logs(run_dir: Path) -> dict[str, str]:
@@ -52,10 +57,10 @@ def _logs(run_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(tmp_path_factory: pytest.TempPathFactory, overrides: list[str]) -> Path:
     """An uninterrupted run with one target group of two and one drafter."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    done = run_training(run_dir, 2, 1, [*OVERRIDES, "run.name=tpref"])
+    done = run_training(run_dir, 2, 1, [*overrides, "run.name=tpref"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return run_dir
 
@@ -72,6 +77,7 @@ def test_one_group_of_two_targets_feeds_one_drafter_that_learns(reference: Path)
     assert sorted(seq for _, seq, _ in batches) == list(range(STEPS))
     assert [e["round"] for e in eval_records(reference)] == [1, 2]
     logs = _logs(reference)
+    assert "split over a tensor-parallel group of 2" in logs["rank1-target.log"]
     assert "batches published" in logs["rank0-target.log"]
     assert "batches run as a target group member" in logs["rank1-target.log"]
     for name, text in logs.items():
@@ -121,11 +127,11 @@ def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple
 
 @pytest.mark.slow
 def test_killed_member_stops_the_run_naming_it_and_resume_is_exact(
-    reference: Path, tmp_path: Path
+    reference: Path, overrides: list[str], tmp_path: Path
 ) -> None:
     name = f"tpkill{os.getpid()}"
     run_dir = tmp_path / "run"
-    overrides = [*OVERRIDES, "run.checkpoint_every=1", f"run.name={name}"]
+    overrides = [*overrides, "run.checkpoint_every=1", f"run.name={name}"]
     proc = start_training(run_dir, 2, 1, overrides)
     try:
         named, took = _kill_member(name, run_dir, proc)
@@ -177,3 +183,26 @@ def test_groups_are_consecutive_target_ranks_of_one_node(monkeypatch: pytest.Mon
     assert spec.producers == (0, 2) and spec.num_slots == 4
     assert spec.role_label(1) == "target, group 2 member 1"
     assert spec.role_label(4) == "drafter"
+
+
+def test_a_family_a_group_cannot_split_is_refused_in_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hybrid (Gated DeltaNet) target with target_tp = 2: refused before any rank starts
+    distributed work, naming the setting and the fix."""
+    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
+        monkeypatch.setenv(key, str(value))
+    hybrid = write_model(tmp_path / "hybrid", build_model("qwen3_next"))
+    config = parse_config(
+        "",
+        overrides=[
+            f"run.run_dir={json.dumps(str(tmp_path / 'run'))}",
+            f"target.path={json.dumps(str(hybrid))}",
+            "layout.target_tp=2",
+            "target.num_taps=3",
+            "run.eval_every=0",
+        ],
+    )
+    info = rank_info_from_env(config.layout, "cpu")
+    with pytest.raises(ConfigError, match=r"target_tp = 2: .*hybrid Gated DeltaNet.*target_tp = 1"):
+        validate_inputs(config, info, tmp_path / "run")
