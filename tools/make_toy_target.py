@@ -22,7 +22,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -249,6 +249,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--steps", type=int, default=0, help="exact step count (overrides --minutes)"
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny preset that trains in seconds")
+    parser.add_argument(
+        "--corpus-mb",
+        type=float,
+        default=0.0,
+        help="megabytes of corpus text to train on (default: the preset's; more text, "
+        "fewer passes over it in the same time, less memorised)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
@@ -264,6 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     preset = PRESETS["tiny" if args.tiny else "toy"]
+    if args.corpus_mb:
+        preset = replace(preset, corpus_bytes=int(args.corpus_mb * 1e6))
     if args.tiny and not args.steps:
         args.steps = 30
     device = torch.device(

@@ -45,6 +45,10 @@ class RecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     config: str
     target_minutes: float
+    # An exact step count for the target (overrides target_minutes); 0: by time.
+    target_steps: int = 0
+    # Megabytes of corpus text the target trains on; 0: make_toy_target's preset.
+    corpus_mb: float = 0.0
     train_prompts: int
     eval_prompts: int
     prompt_len: int = 32
@@ -106,18 +110,28 @@ def checked(proc: subprocess.CompletedProcess, what: str) -> None:
 
 def make_target(recipe: Recipe) -> None:
     """Step 1, unless a target of these settings exists."""
+    settings = recipe.settings
     info = recipe.target / "toy_target.json"
-    wanted = {"minutes": recipe.settings.target_minutes, "device": recipe.device}
+    wanted = {
+        "minutes": None if settings.target_steps else settings.target_minutes,
+        "device": recipe.device,
+    }
+    if settings.target_steps:
+        wanted["steps"] = settings.target_steps
     if not recipe.fresh and info.is_file():
         made = json.loads(info.read_text())
-        if {k: made.get(k) for k in wanted} == wanted:
+        corpus_mb = made["preset"]["corpus_bytes"] / 1e6
+        same_corpus = not settings.corpus_mb or corpus_mb == settings.corpus_mb
+        if {k: made.get(k) for k in wanted} == wanted and same_corpus:
             log(f"target: reusing {recipe.target} ({made['steps']} steps)")
             recipe.timings["target"] = 0.0
             return
     command = [
         sys.executable, str(ROOT / "tools" / "make_toy_target.py"),
         "--output", str(recipe.target),
-        "--minutes", str(recipe.settings.target_minutes),
+        "--minutes", str(settings.target_minutes),
+        "--steps", str(settings.target_steps),
+        "--corpus-mb", str(settings.corpus_mb),
         "--device", recipe.device,
     ]  # fmt: skip
     checked(run_step("target", recipe, command), "making the target")
@@ -127,12 +141,13 @@ def make_data(recipe: Recipe, split: str) -> None:
     """Step 2 for one split, unless a dataset of these settings exists."""
     settings = recipe.settings
     count = settings.train_prompts if split == "train" else settings.eval_prompts
-    target_steps = json.loads((recipe.target / "toy_target.json").read_text())["steps"]
+    made = json.loads((recipe.target / "toy_target.json").read_text())
     stamp = {
         "prompts": count,
         "prompt_len": settings.prompt_len,
         "max_new_tokens": settings.max_new_tokens,
-        "target_steps": target_steps,
+        "target_steps": made["steps"],
+        "corpus_bytes": made["preset"]["corpus_bytes"],
     }
     stamp_file = recipe.dataset(split) / "recipe.json"
     if not recipe.fresh and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
