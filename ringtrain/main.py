@@ -27,6 +27,7 @@ from ringtrain.config import (
     load_config,
     parse_config,
 )
+from ringtrain.trainer.groups import RankGroups, new_groups
 from ringtrain.trainer.logs import get_logger, setup_logging
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
@@ -105,25 +106,11 @@ def set_compile_caches(config: Config, info: RankInfo) -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
 
 
-def init_distributed(info: RankInfo) -> dist.ProcessGroup | None:
-    """Join the world (gloo, start-up barriers only) and build the drafters' group and
-    the target groups.
-
-    Returns this rank's group: the drafters' gradient group on drafter ranks when there
-    is more than one drafter, a target rank's tensor-parallel group when
-    layout.target_tp > 1, else None. Every rank creates every group, in the same order
-    (torch.distributed requires it). Target ranks join no collective but their group's."""
+def init_distributed(info: RankInfo) -> RankGroups:
+    """Join the world (gloo, start-up barriers only) and create the run's groups: the
+    drafters' gradient group and the target groups (trainer/groups.py)."""
     dist.init_process_group("gloo", timeout=timedelta(minutes=30))
-    backend = "nccl" if info.device.type == "cuda" else "gloo"
-    ranks = info.drafter_ranks
-    group = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
-    own = group if info.role == "drafter" else None
-    if info.target_tp > 1:
-        for ranks in info.target_groups:
-            group = dist.new_group(ranks=ranks, backend=backend)
-            if info.role == "target" and info.rank in ranks:
-                own = group
-    return own
+    return new_groups(info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ringtrain: {exc}", file=sys.stderr)
         return 2
     try:
-        group = init_distributed(info)
-        code = run_session(config, info, run_dir, plan, group, stop, resume=args.resume)
+        groups = init_distributed(info)
+        code = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
     except Exception as exc:
         log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
         return 1

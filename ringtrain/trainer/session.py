@@ -33,6 +33,7 @@ from ringtrain.target import TargetRunner, load_target
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.evaluation import EvalSchedule
+from ringtrain.trainer.groups import RankGroups
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
@@ -75,7 +76,7 @@ def run_session(
     info: RankInfo,
     run_dir: Path,
     plan: Plan,
-    group: dist.ProcessGroup | None,
+    groups: RankGroups,
     stop: StopRequest,
     resume: bool,
 ) -> int:
@@ -89,9 +90,9 @@ def run_session(
     ring.start_watchdog(_die_on_peer_death(ring))
     try:
         if info.is_target:
-            _run_target(config, info, plan, ring, resume_from, group, stop)
+            _run_target(config, info, plan, ring, resume_from, groups, stop)
         else:
-            _run_drafter(config, info, run_dir, plan, ring, resume_from, group, stop)
+            _run_drafter(config, info, run_dir, plan, ring, resume_from, groups.drafters, stop)
         if stop.requested:
             # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
             ring.check_peers()
@@ -117,7 +118,7 @@ def _run_target(
     plan: Plan,
     ring: Ring,
     resume_from: Path | None,
-    group: dist.ProcessGroup | None,
+    groups: RankGroups,
     stop: StopRequest,
 ) -> None:
     """Produce batches as this rank's producer (its target group, when target_tp > 1):
@@ -148,10 +149,10 @@ def _run_target(
         attn_implementation=config.target.attn_implementation,
         random_weights=config.target.random_weights,
         compile=config.target.compile,
-        group=group,
+        group=groups.target,
     )
     runner = TargetRunner(model, info.device)
-    decisions = GroupDecisions(ring, group, info.group_ranks[0], info.device)
+    decisions = GroupDecisions(ring, groups.target_control, info.group_ranks[0])
     order = BatchOrder(stream, schedule)
     run_target_loop(ring, runner, order, decisions, config.data.bucket, producer, stop)
 

@@ -6,7 +6,7 @@ scratch buffer. The forward's collectives pair up only if every member runs the 
 batch, and the members must stop at the same iteration. So the lead decides each
 iteration -- go on (it holds a slot) or stop (the ring closed, or a stop was requested),
 and whether an evaluation round starts with the next batch -- and broadcasts that
-decision, two integers, over the group before the forward.
+decision, two integers, over the group's gloo group before the forward.
 
 A member waits for the decision while its lead waits for a free slot, which may take as
 long as the drafters need. It polls the broadcast instead of blocking in it, so its main
@@ -40,13 +40,11 @@ class Decision:
 class GroupDecisions:
     """The per-iteration decision of a target group: made by the lead, followed by all."""
 
-    def __init__(
-        self, ring: Ring, group: dist.ProcessGroup | None, lead_rank: int, device: torch.device
-    ) -> None:
+    def __init__(self, ring: Ring, group: dist.ProcessGroup | None, lead_rank: int) -> None:
+        """`group`: the target group's gloo group (trainer/groups.py), None without one."""
         self._ring, self._group, self._lead_rank = ring, group, lead_rank
         self.is_lead = group is None or dist.get_rank() == lead_rank
-        backend_device = device if group is not None and device.type == "cuda" else "cpu"
-        self._buffer = torch.zeros(2, dtype=torch.int64, device=backend_device)
+        self._buffer = torch.zeros(2, dtype=torch.int64)
 
     def share(self, decision: Decision | None) -> Decision:
         """The lead's `decision` (given on the lead, None on the other members), on every
