@@ -115,7 +115,7 @@ def run_target_loop(
         )
     ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     first = decisions.share(
-        Decision(True, order.eval_due(ring.drafter_step())) if producer else None
+        Decision(True, order.eval_due(ring.drafter_step())) if producer is not None else None
     )
     batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
