@@ -10,20 +10,23 @@ from its last checkpoint; the resumed run must train what the reference trained.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+import ring_workers as rw
 import torch
 
 from ringtrain.cli.stat import format_snapshot
 from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
-from ringtrain.ring import RingReader, RingSpec, discover
+from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, discover
 from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import rank_info_from_env
 from tests.launcher import (
@@ -206,3 +209,35 @@ def test_a_family_a_group_cannot_split_is_refused_in_preflight(
     info = rank_info_from_env(config.layout, "cpu")
     with pytest.raises(ConfigError, match=r"target_tp = 2: .*hybrid Gated DeltaNet.*target_tp = 1"):
         validate_inputs(config, info, tmp_path / "run")
+
+
+def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
+    """An in-process ring of one group of two targets and a drafter: the member is no
+    producer, its wait on its lead keeps it alive, a member without progress is hung."""
+    spec = dataclasses.replace(
+        rw.make_spec(f"g{uuid.uuid4().hex[:10]}", producers=2, consumers=1),
+        global_ranks=[0, 1, 2],
+        target_tp=2,
+        progress_timeout_s=2.0,
+    )
+    lead = Ring.create(spec, 0, "cpu")
+    member, drafter = Ring.attach(spec.run_id, 1, "cpu"), Ring.attach(spec.run_id, 2, "cpu")
+    try:
+        assert (lead.is_producer, member.is_producer, spec.num_slots) == (True, False, 2)
+        with pytest.raises(RingError, match="target, group 0 member 1, not a producer"):
+            member.producer()
+        member.record_progress(1)
+        member.control.rank["progress_ns"][1] -= int(10e9)
+        member.waiting()  # waiting for its lead's decision: not hung
+        drafter.check_peers()
+        snapshot = drafter.snapshot()
+        assert "target group 0 (ranks 0,1)" in format_snapshot(snapshot)
+        assert [r.is_producer for r in snapshot.ranks] == [True, False, False]
+        member.control.rank["progress_ns"][1] -= int(10e9)
+        with pytest.raises(RankHung, match=r"rank 1 \(target, group 0 member 1, pid \d+\) is hung"):
+            drafter.check_peers()
+        member.close()
+        assert not drafter.handoff.all_producers_finished()  # a member's exit is no finish
+    finally:
+        for ring in (drafter, member, lead):
+            ring.close()
