@@ -241,6 +241,7 @@ def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
     member, drafter = Ring.attach(spec.run_id, 1, "cpu"), Ring.attach(spec.run_id, 2, "cpu")
     try:
         assert (lead.is_producer, member.is_producer, spec.num_slots) == (True, False, 2)
+        assert member.payload is None and lead.payload is not None  # no slot memory mapped
         with pytest.raises(RingError, match="target, group 0 member 1, not a producer"):
             member.producer()
         member.record_progress(1)

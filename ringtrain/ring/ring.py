@@ -137,11 +137,7 @@ class Ring:
         self.control = cb.ControlBlock(self._mm, spec)
         self.transport = "device" if int(self.control.header["transport"]) else "host"
         self.handoff = HandOff(spec, self.control, local_index, self.check_peers)
-        self.payload: HostPayload | DevicePayload
-        if self.transport == "host":
-            self.payload = HostPayload(spec, self.layout, device)
-        else:
-            self.payload = DevicePayload(spec, self.layout, device, self.control)
+        self.payload = self._open_payload()
         self._row = self.control.ranks[local_index]
         self._closed = False
         self._close_lock = threading.Lock()
@@ -335,9 +331,19 @@ class Ring:
         except RingError as exc:
             log.warning("ring %s: closing before consumers drained: %s", self.spec.run_id, exc)
 
+    def _open_payload(self) -> HostPayload | DevicePayload | None:
+        """The slots' memory; none for a target group's non-lead member, which writes no
+        slot (so it neither maps nor pins the host segment nor imports device slabs)."""
+        if self.role == "target" and not self.is_producer:
+            return None
+        if self.transport == "host":
+            return HostPayload(self.spec, self.layout, self.device)
+        return DevicePayload(self.spec, self.layout, self.device, self.control)
+
     def _release(self) -> None:
         """Unregister, drop views, unmap and close descriptors (opening thread only)."""
-        self.payload.close()
+        if self.payload is not None:
+            self.payload.close()
         self.control.drop()
         self._row = None
         try:
