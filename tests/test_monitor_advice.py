@@ -107,3 +107,29 @@ def test_every_split_rate_is_the_slower_side() -> None:
     rates = MeasuredRates(targets=1, drafters=1, target_rate=3.0, drafter_rate=5.0, gpus=2)
     for t, d in itertools.product(range(1, 4), repeat=2):
         assert split_rate(rates, t, d) == min(3.0 * t, 5.0 * d)
+
+
+def test_a_target_group_counts_once_and_splits_give_it_its_gpus() -> None:
+    # Ranks 0 and 1 are one tensor-parallel group (only the lead, rank 0, moves items):
+    # 60 batches in 10 s, blocked 8 s -> 30 batches/s while not blocked; each drafter 50
+    # batches, never starved -> 5 batches/s.
+    roles = ("target", "target", "drafter", "drafter")
+    before = _figures([(r, role, r, 0, 0.0, 0.0) for r, role in enumerate(roles)])
+    items, blocked = (60, 0, 50, 50), (8.0, 0.0, 0.0, 0.0)
+    after = _figures([(r, roles[r], r, items[r], 10.0, blocked[r]) for r in range(4)])
+    rates = measured_rates(intervals(before, after), gpus_per_target=2)
+    assert (rates.targets, rates.drafters, rates.gpus, rates.target_rate) == (1, 2, 4, 30.0)
+    text = "\n".join(advise(rates))
+    assert "one target group makes 30 batches/s" in text
+    assert "now  1 target group of 2 GPUs + 2 drafters: min(1 x 30, 2 x 5) = 10" in text
+    assert text.endswith("=> the current split is the fastest")
+
+    eight = MeasuredRates(
+        targets=2, drafters=4, target_rate=60_000, drafter_rate=12_000, gpus=8, gpus_per_target=2
+    )
+    best = best_split(eight)
+    assert (best.targets, best.drafters, best.rate) == (1, 6, 60_000)
+    assert split_rate(eight, 3, 2) == 24_000  # 3 groups take 6 of the 8 GPUs
+    assert advise(eight)[-1] == (
+        "  => 1 target group of 2 GPUs + 6 drafters would be fastest: ~60.0k tok/s"
+    )

@@ -86,10 +86,7 @@ def _group_lines(snap: RingSnapshot) -> list[str]:
 
 def role_split_advice(current: RingSnapshot, previous: RingSnapshot | None) -> list[str]:
     """Which split of the node's GPUs would be fastest, from the ranks' rates since `previous`
-    (since they attached without one); nothing while a rank is dead or a role has no rate,
-    and nothing for target groups (the arithmetic counts one GPU per target)."""
-    if current.target_groups:
-        return []
+    (since they attached without one); nothing while a rank is dead or a role has no rate."""
     advice = ring_advice(current, previous)
     if not advice:
         return []

@@ -5,7 +5,8 @@ is what it can produce; a drafter rank's rate while not starved on an empty ring
 can consume. With T targets and D drafters the node then moves min(T x target, D x drafter);
 the advice tries every split of the node's GPUs, compares with the run as measured, and,
 when a co-located rate is known (one target and one drafter per GPU under MPS, measured per
-GPU), with co-location. The arithmetic is shown so the reader can check it.
+GPU), with co-location. A tensor-parallel target group is one target that takes k GPUs:
+splits then give each target k GPUs. The arithmetic is shown so the reader can check it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ringtrain.ring import RingSnapshot
 class MeasuredRates:
     """What a run measured, per node."""
 
-    targets: int  # target ranks now
+    targets: int  # targets now (target groups: one per group)
     drafters: int  # drafter ranks now
     target_rate: float  # one target's rate while not blocked
     drafter_rate: float  # one drafter's rate while not starved
@@ -30,6 +31,7 @@ class MeasuredRates:
     shared: bool = False  # ranks of this run share GPUs (the rates are shared-GPU rates)
     unit: str = "tok/s"
     device: str = "GPU"
+    gpus_per_target: int = 1  # a tensor-parallel target group's size
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,13 @@ class Split:
 
 
 def measured_rates(
-    ranks: list[RankInterval], tokens_per_item: float | None = None
+    ranks: list[RankInterval], tokens_per_item: float | None = None, gpus_per_target: int = 1
 ) -> MeasuredRates | None:
     """The rates of one node's ranks over an interval (None: a role has no rate yet).
 
-    Rates are in tokens/s given the mean tokens per item, else in batches/s. Ranks on CPU
+    Rates are in tokens/s given the mean tokens per item, else in batches/s. With target
+    groups of `gpus_per_target` ranks only a group's lead moves items, so the target rate
+    is the leads' (members, with no items, have none) and each group counts once. Ranks on CPU
     (device -1) count one process each; on GPUs, ranks of one device share it, and when
     every shared device holds both a target and a drafter the measured rate per device is
     the co-located rate."""
@@ -64,7 +68,7 @@ def measured_rates(
     shared = gpus < len(ranks)
     colocated = shared and all(len(roles) == 2 for roles in roles_by_device.values())
     return MeasuredRates(
-        targets=sum(r.role == "target" for r in ranks),
+        targets=sum(r.role == "target" for r in ranks) // gpus_per_target,
         drafters=sum(r.role == "drafter" for r in ranks),
         target_rate=scale * target_rate,
         drafter_rate=scale * drafter_rate,
@@ -74,6 +78,7 @@ def measured_rates(
         shared=shared,
         unit="tok/s" if tokens_per_item else "batches/s",
         device="process" if on_cpu else "GPU",
+        gpus_per_target=gpus_per_target,
     )
 
 
@@ -82,7 +87,8 @@ def ring_advice(
 ) -> list[str]:
     """The advice from the ring's counters since `previous` (since start-up without one);
     nothing while a rank is dead or before both roles have a rate."""
-    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item)
+    group_size = max(map(len, current.target_groups.values()), default=1)
+    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item, group_size)
     return [] if current.dead or rates is None else advise(rates)
 
 
@@ -92,10 +98,12 @@ def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
 
 
 def best_split(rates: MeasuredRates) -> Split | None:
-    """The fastest split with one rank per GPU (ties keep more targets); None under 2 GPUs."""
+    """The fastest split with one rank per GPU (ties keep more targets); None when the GPUs
+    hold no target and a drafter."""
+    k = rates.gpus_per_target
     splits = [
-        Split(t, rates.gpus - t, split_rate(rates, t, rates.gpus - t))
-        for t in range(rates.gpus - 1, 0, -1)
+        Split(t, rates.gpus - k * t, split_rate(rates, t, rates.gpus - k * t))
+        for t in range((rates.gpus - 1) // k, 0, -1)
     ]
     return max(splits, key=lambda s: s.rate) if splits else None
 
@@ -120,7 +128,7 @@ def _plural(count: int, word: str) -> str:
 
 def _arithmetic(rates: MeasuredRates, targets: int, drafters: int) -> str:
     return (
-        f"{_split_name(targets, drafters)}: min({targets} x {number(rates.target_rate)}, {drafters} x "
+        f"{_split_name(rates, targets, drafters)}: min({targets} x {number(rates.target_rate)}, {drafters} x "
         f"{number(rates.drafter_rate)}) = {number(split_rate(rates, targets, drafters))} "
         f"{rates.unit}"
     )
@@ -132,13 +140,13 @@ def advise(rates: MeasuredRates) -> list[str]:
     now = split_rate(rates, rates.targets, rates.drafters)
     reference = rates.measured if rates.measured else now
     lines = [
-        f"role split over the node's {_plural(rates.gpus, gpu)}: one target makes "
+        f"role split over the node's {_plural(rates.gpus, gpu)}: one {_target_word(rates)} makes "
         f"{number(rates.target_rate)} {unit} while not blocked, one drafter takes "
         f"{number(rates.drafter_rate)} {unit} while not starved",
     ]
     if rates.shared:
         lines += [
-            f"  now  {_split_name(rates.targets, rates.drafters)} sharing "
+            f"  now  {_split_name(rates, rates.targets, rates.drafters)} sharing "
             f"{_plural(rates.gpus, gpu)}: measured {number(reference)} {unit}",
             f"  (shared-{gpu} rates: each rank would run at least this fast on a {gpu} of its own)",
         ]
@@ -156,7 +164,7 @@ def advise(rates: MeasuredRates) -> list[str]:
             + _arithmetic(rates, best.targets, best.drafters)
             + _ratio(best.rate, reference)
         )
-        options.append((best.rate, _split_name(best.targets, best.drafters)))
+        options.append((best.rate, _split_name(rates, best.targets, best.drafters)))
     if rates.colocated_rate:
         colocated = rates.gpus * rates.colocated_rate
         lines.append(
@@ -179,12 +187,19 @@ def _verdict(rates: MeasuredRates, options: list[tuple[float, str]], reference: 
     if not options:
         return f"  => one {rates.device}: no split to choose"
     rate, name = max(options, key=lambda option: option[0])
-    if name == _split_name(rates.targets, rates.drafters):
+    if name == _split_name(rates, rates.targets, rates.drafters):
         return "  => the current split is the fastest"
     if rate <= reference:
         return f"  => nothing here beats the measured {number(reference)} {rates.unit}"
     return f"  => {name} would be fastest: ~{number(rate)} {rates.unit}"
 
 
-def _split_name(targets: int, drafters: int) -> str:
-    return f"{_plural(targets, 'target')} + {_plural(drafters, 'drafter')}"
+def _target_word(rates: MeasuredRates) -> str:
+    """ "target", or "target group" when a target takes several GPUs."""
+    return "target" if rates.gpus_per_target == 1 else "target group"
+
+
+def _split_name(rates: MeasuredRates, targets: int, drafters: int) -> str:
+    k = rates.gpus_per_target
+    groups = f" of {_plural(k, rates.device)}" if k > 1 else ""
+    return f"{_plural(targets, _target_word(rates))}{groups} + {_plural(drafters, 'drafter')}"

@@ -141,8 +141,6 @@ class Progress:
         )
         tokens_per_item = self._tokens / max(self._items, 1)
         snapshot = self._ring.snapshot()
-        if snapshot.target_groups:  # the split arithmetic counts one GPU per target
-            return
         for line in ring_advice(snapshot, self._advice_from, tokens_per_item):
             get_logger().info("%s", line)
 
