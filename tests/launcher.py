@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RUN_TIMEOUT_S = 300
+POLL_S = 0.1
 
 
 def torchrun_command(
@@ -99,6 +101,18 @@ def metric_records(run_dir: Path, event: str) -> list[dict]:
 def step_records(run_dir: Path) -> list[dict]:
     """The per-step records of metrics.jsonl, in file order."""
     return metric_records(run_dir, "step")
+
+
+def wait_for_step(
+    proc: subprocess.Popen, run_dir: Path, step: int, output: Callable[[], str] = str
+) -> None:
+    """Poll metrics.jsonl until the run's last step record reaches `step`; fail, with the
+    end of the run's output, when the run ends first or RUN_TIMEOUT_S passes."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (records := step_records(run_dir)) or records[-1]["step"] < step:
+        assert proc.poll() is None, f"the run ended before step {step}:\n{output()[-3000:]}"
+        assert time.monotonic() < deadline, f"step {step} never came:\n{output()[-3000:]}"
+        time.sleep(POLL_S)
 
 
 def eval_records(run_dir: Path) -> list[dict]:

@@ -23,14 +23,13 @@ import pytest
 import ring_workers as rw
 
 from ringtrain.ring import PeerDied, Phase, RankHung, Ring
-from tests.launcher import shm_entries
+from tests.launcher import shm_entries, wait_for_step
 from tests.test_reliability import (
     _launch,
     _pid_alive,
     _rank_log,
     _ring_reader,
     _stop_all,
-    _wait_for_step,
     _wait_gone,
 )
 
@@ -126,7 +125,7 @@ def _hang_ends_run(
         ],
     )
     try:
-        _wait_for_step(launched, 2)
+        wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
         reader = _ring_reader(name)
         try:
             ranks = {r.rank: r for r in reader.snapshot().ranks}

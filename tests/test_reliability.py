@@ -50,6 +50,7 @@ from tests.launcher import (
     step_records,
     torchrun_command,
     trained_batches,
+    wait_for_step,
 )
 
 # Every surviving rank must be gone this long after a peer was killed.
@@ -92,17 +93,6 @@ def _stop_all(launched: Launched) -> None:
     if launched.proc.poll() is None:
         launched.proc.kill()
         launched.proc.wait(RUN_TIMEOUT_S)
-
-
-def _wait_for_step(launched: Launched, step: int) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        records = step_records(launched.run_dir)
-        if records and records[-1]["step"] >= step:
-            return
-        assert launched.proc.poll() is None, "run ended early:\n" + launched.text()[-3000:]
-        time.sleep(POLL_S)
-    raise AssertionError(f"step {step} never reached:\n" + launched.text()[-3000:])
 
 
 def _ring_reader(name: str) -> RingReader:
@@ -164,7 +154,7 @@ def test_killed_rank_stops_every_other_rank(
     )
     try:
         # Step 2 has begun only after the step-1 checkpoint was written.
-        _wait_for_step(launched, 2)
+        wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
         reader = _ring_reader(name)
         try:
             ranks = {r.rank: r for r in reader.snapshot().ranks}
@@ -253,7 +243,7 @@ def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     launched = _launch(run_dir, 2, 1, overrides)
     try:
-        _wait_for_step(launched, 2)
+        wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
         os.kill(launched.proc.pid, signal.SIGTERM)  # the launcher only, not the workers
         launched.proc.wait(RUN_TIMEOUT_S)
     finally:

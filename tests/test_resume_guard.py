@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -31,11 +30,11 @@ from tests.launcher import (
     run_training,
     step_records,
     torchrun_command,
+    wait_for_step,
     worker_pid,
 )
 
 BASE = ["run.max_steps=4", "run.checkpoint_every=2", "run.eval_every=0", "run.log_every=1"]
-POLL_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +77,6 @@ def start_background(run_dir: Path, overrides: list[str], output: Path) -> subpr
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, output: Path) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not (records := step_records(run_dir)) or records[-1]["step"] < step:
-        assert proc.poll() is None, output.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"step {step} never came"
-        time.sleep(POLL_S)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -144,7 +135,7 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_host_and_pid(
     output = tmp_path / "live.out"
     live = start_background(run_dir, ["run.max_steps=100000", "run.checkpoint_every=0"], output)
     try:
-        wait_for_step(live, run_dir, 5, output)
+        wait_for_step(live, run_dir, 5, output.read_text)
         holder = worker_pid(live.pid, 0)
         # Two processes are enough to be refused (the lock comes before the layout matters).
         second = run_training(run_dir, 1, 1, [*BASE, "run.max_steps=100000"], resume=True)
@@ -220,7 +211,7 @@ def test_a_checkpoint_the_disk_cannot_hold_fails_naming_path_space_and_need(
     output = tmp_path / "full.out"
     proc = start_background(run_dir, ["run.max_steps=100000", "run.checkpoint_every=20"], output)
     try:
-        wait_for_step(proc, run_dir, 6, output)
+        wait_for_step(proc, run_dir, 6, output.read_text)
         # The drafter's files may now grow to 400 kB: its next optimiser state cannot.
         limit = 400 * 1024
         resource.prlimit(worker_pid(proc.pid, 2), resource.RLIMIT_FSIZE, (limit, limit))

@@ -30,6 +30,7 @@ from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, disc
 from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import rank_info_from_env
 from tests.launcher import (
+    POLL_S,
     RUN_TIMEOUT_S,
     eval_records,
     run_training,
@@ -37,12 +38,12 @@ from tests.launcher import (
     start_training,
     step_records,
     trained_batches,
+    wait_for_step,
 )
 from tests.test_reliability import _expected_batch_ids
 from tests.tiny_families import build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
-POLL_S = 0.1
 STEPS = 6
 # Two target ranks in one group, one drafter.
 RUN = ["layout.target_tp=2", f"run.max_steps={STEPS}", "run.log_every=1"]
@@ -59,14 +60,6 @@ def _logs(run_dir: Path) -> dict[str, str]:
     return {log.name: log.read_text() for log in sorted((run_dir / "logs").glob("*.log"))}
 
 
-def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not (records := step_records(run_dir)) or records[-1]["step"] < step:
-        assert proc.poll() is None, "the run ended before it was interrupted"
-        assert time.monotonic() < deadline, f"step {step} never came"
-        time.sleep(POLL_S)
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -78,7 +71,7 @@ def _alive(pid: int) -> bool:
 def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple[str, float]:
     """SIGKILL the group's non-lead member mid-run: (its name in messages, seconds until
     every other rank was gone); also checks what ringtrain-stat shows of the group."""
-    _wait_for_step(proc, run_dir, 2)
+    wait_for_step(proc, run_dir, 2)
     rings = [r for r in discover() if r.run.startswith(f"{name}-") and r.pids]
     assert len(rings) == 1, rings
     reader = RingReader(rings[0])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tests.launcher import (
     start_training,
     step_records,
     trained_batches,
+    wait_for_step,
 )
 
 pytestmark = pytest.mark.slow
@@ -89,17 +89,6 @@ def test_one_target_two_drafters(tmp_path: Path) -> None:
     assert _mean(losses[-4:]) < _mean(losses[:4])
 
 
-def _wait_for_step(run_dir: Path, proc: subprocess.Popen[str], step: int) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        records = step_records(run_dir)
-        if records and records[-1]["step"] >= step:
-            return
-        assert proc.poll() is None, "run ended before it was interrupted"
-        time.sleep(0.2)
-    raise AssertionError(f"step {step} never reached")
-
-
 def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
     overrides = [
         "run.max_steps=20",
@@ -114,7 +103,7 @@ def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "interrupted"
     proc = start_training(run_dir, 1, 1, overrides)
-    _wait_for_step(run_dir, proc, 5)
+    wait_for_step(proc, run_dir, 5)
     os.killpg(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     interrupted = trained_batches(step_records(run_dir))
