@@ -40,7 +40,7 @@ from tests.launcher import (
     trained_batches,
     wait_for_step,
 )
-from tests.test_reliability import _expected_batch_ids
+from tests.test_reliability import _expected_batch_ids, _pid_alive
 from tests.tiny_families import build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
@@ -60,14 +60,6 @@ def _logs(run_dir: Path) -> dict[str, str]:
     return {log.name: log.read_text() for log in sorted((run_dir / "logs").glob("*.log"))}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple[str, float]:
     """SIGKILL the group's non-lead member mid-run: (its name in messages, seconds until
     every other rank was gone); also checks what ringtrain-stat shows of the group."""
@@ -82,7 +74,7 @@ def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple
         assert (ranks[0].group, ranks[0].member, ranks[1].member) == (0, 0, 1)
         os.kill(ranks[1].pid, signal.SIGKILL)
         start = time.monotonic()
-        while _alive(ranks[0].pid) or _alive(ranks[2].pid):
+        while _pid_alive(ranks[0].pid) or _pid_alive(ranks[2].pid):
             assert time.monotonic() - start < EXIT_AFTER_KILL_S, "ranks outlived the kill"
             time.sleep(POLL_S)
         took = time.monotonic() - start
