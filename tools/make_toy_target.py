@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "steps": steps,
         "minutes": None if args.steps else args.minutes,
+        "corpus_mb": args.corpus_mb,
         "device": device.type,
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "mask_token_id": tokenizer.mask_token_id,

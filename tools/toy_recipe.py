@@ -114,15 +114,14 @@ def make_target(recipe: Recipe) -> None:
     info = recipe.target / "toy_target.json"
     wanted = {
         "minutes": None if settings.target_steps else settings.target_minutes,
+        "corpus_mb": settings.corpus_mb,
         "device": recipe.device,
     }
     if settings.target_steps:
         wanted["steps"] = settings.target_steps
     if not recipe.fresh and info.is_file():
         made = json.loads(info.read_text())
-        corpus_mb = made["preset"]["corpus_bytes"] / 1e6
-        same_corpus = not settings.corpus_mb or corpus_mb == settings.corpus_mb
-        if {k: made.get(k) for k in wanted} == wanted and same_corpus:
+        if {k: made.get(k) for k in wanted} == wanted:
             log(f"target: reusing {recipe.target} ({made['steps']} steps)")
             recipe.timings["target"] = 0.0
             return
