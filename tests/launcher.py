@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
+SPAWN = mp.get_context("spawn")
 
 
 def torchrun_command(
@@ -143,3 +145,20 @@ def worker_pid(launcher_pid: int, local_rank: int) -> int:
         if parent == launcher_pid and f"LOCAL_RANK={local_rank}".encode() in environ:
             return int(entry.name)
     raise LookupError(f"torchrun {launcher_pid} has no worker of local rank {local_rank}")
+
+
+def run_gloo_pair(worker: Callable[[int, str, str], None], tmp_path: Path) -> list[dict]:
+    """Run ``worker(rank, store, out)`` in two spawned processes (a gloo group over a file
+    store under ``tmp_path``) and return what each saved as ``<out>/<rank>.pt``."""
+    import torch
+
+    processes = [
+        SPAWN.Process(target=worker, args=(rank, str(tmp_path / "store"), str(tmp_path)))
+        for rank in (0, 1)
+    ]
+    for process in processes:
+        process.start()
+    for rank, process in enumerate(processes):
+        process.join(timeout=120)
+        assert process.exitcode == 0, f"the worker of rank {rank} exited with {process.exitcode}"
+    return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]

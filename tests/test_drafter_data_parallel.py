@@ -8,8 +8,6 @@ a drafter that finds no batch must stop both without anyone waiting in a reducti
 
 from __future__ import annotations
 
-import multiprocessing as mp
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,8 +31,8 @@ from ringtrain.trainer.data_parallel import wrap_data_parallel
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
+from tests.launcher import run_gloo_pair
 
-CTX = mp.get_context("spawn")
 SEED = 0
 
 
@@ -112,24 +110,9 @@ def assert_close_lists(got: list[torch.Tensor], want: list[torch.Tensor], **tol)
         torch.testing.assert_close(a, b, **tol)
 
 
-def run_two_drafters(worker: Callable[[int, str, str], None], tmp_path: Path) -> list[dict]:
-    """Run ``worker(rank, store, out)`` in two spawned processes (a gloo group over a file
-    store under ``tmp_path``) and return what each saved as ``<out>/<rank>.pt``."""
-    processes = [
-        CTX.Process(target=worker, args=(rank, str(tmp_path / "store"), str(tmp_path)))
-        for rank in (0, 1)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0, f"drafter worker exit code {process.exitcode}"
-    return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
-
-
 @pytest.mark.slow
 def test_two_drafters_step_as_one_drafter_on_both_batches(tmp_path: Path) -> None:
-    ranks = run_two_drafters(drafter_worker, tmp_path)
+    ranks = run_gloo_pair(drafter_worker, tmp_path)
     want = one_drafter_on_both_batches()
     for result in ranks:
         got = result["trained"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_drafter_data_parallel import make_trainee, run_two_drafters
+from test_drafter_data_parallel import make_trainee
 from test_trainer_loop import ReporterStandIn, RingStandIn, item
 from tiny_drafter import MAX_TOKENS, make_cfg
 
@@ -24,6 +24,7 @@ from ringtrain.drafter.config import OptimConfig
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
+from tests.launcher import run_gloo_pair
 
 STEPS = 4
 
@@ -59,7 +60,7 @@ def worker(rank: int, store: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_both_drafters_skip_the_same_non_finite_steps(tmp_path: Path) -> None:
-    ranks = run_two_drafters(worker, tmp_path)
+    ranks = run_gloo_pair(worker, tmp_path)
     for result in ranks:
         assert result["skipped"] == [False, True, True, False]
         assert all(torch.isfinite(w).all() for w in result["weights"])

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_drafter_data_parallel import run_two_drafters
 from test_target_families import SEQUENCE_LENGTHS, Padded
 
 from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
+from tests.launcher import run_gloo_pair
 from tests.tiny_families import LAYERS, VOCAB, build_model, write_model
 
 SPLIT_FAMILIES = ("qwen3", "qwen3_moe", "gpt_oss")
@@ -104,7 +104,7 @@ def test_group_of_two_taps_what_one_rank_taps(tmp_path: Path) -> None:
     for family in SPLIT_FAMILIES:
         write_model(tmp_path / family, build_model(family))
     write_refused(tmp_path)
-    members = run_two_drafters(group_worker, tmp_path)
+    members = run_gloo_pair(group_worker, tmp_path)
     for family in SPLIT_FAMILIES:
         alone = load_target(tmp_path / family, tap_layers=TAPS, device="cpu", dtype="float32")
         want, whole = taps_of(alone), local_shapes(alone)
