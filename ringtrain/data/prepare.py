@@ -200,16 +200,18 @@ def _in_order(
     ``CHUNKS_IN_FLIGHT_PER_WORKER`` chunks per worker queued. A worker's exception is
     raised here; a worker that dies raises DatasetError."""
     context = multiprocessing.get_context("spawn")
+    children_before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(workers, context, _init_worker, initargs) as pool:
         queued: deque[Future[EncodedChunk]] = deque()
         try:
             for task in tasks:
-                queued.append(pool.submit(_encode_chunk, task))
+                queued.append(_submit(pool, task))
                 if len(queued) >= workers * CHUNKS_IN_FLIGHT_PER_WORKER:
                     yield queued.popleft().result()
             while queued:
                 yield queued.popleft().result()
         except BrokenProcessPool:
+            _kill_new_children(children_before)
             raise DatasetError(
                 "a prepare worker process died (killed, e.g. by the out-of-memory killer, "
                 "or crashed); nothing was written. Rerun with fewer --workers or a smaller "
@@ -218,6 +220,23 @@ def _in_order(
         finally:
             for future in queued:
                 future.cancel()
+
+
+def _submit(pool: ProcessPoolExecutor, task: tuple[str, int, list[bytes]]) -> Future[EncodedChunk]:
+    """``pool.submit`` of one chunk; an OSError from starting a worker means the pool broke."""
+    try:
+        return pool.submit(_encode_chunk, task)
+    except OSError as error:  # the pool broke (and closed its queue) while a worker started
+        raise BrokenProcessPool(str(error)) from error
+
+
+def _kill_new_children(children_before: set[multiprocessing.process.BaseProcess]) -> None:
+    """Kill the pool's surviving workers once it is broken. The executor terminates only the
+    workers it had registered when it noticed the death; one that was still starting then
+    survives, fills the result pipe nobody reads and blocks the executor's shutdown forever
+    (seen on Python 3.11). Only processes started since ``children_before`` are touched."""
+    for child in set(multiprocessing.active_children()) - children_before:
+        child.kill()
 
 
 def _encoded_chunks(
