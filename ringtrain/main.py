@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 from importlib import resources
@@ -34,6 +35,9 @@ from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from ringtrain.trainer.run_dir import claim_run_dir
 from ringtrain.trainer.session import run_session
 from ringtrain.trainer.signals import StopRequest
+
+# How long a rank that shares a start-up refusal waits for the launcher to stop it (refuse).
+REFUSAL_GRACE_S = 30.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,6 +110,19 @@ def set_compile_caches(config: Config, info: RankInfo) -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
 
 
+def refuse(exc: Exception, reporter: bool) -> int:
+    """Say why start-up is refused, once, and return exit code 2.
+
+    Every rank refuses alike, so only the ``reporter`` prints at once. The others must not
+    exit first: torchrun stops the remaining workers as soon as one fails, which could end
+    the reporter before it has printed. They wait (at most REFUSAL_GRACE_S) for the
+    launcher to stop them; a rank still running after that refused alone and says why."""
+    if not reporter:
+        time.sleep(REFUSAL_GRACE_S)
+    print(f"ringtrain: {exc}", file=sys.stderr)
+    return 2
+
+
 def init_distributed(info: RankInfo) -> RankGroups:
     """Join the world (gloo, start-up barriers only) and create the run's groups: the
     drafters' gradient group and the target groups (trainer/groups.py)."""
@@ -121,15 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(config.run.run_dir).expanduser().resolve()
         check_run_dir(run_dir)
     except ConfigError as exc:
-        if os.environ.get("RANK", "0") == "0":  # every rank fails alike: say it once
-            print(f"ringtrain: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc, reporter=os.environ.get("RANK", "0") == "0")
     try:
         notes = claim_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite)
-    except ConfigError as exc:
-        if info.local_rank == 0:  # the lock and the refusals are local rank 0's
-            print(f"ringtrain: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # the lock and its refusals are local rank 0's to report
+        return refuse(exc, reporter=info.local_rank == 0)
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
     log = get_logger()
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
@@ -146,9 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = validate_inputs(config, info, run_dir, resume=args.resume)
     except INPUT_ERRORS as exc:
         log.error("%s", exc)
-        if info.local_rank == 0:
-            print(f"ringtrain: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc, reporter=info.local_rank == 0)
     try:
         groups = init_distributed(info)
         code = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
