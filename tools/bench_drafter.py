@@ -4,7 +4,8 @@ Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV
 128, MLP 12288, vocabulary 151936, 5 taps) with a random frozen head, on packed batches of
 3 x 3072-token documents with 512 anchors per 3072 tokens and blocks of 16
 (``--target-shape qwen3-30b-a3b``: the drafter of Qwen3-30B-A3B, hidden 2048, 32 query /
-4 KV heads of 128, MLP 6144). After warm-up, two timed sets of 20 steps each, with 1-6
+4 KV heads of 128, MLP 6144; ``qwen3-32b``: hidden 5120, 64 query / 8 KV heads, MLP
+25600). After warm-up, two timed sets of 20 steps each, with 1-6
 documents of random lengths per batch:
 "packed" batches filled to 97-100% of the token budget, as the data pipeline packs them
 (padding fraction about 1.5%), give tokens/s (context tokens) and MFU; "varied" batches
@@ -37,7 +38,7 @@ from dataclasses import replace
 
 import torch
 from kernel_profile import print_top, top_kernels
-from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
+from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
 from packed_batch import PackedBatch, random_packed_batch
 
 from ringtrain.drafter import (
@@ -59,7 +60,11 @@ PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
 # size, heads, MLP width and vocabulary from it.
 TARGETS = {
     name: {**shape, "rms_norm_eps": 1e-6, "rope_theta": 1e6}
-    for name, shape in (("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B))
+    for name, shape in (
+        ("qwen3-8b", QWEN3_8B),
+        ("qwen3-30b-a3b", QWEN3_30B_A3B),
+        ("qwen3-32b", QWEN3_32B),
+    )
 }
 TINY = {
     "hidden_size": 64,

@@ -25,10 +25,13 @@ is the rate at which the busiest GPU saturates (tools/pipeline_layout.py), each 
 GPU busy and peak memory are reported, and with more than one drafter DDP's gradient
 reduction: median time per step and the median share of the step it is not hidden
 behind backward. `--scale-reference` also runs 1 + 1 on GPU 0 under the same MPS
-setting: scaling_efficiency = tokens/s / (GPUs of the layout x its rate). `--set K=V`
-passes a trainer override (e.g. optim.grad_reduce_dtype="bfloat16").
+setting: scaling_efficiency = tokens/s / (GPUs of the layout x its rate). `--target-tp 2`
+makes the targets tensor-parallel groups of two (`layout.target_tp`); the standalone rate
+a. is then one group's, measured by tools/bench_target_tp.py over GPUs 0 and 1, and the
+ideal counts each group on both its GPUs. `--set K=V` passes a trainer override (e.g.
+optim.grad_reduce_dtype="bfloat16").
 Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3-30b-a3b,qwen3.5-hybrid] [--steps N]
-[--layout 2+2 --gpu-map 0,1,0,1 --mps --scale-reference] [--json]
+[--layout 2+2 --gpu-map 0,1,0,1 --mps --scale-reference] [--target-tp 2] [--json]
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_MASK_TOKEN_ID
+from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
 from pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +68,7 @@ TARGET_SHAPES = {
     "tiny": TINY,
     "tiny-moe": {**TINY, "model_type": "qwen3_moe", **TINY_EXPERTS, "norm_topk_prob": True},
     "qwen3-8b": {"model_type": "qwen3", **QWEN3_8B, "mask_token_id": QWEN3_MASK_TOKEN_ID},
+    "qwen3-32b": {"model_type": "qwen3", **QWEN3_32B, "mask_token_id": QWEN3_MASK_TOKEN_ID},
     "qwen3-30b-a3b": {
         "model_type": "qwen3_moe",
         **QWEN3_30B_A3B,
@@ -83,7 +87,9 @@ TARGET_SHAPES = {
     },
 }
 # Shapes whose drafter tools/bench_drafter.py benchmarks (--target-shape).
-DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b")
+DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b", "qwen3-32b")
+# Shapes whose tensor-parallel group tools/bench_target_tp.py benchmarks (--shape).
+TP_SHAPES = ("qwen3-32b",)
 DEFAULT_LAYOUT = Layout(1, 1, (0, 0))
 DATASET_TOKENS = 4000 * 3072
 
@@ -169,6 +175,7 @@ def run_pipeline(
         "layout.targets_per_node": layout.targets,
         "layout.drafters_per_node": layout.drafters,
         "layout.gpu_map": json.dumps(list(layout.gpu_map)),
+        "layout.target_tp": layout.target_tp,
         "ring.transport": '"device"',
         "ring.slots_per_producer": 3,
         "data.path": json.dumps(str(data_dir)),
@@ -260,9 +267,28 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
     return lines
 
 
+def standalone_group(name: str, args: argparse.Namespace) -> dict:
+    """One tensor-parallel target group's standalone rate (tools/bench_target_tp.py over
+    GPUs 0 and 1, the same batch as the pipeline's), with the whole report."""
+    if name not in TP_SHAPES:
+        return {"error": f"--target-tp: tools/bench_target_tp.py has no shape {name}"}
+    report = run_tool(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "tools/bench_target_tp.py", "--shape", name, "--tokens", str(args.budget),
+         "--seq-len", str(args.mean_len), "--json"],
+        timeout=500,
+    )  # fmt: skip
+    if "target_tp2_tokens_per_s" not in report:
+        return report
+    return {"tokens_per_s": report["target_tp2_tokens_per_s"], "bench_target_tp": report}
+
+
 def standalone_target(name: str, args: argparse.Namespace) -> dict:
-    """The standalone target's result row: from ``--target-result`` when it holds the
-    shape, else measured (the trainer's own settings: compiled layers, GPU output)."""
+    """The standalone target's result row: one group's with ``--target-tp``; else from
+    ``--target-result`` when it holds the shape, else measured (the trainer's own
+    settings: compiled layers, GPU output)."""
+    if args.layout.target_tp > 1:
+        return standalone_group(name, args)
     if args.target_result:
         report = json.loads(Path(args.target_result).read_text())
     else:
@@ -342,11 +368,19 @@ def parse_args() -> argparse.Namespace:
         "scaling_efficiency = tokens/s / (GPUs of the layout x that rate)",
     )
     parser.add_argument(
+        "--target-tp",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="GPUs per target group (layout.target_tp); 2 measures the standalone group rate "
+        "with tools/bench_target_tp.py",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], help="extra trainer override KEY=VALUE"
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    args.layout = Layout.parse(args.layout, args.gpu_map)
+    args.layout = Layout.parse(args.layout, args.gpu_map, args.target_tp)
     return args
 
 

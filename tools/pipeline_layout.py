@@ -2,10 +2,14 @@
 measured per rank (tools/bench_pipeline.py).
 
 A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` names
-(ranks 0..T-1 are the targets, T..T+D-1 the drafters). The ideal rate follows from the
-standalone rates a (target tokens/s, one whole GPU) and b (drafter): targets share the
-tokens evenly and so do drafters, so GPU g is saturated at X tokens/s when
-X * (t_g / T / a + d_g / D / b) = 1; the ideal is the least such X over the GPUs.
+(ranks 0..T-1 are the targets, T..T+D-1 the drafters); with `target_tp` = k the targets
+form T / k tensor-parallel groups of k consecutive ranks, each group one producer. The
+ideal rate follows from the standalone rates a (tokens/s of one target group: one whole
+GPU when k = 1, its k GPUs together otherwise) and b (drafter): the G = T / k groups
+share the tokens evenly and so do the drafters, and a group keeps every one of its GPUs
+busy for its whole step, so GPU g is saturated at X tokens/s when
+X * (g_g / G / a + d_g / D / b) = 1, g_g the groups with a member on g; the ideal is the
+least such X over the GPUs.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ class Layout:
     targets: int
     drafters: int
     gpu_map: tuple[int, ...]
+    target_tp: int = 1
 
     @staticmethod
-    def parse(split: str, gpu_map: str | None) -> Layout:
-        """`split` "T+D" and `gpu_map` "0,1,..." (default: every rank on GPU 0)."""
+    def parse(split: str, gpu_map: str | None, target_tp: int = 1) -> Layout:
+        """`split` "T+D", `gpu_map` "0,1,..." (default: every rank on GPU 0) and the target
+        group size."""
         try:
             targets, drafters = (int(part) for part in split.split("+"))
         except ValueError:
@@ -46,24 +52,34 @@ class Layout:
                 f"--layout {split} --gpu-map {gpu_map}: at least one target and one drafter, "
                 f"and one GPU per rank ({ranks} ranks)"
             )
-        return Layout(targets, drafters, gpus)
+        if target_tp < 1 or targets % target_tp:
+            raise SystemExit(
+                f"--layout {split} --target-tp {target_tp}: the {targets} targets must form "
+                f"whole groups of {target_tp}"
+            )
+        return Layout(targets, drafters, gpus, target_tp)
 
     @property
     def name(self) -> str:
-        return f"{self.targets}+{self.drafters}@{','.join(map(str, self.gpu_map))}"
+        groups = f" tp{self.target_tp}" if self.target_tp > 1 else ""
+        return f"{self.targets}+{self.drafters}@{','.join(map(str, self.gpu_map))}{groups}"
 
     def role(self, rank: int) -> str:
         return "target" if rank < self.targets else "drafter"
 
     def ideal_tokens_per_s(self, target_rate: float, drafter_rate: float) -> float:
-        """The rate at which the busiest GPU saturates (see the module docstring)."""
+        """The rate at which the busiest GPU saturates (see the module docstring);
+        `target_rate` is one target group's standalone tokens/s."""
+        k = self.target_tp
+        group_gpus = [set(self.gpu_map[i : i + k]) for i in range(0, self.targets, k)]
         loads = []
         for gpu in set(self.gpu_map):
-            ranks = [r for r, g in enumerate(self.gpu_map) if g == gpu]
-            targets = sum(self.role(r) == "target" for r in ranks)
-            drafters = len(ranks) - targets
+            groups = sum(gpu in gpus for gpus in group_gpus)
+            drafters = sum(
+                g == gpu and self.role(r) == "drafter" for r, g in enumerate(self.gpu_map)
+            )
             loads.append(
-                targets / self.targets / target_rate + drafters / self.drafters / drafter_rate
+                groups / len(group_gpus) / target_rate + drafters / self.drafters / drafter_rate
             )
         return 1.0 / max(loads)
 
