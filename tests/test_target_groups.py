@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import ring_workers as rw
 import torch
+from transformers import CONFIG_MAPPING
 
 from ringtrain.cli.stat import format_snapshot
 from ringtrain.config import ConfigError, LayoutConfig, parse_config
@@ -41,7 +42,7 @@ from tests.launcher import (
     wait_for_step,
 )
 from tests.test_reliability import _expected_batch_ids, _pid_alive
-from tests.tiny_families import build_model, write_model
+from tests.tiny_families import COMMON, TEXT_FAMILIES, build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
 STEPS = 6
@@ -211,6 +212,37 @@ def test_a_family_a_group_cannot_split_is_refused_in_preflight(
     info = rank_info_from_env(config.layout, "cpu")
     with pytest.raises(ConfigError, match=r"target_tp = 2: .*hybrid Gated DeltaNet.*target_tp = 1"):
         validate_inputs(config, info, tmp_path / "run")
+
+
+@pytest.mark.parametrize(("taps", "refused"), [("[0, 1]", False), ("[0, 3]", True)])
+def test_preflight_checks_only_the_layers_a_group_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taps: str, refused: bool
+) -> None:
+    """A GLM-4.5-style target whose two dense layers split over 2 members and whose deeper
+    expert layers (intermediate size 33) do not: tapping only the dense layers keeps only
+    them, so the group is accepted; a tap in an expert layer is refused naming it."""
+    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
+        monkeypatch.setenv(key, str(value))
+    values = {**COMMON, **TEXT_FAMILIES["glm4_moe"]}
+    glm = CONFIG_MAPPING["glm4_moe"](
+        **values | {"first_k_dense_replace": 2, "moe_intermediate_size": 33}
+    )
+    glm.save_pretrained(tmp_path / "glm")
+    overrides = [
+        f"run.run_dir={json.dumps(str(tmp_path / 'run'))}",
+        f"target.path={json.dumps(str(tmp_path / 'glm'))}",
+        "target.random_weights=true",
+        f"target.tap_layers={taps}",
+        "layout.target_tp=2",
+        "run.eval_every=0",
+    ]
+    config = parse_config("", overrides=overrides)
+    info = rank_info_from_env(config.layout, "cpu")
+    if refused:
+        with pytest.raises(ConfigError, match=r"target_tp = 2: .*cannot split layer 2 .*33"):
+            validate_inputs(config, info, tmp_path / "run")
+    else:
+        assert validate_inputs(config, info, tmp_path / "run").tap_layers == [0, 1]
 
 
 def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:

@@ -58,7 +58,8 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, P
             log.info("writing the built-in tiny hybrid target to %s", target_path)
             _build_once(target_path, lambda d: build_tiny_target(d, seed=config.run.seed))
         if not config.data.path:
-            vocab = read_target_config(target_path).vocab_size
+            weights = not config.target.random_weights
+            vocab = read_target_config(target_path, weights=weights).vocab_size
             log.info("writing the built-in synthetic dataset to %s", data_path)
             _build_once(
                 data_path,

@@ -29,7 +29,7 @@ from ringtrain.drafter.checkpoint import checkpoint_spec, read_checkpoint_extra
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
-from ringtrain.target import TargetLoadError, read_target_config
+from ringtrain.target import TargetCheckpoint, TargetLoadError, read_target_config
 from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
@@ -188,7 +188,8 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
 
 def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]:
     """The target's config and its tapped layers, checked; with target groups, also that
-    the family can be split over target_tp members (before anything is loaded)."""
+    the layers a group keeps (up to the deepest tap) can be split over target_tp members,
+    before anything is loaded."""
     target_config = read_target_config(target_path, weights=not config.target.random_weights)
     num_layers = target_config.num_hidden_layers
     try:
@@ -197,7 +198,9 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        check_tensor_parallel(target_config, config.layout.target_tp)
+        if config.layout.target_tp > 1:
+            kept = TargetCheckpoint(target_path, weights=False).text_config(max(taps) + 1)
+            check_tensor_parallel(kept, config.layout.target_tp)
     except TargetLoadError as exc:
         raise ConfigError(f"[layout] target_tp = {config.layout.target_tp}: {exc}") from None
     return target_config, taps
