@@ -6,6 +6,11 @@
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
 # (default: tests ring drafter target pipeline). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
+# Two GPUs: [target_tp] (a Qwen3-32B-shaped target on one GPU and as a tensor-parallel
+# group of two) [pipeline_tp2] (that group + 2 drafters on both GPUs under MPS)
+# [multigpu] (2 targets + 2 drafters under MPS against 1 + 1 on one GPU; multigpu_bf16:
+# bf16 gradient reduction) [split] (1 target on GPU 0, 1 drafter on GPU 1).
+# One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens).
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -67,6 +72,31 @@ for step in $steps; do
                 --shapes qwen3-30b-a3b --cold-shapes none "${reuse[@]}" --json
             mv "$out/bench_pipeline.json" "$out/pipeline_moe.json" 2>/dev/null ;;
         moe_report) OUT=$out python tools/moe_report.py | tee -a "$out/gpu_checks.log" ;;
+        target_tp) run target_tp 420 torchrun --standalone --nproc-per-node 2 \
+            tools/bench_target_tp.py --json ;;
+        pipeline_tp2)
+            run pipeline_tp2 560 python tools/bench_pipeline.py --shapes qwen3-32b \
+                --layout 2+2 --gpu-map 0,1,0,1 --mps --target-tp 2 --budget 9216 --steps 30 \
+                --cold-shapes none --json
+            mv "$out/bench_pipeline.json" "$out/pipeline_tp2.json" 2>/dev/null ;;
+        multigpu | multigpu_bf16)
+            reduce=()
+            [ "$step" = multigpu_bf16 ] && reduce=(--set 'optim.grad_reduce_dtype="bfloat16"')
+            run "$step" 560 python tools/bench_pipeline.py --shapes qwen3-8b --layout 2+2 \
+                --gpu-map 0,1,0,1 --mps --scale-reference --budget 9216 --steps 30 \
+                --cold-shapes none --skip-standalone "${reduce[@]}" --json
+            mv "$out/bench_pipeline.json" "$out/$step.json" 2>/dev/null ;;
+        split)
+            run split 400 python tools/bench_pipeline.py --shapes qwen3-8b --layout 1+1 \
+                --gpu-map 0,1 --budget 9216 --steps 30 --cold-shapes none --json
+            mv "$out/bench_pipeline.json" "$out/split.json" 2>/dev/null ;;
+        longdocs)
+            for len in 3072 8192 16384 32768; do
+                run "longdocs_$len" 200 python tools/bench_pipeline.py --shapes qwen3-8b \
+                    --budget $((len > 9216 ? len : 9216)) --mean-len $len --steps 20 \
+                    --cold-shapes none --skip-standalone --json
+                mv "$out/bench_pipeline.json" "$out/longdocs_$len.json" 2>/dev/null
+            done ;;
         *) echo "unknown step $step" ;;
     esac
 done
