@@ -26,9 +26,10 @@ SYNTHETIC_MEAN_LEN = 200
 SYNTHETIC_MOTIFS = 24
 
 
-def _build_once(path: Path, build: Callable[[Path], None]) -> None:
+def _build_once(path: Path, what: str, build: Callable[[Path], None]) -> None:
     if path.exists():
         return
+    get_logger().info("writing the built-in %s to %s", what, path)
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -38,7 +39,8 @@ def _build_once(path: Path, build: Callable[[Path], None]) -> None:
 
 def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, Path | None]:
     """Paths of the target, the dataset and the held-out split (None: none given), building
-    the built-in ones where none is given (the built-in dataset comes with a held-out split)."""
+    the built-in ones where none is given (the built-in dataset comes with a held-out split).
+    Ranks that find them built pass the lock at once: nothing is read under it."""
     builtin = run_dir / "builtin"
     target_path = (
         Path(config.target.path).expanduser() if config.target.path else builtin / "target"
@@ -53,35 +55,33 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, P
     builtin.mkdir(parents=True, exist_ok=True)
     with (builtin / ".lock").open("w") as lock:
         fcntl.lockf(lock, fcntl.LOCK_EX)
-        log = get_logger()
         if not config.target.path:
-            log.info("writing the built-in tiny hybrid target to %s", target_path)
-            _build_once(target_path, lambda d: build_tiny_target(d, seed=config.run.seed))
+            _build_once(
+                target_path,
+                "tiny hybrid target",
+                lambda d: build_tiny_target(d, seed=config.run.seed),
+            )
         if not config.data.path:
             weights = not config.target.random_weights
-            vocab = read_target_config(target_path, weights=weights).vocab_size
-            log.info("writing the built-in synthetic dataset to %s", data_path)
-            _build_once(
-                data_path,
-                lambda d: write_synthetic_dataset(
-                    d,
-                    rows=SYNTHETIC_ROWS,
-                    vocab_size=vocab,
+
+            def synthetic(directory: Path, rows: int, seed: int) -> None:
+                write_synthetic_dataset(
+                    directory,
+                    rows=rows,
+                    vocab_size=read_target_config(target_path, weights=weights).vocab_size,
                     mean_len=SYNTHETIC_MEAN_LEN,
-                    seed=config.data.seed,
+                    seed=seed,
                     num_motifs=SYNTHETIC_MOTIFS,
-                ),
+                    bank_seed=config.data.seed,
+                )
+
+            seed = config.data.seed
+            _build_once(
+                data_path, "synthetic dataset", lambda d: synthetic(d, SYNTHETIC_ROWS, seed)
             )
             _build_once(
                 builtin / "eval",
-                lambda d: write_synthetic_dataset(
-                    d,
-                    rows=SYNTHETIC_EVAL_ROWS,
-                    vocab_size=vocab,
-                    mean_len=SYNTHETIC_MEAN_LEN,
-                    seed=config.data.seed + 1,
-                    num_motifs=SYNTHETIC_MOTIFS,
-                    bank_seed=config.data.seed,
-                ),
+                "held-out split",
+                lambda d: synthetic(d, SYNTHETIC_EVAL_ROWS, seed + 1),
             )
     return target_path, data_path, eval_path
