@@ -9,6 +9,7 @@ name first, so a crash never leaves a half-written directory that looks complete
 from __future__ import annotations
 
 import fcntl
+import functools
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -63,12 +64,16 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, P
             )
         if not config.data.path:
             weights = not config.target.random_weights
+            # Read once, and only when a split is built (the model code takes seconds to import).
+            vocab_size = functools.cache(
+                lambda: read_target_config(target_path, weights=weights).vocab_size
+            )
 
             def synthetic(directory: Path, rows: int, seed: int) -> None:
                 write_synthetic_dataset(
                     directory,
                     rows=rows,
-                    vocab_size=read_target_config(target_path, weights=weights).vocab_size,
+                    vocab_size=vocab_size(),
                     mean_len=SYNTHETIC_MEAN_LEN,
                     seed=seed,
                     num_motifs=SYNTHETIC_MOTIFS,
