@@ -8,6 +8,7 @@ leaves the ring cleanly, or marks it failed so every peer stops within seconds.
 from __future__ import annotations
 
 import os
+import time
 from functools import partial
 from pathlib import Path
 
@@ -43,6 +44,11 @@ from ringtrain.trainer.run_dir import read_run_id
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import GroupDecisions
 from ringtrain.trainer.target_loop import BatchOrder, run_target_loop
+
+# How long a failed rank looks for a peer's death before reporting its own error, and how
+# often it looks (see _peer_death).
+PEER_DEATH_GRACE_S = 2.0
+PEER_DEATH_POLL_S = 0.05
 
 
 def join_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring:
@@ -97,9 +103,8 @@ def run_session(
             # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
             ring.check_peers()
     except BaseException as exc:
-        try:
-            ring.check_peers()
-        except PeerDied as died:
+        died = _peer_death(ring)
+        if died is not None:
             # A collective or a copy failed because a peer died first (gloo/NCCL report
             # only "connection closed"): report the death, which names the rank.
             ring.set_error(str(died))
@@ -110,6 +115,21 @@ def run_session(
         raise
     ring.close(clean=True)
     return 0
+
+
+def _peer_death(ring: Ring) -> PeerDied | None:
+    """The death of a peer that this rank's failure may come from, looked for during
+    PEER_DEATH_GRACE_S: a collective with a killed peer fails as soon as the peer's
+    sockets close, a moment before its process leaves the process table."""
+    deadline = time.monotonic() + PEER_DEATH_GRACE_S
+    while True:
+        try:
+            ring.check_peers()
+        except PeerDied as died:
+            return died
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(PEER_DEATH_POLL_S)
 
 
 def _run_target(
