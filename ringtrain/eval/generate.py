@@ -1,0 +1,223 @@
+"""Batched greedy generation with a local causal LM: the target's own answers, fast.
+
+Regenerating a training set and the greedy half of an evaluation both need the
+target's greedy continuation of many prompts. Decoding them one by one leaves a GPU
+idle behind Python; decoding them in batches with transformers' default cache copies
+the whole cache at every step (it grows by concatenation). Here prompts are sorted by
+length, cut into batches of similar length (left-padded to a bucketed width, so few
+shapes occur), and decoded with a preallocated (static) KV cache that every step writes
+one position into. A decode step reads the whole cache, so its speed is the cache's
+size over the memory bandwidth: the one-token attention here reads each key/value head
+once for all the query heads that share it (grouped-query attention), where
+transformers' masked SDPA path copies the cache once per query head. On CUDA the decode
+step can also be compiled into CUDA graphs (``compile=True``): one graph per batch
+shape, which the bucketing keeps few.
+
+Every answer ends after its first stop token (kept) or at ``max_new_tokens``; the
+latter is reported as truncated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+CACHES = ("static", "dynamic")
+WIDTH_BUCKET = 64
+GROUPED_DECODE = "ringtrain_grouped_decode"
+
+
+def grouped_decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Attention for transformers' attention interface; one-token queries read K/V once.
+
+    ``query`` [B, Hq, q, D], ``key``/``value`` [B, Hkv, L, D]; returns [B, q, Hq, D] as
+    every attention function of the interface does. Prefill (q > 1) is SDPA's.
+    """
+    batch, heads, length, dim = query.shape
+    if length != 1:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    groups = heads // key.shape[1]
+    scale = scaling if scaling is not None else dim**-0.5
+    grouped = query.view(batch, key.shape[1], groups, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask[:, :, -1:, : key.shape[2]], float("-inf"))
+        else:
+            scores = scores + attention_mask[:, :, -1:, : key.shape[2]].float()
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).view(batch, heads, 1, dim)
+    return out.transpose(1, 2), None
+
+
+def grouped_decode_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
+    """SDPA's boolean mask, never skipped: a static cache's unwritten slots must be masked."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(GROUPED_DECODE, grouped_decode_attention)
+AttentionMaskInterface.register(GROUPED_DECODE, grouped_decode_mask)
+
+
+@contextmanager
+def attention_for_decoding(model: PreTrainedModel, grouped: bool) -> Iterator[None]:
+    """Within the block, ``model`` uses the grouped one-token attention (when ``grouped``)."""
+    if not grouped:
+        yield
+        return
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(GROUPED_DECODE)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One greedy continuation: its tokens, and whether it was cut at max_new_tokens."""
+
+    tokens: list[int]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one ``greedy_answers`` call did: prompts, new tokens, seconds, batches."""
+
+    prompts: int
+    new_tokens: int
+    seconds: float
+    batches: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated (new) tokens per second of wall time."""
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into batches of at most ``batch_size``, by length."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+
+
+def left_padded(
+    prompts: Sequence[Sequence[int]], pad_id: int, bucket: int = WIDTH_BUCKET
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask [B, W] of left-padded prompts, W a multiple of ``bucket``."""
+    longest = max(map(len, prompts))
+    width = -(-longest // bucket) * bucket
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def cut_answer(row: Sequence[int], stop_ids: set[int], max_new_tokens: int) -> Answer:
+    """The answer in a generated row: up to and including the first stop token."""
+    for i, token in enumerate(row[:max_new_tokens]):
+        if token in stop_ids:
+            return Answer(list(row[: i + 1]), truncated=False)
+    return Answer(list(row[:max_new_tokens]), truncated=True)
+
+
+def _generate_batch(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    cache: str,
+    compile: bool,
+) -> torch.Tensor:
+    """The new tokens [B, <= max_new_tokens] of one batch (padding after a row's stop)."""
+    device = next(model.parameters()).device
+    ids, mask = left_padded(prompts, pad_id)
+    options: dict[str, object] = {"disable_compile": not compile}
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    with torch.inference_mode():
+        out = model.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=stop_ids or None,
+            pad_token_id=pad_id,
+            **options,
+        )
+    return out[:, ids.shape[1] :]
+
+
+def greedy_answers(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    *,
+    pad_id: int,
+    batch_size: int,
+    cache: str = "static",
+    compile: bool = False,
+    grouped_attention: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[list[Answer], GenerationStats]:
+    """Greedy answers to ``prompts`` (in their order) and what generating them took.
+
+    ``grouped_attention``: decode with ``grouped_decode_attention`` (else the model's own).
+    ``on_batch`` is called with the number of prompts of each finished batch (progress).
+    """
+    if cache not in CACHES:
+        raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    stops = set(stop_ids)
+    answers: list[Answer | None] = [None] * len(prompts)
+    batches = length_batches([len(p) for p in prompts], batch_size)
+    started = time.perf_counter()
+    with attention_for_decoding(model, grouped_attention):
+        for rows in batches:
+            batch = [prompts[i] for i in rows]
+            new = _generate_batch(
+                model, batch, max_new_tokens, list(stop_ids), pad_id, cache, compile
+            )
+            for i, row in zip(rows, new.tolist(), strict=True):
+                answers[i] = cut_answer(row, stops, max_new_tokens)
+            if on_batch is not None:
+                on_batch(len(rows))
+    seconds = time.perf_counter() - started
+    done = [a for a in answers if a is not None]
+    stats = GenerationStats(
+        prompts=len(done),
+        new_tokens=sum(len(a.tokens) for a in done),
+        seconds=seconds,
+        batches=len(batches),
+    )
+    return done, stats

@@ -1,0 +1,105 @@
+"""Batched greedy generation speed (ringtrain.eval.generate), one row per variant, as JSON.
+
+    python tools/bench_generate.py --device cuda --prompts 4096 --max-new-tokens 128 \\
+        --variants static:2048,static-compiled:2048,dynamic:1024
+
+A variant is ``CACHE[-compiled]:BATCH``. The model is a local Hugging Face directory
+(``--target``) or, by default, random weights in SmolLM2-135M's shape (llama, 30
+layers, hidden 576): speed does not depend on the weights, and without stop tokens
+every prompt is decoded to ``--max-new-tokens``. Prompt lengths are drawn uniformly
+from ``--prompt-lengths LO:HI`` with a fixed seed. Prints one JSON object per variant
+and a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from ringtrain.eval.generate import greedy_answers
+from ringtrain.eval.target import load_causal_lm
+
+SMOLLM2_135M = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", help="local Hugging Face model directory (default: random)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--prompts", type=int, default=4096)
+    parser.add_argument("--prompt-lengths", default="64:512", metavar="LO:HI")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--variants", default="static:2048,static-compiled:2048,dynamic:1024")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def make_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The model to generate with: ``--target`` or random weights in SmolLM2-135M's shape."""
+    if args.target:
+        return load_causal_lm(args.target, args.device, args.dtype)
+    torch.manual_seed(args.seed)
+    config = LlamaConfig(**SMOLLM2_135M)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
+    return model.to(args.device).eval().requires_grad_(False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = make_model(args)
+    lo, hi = (int(x) for x in args.prompt_lengths.split(":"))
+    rng = random.Random(args.seed)
+    vocab = int(model.config.vocab_size)
+    prompts = [
+        [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(args.prompts)
+    ]
+    rows = []
+    for variant in args.variants.split(","):
+        kind, batch = variant.split(":")
+        cache = kind.removesuffix("-compiled")
+        _, stats = greedy_answers(
+            model,
+            prompts,
+            args.max_new_tokens,
+            [],
+            pad_id=0,
+            batch_size=int(batch),
+            cache=cache,
+            compile=kind.endswith("-compiled"),
+        )
+        row = {
+            "variant": variant,
+            "prompts": stats.prompts,
+            "new_tokens": stats.new_tokens,
+            "seconds": round(stats.seconds, 2),
+            "tokens_per_s": round(stats.tokens_per_s),
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            if torch.cuda.is_available()
+            else None,
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(f"{'variant':<24} {'tokens/s':>10} {'seconds':>8}")
+    for row in rows:
+        print(f"{row['variant']:<24} {row['tokens_per_s']:>10} {row['seconds']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
