@@ -3,7 +3,8 @@
     python tools/bench_generate.py --device cuda --prompts 4096 --max-new-tokens 128 \\
         --variants static:2048,static-compiled:2048,dynamic:1024
 
-A variant is ``CACHE[-compiled]:BATCH``. The model is a local Hugging Face directory
+A variant is ``CACHE[-sdpa][-compiled]:BATCH`` (``-sdpa``: the model's own attention
+instead of the grouped one-token attention). The model is a local Hugging Face directory
 (``--target``) or, by default, random weights in SmolLM2-135M's shape (llama, 30
 layers, hidden 576): speed does not depend on the weights, and without stop tokens
 every prompt is decoded to ``--max-new-tokens``. Prompt lengths are drawn uniformly
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for variant in args.variants.split(","):
         kind, batch = variant.split(":")
-        cache = kind.removesuffix("-compiled")
+        cache = kind.split("-")[0]
         _, stats = greedy_answers(
             model,
             prompts,
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=int(batch),
             cache=cache,
             compile=kind.endswith("-compiled"),
+            grouped_attention="-sdpa" not in kind,
         )
         row = {
             "variant": variant,

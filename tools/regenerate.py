@@ -3,9 +3,11 @@
 DFlash drafters learn to predict what their target says, so the training rows are
 prompt + the target's own greedy response (loss_mask 1 on the response only), written
 as a ringtrain Arrow dataset (input_ids: list<int32>, loss_mask: list<uint8>).
-Generation runs in left-padded batches (prompts sorted by length, so padding is rare;
-1,024 prompts per batch on a GPU, where a step costs about the same for any batch of a
-small model). The prompts can be carved from the local text
+Generation runs in left-padded batches of prompts of similar length with a static KV
+cache (ringtrain.eval.generate; 2,048 prompts per batch on a GPU). Prompts are text
+(``prompt``, encoded raw), token ids (``input_ids``) or chat ``messages``, rendered with
+the target's chat template (``--chat-template-kwargs`` go to the template). Answers cut
+at ``--max-new-tokens`` are counted and reported. The prompts can be carved from the local text
 corpus of the toy recipe (train and eval splits never share text), so the recipe needs
 no external data:
 
@@ -20,16 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from tqdm import tqdm
+from transformers import AutoTokenizer
 
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.eval import load_causal_lm, load_prompts, stop_token_ids
 from ringtrain.eval.corpus import carve_prompts, read_corpus
+from ringtrain.eval.generate import greedy_answers
 
 DATASET_FILE = "regenerated-00000.arrow"
 DEFAULT_CORPUS_BYTES = 3_000_000
@@ -46,38 +49,6 @@ def corpus_bytes_of(target: Path) -> int:
     if info.is_file():
         return int(json.loads(info.read_text())["preset"]["corpus_bytes"])
     return DEFAULT_CORPUS_BYTES
-
-
-def greedy_batch(
-    model: PreTrainedModel,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    stop_ids: list[int],
-    pad_id: int,
-) -> list[list[int]]:
-    """Greedy responses to a batch of prompts (left-padded), each cut after its stop token."""
-    device = next(model.parameters()).device
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    with torch.inference_mode():
-        out = model.generate(
-            ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=stop_ids or None,
-            pad_token_id=pad_id,
-        )
-    responses = []
-    stops = set(stop_ids)
-    for row in out[:, width:].tolist():
-        end = next((i + 1 for i, token in enumerate(row) if token in stops), len(row))
-        responses.append(row[:end])
-    return responses
 
 
 def write_dataset(directory: Path, prompts: list[list[int]], responses: list[list[int]]) -> Path:
@@ -124,7 +95,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--batch-size", type=int, default=0, help="prompts per batch (0: 1024 on GPU, 64 on CPU)"
+        "--batch-size", type=int, default=0, help="prompts per batch (0: 2048 on GPU, 64 on CPU)"
+    )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        default={},
+        help='JSON object for the chat template of "messages" prompts, e.g. '
+        "'{\"enable_thinking\": false}'",
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
@@ -167,29 +145,42 @@ def main(argv: list[str] | None = None) -> int:
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
     model = load_causal_lm(target, device, args.dtype)
-    batch_size = args.batch_size or (1024 if device.type == "cuda" else 64)
+    batch_size = args.batch_size or (2048 if device.type == "cuda" else 64)
     tokenizer = None
     if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    prompts = load_prompts(args.prompts, tokenizer, int(model.config.vocab_size))
+    prompts = load_prompts(
+        args.prompts, tokenizer, int(model.config.vocab_size), args.chat_template_kwargs
+    )
     stop_ids = stop_token_ids(model.config)
     pad_id = model.config.pad_token_id
     pad_id = int(pad_id) if pad_id is not None else (stop_ids[0] if stop_ids else 0)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    responses: list[list[int]] = [[] for _ in prompts]
-    started = time.perf_counter()
-    for first in range(0, len(order), batch_size):
-        rows = order[first : first + batch_size]
-        batch = greedy_batch(
-            model, [prompts[i] for i in rows], args.max_new_tokens, stop_ids, pad_id
+    with tqdm(total=len(prompts), desc="regenerate", unit="prompt", file=sys.stderr) as bar:
+        answers, stats = greedy_answers(
+            model,
+            prompts,
+            args.max_new_tokens,
+            stop_ids,
+            pad_id=pad_id,
+            batch_size=batch_size,
+            on_batch=bar.update,
         )
-        for i, response in zip(rows, batch, strict=True):
-            responses[i] = response
-        done = min(first + batch_size, len(order))
-        log(f"{done}/{len(order)} prompts, {time.perf_counter() - started:.0f} s")
+    responses = [answer.tokens for answer in answers]
+    truncated = sum(answer.truncated for answer in answers)
+    log(
+        f"{stats.new_tokens} tokens in {stats.seconds:.1f} s ({stats.tokens_per_s:,.0f} tokens/s); "
+        f"{truncated} of {len(answers)} answers cut at --max-new-tokens {args.max_new_tokens}"
+    )
     path = write_dataset(Path(args.output), prompts, responses)
-    tokens = sum(map(len, responses))
-    log(f"wrote {len(prompts)} rows ({tokens} response tokens) to {path}")
+    log(f"wrote {len(prompts)} rows ({stats.new_tokens} response tokens) to {path}")
+    summary = {
+        "prompts": len(prompts),
+        "new_tokens": stats.new_tokens,
+        "seconds": round(stats.seconds, 2),
+        "tokens_per_s": round(stats.tokens_per_s),
+        "truncated": truncated,
+    }
+    (Path(args.output) / "regenerate.json").write_text(json.dumps(summary) + "\n")
     return 0
 
 
