@@ -64,6 +64,8 @@ def convert_gguf(
         _write_weights(model, partial / "model.safetensors")
         _write_configs(model, metadata, partial)
         tokenizer.save_pretrained(partial)
+        # safetensors creates its file readable by the owner only; match the other files.
+        shutil.copymode(partial / "config.json", partial / "model.safetensors")
         partial.replace(output)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -167,22 +169,48 @@ def _read_metadata(source: Path) -> dict[str, Any]:
 def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype) -> tuple[Any, Any]:
     """The dequantized model and the tokenizer, as transformers reads them from the file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         model = AutoModelForCausalLM.from_pretrained(
-            source.parent, gguf_file=source.name, dtype=dtype
+            source.parent, gguf_file=source.name, dtype=dtype, **_dequantizing_options()
         )
     except (ValueError, NotImplementedError, KeyError) as exc:
-        # The mapping's keys include the metadata sections next to the architectures.
-        supported = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
         raise GGUFConversionError(
             f"{source}: transformers cannot read this GGUF file of architecture {architecture!r} "
-            f"({exc}); transformers reads GGUF files of architectures {', '.join(supported)}: "
-            "use the model's Hugging Face release instead, or a GGUF of one of these"
+            f"({exc}); transformers reads GGUF files of architectures "
+            f"{', '.join(_transformers_gguf_architectures())}: use the model's Hugging Face "
+            "release instead, or a GGUF of one of these"
         ) from exc
     return model.eval(), tokenizer
+
+
+def _dequantizing_options() -> dict[str, Any]:
+    """from_pretrained options that unpack every weight into a dense tensor.
+
+    transformers versions with GgufConfig can keep the weights of some architectures packed in
+    GGUF blocks (where a matmul kernel exists); a converted directory needs them unpacked.
+    Older versions always unpack.
+    """
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _transformers_gguf_architectures() -> list[str]:
+    """The GGUF architectures the installed transformers reads (its general loader's, and
+    those of its block-keeping loader where it has one)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    # The general loader's list also names the metadata sections "general" and "tokenizer".
+    names = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}
+    try:
+        from transformers.integrations.gguf import GGUF_ARCHS
+    except ImportError:
+        return sorted(names)
+    return sorted(names | set(GGUF_ARCHS))
 
 
 def _write_weights(model: torch.nn.Module, path: Path) -> None:
