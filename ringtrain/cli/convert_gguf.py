@@ -6,7 +6,7 @@
 
 The directory (config.json, model.safetensors, tokenizer, generation_config.json) serves as
 a target directory. Needs the gguf package (`pip install 'ringtrain[gguf]'`). The conversion
-itself is ringtrain.target.gguf_convert.
+itself is ringtrain.target.gguf.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ringtrain.target.gguf_convert import (
+from ringtrain.target.gguf import (
     DTYPES,
     GGUFConversionError,
     convert_gguf,

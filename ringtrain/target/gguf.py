@@ -50,7 +50,7 @@ def convert_gguf(
     """Write the model in ``gguf_path`` as a Hugging Face directory at ``output_dir``.
 
     ``output_dir`` must be new or empty; it appears complete or not at all (the files are
-    written to a temporary sibling directory first). Returns ``output_dir``.
+    written to a temporary sibling directory first). Returns the directory's absolute path.
     """
     torch_dtype = _resolve_dtype(dtype)
     source = check_gguf_file(gguf_path)
