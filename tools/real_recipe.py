@@ -151,6 +151,7 @@ def make_model(recipe: RealRecipe) -> None:
 
     with Timed(recipe, "model"):
         source = Path(recipe.gguf) if recipe.gguf else find_smollm2_gguf()
+        shutil.rmtree(recipe.target, ignore_errors=True)
         convert_gguf(source, recipe.target)
 
 
@@ -220,9 +221,10 @@ def first_rows(source: Path, output: Path, rows: int) -> None:
         table = pa.ipc.open_file(mapped).read_all().slice(0, rows)
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)
-    with pa.OSFile(str(output / path.name), "wb") as sink, pa.ipc.new_file(
-        sink, table.schema
-    ) as writer:
+    with (
+        pa.OSFile(str(output / path.name), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
 
 
