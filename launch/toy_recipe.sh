@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The toy recipe in one command: a small target trained on local text, data regenerated
 # with it, a drafter trained on that data, and ringtrain-eval on held-out prompts, each
-# step timed (tools/toy_recipe.py; sizes in configs/recipes/toy.toml).
+# step timed (tools/recipes/toy_recipe.py; sizes in configs/recipes/toy.toml).
 # Usage: launch/toy_recipe.sh --device cpu|cuda [--objectives decayed_ce,dpace] [--fresh]
 #        [--set section.key=value ...]
 # Runs with the project's .venv when there is one, else with $PYTHON (default python3).
@@ -13,4 +13,4 @@ python=${PYTHON:-python3}
 [ -x "$root/.venv/bin/python" ] && python=$root/.venv/bin/python
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" "$root/tools/toy_recipe.py" "$@"
+exec "$python" -m tools.recipes.toy_recipe "$@"

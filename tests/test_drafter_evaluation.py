@@ -30,7 +30,7 @@ from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generat
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.target import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
-from tools.packed_batch import PackedBatch, random_packed_batch
+from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.objective import prepare_batch
-from tools.packed_batch import random_packed_batch
+from tools.shared.packed_batch import random_packed_batch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,7 +4,7 @@ signals end every rank at once.
 The ring checks (progress per phase, a watchdog that names its own stuck main thread)
 run on an in-process ring pair; the end-to-end cases use real torchrun runs of the
 embedded default on CPU: a SIGSTOPped target, a drafter whose main thread spins (SIGUSR1
-through tools/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
+through tests/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
 in start-up. Every wait polls processes or files against a deadline.
 """
 
@@ -33,7 +33,7 @@ from tests.test_reliability import (
     _wait_gone,
 )
 
-SPIN_HOOK = Path(__file__).resolve().parent.parent / "tools" / "spin_hook"
+SPIN_HOOK = Path(__file__).resolve().parent / "spin_hook"
 DETECT_S = 5.0
 POLL_S = 0.05
 

@@ -15,7 +15,6 @@ from transformers import AutoTokenizer
 from tests.launcher import RUN_TIMEOUT_S, run_env, step_records
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "tools"
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +34,14 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def _make_target(output: Path, steps: int) -> None:
-    script = str(TOOLS / "make_toy_target.py")
-    _run([sys.executable, script, "--output", str(output), "--tiny", "--steps", str(steps)])
+    module = "tools.recipes.make_toy_target"
+    _run([sys.executable, "-m", module, "--output", str(output), "--tiny", "--steps", str(steps)])
 
 
 def _regenerate(target: Path, prompts: Path, output: Path, count: int, split: str) -> None:
     _run(
         [
-            sys.executable, str(TOOLS / "regenerate.py"),
+            sys.executable, "-m", "tools.recipes.regenerate",
             "--target", str(target),
             "--make-prompts", str(count), "--prompt-len", "16", "--split", split,
             "--prompts", str(prompts),

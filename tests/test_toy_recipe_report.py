@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.toy_recipe import benchmark_lines, goal_lines, table
+from tools.recipes.toy_recipe import benchmark_lines, goal_lines, table
 
 
 def _eval(tau: float, ties: int = 0, mismatches: int = 0) -> dict:

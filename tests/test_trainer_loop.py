@@ -31,7 +31,7 @@ from ringtrain.trainer.evaluation import EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums
-from tools.packed_batch import random_packed_batch
+from tools.shared.packed_batch import random_packed_batch
 
 BLOCK = make_cfg().block_size
 

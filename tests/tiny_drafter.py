@@ -16,7 +16,7 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
-from tools.packed_batch import PackedBatch, random_packed_batch
+from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 TARGET = {
     "hidden_size": 32,

@@ -4,7 +4,8 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
-# (default: tests ring drafter target pipeline). The Qwen3-30B-A3B (mixture-of-experts)
+# (default: tests ring drafter target pipeline; run from the project root: the benchmarks
+# run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
 # Two GPUs: [target_tp] (a Qwen3-32B-shaped target on one GPU and as a tensor-parallel
 # group of two) [pipeline_tp2] (that group + 2 drafters on both GPUs under MPS)
@@ -39,60 +40,60 @@ for step in $steps; do
             for transport in device host; do
                 items=6000
                 [ $transport = host ] && items=400
-                run "${step}_$transport" 120 python tools/bench_ring.py --transport $transport \
+                run "${step}_$transport" 120 python -m tools.bench.bench_ring --transport $transport \
                     --producers 1 --consumers 1 --slots 4 --item-mb 256 --items $items --json
                 mv "$out/bench_ring.json" "$out/${step}_$transport.json" 2>/dev/null
             done
             [ "$step" = ring_mps ] && echo quit | nvidia-cuda-mps-control ;;
-        ipc_copy) run ipc_copy 120 python tools/bench_ipc_copy.py --json ;;
-        drafter) run drafter 420 python tools/bench_drafter.py --json --profile ;;
-        target) run target 540 python tools/bench_target.py --shape qwen3-8b \
+        ipc_copy) run ipc_copy 120 python -m tools.bench.bench_ipc_copy --json ;;
+        drafter) run drafter 420 python -m tools.bench.bench_drafter --json --profile ;;
+        target) run target 540 python -m tools.bench.bench_target --shape qwen3-8b \
             --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --profile --json ;;
         pipeline | pipeline_mps)
             # Qwen3-8B shapes: standalone target and drafter rates, then the shared-GPU
             # trainer cold and warm (pipeline_efficiency, cold/warm start, recompiles).
             [ "$step" = pipeline_mps ] && nvidia-cuda-mps-control -d
-            run "$step" 560 python tools/bench_pipeline.py --budget 9216 --steps 30 \
+            run "$step" 560 python -m tools.bench.bench_pipeline --budget 9216 --steps 30 \
                 --shapes qwen3-8b --json
             mv "$out/bench_pipeline.json" "$out/$step.json" 2>/dev/null
             [ "$step" = pipeline_mps ] && echo quit | nvidia-cuda-mps-control ;;
         target_moe)
-            run target_moe 200 python tools/bench_target.py --shape qwen3-30b-a3b \
+            run target_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --profile --json
             mv "$out/bench_target.json" "$out/target_moe.json" 2>/dev/null ;;
         load)
             # A 16 GB checkpoint under /tmp, loaded cold and warm, then deleted.
-            run load 200 python tools/bench_load.py --dir "/tmp/ringtrain-bench-load-$$" --json ;;
+            run load 200 python -m tools.bench.bench_load --dir "/tmp/ringtrain-bench-load-$$" --json ;;
         pipeline_moe)
             # The standalone target rate comes from target_moe when it ran (same shape,
             # batch and compile setting); the drafter's is measured here.
             reuse=()
             [ -f "$out/target_moe.json" ] && reuse=(--target-result "$out/target_moe.json")
-            run pipeline_moe 330 python tools/bench_pipeline.py --budget 9216 --steps 30 \
+            run pipeline_moe 330 python -m tools.bench.bench_pipeline --budget 9216 --steps 30 \
                 --shapes qwen3-30b-a3b --cold-shapes none "${reuse[@]}" --json
             mv "$out/bench_pipeline.json" "$out/pipeline_moe.json" 2>/dev/null ;;
-        moe_report) OUT=$out python tools/moe_report.py | tee -a "$out/gpu_checks.log" ;;
+        moe_report) OUT=$out python -m tools.bench.moe_report | tee -a "$out/gpu_checks.log" ;;
         target_tp) run target_tp 420 torchrun --standalone --nproc-per-node 2 \
-            tools/bench_target_tp.py --json ;;
+            -m tools.bench.bench_target_tp --json ;;
         pipeline_tp2)
-            run pipeline_tp2 560 python tools/bench_pipeline.py --shapes qwen3-32b \
+            run pipeline_tp2 560 python -m tools.bench.bench_pipeline --shapes qwen3-32b \
                 --layout 2+2 --gpu-map 0,1,0,1 --mps --target-tp 2 --budget 9216 --steps 30 \
                 --cold-shapes none --json
             mv "$out/bench_pipeline.json" "$out/pipeline_tp2.json" 2>/dev/null ;;
         multigpu | multigpu_bf16)
             reduce=()
             [ "$step" = multigpu_bf16 ] && reduce=(--set 'optim.grad_reduce_dtype="bfloat16"')
-            run "$step" 560 python tools/bench_pipeline.py --shapes qwen3-8b --layout 2+2 \
+            run "$step" 560 python -m tools.bench.bench_pipeline --shapes qwen3-8b --layout 2+2 \
                 --gpu-map 0,1,0,1 --mps --scale-reference --budget 9216 --steps 30 \
                 --cold-shapes none --skip-standalone "${reduce[@]}" --json
             mv "$out/bench_pipeline.json" "$out/$step.json" 2>/dev/null ;;
         split)
-            run split 400 python tools/bench_pipeline.py --shapes qwen3-8b --layout 1+1 \
+            run split 400 python -m tools.bench.bench_pipeline --shapes qwen3-8b --layout 1+1 \
                 --gpu-map 0,1 --budget 9216 --steps 30 --cold-shapes none --json
             mv "$out/bench_pipeline.json" "$out/split.json" 2>/dev/null ;;
         longdocs)
             for len in 3072 8192 16384 32768; do
-                run "longdocs_$len" 200 python tools/bench_pipeline.py --shapes qwen3-8b \
+                run "longdocs_$len" 200 python -m tools.bench.bench_pipeline --shapes qwen3-8b \
                     --budget $((len > 9216 ? len : 9216)) --mean-len $len --steps 20 \
                     --cold-shapes none --skip-standalone --json
                 mv "$out/bench_pipeline.json" "$out/longdocs_$len.json" 2>/dev/null

@@ -30,10 +30,10 @@ single row and on more rows of other lengths, the graphs compiled while running 
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
 each variant's first measurement.
 
-    python tools/bench_target.py --json                     # every shape, 8192 and 16384 tokens
-    python tools/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
-    python tools/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
-    python tools/bench_target.py --device cpu --small --json  # smoke run without a GPU
+    python tools/bench/bench_target.py --json                     # every shape, 8192 and 16384 tokens
+    python tools/bench/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
+    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
+    python tools/bench/bench_target.py --device cpu --small --json  # smoke run without a GPU
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from kernel_profile import print_top, top_kernels
-from model_shapes import QWEN3_8B, QWEN3_30B_A3B
 from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
@@ -65,6 +63,8 @@ from ringtrain.target.loader import (
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.kernel_profile import print_top, top_kernels
+from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B
 
 PEAK_FLOPS = 989e12
 NUM_TAPS = 5

@@ -1,4 +1,4 @@
-"""Host-side profile of a benchmark loop, for the scripts in tools/ (a sibling module):
+"""Host-side profile of a benchmark loop, for the scripts in tools/bench/:
 the loop's most expensive functions by own time, per item it handled."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Copy rate from another process's GPU memory on the same GPU, by how it is shared.
 
-    tools/bench_ipc_copy.py [--slots 4] [--item-mb 256] [--reps 40] [--extra-bytes 38912]
+    tools/bench/bench_ipc_copy.py [--slots 4] [--item-mb 256] [--reps 40] [--extra-bytes 38912]
         [--json]
 
 A producer process allocates `--slots` buffers of `--item-mb` MiB in three ways and
@@ -37,19 +37,14 @@ import ctypes
 import functools
 import os
 import queue
-import sys
 from multiprocessing import reduction
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as tmp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_report import print_report
-from gpu_timing import gpu_us_per_call
-
 from ringtrain.ring import cuda
+from tools.bench.bench_report import print_report
+from tools.bench.gpu_timing import gpu_us_per_call
 
 WAIT_S = 120
 _LOCATION_DEVICE = 1

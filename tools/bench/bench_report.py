@@ -1,4 +1,4 @@
-"""How bench_ring and bench_ipc_copy report (a sibling module of the scripts in tools/):
+"""How the benchmarks in tools/bench/ report:
 an aligned key/value table, then the report as one JSON line, the last line of output,
 also written to $OUT/<name>.json when $OUT is set."""
 

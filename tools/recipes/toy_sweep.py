@@ -1,10 +1,10 @@
 """Choose the toy recipe's drafter settings by measurement: several variants, one target.
 
-    python tools/toy_sweep.py --device cuda \\
+    python tools/recipes/toy_sweep.py --device cuda \\
         --variant 'base=drafter.num_layers=2' \\
         --variant 'deep=drafter.num_layers=2;target.tap_layers=[1,3,4]'
 
-The recipe's target and data are made (or reused) exactly as ``tools/toy_recipe.py``
+The recipe's target and data are made (or reused) exactly as ``tools/recipes/toy_recipe.py``
 makes them; each variant then trains a drafter with the recipe's training config plus
 its own ``--set`` assignments (``;``-separated) in a run directory of its own, and its
 held-out evaluation at the last step gives tau_sim (the replay of speculative decoding,
@@ -22,9 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from toy_recipe import (
+from ringtrain.config import add_override_option
+from tools.recipes.toy_recipe import (
     RECIPES,
     Recipe,
     held_out,
@@ -34,8 +33,6 @@ from toy_recipe import (
     make_target,
     train,
 )
-
-from ringtrain.config import add_override_option
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

@@ -6,7 +6,7 @@
 table and one JSON line, also saved as ``$OUT/moe_report.json``. A benchmark that did
 not finish shows as None.
 
-    OUT=gpu-results python tools/moe_report.py
+    OUT=gpu-results python tools/bench/moe_report.py
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from bench_report import print_report
+from tools.bench.bench_report import print_report
 
 SHAPE = "qwen3-30b-a3b"
 TOP_KERNELS = 4

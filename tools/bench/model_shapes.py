@@ -1,4 +1,4 @@
-"""Model shapes shared by the benchmark scripts in tools/ (imported as a sibling module).
+"""Model shapes shared by the benchmark scripts in tools/bench/.
 
 ``QWEN3_8B`` holds the sizes of Qwen3-8B's architecture as its config.json spells them
 (``QWEN3_32B`` those of Qwen3-32B),

@@ -1,12 +1,12 @@
 """The toy recipe in one command: target, data, drafter training, evaluation, timed.
 
-    python tools/toy_recipe.py --device cuda            # or launch/toy_recipe.sh --device cuda
-    python tools/toy_recipe.py --device cuda --objectives decayed_ce,dpace
+    python tools/recipes/toy_recipe.py --device cuda            # or launch/toy_recipe.sh --device cuda
+    python tools/recipes/toy_recipe.py --device cuda --objectives decayed_ce,dpace
 
 Steps (sizes from configs/recipes/toy.toml, the section of the device; paths from the
 training config it names):
-1. target: tools/make_toy_target.py for ``target_minutes``;
-2. data: tools/regenerate.py carves ``train_prompts`` and ``eval_prompts`` prompts from
+1. target: tools/recipes/make_toy_target.py for ``target_minutes``;
+2. data: tools/recipes/regenerate.py carves ``train_prompts`` and ``eval_prompts`` prompts from
    the corpus (the splits share no text) and answers them greedily with the target;
 3. training: torchrun ringtrain.main with the training config, once per objective (same
    data, same steps); its held-out evaluation reports tau_sim;
@@ -35,7 +35,7 @@ import msgspec
 
 from ringtrain.config import Config, add_override_option, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes" / "toy.toml"
 GOALS = {"tau_real": 5.0, "tau_sim_gap": 0.05, "seconds": 600.0}
 
@@ -126,7 +126,7 @@ def make_target(recipe: Recipe) -> None:
             recipe.timings["target"] = 0.0
             return
     command = [
-        sys.executable, str(ROOT / "tools" / "make_toy_target.py"),
+        sys.executable, "-m", "tools.recipes.make_toy_target",
         "--output", str(recipe.target),
         "--minutes", str(settings.target_minutes),
         "--steps", str(settings.target_steps),
@@ -155,7 +155,7 @@ def make_data(recipe: Recipe, split: str) -> None:
         return
     shutil.rmtree(recipe.dataset(split), ignore_errors=True)
     command = [
-        sys.executable, str(ROOT / "tools" / "regenerate.py"),
+        sys.executable, "-m", "tools.recipes.regenerate",
         "--target", str(recipe.target),
         "--make-prompts", str(count), "--prompt-len", str(settings.prompt_len),
         "--split", split,

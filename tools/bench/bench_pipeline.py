@@ -4,8 +4,8 @@ start-up times and steady-state recompiles. Prints a table, then one JSON object
 
 For each target shape (Qwen3-8B-like; Qwen3-30B-A3B-like mixture of experts; Qwen3.5-like
 hybrid with Gated DeltaNet layers):
-  a. target-only tokens/s and MFU     (tools/bench_target.py)
-  b. drafter-only tokens/s and MFU    (tools/bench_drafter.py)
+  a. target-only tokens/s and MFU     (tools/bench/bench_target.py)
+  b. drafter-only tokens/s and MFU    (tools/bench/bench_drafter.py)
   c. the full trainer, 1 target + 1 drafter sharing the GPU over the device ring:
      pipeline_efficiency = tokens/s / (1 / (1/a + 1/b))
   d. launch -> first optimizer step, cold (empty compile caches) and warm (same caches)
@@ -21,16 +21,16 @@ padded length; then tokens/s drops with the fill while the per-step work barely 
 shape, --tokens = budget, --seq-len = mean-len, compiled): one target benchmark fewer.
 `--layout T+D --gpu-map G,G,...` runs c. with T targets and D drafters on the GPUs named
 per rank (targets first), `--mps` under an MPS daemon of its own; then the ideal of c.
-is the rate at which the busiest GPU saturates (tools/pipeline_layout.py), each rank's
+is the rate at which the busiest GPU saturates (tools/bench/pipeline_layout.py), each rank's
 GPU busy and peak memory are reported, and with more than one drafter DDP's gradient
 reduction: median time per step and the median share of the step it is not hidden
 behind backward. `--scale-reference` also runs 1 + 1 on GPU 0 under the same MPS
 setting: scaling_efficiency = tokens/s / (GPUs of the layout x its rate). `--target-tp 2`
 makes the targets tensor-parallel groups of two (`layout.target_tp`); the standalone rate
-a. is then one group's, measured by tools/bench_target_tp.py over GPUs 0 and 1, and the
+a. is then one group's, measured by tools/bench/bench_target_tp.py over GPUs 0 and 1, and the
 ideal counts each group on both its GPUs. `--set K=V` passes a trainer override (e.g.
 optim.grad_reduce_dtype="bfloat16").
-Usage: tools/bench_pipeline.py [--shapes qwen3-8b,qwen3-30b-a3b,qwen3.5-hybrid] [--steps N]
+Usage: tools/bench/bench_pipeline.py [--shapes qwen3-8b,qwen3-30b-a3b,qwen3.5-hybrid] [--steps N]
 [--layout 2+2 --gpu-map 0,1,0,1 --mps --scale-reference] [--target-tp 2] [--json]
 """
 
@@ -47,10 +47,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
-from pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
+from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
+from tools.bench.pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = {
     "model_type": "qwen3",
@@ -86,7 +86,7 @@ TARGET_SHAPES = {
         "mask_token_id": 248070,
     },
 }
-# Shapes whose drafter tools/bench_drafter.py benchmarks (--target-shape).
+# Shapes whose drafter tools/bench/bench_drafter.py benchmarks (--target-shape).
 DRAFTER_SHAPES = ("qwen3-8b", "qwen3-30b-a3b", "qwen3-32b")
 DEFAULT_LAYOUT = Layout(1, 1, (0, 0))
 DATASET_TOKENS = 4000 * 3072
@@ -266,12 +266,12 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
 
 
 def standalone_group(name: str, args: argparse.Namespace) -> dict:
-    """One tensor-parallel target group's standalone rate (tools/bench_target_tp.py over
+    """One tensor-parallel target group's standalone rate (tools/bench/bench_target_tp.py over
     GPUs 0 and 1, the same batch as the pipeline's), with the whole report (its error
     names the shapes it has when it has not this one)."""
     report = run_tool(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "tools/bench_target_tp.py", "--shape", name, "--tokens", str(args.budget),
+         "-m", "tools.bench.bench_target_tp", "--shape", name, "--tokens", str(args.budget),
          "--seq-len", str(args.mean_len), "--json"],
         timeout=500,
     )  # fmt: skip
@@ -290,7 +290,7 @@ def standalone_target(name: str, args: argparse.Namespace) -> dict:
         report = json.loads(Path(args.target_result).read_text())
     else:
         report = run_tool(
-            ["tools/bench_target.py", "--shape", name, "--tokens", str(args.budget),
+            ["-m", "tools.bench.bench_target", "--shape", name, "--tokens", str(args.budget),
              "--seq-len", str(args.mean_len), "--compile", "on", "--json"],
             timeout=400,
         )  # fmt: skip
@@ -315,7 +315,7 @@ def measure_standalone(name: str, args: argparse.Namespace, entry: dict, results
     save(results)
     if name in DRAFTER_SHAPES:
         drafter = run_tool(
-            ["tools/bench_drafter.py", "--target-shape", name, "--json"], timeout=500
+            ["-m", "tools.bench.bench_drafter", "--target-shape", name, "--json"], timeout=500
         )
         entry["drafter"] = drafter.get("results", [drafter])[0]
         save(results)
@@ -370,7 +370,7 @@ def parse_args() -> argparse.Namespace:
         default=1,
         choices=(1, 2),
         help="GPUs per target group (layout.target_tp); 2 measures the standalone group rate "
-        "with tools/bench_target_tp.py",
+        "with tools/bench/bench_target_tp.py",
     )
     parser.add_argument(
         "--set", action="append", default=[], help="extra trainer override KEY=VALUE"

@@ -22,8 +22,8 @@ the kept and of the unkept tensors the cold load brought into memory (``only_kep
 None when the cache could not be emptied, e.g. a tmpfs directory: see ``filesystem``).
 The checkpoint is deleted at the end unless ``--keep``.
 
-    python tools/bench_load.py --json                          # GPU machine, /tmp
-    python tools/bench_load.py --device cpu --small --json     # smoke run without a GPU
+    python tools/bench/bench_load.py --json                          # GPU machine, /tmp
+    python tools/bench/bench_load.py --device cpu --small --json     # smoke run without a GPU
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_target import build_config
-from model_shapes import QWEN3_30B_A3B
 from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.loader import load_target
+from tools.bench.bench_target import build_config
+from tools.bench.model_shapes import QWEN3_30B_A3B
 
 SHAPE = "qwen3-30b-a3b"
 SLICE_LAYERS = 12

@@ -2,12 +2,12 @@
 
 Run with two processes, one per GPU::
 
-    torchrun --nproc-per-node 2 tools/bench_target_tp.py --json
-    torchrun --nproc-per-node 2 tools/bench_target_tp.py --shape tiny --device cpu --json
+    torchrun --nproc-per-node 2 tools/bench/bench_target_tp.py --json
+    torchrun --nproc-per-node 2 tools/bench/bench_target_tp.py --shape tiny --device cpu --json
 
 Shape ``qwen3-32b``: Qwen3-32B (64 layers, hidden 5120, 64 query / 8 key-value heads of
 128, MLP 25600), random bf16 weights built in memory from the config (as
-tools/bench_target.py does), truncated after the deepest of the 5 DFlash taps (layer
+tools/bench/bench_target.py does), truncated after the deepest of the 5 DFlash taps (layer
 61), decoder layers compiled as ``target.compile`` does (``--compile``: auto compiles on
 CUDA only). ``tiny``: the same model type at toy size, for a CPU smoke run over gloo
 (float32).
@@ -33,16 +33,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bench_target import (
-    SMALL_SIZES,
-    build_target,
-    measure,
-    padded_batch,
-    run_once,
-    versions,
-)
-from kernel_profile import top_kernels
-from model_shapes import QWEN3_32B
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.compiled import COMPILE_SETTINGS, resolve_compile
@@ -50,6 +40,16 @@ from ringtrain.target.parallel import shard_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.bench_target import (
+    SMALL_SIZES,
+    build_target,
+    measure,
+    padded_batch,
+    run_once,
+    versions,
+)
+from tools.bench.kernel_profile import top_kernels
+from tools.bench.model_shapes import QWEN3_32B
 
 NUM_TAPS = 5
 SHAPES = {

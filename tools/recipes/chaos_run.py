@@ -1,6 +1,6 @@
 """A bounded soak of the failure handling: faults at random moments, resumes, and checks.
 
-    python tools/chaos_run.py [--rounds 40] [--seed 0] [--work-dir DIR] [--json FILE]
+    python tools/recipes/chaos_run.py [--rounds 40] [--seed 0] [--work-dir DIR] [--json FILE]
 
 Each round starts the embedded default (`torchrun --standalone --nproc-per-node 3 -m
 ringtrain.main`, small checkpoint interval, resuming from the second round on) in one
@@ -11,7 +11,7 @@ run to end:
     stop   SIGSTOP of a random rank
     term   SIGTERM to the launcher (as a scheduler's preemption sends it)
     stuck  a random rank's main thread spins forever while its other threads live
-           (SIGUSR1 through tools/spin_hook, which every process loads from PYTHONPATH)
+           (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
 
 `stop` waits until the ranks have joined the ring (before that a rank's peers wait for it
 in the rendezvous), `stuck` until every rank runs its loop (a main thread stuck while
@@ -50,8 +50,8 @@ from ringtrain.ring import Phase, RingReader, discover
 from ringtrain.ring.liveness import process_state
 from ringtrain.ring.phases import describe
 
-ROOT = Path(__file__).resolve().parent.parent
-SPIN_HOOK = ROOT / "tools" / "spin_hook"
+ROOT = Path(__file__).resolve().parents[2]
+SPIN_HOOK = ROOT / "tests" / "spin_hook"
 FAULTS = ("kill", "stop", "term", "stuck")
 STOP_LIMIT_S = 60.0  # the promise: a fault ends the whole run within this
 GIVE_UP_S = 180.0  # a run still alive this long after its fault is killed (a violation)

@@ -1,5 +1,5 @@
 """Layouts of the pipeline benchmark: roles on GPUs, their ideal rate, MPS, and what a run
-measured per rank (tools/bench_pipeline.py).
+measured per rank (tools/bench/bench_pipeline.py).
 
 A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` names
 (ranks 0..T-1 are the targets, T..T+D-1 the drafters); with `target_tp` = k the targets

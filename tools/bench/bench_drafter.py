@@ -19,10 +19,10 @@ mask allows, and the LM head over slots 1..B-1. Trainable matmuls count 3x their
 (forward, input grad, weight grad); fc and the frozen LM head count 2x (one of the two
 gradients is not needed); attention counts 3x.
 
-    python tools/bench_drafter.py --json                         # H200, default variant
-    python tools/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
-    python tools/bench_drafter.py --json --profile               # + top kernels of 3 steps
-    python tools/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
+    python tools/bench/bench_drafter.py --json                         # H200, default variant
+    python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
+    python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
+    python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ import traceback
 from dataclasses import replace
 
 import torch
-from kernel_profile import print_top, top_kernels
-from model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
-from packed_batch import PackedBatch, random_packed_batch
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -54,6 +51,9 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.kernel_profile import print_top, top_kernels
+from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
+from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
 # --target-shape: the target whose drafter is benchmarked; the drafter takes its hidden

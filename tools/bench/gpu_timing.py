@@ -1,4 +1,4 @@
-"""GPU time of a repeated call, for the benchmark scripts in tools/ (a sibling module)."""
+"""GPU time of a repeated call, for the benchmark scripts in tools/bench/."""
 
 from __future__ import annotations
 

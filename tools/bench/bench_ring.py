@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the ring with real processes: throughput, integrity and control latency.
 
-    tools/bench_ring.py --transport {host,device} --producers P --consumers C --slots S \
+    tools/bench/bench_ring.py --transport {host,device} --producers P --consumers C --slots S \
         --item-mb M --items N [--warmup W] [--control-items K] [--json]
 
 Phase 1 (throughput): P producer and C consumer processes move N items of M MiB of
@@ -49,19 +49,14 @@ import multiprocessing as mp
 import os
 import queue
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_report import print_report
-from gpu_timing import gpu_us_per_call
-from host_profile import profiled
-
 from ringtrain.ring import Ring, RingSpec
+from tools.bench.bench_report import print_report
+from tools.bench.gpu_timing import gpu_us_per_call
+from tools.bench.host_profile import profiled
 
 ROWS = 1024
 STAMPS = 64

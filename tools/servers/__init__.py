@@ -1,0 +1,1 @@
+"""Stand-in servers: an OpenAI-compatible chat server that answers deterministically."""

@@ -1,0 +1,1 @@
+"""Pieces shared by the benchmarks and the tests (random packed batches)."""
