@@ -9,6 +9,7 @@ from ringtrain.monitor.advice import (
     advise,
     best_split,
     measured_rates,
+    saturation_rate,
     split_rate,
 )
 from ringtrain.monitor.ring_figures import RankFigures, intervals
@@ -107,6 +108,18 @@ def test_every_split_rate_is_the_slower_side() -> None:
     rates = MeasuredRates(targets=1, drafters=1, target_rate=3.0, drafter_rate=5.0, gpus=2)
     for t, d in itertools.product(range(1, 4), repeat=2):
         assert split_rate(rates, t, d) == min(3.0 * t, 5.0 * d)
+
+
+def test_saturation_rate_is_the_split_rate_with_one_rank_per_gpu_and_less_when_shared() -> None:
+    rates = MeasuredRates(targets=1, drafters=1, target_rate=3.0, drafter_rate=5.0, gpus=2)
+    for t, d in itertools.product(range(1, 4), repeat=2):
+        alone = [(1, 0)] * t + [(0, 1)] * d
+        assert abs(saturation_rate(3.0, 5.0, t, d, alone) - split_rate(rates, t, d)) < 1e-9
+    # 2 targets + 2 drafters on 2 GPUs, a target and a drafter on each: each GPU carries
+    # half of each role's work, 1 / (0.5 / 3 + 0.5 / 5) = 3.75 per GPU, 7.5 for the node.
+    assert abs(saturation_rate(3.0, 5.0, 2, 2, [(1, 1), (1, 1)]) - 7.5) < 1e-9
+    # One tensor-parallel group on both GPUs keeps both busy: 1 / (1 / 3 + 0.5 / 5).
+    assert abs(saturation_rate(3.0, 5.0, 1, 2, [(1, 1), (1, 1)]) - 1 / (1 / 3 + 0.1)) < 1e-9
 
 
 def test_a_target_group_counts_once_and_splits_give_it_its_gpus() -> None:

@@ -97,6 +97,30 @@ def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
     return min(targets * rates.target_rate, drafters * rates.drafter_rate)
 
 
+def saturation_rate(
+    target_rate: float,
+    drafter_rate: float,
+    producers: int,
+    drafters: int,
+    residents: list[tuple[int, int]],
+) -> float:
+    """The node rate at which its busiest GPU saturates when ranks may share GPUs.
+
+    `target_rate` is one producer's standalone rate (a target, or a tensor-parallel target
+    group on its GPUs together), `drafter_rate` one drafter's; `residents` holds, per GPU,
+    the producers with a rank on it and the drafters on it. The producers share the tokens
+    evenly and so do the drafters, and a target group keeps every one of its GPUs busy for
+    its whole step, so a GPU holding g producers and d drafters is saturated at X when
+    X * (g / producers / target_rate + d / drafters / drafter_rate) = 1; the rate is the
+    least such X. With one rank per GPU it is split_rate's min(T x target, D x drafter).
+    """
+    loads = [
+        held / producers / target_rate + drafting / drafters / drafter_rate
+        for held, drafting in residents
+    ]
+    return 1.0 / max(loads)
+
+
 def best_split(rates: MeasuredRates) -> Split | None:
     """The fastest split with one rank per GPU (ties keep more targets); None when the GPUs
     hold no target and a drafter."""

@@ -88,14 +88,39 @@ class RankInfo:
     def target_groups(self) -> list[list[int]]:
         """Global ranks of every target group, node by node (the same list on every rank)."""
         return [
-            [node * self.local_world_size + first + m for m in range(self.target_tp)]
+            [node * self.local_world_size + local for local in group]
             for node in range(self.num_nodes)
-            for first in range(0, self.targets_per_node, self.target_tp)
+            for group in local_target_groups(self.targets_per_node, self.target_tp)
         ]
 
     @property
     def tag(self) -> str:
         return f"rank{self.rank}-{self.role}{self.role_index}"
+
+
+def local_role(local_rank: int, targets_per_node: int) -> str:
+    """The role of a local rank: the node's first `targets_per_node` ranks are targets."""
+    return TARGET if local_rank < targets_per_node else DRAFTER
+
+
+def local_target_groups(targets_per_node: int, target_tp: int) -> list[list[int]]:
+    """The local ranks of each target group of a node: `target_tp` consecutive target ranks."""
+    return [
+        list(range(first, first + target_tp)) for first in range(0, targets_per_node, target_tp)
+    ]
+
+
+def check_layout(layout: LayoutConfig) -> None:
+    """Refuse a [layout] without a target and a drafter per node, or whose target_tp does
+    not divide targets_per_node."""
+    if layout.targets_per_node < 1 or layout.drafters_per_node < 1:
+        raise ConfigError("[layout] needs at least one target and one drafter per node")
+    if layout.targets_per_node % layout.target_tp:
+        raise ConfigError(
+            f"[layout] target_tp = {layout.target_tp} does not divide targets_per_node = "
+            f"{layout.targets_per_node}: a target group is target_tp consecutive target ranks "
+            "of one node; make targets_per_node a multiple of target_tp"
+        )
 
 
 def _env_int(name: str) -> int:
@@ -141,8 +166,7 @@ def rank_info_from_env(
     local_rank = _env_int("LOCAL_RANK")
     local_world_size = _env_int("LOCAL_WORLD_SIZE")
     per_node = layout.targets_per_node + layout.drafters_per_node
-    if layout.targets_per_node < 1 or layout.drafters_per_node < 1:
-        raise ConfigError("[layout] needs at least one target and one drafter per node")
+    check_layout(layout)
     if local_world_size != per_node:
         raise ConfigError(
             f"[layout] asks for {layout.targets_per_node} target(s) + "
@@ -150,19 +174,13 @@ def rank_info_from_env(
             f"torchrun started {local_world_size}: use --nproc-per-node {per_node} or "
             "change [layout]"
         )
-    if layout.targets_per_node % layout.target_tp:
-        raise ConfigError(
-            f"[layout] target_tp = {layout.target_tp} does not divide targets_per_node = "
-            f"{layout.targets_per_node}: a target group is target_tp consecutive target ranks "
-            "of one node; make targets_per_node a multiple of target_tp"
-        )
     num_nodes = world_size // local_world_size
     node_rank = rank // local_world_size
-    if local_rank < layout.targets_per_node:
-        role, role_index = TARGET, node_rank * layout.targets_per_node + local_rank
+    role = local_role(local_rank, layout.targets_per_node)
+    if role == TARGET:
+        role_index = node_rank * layout.targets_per_node + local_rank
         role_count = num_nodes * layout.targets_per_node
     else:
-        role = DRAFTER
         role_index = node_rank * layout.drafters_per_node + local_rank - layout.targets_per_node
         role_count = num_nodes * layout.drafters_per_node
     return RankInfo(

@@ -3,13 +3,11 @@ measured per rank (tools/bench/bench_pipeline.py).
 
 A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` names
 (ranks 0..T-1 are the targets, T..T+D-1 the drafters); with `target_tp` = k the targets
-form T / k tensor-parallel groups of k consecutive ranks, each group one producer. The
-ideal rate follows from the standalone rates a (tokens/s of one target group: one whole
-GPU when k = 1, its k GPUs together otherwise) and b (drafter): the G = T / k groups
-share the tokens evenly and so do the drafters, and a group keeps every one of its GPUs
-busy for its whole step, so GPU g is saturated at X tokens/s when
-X * (g_g / G / a + d_g / D / b) = 1, g_g the groups with a member on g; the ideal is the
-least such X over the GPUs.
+form T / k tensor-parallel groups of k consecutive ranks, each group one producer. Roles
+and groups are the trainer's own (ringtrain.trainer.roles); the ideal rate is the rate at
+which the busiest GPU saturates (ringtrain.monitor.advice.saturation_rate), from the
+standalone rates of one target group (one whole GPU when k = 1, its k GPUs together
+otherwise) and of one drafter.
 """
 
 from __future__ import annotations
@@ -23,6 +21,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from ringtrain.config import ConfigError, LayoutConfig
+from ringtrain.monitor.advice import saturation_rate
+from ringtrain.trainer.roles import check_layout, local_role, local_target_groups
 
 # Steps whose DDP timings are skipped: the first ones compile and warm the allocator.
 GRAD_SYNC_SKIP_STEPS = 4
@@ -40,22 +42,25 @@ class Layout:
     @staticmethod
     def parse(split: str, gpu_map: str | None, target_tp: int = 1) -> Layout:
         """`split` "T+D", `gpu_map` "0,1,..." (default: every rank on GPU 0) and the target
-        group size."""
+        group size, checked as the trainer checks its [layout]."""
         try:
             targets, drafters = (int(part) for part in split.split("+"))
         except ValueError:
             raise SystemExit(f"--layout {split!r}: write targets+drafters, e.g. 2+2") from None
+        try:
+            check_layout(
+                LayoutConfig(
+                    targets_per_node=targets, drafters_per_node=drafters, target_tp=target_tp
+                )
+            )
+        except ConfigError as exc:
+            raise SystemExit(f"--layout {split} --target-tp {target_tp}: {exc}") from None
         ranks = targets + drafters
         gpus = tuple(int(g) for g in gpu_map.split(",")) if gpu_map else (0,) * ranks
-        if targets < 1 or drafters < 1 or len(gpus) != ranks:
+        if len(gpus) != ranks:
             raise SystemExit(
-                f"--layout {split} --gpu-map {gpu_map}: at least one target and one drafter, "
-                f"and one GPU per rank ({ranks} ranks)"
-            )
-        if target_tp < 1 or targets % target_tp:
-            raise SystemExit(
-                f"--layout {split} --target-tp {target_tp}: the {targets} targets must form "
-                f"whole groups of {target_tp}"
+                f"--layout {split} --gpu-map {gpu_map}: give one GPU per rank ({ranks} ranks, "
+                "targets first)"
             )
         return Layout(targets, drafters, gpus, target_tp)
 
@@ -65,23 +70,21 @@ class Layout:
         return f"{self.targets}+{self.drafters}@{','.join(map(str, self.gpu_map))}{groups}"
 
     def role(self, rank: int) -> str:
-        return "target" if rank < self.targets else "drafter"
+        return local_role(rank, self.targets)
 
     def ideal_tokens_per_s(self, target_rate: float, drafter_rate: float) -> float:
-        """The rate at which the busiest GPU saturates (see the module docstring);
-        `target_rate` is one target group's standalone tokens/s."""
-        k = self.target_tp
-        group_gpus = [set(self.gpu_map[i : i + k]) for i in range(0, self.targets, k)]
-        loads = []
-        for gpu in set(self.gpu_map):
-            groups = sum(gpu in gpus for gpus in group_gpus)
-            drafters = sum(
-                g == gpu and self.role(r) == "drafter" for r, g in enumerate(self.gpu_map)
-            )
-            loads.append(
-                groups / len(group_gpus) / target_rate + drafters / self.drafters / drafter_rate
-            )
-        return 1.0 / max(loads)
+        """The rate at which the busiest GPU saturates; `target_rate` is one target
+        group's standalone tokens/s."""
+        groups = [
+            {self.gpu_map[rank] for rank in group}
+            for group in local_target_groups(self.targets, self.target_tp)
+        ]
+        drafter_gpus = self.gpu_map[self.targets :]
+        residents = [
+            (sum(gpu in group for group in groups), drafter_gpus.count(gpu))
+            for gpu in sorted(set(self.gpu_map))
+        ]
+        return saturation_rate(target_rate, drafter_rate, len(groups), self.drafters, residents)
 
 
 @contextmanager
