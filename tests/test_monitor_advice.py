@@ -116,8 +116,8 @@ def test_saturation_rate_is_the_split_rate_with_one_rank_per_gpu_and_less_when_s
         alone = [(1, 0)] * t + [(0, 1)] * d
         assert abs(saturation_rate(3.0, 5.0, t, d, alone) - split_rate(rates, t, d)) < 1e-9
     # 2 targets + 2 drafters on 2 GPUs, a target and a drafter on each: each GPU carries
-    # half of each role's work, 1 / (0.5 / 3 + 0.5 / 5) = 3.75 per GPU, 7.5 for the node.
-    assert abs(saturation_rate(3.0, 5.0, 2, 2, [(1, 1), (1, 1)]) - 7.5) < 1e-9
+    # half of each role's work, so the node moves 1 / (0.5 / 3 + 0.5 / 5) = 3.75.
+    assert abs(saturation_rate(3.0, 5.0, 2, 2, [(1, 1), (1, 1)]) - 3.75) < 1e-9
     # One tensor-parallel group on both GPUs keeps both busy: 1 / (1 / 3 + 0.5 / 5).
     assert abs(saturation_rate(3.0, 5.0, 1, 2, [(1, 1), (1, 1)]) - 1 / (1 / 3 + 0.1)) < 1e-9
 
