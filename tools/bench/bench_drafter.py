@@ -165,75 +165,90 @@ def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dty
     return warm, packed, varied
 
 
-def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
-    """Build a fresh drafter for one variant, warm up, then time the measured steps."""
-    target = TINY if args.small else TARGETS[args.target_shape]
-    cfg = DrafterConfig(
-        num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
-        anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
-        compile=device.type == "cuda", **overrides,
-    )  # fmt: skip
-    spec = drafter_spec_from_target(target, cfg, default_tap_layers(target["num_hidden_layers"], 5))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(0)
-    model = DFlashDrafter(spec).to(device)
-    head = FrozenHead.random(spec.vocab_size, spec.hidden_size, device, dtype)
-    optim_cfg = OptimConfig()
-    optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=10_000)
-    warm, packed, varied = make_batches(args, spec, device, dtype)
-    generator = torch.Generator(device).manual_seed(0)
+class VariantRun:
+    """A fresh drafter, head and optimiser for one variant, and its timed training steps."""
 
-    def step(batch: PackedBatch) -> torch.Tensor:
-        sums = block_objective(
-            model, head, batch, generator, cfg,
-            max_tokens=args.max_tokens,
+    def __init__(self, overrides: dict, args: argparse.Namespace, device: torch.device) -> None:
+        target = TINY if args.small else TARGETS[args.target_shape]
+        self.cfg = DrafterConfig(
+            num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
+            anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
+            compile=device.type == "cuda", **overrides,
         )  # fmt: skip
+        taps = default_tap_layers(target["num_hidden_layers"], 5)
+        self.spec = drafter_spec_from_target(target, self.cfg, taps)
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.device, self.max_tokens = device, args.max_tokens
+        torch.manual_seed(0)
+        self.model = DFlashDrafter(self.spec).to(device)
+        self.head = FrozenHead.random(
+            self.spec.vocab_size, self.spec.hidden_size, device, self.dtype
+        )
+        self.optim_cfg = OptimConfig()
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, self.optim_cfg, total_steps=10_000
+        )
+        self.generator = torch.Generator(device).manual_seed(0)
+
+    def step(self, batch: PackedBatch) -> torch.Tensor:
+        """One training step; the loss."""
+        sums = block_objective(
+            self.model, self.head, batch, self.generator, self.cfg, max_tokens=self.max_tokens
+        )
         (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()
-        optimizer_step(model, optimizer, scheduler, optim_cfg)
+        optimizer_step(self.model, self.optimizer, self.scheduler, self.optim_cfg)
         return sums.loss_sum.detach() / sums.weight_sum
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
-    for i, batch in enumerate(warm):
-        log(f"{name}: warm-up step {i + 1}/{len(warm)} (docs {batch.num_docs}, "
-            f"{batch.num_tokens} tokens){' (compiles on CUDA: minutes)' if i == 0 else ''}")  # fmt: skip
-        began = time.perf_counter()
-        loss = step(batch)
-        sync()
-        log(f"{name}: warm-up step {i + 1} took {time.perf_counter() - began:.1f} s, "
-            f"loss {float(loss):.3f}")  # fmt: skip
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    graphs_before = compiled_graph_count()
+    def warm_up(self, name: str, batches: list[PackedBatch]) -> None:
+        for i, batch in enumerate(batches):
+            log(f"{name}: warm-up step {i + 1}/{len(batches)} (docs {batch.num_docs}, "
+                f"{batch.num_tokens} tokens){' (compiles on CUDA: minutes)' if i == 0 else ''}")  # fmt: skip
+            began = time.perf_counter()
+            loss = self.step(batch)
+            self.sync()
+            log(f"{name}: warm-up step {i + 1} took {time.perf_counter() - began:.1f} s, "
+                f"loss {float(loss):.3f}")  # fmt: skip
 
-    def timed(label: str, batches: list[PackedBatch]) -> tuple[float, float, float, float]:
+    def timed(self, batches: list[PackedBatch]) -> tuple[float, float, float, float]:
         """(step seconds, context tokens, model FLOPs) per step, means over `batches`, and
         the last step's loss."""
-        log(f"{name}: timing {len(batches)} {label} steps")
-        sync()
+        self.sync()
         states = []
         began = time.perf_counter()
         for batch in batches:
-            states.append(generator.get_state())
-            loss = step(batch)
-        sync()
+            states.append(self.generator.get_state())
+            loss = self.step(batch)
+        self.sync()
         step_s = (time.perf_counter() - began) / len(batches)
         flops = sum(
-            step_flops(spec, b, cfg, args.max_tokens, state)
+            step_flops(self.spec, b, self.cfg, self.max_tokens, state)
             for b, state in zip(batches, states, strict=True)
         )
         tokens = sum(b.num_tokens for b in batches) / len(batches)
         return step_s, tokens, flops / len(batches), float(loss)
 
-    step_s, tokens, flops, final_loss = timed("packed", packed)
-    varied_s, _, varied_flops, _ = timed("varied-fill", varied)
+
+def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
+    """Build a fresh drafter for one variant, warm up, then time the measured steps."""
+    run = VariantRun(overrides, args, device)
+    warm, packed, varied = make_batches(args, run.spec, device, run.dtype)
+    run.warm_up(name, warm)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    graphs_before = compiled_graph_count()
+    log(f"{name}: timing {len(packed)} packed steps")
+    step_s, tokens, flops, final_loss = run.timed(packed)
+    log(f"{name}: timing {len(varied)} varied-fill steps")
+    varied_s, _, varied_flops, _ = run.timed(varied)
     recompiles = compiled_graph_count() - graphs_before
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     profile = {}
     if args.profile:
-        profile["profile"] = top_kernels(lambda: step(packed[0]))
+        profile["profile"] = top_kernels(lambda: run.step(packed[0]))
         print_top(f"drafter step, variant {name}", profile["profile"])
     peak_flops = PEAK_FLOPS.get(device.type)
     return {
@@ -253,7 +268,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     }
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run)")
@@ -266,7 +281,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.docs, args.block = 3, 16
     args.layers = 2 if args.small else 5
     args.doc_len = 96 if args.small else 3072
@@ -277,8 +292,8 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     device = torch.device(args.device)
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     started = time.perf_counter()
@@ -330,6 +345,7 @@ def main() -> None:
             json.dump(report, out, indent=2)
     if args.json:
         print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,21 +149,13 @@ def write_target_dir(path: Path, shape: dict) -> None:
     (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def run_pipeline(
-    work: Path,
-    name: str,
-    shape: dict,
-    args: argparse.Namespace,
-    cache_dir: Path,
-    layout: Layout = DEFAULT_LAYOUT,
-    env: dict[str, str] | None = None,
-) -> dict:
-    """Train `layout` (1 target + 1 drafter on GPU 0 by default); rate after warm-up,
-    launch->first step, each rank's GPU busy and peak memory, DDP's gradient reduction."""
+def trainer_command(
+    work: Path, name: str, shape: dict, args: argparse.Namespace, cache_dir: Path,
+    layout: Layout, run_dir: Path,
+) -> list[str]:  # fmt: skip
+    """The torchrun command that trains `layout` on a random-weights target of `shape`."""
     target_dir = work / f"{name}-target"
     write_target_dir(target_dir, shape)
-    run_dir = work / f"{name}-run-{time.monotonic_ns()}"
-    data_dir = work / "data"
     overrides = {
         "run.run_dir": json.dumps(str(run_dir)),
         "run.name": json.dumps(f"bench-{name}"),
@@ -176,7 +169,7 @@ def run_pipeline(
         "layout.target_tp": layout.target_tp,
         "ring.transport": '"device"',
         "ring.slots_per_producer": 3,
-        "data.path": json.dumps(str(data_dir)),
+        "data.path": json.dumps(str(work / "data")),
         "data.token_budget": args.budget,
         "data.max_len": max_len(args),
         "target.path": json.dumps(str(target_dir)),
@@ -194,6 +187,22 @@ def run_pipeline(
         command += ["--set", f"{key}={value}"]
     for setting in args.set:
         command += ["--set", setting]
+    return command
+
+
+def run_pipeline(
+    work: Path,
+    name: str,
+    shape: dict,
+    args: argparse.Namespace,
+    cache_dir: Path,
+    layout: Layout = DEFAULT_LAYOUT,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """Train `layout` (1 target + 1 drafter on GPU 0 by default); rate after warm-up,
+    launch->first step, each rank's GPU busy and peak memory, DDP's gradient reduction."""
+    run_dir = work / f"{name}-run-{time.monotonic_ns()}"
+    command = trainer_command(work, name, shape, args, cache_dir, layout, run_dir)
     started = time.time()
     with PeakMemory() as memory:
         proc = subprocess.run(
@@ -212,36 +221,45 @@ def run_pipeline(
             "tail": (proc.stdout + proc.stderr)[-3000:],
             "startup_log": startup,
         }
-    warm = len(steps_done) // 3
-    window = steps_done[warm:]
+    return {
+        "layout": layout.name,
+        **steady_state(steps_done, args.budget * layout.drafters),
+        "first_step_s": steps_done[0]["wall"] - started,
+        **gpu_busy(steps_done[len(steps_done) // 3 :], layout),
+        "peak_memory_mib_by_rank": memory.peak_mib,
+        **grad_sync(steps_done),
+        "steps": len(steps_done),
+        "startup_log": startup,
+    }
+
+
+def steady_state(steps: list[dict], budget: int) -> dict:
+    """Rate, batch fill, recompiles and loss over the step records after the first third
+    (`budget`: the tokens all drafters together can take per step)."""
+    window = steps[len(steps) // 3 :]
     seconds = window[-1]["wall"] - window[0]["wall"]
     tokens = sum(r["tokens"] for r in window[1:])
-    fill = tokens / (len(window) - 1) / (args.budget * layout.drafters)
+    return {
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "fill": tokens / (len(window) - 1) / budget,
+        "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
+        "loss_first": steps[0]["loss"],
+        "loss_last": steps[-1]["loss"],
+    }
+
+
+def gpu_busy(window: list[dict], layout: Layout) -> dict:
+    """Each rank's mean GPU busy over the step records `window`, and each role's mean."""
     busy = busy_by_rank(window)
     by_role = {
         role: [v for rank, v in busy.items() if layout.role(rank) == role]
         for role in ("target", "drafter")
     }
     return {
-        "layout": layout.name,
-        "tokens_per_s": tokens / max(seconds, 1e-9),
-        "fill": fill,
-        "first_step_s": steps_done[0]["wall"] - started,
-        "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
-        "loss_first": steps_done[0]["loss"],
-        "loss_last": steps_done[-1]["loss"],
-        "gpu_busy_target": sum(by_role["target"]) / len(by_role["target"])
-        if by_role["target"]
-        else None,
-        "gpu_busy_drafter": sum(by_role["drafter"]) / len(by_role["drafter"])
-        if by_role["drafter"]
-        else None,
+        "gpu_busy_target": statistics.fmean(by_role["target"]) if by_role["target"] else None,
+        "gpu_busy_drafter": statistics.fmean(by_role["drafter"]) if by_role["drafter"] else None,
         "gpu_busy_by_rank": busy,
         "min_drafter_busy": min(by_role["drafter"], default=None),
-        "peak_memory_mib_by_rank": memory.peak_mib,
-        **grad_sync(steps_done),
-        "steps": len(steps_done),
-        "startup_log": startup,
     }
 
 

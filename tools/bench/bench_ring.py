@@ -55,8 +55,8 @@ import torch
 
 from ringtrain.ring import Ring, RingSpec
 from tools.bench.bench_report import print_report
-from tools.bench.gpu_timing import gpu_us_per_call
 from tools.bench.host_profile import profiled
+from tools.bench.ring_copies import copy_gbps, probe_copies, stream_times
 
 ROWS = 1024
 STAMPS = 64
@@ -168,26 +168,13 @@ def _produce(
     }
 
 
-def _probe_copies(ring: Ring, device: torch.device, nbytes: int) -> dict:
-    """--timeline: one item's copy into a scratch buffer (only timed: contents do not
-    matter), in GPU microseconds: from slot 0 by memcpy and by an elementwise kernel, from
-    the first producer's slots in turn by memcpy, and by memcpy from memory of this
-    process (torch's allocator)."""
-    sources = [ring.payload.reader_bytes(s)[:nbytes] for s in range(ring.spec.slots_per_producer)]
-    source = sources[0]
-    scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    local = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    words, scratch_words = source.view(torch.int64), scratch.view(torch.int64)
-    return {
-        "probe_slot_memcpy_us": gpu_us_per_call(lambda k: scratch.copy_(source), 20),
-        "probe_slot_kernel_us": gpu_us_per_call(
-            lambda k: torch.bitwise_or(words, 0, out=scratch_words), 20
-        ),
-        "probe_slots_in_turn_memcpy_us": gpu_us_per_call(
-            lambda k: scratch.copy_(sources[k % len(sources)]), 20
-        ),
-        "probe_local_memcpy_us": gpu_us_per_call(lambda k: scratch.copy_(local), 20),
-    }
+def _corrupted_stamps(stamps: list[torch.Tensor], seen: list[tuple[int, int]]) -> int:
+    """Items whose gathered stamps are not their (producer, sequence) pattern."""
+    if not stamps:
+        return 0
+    patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
+    found = torch.stack(stamps).cpu()
+    return int((found != patterns[:, None]).any(dim=1).sum())
 
 
 def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
@@ -215,7 +202,7 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
             marks.append(torch.cuda.Event(enable_timing=True))
             marks[-1].record()
             if len(marks) == 2:
-                probes = _probe_copies(
+                probes = probe_copies(
                     ring, device, item.hidden.numel() * item.hidden.element_size()
                 )
         in_take_ns += taken_ns[-1] - before
@@ -234,31 +221,11 @@ def _consume(ring: Ring, barrier, device: torch.device, timeline: bool) -> dict:
         torch.cuda.synchronize(device)
     end = time.monotonic_ns()
     starved_ns = int(ring.control.rank["starved_ns"][ring.local_index])
-    corrupted = mismatched_desc
-    stream_us = {}
-    if len(marks) > 4:
-        # Items after the first quarter: GPU time from before a take() to after it (the
-        # wait for the producer's event plus the copy), and from after it to the next
-        # take() (the stamp gather, plus idle time when the next copy came late).
-        pairs = range(len(marks) // 8, len(marks) // 2 - 1)
-        takes = sorted(marks[2 * k].elapsed_time(marks[2 * k + 1]) * 1e3 for k in pairs)
-        stream_us = {
-            "stream_take_us": statistics.fmean(takes),
-            "stream_take_p50_us": takes[len(takes) // 2],
-            "stream_take_p99_us": takes[int(0.99 * (len(takes) - 1))],
-            "stream_between_us": statistics.fmean(
-                marks[2 * k + 1].elapsed_time(marks[2 * k + 2]) * 1e3 for k in pairs
-            ),
-            **probes,
-        }
-    if stamps:
-        patterns = torch.tensor([_pattern(p, q) for p, q in seen], dtype=torch.int32)
-        found = torch.stack(stamps).cpu()
-        corrupted += int((found != patterns[:, None]).any(dim=1).sum())
+    stream_us = {**stream_times(marks), **probes} if len(marks) > 4 else {}
     return {
         "seen": seen,
         "taken_ns": taken_ns,
-        "corrupted": corrupted,
+        "corrupted": mismatched_desc + _corrupted_stamps(stamps, seen),
         "item_bytes": nbytes,
         "end_ns": end,
         "take_us_per_item": (in_take_ns - starved_ns) / 1e3 / max(len(seen), 1),
@@ -321,32 +288,7 @@ def _run(target, nprocs: int, args: tuple, expected: int) -> list:
     return out
 
 
-def _copy_gbps(
-    transport: str, item_bytes: int, source: torch.device, destination: torch.device
-) -> float:
-    """One plain copy of `item_bytes` on the path the transport uses, repeated, in GB/s:
-    from the producer's device (`source`; pinned host memory for the host transport) to
-    the consumer's (`destination`)."""
-    cuda = destination.type == "cuda"
-    dst = torch.empty(item_bytes, dtype=torch.uint8, device=destination)
-    on_device = transport == "device" and cuda
-    src = torch.ones(item_bytes, dtype=torch.uint8, device=source if on_device else "cpu")
-    if cuda and not on_device:
-        src = src.pin_memory()
-    reps = 20 if cuda else 10
-    if cuda:
-        with torch.cuda.device(destination):
-            us = gpu_us_per_call(lambda k: dst.copy_(src, non_blocking=True), reps)
-        return item_bytes / us / 1e3
-    dst.copy_(src)
-    start = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    return reps * item_bytes / (time.perf_counter() - start) / 1e9
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """Run both phases and print the table and the JSON line."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=["host", "device"], default="host")
     parser.add_argument("--producers", type=int, default=1)
@@ -383,25 +325,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = 2 * args.slots * args.producers
+    return args
 
-    item_bytes = int(args.item_mb * (1 << 20))
-    run = f"bench{os.getpid()}"
-    spec = _spec(run, args.producers, args.consumers, args.slots, item_bytes, args.transport)
+
+def _throughput(args: argparse.Namespace, spec: RingSpec) -> tuple[dict, list]:
+    """Phase 1: the report's delivery, rate and time-split entries, and the ranks' results."""
     per_producer = -(-args.items // args.producers)
-    results = _run(
-        _worker,
-        args.producers + args.consumers,
-        (
-            spec,
-            per_producer,
-            {
-                "publish_synced": args.publish_synced,
-                "cprofile": args.cprofile,
-                "timeline": args.timeline,
-            },
-        ),
-        args.producers + args.consumers,
-    )
+    options = {
+        "publish_synced": args.publish_synced,
+        "cprofile": args.cprofile,
+        "timeline": args.timeline,
+    }
+    ranks = args.producers + args.consumers
+    results = _run(_worker, ranks, (spec, per_producer, options), ranks)
     targets = [r for kind, _, r in results if kind == "target"]
     drafters = [r for kind, _, r in results if kind == "drafter"]
     produced = sum(t["produced"] for t in targets)
@@ -417,17 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
     gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
     hidden_bytes = spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
     producer_device, consumer_device = _device_for(0), _device_for(args.producers)
-    copy_gbps = _copy_gbps(args.transport, hidden_bytes, producer_device, consumer_device)
-
-    control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
-    trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
+    plain_gbps = copy_gbps(args.transport, hidden_bytes, producer_device, consumer_device)
     report = {
-        "transport": args.transport,
-        "publish_synced": args.publish_synced,
-        "producers": args.producers,
-        "consumers": args.consumers,
-        "slots": args.slots,
-        "item_mb": args.item_mb,
         "devices": f"{producer_device} -> {consumer_device}",
         "produced": produced,
         "consumed": len(seen),
@@ -438,9 +365,17 @@ def main(argv: list[str] | None = None) -> dict:
         "first_items_ms": round((window_start - start_ns) / 1e6, 2),
         "seconds": round(seconds, 4),
         "gbps": round(gbps, 3),
-        "copy_gbps": round(copy_gbps, 3),
-        "ratio": round(gbps / copy_gbps, 3),
-        # Where the time goes: host time per item outside the waits, and waiting shares.
+        "copy_gbps": round(plain_gbps, 3),
+        "ratio": round(gbps / plain_gbps, 3),
+        **_time_split(targets, drafters),
+    }
+    return report, results
+
+
+def _time_split(targets: list[dict], drafters: list[dict]) -> dict:
+    """Where the time goes: host time per item outside the waits, waiting shares, and
+    (--timeline) the consumers' stream times and copy probes."""
+    return {
         "producer_host_us_per_item": round(
             statistics.fmean(t["host_us_per_item"] for t in targets), 1
         ),
@@ -467,6 +402,26 @@ def main(argv: list[str] | None = None) -> dict:
             )
             if all(key in d for d in drafters)
         },
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run both phases and print the table and the JSON line."""
+    args = parse_args(argv)
+    item_bytes = int(args.item_mb * (1 << 20))
+    run = f"bench{os.getpid()}"
+    spec = _spec(run, args.producers, args.consumers, args.slots, item_bytes, args.transport)
+    throughput, results = _throughput(args, spec)
+    control_spec = _spec(f"{run}c", 1, 1, 1, ROWS * 4, args.transport)
+    trips = sorted(_run(_control_worker, 2, (control_spec, args.control_items), 1)[0])
+    report = {
+        "transport": args.transport,
+        "publish_synced": args.publish_synced,
+        "producers": args.producers,
+        "consumers": args.consumers,
+        "slots": args.slots,
+        "item_mb": args.item_mb,
+        **throughput,
         "control_p50_us": round(statistics.median(trips), 2),
         "control_p99_us": round(trips[int(0.99 * (len(trips) - 1))], 2),
         "cuda": torch.cuda.is_available(),
