@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Set up the environment if needed, check the house style, and run the test suite.
-# Extra arguments go to pytest (e.g. `tools/test.sh -k ring`).
+# Extra arguments go to pytest (e.g. `tools/test.sh -k ring`). `--quick` (first argument)
+# leaves out the tests marked slow (the multi-process end-to-end runs): the day-to-day tier.
 set -euo pipefail
+quick=()
+if [ "${1:-}" = --quick ]; then
+    quick=(-m "not slow")
+    shift
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$("$root/tools/setup_env.sh")
 cd "$root"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-exec "$venv/bin/python" -m pytest "$@"
+exec "$venv/bin/python" -m pytest ${quick[@]+"${quick[@]}"} "$@"

@@ -314,7 +314,7 @@ def bench(args: argparse.Namespace, directory: Path, device: torch.device) -> di
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/ringtrain-bench-load"))
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint at the end")
@@ -329,7 +329,7 @@ def main() -> None:
     )
     parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.small:
         args.shard_gb = min(args.shard_gb, 0.002)
     directory = args.dir.expanduser()

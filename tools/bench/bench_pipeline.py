@@ -345,7 +345,7 @@ def save(results: dict) -> None:
         Path(os.environ["OUT"], "bench_pipeline.json").write_text(json.dumps(results))
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="qwen3-8b,qwen3.5-hybrid")
     parser.add_argument("--steps", type=int, default=40)
@@ -394,7 +394,7 @@ def parse_args() -> argparse.Namespace:
         "--set", action="append", default=[], help="extra trainer override KEY=VALUE"
     )
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.layout = Layout.parse(args.layout, args.gpu_map, args.target_tp)
     return args
 
@@ -468,8 +468,8 @@ def print_table(results: dict) -> None:
         )
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results: dict = {"layout": args.layout.name, "mps": args.mps, "shapes": {}}
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as tmp:
         work = Path(tmp)

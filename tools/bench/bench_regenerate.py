@@ -44,14 +44,14 @@ def _count_lines(path: Path) -> set[int]:
         return {json.loads(line)["regeneration"]["input_line"] for line in lines}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument(
         "--json", action="store_true", help="(the JSON line is always printed last)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     server = subprocess.Popen(
         [sys.executable, "-m", "tools.servers.chat_server", "--port", "0"],
         cwd=ROOT,

@@ -361,7 +361,7 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
@@ -376,7 +376,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
         if device.index is None:

@@ -144,7 +144,7 @@ def run_tp2(config: PretrainedConfig, taps: list[int], group, device, args) -> d
     return {**timings, "profile": collective_split(step, len(target.module.layers))}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-32b")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch")
@@ -158,7 +158,7 @@ def main() -> None:
         help="compile the decoder layers as target.compile does (auto: on CUDA only)",
     )
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.compile = resolve_compile(args.compile, torch.device(args.device))
     group, device = init_group(args.device)
     rank = dist.get_rank()

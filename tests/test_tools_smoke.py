@@ -1,0 +1,201 @@
+"""Smoke runs of every benchmark and recipe script in tools/ on the CPU, at tiny sizes.
+
+Each test runs a script the way a user does (by its path from another directory, as a
+module from the root, or through its `main(argv)` in this process where the script
+would only repeat imports this process has) and checks what it reports, not only that it
+exits. Runs that take more than a few seconds on a small CPU machine are marked slow;
+scripts that only make sense on CUDA check their refusal here and run under the gpu mark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.launcher import RUN_TIMEOUT_S, run_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    """A child's environment with the project importable, as the editable install makes it."""
+    env = run_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run(command: list[str], cwd: Path) -> dict:
+    """Run a script; its last output line, parsed as JSON."""
+    proc = subprocess.run(
+        [sys.executable, *command], cwd=cwd, env=_env(), capture_output=True, text=True,
+        timeout=RUN_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bench_data_runs_by_its_path_from_another_directory(tmp_path: Path) -> None:
+    script = ROOT / "tools" / "bench" / "bench_data.py"
+    report = _run(
+        [str(script), "--rows", "300", "--mean-len", "200", "--budget", "2048",
+         "--max-len", "1024", "--batches", "20", "--json"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert (report["rows"], report["batches"]) == (300, 20)
+    assert 0 < report["tokens_per_batch"] <= 2048
+    assert 0 <= report["padding_fraction"] < 1
+
+
+def test_moe_report_runs_as_a_module_and_reads_the_gpu_check_results(tmp_path: Path) -> None:
+    (tmp_path / "target_moe.json").write_text(
+        json.dumps({"results": [
+            {"shape": "qwen3-30b-a3b", "out": "device", "tokens_per_s": 5000.0, "mfu": 0.3,
+             "profile": [{"kernel": "gemm", "share": 0.5, "ms_per_step": 2.0}]},
+            {"shape": "qwen3-30b-a3b", "out": "host", "tokens_per_s": 4000.0},
+        ]})
+    )  # fmt: skip
+    (tmp_path / "bench_load.json").write_text(json.dumps({"target_load_gbps": 3.5}))
+    env_out = {"OUT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.moe_report"], cwd=ROOT, env={**_env(), **env_out},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["target_moe_tokens_per_s"] == 5000.0
+    assert report["target_moe_host_out_tokens_per_s"] == 4000.0
+    assert report["target_moe_top_kernels"] == ["50% 2.0 ms gemm"]
+    assert report["target_load_gbps"] == 3.5
+    assert report["pipeline_efficiency_moe"] is None  # pipeline_moe.json is missing
+    assert json.loads((tmp_path / "moe_report.json").read_text()) == report
+
+
+def test_pipeline_layouts_use_the_trainers_roles_and_the_busiest_gpu() -> None:
+    from tools.bench.pipeline_layout import Layout
+
+    layout = Layout.parse("2+2", "0,1,0,1")
+    assert [layout.role(r) for r in range(4)] == ["target", "target", "drafter", "drafter"]
+    assert layout.name == "2+2@0,1,0,1"
+    # Each GPU holds one of the two targets and one of the two drafters.
+    assert layout.ideal_tokens_per_s(3.0, 5.0) == pytest.approx(1 / (0.5 / 3 + 0.5 / 5))
+    # One group of two spans both GPUs: each carries the whole group and half the drafting.
+    grouped = Layout.parse("2+2", "0,1,0,1", target_tp=2)
+    assert grouped.ideal_tokens_per_s(3.0, 5.0) == pytest.approx(1 / (1 / 3 + 0.5 / 5))
+    # One rank per GPU: the slower side, as the monitor's split advice counts it.
+    assert Layout.parse("1+2", "0,1,2").ideal_tokens_per_s(3.0, 5.0) == pytest.approx(3.0)
+    with pytest.raises(SystemExit, match="target_tp = 2 does not divide"):
+        Layout.parse("3+1", None, target_tp=2)
+    with pytest.raises(SystemExit, match="one GPU per rank"):
+        Layout.parse("1+1", "0")
+    with pytest.raises(SystemExit, match="write targets\\+drafters"):
+        Layout.parse("2", None)
+
+
+def test_bench_regenerate_against_the_chat_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.bench.bench_regenerate import main
+
+    main(["--records", "40", "--concurrency", "4"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["records"] == 40
+    assert report["requests"] == 40 and report["regenerate_client_rps"] > 0
+
+
+def test_bench_ipc_copy_refuses_without_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: test_bench_ipc_copy_on_a_gpu runs it")
+    from tools.bench.bench_ipc_copy import main
+
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["--item-mb", "1"])
+
+
+@pytest.mark.gpu
+def test_bench_ipc_copy_on_a_gpu() -> None:
+    from tools.bench.bench_ipc_copy import main
+
+    report = main(["--slots", "2", "--item-mb", "8", "--reps", "4"])
+    assert report["ipc_same_us"] > 0 and report["local_in_turn_us"] > 0
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["tools.recipes.toy_recipe", "tools.recipes.toy_sweep", "tools.recipes.chaos_run",
+     "tools.recipes.make_toy_target", "tools.recipes.regenerate"],
+)  # fmt: skip
+def test_recipe_scripts_parse_their_arguments(
+    module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main = __import__(module, fromlist=["main"]).main
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")
+
+
+@pytest.mark.slow
+def test_bench_ring_moves_every_item_intact() -> None:
+    from tools.bench.bench_ring import main
+
+    report = main(["--item-mb", "0.25", "--items", "40", "--slots", "2", "--control-items", "50"])
+    assert (report["produced"], report["consumed"]) == (40, 40)
+    assert report["lost"] == report["duplicated"] == report["corrupted"] == 0
+    assert report["gbps"] > 0 and report["control_p50_us"] > 0
+
+
+@pytest.mark.slow
+def test_bench_drafter_small_on_cpu() -> None:
+    from tools.bench.bench_drafter import main
+
+    report = main(["--device", "cpu", "--small", "--steps", "1", "--warmup", "1"])
+    (result,) = report["results"]
+    assert result["recompiles"] == 0 and result["tokens_per_s"] > 0
+    assert torch.isfinite(torch.tensor(result["final_loss"]))
+
+
+@pytest.mark.slow
+def test_bench_target_small_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.bench.bench_target import main
+
+    main(["--device", "cpu", "--small", "--shape", "qwen3-8b", "--tokens", "256",
+          "--seq-len", "128", "--iters", "1", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["results"] and all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
+@pytest.mark.slow
+def test_bench_load_small_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.bench.bench_load import main
+
+    main(["--device", "cpu", "--small", "--dir", str(tmp_path / "load"), "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["loaded_equals_kept"] and report["only_kept_read"]
+    assert not (tmp_path / "load").exists()
+
+
+@pytest.mark.slow
+def test_bench_target_tp_tiny_group_on_cpu(tmp_path: Path) -> None:
+    report = _run(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "-m", "tools.bench.bench_target_tp", "--shape", "tiny", "--device", "cpu",
+         "--tokens", "256", "--seq-len", "128", "--iters", "1", "--json"],
+        cwd=ROOT,
+    )  # fmt: skip
+    assert report["target_tp2_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_pipeline_tiny_on_cpu() -> None:
+    report = _run(
+        ["-m", "tools.bench.bench_pipeline", "--device", "cpu", "--shapes", "tiny",
+         "--cold-shapes", "none", "--skip-standalone", "--steps", "6", "--budget", "512",
+         "--mean-len", "128", "--json"],
+        cwd=ROOT,
+    )  # fmt: skip
+    run = report["shapes"]["tiny"]["cold"]
+    assert "error" not in run, run
+    assert run["steps"] == 6 and run["tokens_per_s"] > 0
