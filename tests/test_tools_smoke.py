@@ -125,7 +125,7 @@ def test_bench_ipc_copy_on_a_gpu() -> None:
 @pytest.mark.parametrize(
     "module",
     ["tools.recipes.toy_recipe", "tools.recipes.toy_sweep", "tools.recipes.chaos_run",
-     "tools.recipes.make_toy_target", "tools.recipes.regenerate"],
+     "tools.recipes.make_toy_target", "tools.recipes.regenerate", "tools.recipes.real_recipe"],
 )  # fmt: skip
 def test_recipe_scripts_parse_their_arguments(
     module: str, capsys: pytest.CaptureFixture[str]
@@ -186,6 +186,16 @@ def test_bench_target_tp_tiny_group_on_cpu(tmp_path: Path) -> None:
         cwd=ROOT,
     )  # fmt: skip
     assert report["target_tp2_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_generate_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.bench.bench_generate import main
+
+    assert main(["--device", "cpu", "--dtype", "float32", "--prompts", "4",
+                 "--prompt-lengths", "4:8", "--max-new-tokens", "4", "--variants", "dynamic:4"]) == 0  # fmt: skip
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (row["variant"], row["prompts"], row["new_tokens"]) == ("dynamic:4", 4, 16)
 
 
 @pytest.mark.slow

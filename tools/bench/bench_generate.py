@@ -1,6 +1,6 @@
 """Batched greedy generation speed (ringtrain.eval.generate), one row per variant, as JSON.
 
-    python tools/bench_generate.py --device cuda --prompts 4096 --max-new-tokens 128 \\
+    python -m tools.bench.bench_generate --device cuda --prompts 4096 --max-new-tokens 128 \\
         --variants static:2048,static-compiled:2048,dynamic:1024
 
 A variant is ``CACHE[-sdpa][-compiled]:BATCH`` (``-sdpa``: the model's own attention
