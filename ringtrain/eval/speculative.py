@@ -82,26 +82,36 @@ def _follow(
     reference: GreedyReference,
     sequence: torch.Tensor,
     committed: int,
-    count: int,
+    new_tokens: list[int],
     prompt_len: int,
     divergences: list[Divergence],
-) -> tuple[int, bool]:
-    """Check the ``count`` + 1 newly committed tokens against the reference.
+) -> tuple[list[int], bool]:
+    """Check the newly committed tokens ``new_tokens`` (sequence[committed + 1 ...]) against
+    the reference.
 
-    Returns (tokens accepted before the first divergence, or ``count``; whether decoding
-    must stop at a real mismatch). At a tie the greedy token replaces the committed one.
+    Returns (the tokens kept: up to and including the first divergence, which at a tie is
+    replaced by the greedy token in ``sequence`` too; whether decoding must stop at a real
+    mismatch).
     """
     first = committed + 1 - prompt_len  # continuation index of the first new token
-    expected = reference.tokens[first : first + count + 1]
-    got = sequence[committed + 1 : committed + 1 + len(expected)].tolist()
-    for j, (token, greedy) in enumerate(zip(got, expected, strict=True)):
+    expected = reference.tokens[first : first + len(new_tokens)]
+    for j, (token, greedy) in enumerate(zip(new_tokens, expected, strict=False)):
         if token != greedy:
             verdict = reference.judge.judge(sequence[: committed + 1 + j], first + j, token, greedy)
             divergences.append(verdict)
-            if verdict.tie:
-                sequence[committed + 1 + j] = greedy
-            return j, not verdict.tie
-    return count, False
+            if not verdict.tie:
+                return new_tokens[: j + 1], True
+            sequence[committed + 1 + j] = greedy
+            return [*new_tokens[:j], greedy], False
+    return new_tokens, False
+
+
+def _accepted_prefix(proposed: list[int], chosen: list[int]) -> int:
+    """How many leading drafts equal the target's own greedy choices."""
+    count = 0
+    while count < len(proposed) and proposed[count] == chosen[count]:
+        count += 1
+    return count
 
 
 def speculative_generate(
@@ -126,7 +136,7 @@ def speculative_generate(
     sequence = torch.empty(capacity, dtype=torch.long, device=device)
     features = torch.empty(capacity, target.tap_width, dtype=target.dtype, device=device)
     block = torch.full((block_size,), drafter.mask_token_id, dtype=torch.long, device=device)
-    stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    stops = set(stop_ids)
     divergences: list[Divergence] = []
     judging = reference.judge.seconds if reference is not None else 0.0
     _sync(device)
@@ -135,10 +145,13 @@ def speculative_generate(
     sequence[prompt_len] = target.prefill(sequence[:prompt_len], features[:prompt_len])
     committed = prompt_len  # tokens whose taps are known; sequence[committed] is the anchor
     accepted: list[int] = []
+    new_tokens = [int(sequence[prompt_len])]
     stopped = False
     if reference is not None:
-        stopped = _follow(reference, sequence, committed - 1, 0, prompt_len, divergences)[1]
-    stopped = stopped or (len(stops) > 0 and bool(torch.isin(sequence[prompt_len], stops)))
+        new_tokens, stopped = _follow(
+            reference, sequence, committed - 1, new_tokens, prompt_len, divergences
+        )
+    stopped = stopped or not stops.isdisjoint(new_tokens)
     while not stopped and committed + 1 - prompt_len < max_new_tokens:
         block[0] = sequence[committed]
         drafts = drafter.propose(features[:committed], block, committed)
@@ -146,15 +159,21 @@ def speculative_generate(
         greedy = target.verify(
             sequence, committed, block_size, features[committed : committed + block_size]
         )
-        count = int((drafts == greedy[:-1]).to(torch.int32).cumprod(0).sum())
+        # The block's only host sync: the drafts and the target's choices, in one transfer.
+        host = torch.cat((drafts, greedy)).tolist()
+        proposed, chosen = host[: block_size - 1], host[block_size - 1 :]
+        count = _accepted_prefix(proposed, chosen)
         sequence[committed + count + 1] = greedy[count]
+        new_tokens = [*proposed[:count], chosen[count]]
         if reference is not None:
-            count, stopped = _follow(reference, sequence, committed, count, prompt_len, divergences)
+            new_tokens, stopped = _follow(
+                reference, sequence, committed, new_tokens, prompt_len, divergences
+            )
+        count = len(new_tokens) - 1
         target.rollback(committed + count + 1)
-        new_tokens = sequence[committed + 1 : committed + count + 2]
         committed += count + 1
         accepted.append(count)
-        stopped = stopped or (len(stops) > 0 and bool(torch.isin(new_tokens, stops).any()))
+        stopped = stopped or not stops.isdisjoint(new_tokens)
     _sync(device)
     seconds = time.perf_counter() - started
     if reference is not None:
