@@ -1,17 +1,24 @@
 """ringtrain-eval: greedy speculative decoding with a trained DFlash drafter.
 
     ringtrain-eval --target models/toy --drafter runs/toy --prompts data/eval-prompts.jsonl
+    ringtrain-eval --target models/Qwen3-8B --drafter runs/qwen3-8b-dflash \\
+        --benchmark humaneval --benchmark gsm8k.jsonl \\
+        --chat-template-kwargs '{"enable_thinking": false}'
 
-Every prompt is decoded twice: plain greedy (the reference) and speculatively (the
-drafter proposes a block, the target verifies it in one forward). Reports tau_real
-(tokens per target verification forward, bonus included), acceptance per block
-position and tokens/s, and checks that both outputs are identical token for token.
-In float32 any difference is an error (exit status 1). In bf16/fp16 a difference where
-the target's two candidate tokens tie within rounding (float32 margin within
---tie-ulps units in the last place of the top logit; ringtrain.eval.ties) is a
-numerical tie: counted and reported, and decoding continues from the greedy token;
-any other difference is an error naming the prompt, the position and the margin.
-With --json the last stdout line is one JSON object with every metric.
+Prompts are evaluated as served: chat prompts (``messages``, ``turns``, ``question``,
+and ``prompt`` text on a target with a chat template unless --raw-prompts) are rendered
+with the target's chat template; every user turn of a multi-turn prompt is answered in
+order (ringtrain.eval.benchmarks, ringtrain.eval.runner). Every assistant turn is
+decoded twice: plain greedy (the reference) and speculatively (the drafter proposes a
+block, the target verifies it in one forward). Reports tau_real (tokens per target
+verification forward, bonus included), acceptance per block position and tokens/s of
+both, overall and per set of prompts, and checks that both outputs are identical token
+for token. In float32 any difference is an error (exit status 1). In bf16/fp16 a
+difference where the target's two candidate tokens tie within rounding (float32 margin
+within --tie-ulps units in the last place of the top logit; ringtrain.eval.ties) is a
+numerical tie: counted and reported, and decoding continues from the greedy token; any
+other difference is an error naming the prompt, the position and the margin. With
+--json the last stdout line is one JSON object with every metric.
 """
 
 from __future__ import annotations
@@ -27,19 +34,67 @@ from transformers import AutoTokenizer
 from ringtrain.eval import (
     EvalReport,
     PromptFileError,
-    PromptOutcome,
-    greedy_generate,
-    load_prompts,
     load_verifying_target,
-    speculative_generate,
     stop_token_ids,
     summarize,
 )
+from ringtrain.eval.benchmarks import BUILTIN_BENCHMARKS, PromptOptions, load_prompt_sets
+from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
-from ringtrain.eval.speculative import GreedyReference
+from ringtrain.eval.runner import TurnDecoder, decode_sets, first_prompt
 from ringtrain.eval.ties import DEFAULT_TIE_ULPS, TieJudge
 
-WARMUP_TOKENS = 8
+
+def _json_object(text: str) -> dict:
+    """argparse type of --chat-template-kwargs: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}"
+        )
+    return value
+
+
+def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    prompts = parser.add_argument_group("prompts")
+    prompts.add_argument(
+        "--prompts",
+        action="append",
+        default=[],
+        metavar="JSONL",
+        help='a prompts file (repeatable): one object per line with "messages", "turns", '
+        '"question", "prompt" (text) or "input_ids"',
+    )
+    prompts.add_argument(
+        "--benchmark",
+        action="append",
+        default=[],
+        metavar="NAME|JSONL",
+        help=f"a built-in benchmark ({', '.join(BUILTIN_BENCHMARKS)}) or a prompts file "
+        "(repeatable); the report has figures per benchmark",
+    )
+    prompts.add_argument(
+        "--limit", type=int, default=0, help="evaluate the first N prompts of each set only"
+    )
+    prompts.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="options of the chat template, as the server passes them, e.g. "
+        "'{\"enable_thinking\": false}'",
+    )
+    prompts.add_argument(
+        "--system", help="a system message for every conversation that starts without one"
+    )
+    prompts.add_argument(
+        "--raw-prompts",
+        action="store_true",
+        help='encode "prompt" text without the chat template (on a target that has one)',
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,9 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--drafter", required=True, help="drafter checkpoint, checkpoints root or run directory"
     )
-    parser.add_argument("--prompts", required=True, help='JSONL: "prompt" text or "input_ids"')
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts only")
+    _add_prompt_options(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="per assistant turn")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), ...")
     parser.add_argument(
@@ -71,7 +125,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary as last line")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.limit < 0:
+        parser.error(f"--limit must be 0 (all prompts) or more, got {args.limit}")
+    if not args.prompts and not args.benchmark:
+        parser.error("give --prompts FILE and/or --benchmark NAME (e.g. --benchmark humaneval)")
+    return args
 
 
 def _tokenizer(target: Path):
@@ -89,33 +148,30 @@ def evaluate(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     target_dir = Path(args.target).expanduser()
     spec = read_drafter_spec(args.drafter)
+    renderer = ChatRenderer(_tokenizer(target_dir), args.chat_template_kwargs, args.system)
+    # The prompts are checked before the target loads; the drafter's vocabulary is the
+    # target's (load_dflash_drafter refuses a drafter of another target).
+    options = PromptOptions(renderer, spec.vocab_size, args.raw_prompts, args.limit)
+    sets = load_prompt_sets(args.prompts, args.benchmark, options)
+    first = first_prompt(sets[0].conversations[0], renderer)
     target = load_verifying_target(
         target_dir, list(spec.tap_layers), device, dtype=args.dtype, mode=args.mode
     )
-    prompts = load_prompts(args.prompts, _tokenizer(target_dir), target.vocab_size)
-    if args.limit:
-        prompts = prompts[: args.limit]
-    longest = max(map(len, prompts)) + args.max_new_tokens
+    # Later turns are longer; the drafter extends its positions when one needs more.
+    longest = len(first) + args.max_new_tokens
     drafter = load_dflash_drafter(args.drafter, target, max_positions=longest)
-    stops = stop_token_ids(target.model.config)
+    judge = TieJudge(target.model, args.tie_ulps)
+    decoder = TurnDecoder(
+        target, drafter, judge, stop_token_ids(target.model.config), args.max_new_tokens
+    )
     print(
-        f"ringtrain-eval: {len(prompts)} prompts, block size {spec.block_size}, taps "
+        f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
+        f"{', '.join(s.name for s in sets)}; block size {spec.block_size}, taps "
         f"{list(spec.tap_layers)}, verification by {target.mode} on {device}",
         file=sys.stderr,
     )
-    warmup = torch.tensor(prompts[0], dtype=torch.long)
-    speculative_generate(target, drafter, warmup, WARMUP_TOKENS, stops)
-    greedy_generate(target, warmup, WARMUP_TOKENS, stops)
-    judge = TieJudge(target.model, args.tie_ulps)
-    outcomes = []
-    for index, prompt in enumerate(prompts):
-        ids = torch.tensor(prompt, dtype=torch.long)
-        greedy = greedy_generate(target, ids, args.max_new_tokens, stops)
-        reference = GreedyReference(greedy.tokens, judge)
-        speculative = speculative_generate(
-            target, drafter, ids, args.max_new_tokens, stops, reference
-        )
-        outcomes.append(PromptOutcome(index, len(prompt), speculative, greedy))
+    decoder.warm_up(first)
+    outcomes = decode_sets(sets, decoder, renderer, target.vocab_size)
     report = summarize(outcomes, spec.block_size, judge.describe())
     print(report.table())
     if not report.lossless:
@@ -133,7 +189,7 @@ def mismatch_error(report: EvalReport) -> str:
     for m in report.mismatches[:5]:
         margin = "unmeasured" if m["margin"] is None else f"{m['margin']:.4g}"
         lines.append(
-            f"  prompt {m['prompt']}, position {m['position']}: speculative {m['speculative']} "
+            f"  {m['where']}, position {m['position']}: speculative {m['speculative']} "
             f"vs greedy {m['greedy']}, float32 margin {margin}"
         )
     return "\n".join(lines)

