@@ -21,7 +21,7 @@ TAPS = [1, 3, 5]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:
+def write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:
     spec = drafter_spec_from_target(
         read_target_config(target_dir), DrafterConfig(num_layers=1, block_size=block_size), TAPS
     )
@@ -33,7 +33,7 @@ def _write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Pa
     return directory
 
 
-def _write_prompts(path: Path) -> Path:
+def write_prompts(path: Path) -> Path:
     lines = [
         {"prompt": "def main():\n    return"},
         {"input_ids": [5, 17, 99, 3, 250, 41]},
@@ -48,8 +48,8 @@ def test_untrained_drafter_is_lossless_with_tau_near_one(
     tmp_path: Path, hybrid: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = build_tiny_target(tmp_path / "target", seed=1, hybrid=hybrid)
-    drafter = _write_drafter(tmp_path / "drafter", target)
-    prompts = _write_prompts(tmp_path / "prompts.jsonl")
+    drafter = write_drafter(tmp_path / "drafter", target)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
     code = main(
         [
             "--target", str(target),
@@ -79,8 +79,8 @@ def test_drafter_of_another_target_is_refused(
 ) -> None:
     target = build_tiny_target(tmp_path / "target", seed=1, hybrid=False)
     other = build_tiny_target(tmp_path / "other", seed=1, hybrid=False, vocab_size=600)
-    drafter = _write_drafter(tmp_path / "drafter", other)
-    prompts = _write_prompts(tmp_path / "prompts.jsonl")
+    drafter = write_drafter(tmp_path / "drafter", other)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
     code = main(["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)])
     assert code == 2
     assert "vocab_size = 600" in capsys.readouterr().err
@@ -90,7 +90,7 @@ def test_bad_prompt_line_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = build_tiny_target(tmp_path / "target", seed=1, hybrid=False)
-    drafter = _write_drafter(tmp_path / "drafter", target)
+    drafter = write_drafter(tmp_path / "drafter", target)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "x"}\n{"text": "y"}\n')
     code = main(["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)])

@@ -29,6 +29,7 @@ from ringtrain.eval.prompts import (
     PromptFileError,
     check_prompt_ids,
     encode_raw,
+    prompt_text,
     read_prompt_records,
 )
 
@@ -107,10 +108,11 @@ def record_conversation(record: dict, where: str, options: PromptOptions) -> Con
     elif "question" in record:
         messages = _question(record["question"], where)
     elif options.raw_prompts or not renderer.has_template:
-        ids = encode_raw(renderer.tokenizer, record["prompt"], where)
+        text = prompt_text(record["prompt"], where)
+        ids = encode_raw(renderer.tokenizer, text, where)
         return Conversation(where, input_ids=check_prompt_ids(ids, options.vocab_size, where))
     else:
-        messages = _user_turns([record["prompt"]], where)
+        messages = [{"role": "user", "content": prompt_text(record["prompt"], where)}]
     renderer.require_template(where)
     return Conversation(where, messages=messages)
 

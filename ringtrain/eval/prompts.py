@@ -68,12 +68,17 @@ def check_prompt_ids(ids: object, vocab_size: int, where: str) -> list[int]:
     return ids
 
 
-def encode_raw(tokenizer: PreTrainedTokenizerBase | None, text: object, where: str) -> list[int]:
-    """``text`` encoded without the chat template and without special tokens."""
-    if not isinstance(text, str):
+def prompt_text(value: object, where: str) -> str:
+    """The text of a ``prompt`` field, checked."""
+    if not isinstance(value, str):
         raise PromptFileError(
             f'{where}: "prompt" must be text; a list of user turns goes in "turns"'
         )
+    return value
+
+
+def encode_raw(tokenizer: PreTrainedTokenizerBase | None, text: str, where: str) -> list[int]:
+    """``text`` encoded without the chat template and without special tokens."""
     if tokenizer is None:
         raise PromptFileError(
             f"{where}: the prompt is text but the target directory has no tokenizer; "
@@ -93,6 +98,6 @@ def load_prompts(
         if "input_ids" in record:
             ids = record["input_ids"]
         else:
-            ids = encode_raw(tokenizer, record["prompt"], where)
+            ids = encode_raw(tokenizer, prompt_text(record["prompt"], where), where)
         prompts.append(check_prompt_ids(ids, vocab_size, where))
     return prompts

@@ -73,10 +73,10 @@ def decode_conversation(
     decoder: TurnDecoder,
     renderer: ChatRenderer,
     vocab_size: int,
-) -> Iterator[tuple[int, int, Generation, Generation]]:
-    """(turn, prompt length, greedy, speculative) of each assistant turn, in order."""
+) -> Iterator[tuple[int, list[int], Generation, Generation]]:
+    """(turn, prompt ids, greedy, speculative) of each assistant turn, in order."""
     if conversation.input_ids is not None:
-        yield 1, len(conversation.input_ids), *decoder.decode(conversation.input_ids)
+        yield 1, conversation.input_ids, *decoder.decode(conversation.input_ids)
         return
     history: list[dict[str, str]] = []
     turn = 0
@@ -88,7 +88,7 @@ def decode_conversation(
         where = f"{conversation.where} turn {turn}"
         prompt = check_prompt_ids(renderer.render(history, where), vocab_size, where)
         greedy, speculative = decoder.decode(prompt)
-        yield turn, len(prompt), greedy, speculative
+        yield turn, prompt, greedy, speculative
         history.append({"role": "assistant", "content": renderer.answer_text(greedy.tokens)})
 
 
