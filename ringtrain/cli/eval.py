@@ -38,10 +38,15 @@ from ringtrain.eval import (
     stop_token_ids,
     summarize,
 )
-from ringtrain.eval.benchmarks import BUILTIN_BENCHMARKS, PromptOptions, load_prompt_sets
+from ringtrain.eval.benchmarks import (
+    BUILTIN_BENCHMARKS,
+    PromptOptions,
+    first_prompt,
+    load_prompt_sets,
+)
 from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
-from ringtrain.eval.runner import TurnDecoder, decode_sets, first_prompt
+from ringtrain.eval.runner import TurnDecoder, decode_sets
 from ringtrain.eval.ties import DEFAULT_TIE_ULPS, TieJudge
 
 

@@ -1,7 +1,9 @@
 """Speculative decoding with a trained DFlash drafter, and its metrics (ringtrain-eval)."""
 
+from ringtrain.eval.benchmarks import load_prompt_sets, load_prompts
+from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
-from ringtrain.eval.prompts import PromptFileError, load_prompts, read_prompt_records
+from ringtrain.eval.prompts import PromptFileError, read_prompt_records
 from ringtrain.eval.speculative import (
     BlockDrafter,
     Generation,
@@ -19,6 +21,7 @@ from ringtrain.eval.ties import Divergence, TieJudge
 
 __all__ = [
     "BlockDrafter",
+    "ChatRenderer",
     "Divergence",
     "EvalReport",
     "Generation",
@@ -29,6 +32,7 @@ __all__ = [
     "VerifyingTarget",
     "greedy_generate",
     "load_causal_lm",
+    "load_prompt_sets",
     "load_prompts",
     "load_verifying_target",
     "read_prompt_records",

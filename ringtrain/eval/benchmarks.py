@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from ringtrain.eval.chat import ChatRenderer, check_messages
 from ringtrain.eval.prompts import (
     PromptFileError,
@@ -95,6 +97,14 @@ def _question(question: object, where: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": GSM8K_WORDING.format(question=question)}]
 
 
+def first_prompt(conversation: Conversation, renderer: ChatRenderer) -> list[int]:
+    """The token ids of a conversation's first turn (for sizing and warm-up)."""
+    if conversation.input_ids is not None:
+        return conversation.input_ids
+    user = next(i for i, m in enumerate(conversation.messages) if m["role"] == "user")
+    return renderer.render(conversation.messages[: user + 1], conversation.where)
+
+
 def record_conversation(record: dict, where: str, options: PromptOptions) -> Conversation:
     """The conversation of one prompt line (see the module docstring for the fields)."""
     renderer = options.renderer
@@ -163,6 +173,8 @@ def read_humaneval(options: PromptOptions) -> PromptSet:
 
 
 BUILTIN_BENCHMARKS = {"humaneval": read_humaneval}
+# What load_prompts reads: one prompt per line, ``prompt`` text encoded raw.
+SINGLE_PROMPT_FIELDS = ("input_ids", "messages", "prompt")
 
 
 def read_benchmark(name: str, options: PromptOptions) -> PromptSet:
@@ -192,3 +204,27 @@ def load_prompt_sets(
                 f"stem); rename one of the files"
             )
     return sets
+
+
+def load_prompts(
+    path: str | Path,
+    tokenizer: PreTrainedTokenizerBase | None,
+    vocab_size: int,
+    chat_template_kwargs: dict[str, object] | None = None,
+) -> list[list[int]]:
+    """Token ids of every prompt in ``path``, one per line (for regeneration): ``input_ids``
+    as given, ``prompt`` text encoded raw, ``messages`` rendered with the chat template
+    (``chat_template_kwargs`` passed to it); a conversation must have one user turn."""
+    renderer = ChatRenderer(tokenizer, chat_template_kwargs)
+    options = PromptOptions(renderer, vocab_size, raw_prompts=True)
+    prompts = []
+    for number, record in read_prompt_records(path, SINGLE_PROMPT_FIELDS):
+        conversation = record_conversation(record, f"{path}:{number}", options)
+        if conversation.turns > 1:
+            raise PromptFileError(
+                f"{conversation.where}: the conversation has {conversation.turns} user turns; "
+                f"give one prompt (one user turn) per line"
+            )
+        ids = first_prompt(conversation, renderer)
+        prompts.append(check_prompt_ids(ids, vocab_size, conversation.where))
+    return prompts

@@ -2,8 +2,7 @@
 
 Each line is an object with one of ``input_ids`` (a list of ints), ``messages`` (an
 OpenAI-style chat), ``turns`` (a list of user turns, MT-Bench style), ``question``
-(GSM8K style) or ``prompt`` (text). ringtrain.eval.benchmarks turns them into
-conversations; ``load_prompts`` reads the text and token-id kinds as raw token ids.
+(GSM8K style) or ``prompt`` (text); ringtrain.eval.benchmarks reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from transformers import PreTrainedTokenizerBase
 
 # The fields a prompt line may carry, in the order they are looked for.
 RECORD_FIELDS = ("input_ids", "messages", "turns", "question", "prompt")
-RAW_FIELDS = ("input_ids", "prompt")
 
 
 class PromptFileError(ValueError):
@@ -85,19 +83,3 @@ def encode_raw(tokenizer: PreTrainedTokenizerBase | None, text: str, where: str)
             f"give input_ids instead"
         )
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def load_prompts(
-    path: str | Path, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int
-) -> list[list[int]]:
-    """Token ids of every prompt in ``path``: ``input_ids`` as given, ``prompt`` text encoded
-    raw (``tokenizer`` needed)."""
-    prompts = []
-    for number, record in read_prompt_records(path, RAW_FIELDS):
-        where = f"{path}:{number}"
-        if "input_ids" in record:
-            ids = record["input_ids"]
-        else:
-            ids = encode_raw(tokenizer, prompt_text(record["prompt"], where), where)
-        prompts.append(check_prompt_ids(ids, vocab_size, where))
-    return prompts

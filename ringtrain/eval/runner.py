@@ -60,14 +60,6 @@ class TurnDecoder:
         return greedy, speculative
 
 
-def first_prompt(conversation: Conversation, renderer: ChatRenderer) -> list[int]:
-    """The token ids of a conversation's first turn (for sizing and warm-up)."""
-    if conversation.input_ids is not None:
-        return conversation.input_ids
-    user = next(i for i, m in enumerate(conversation.messages) if m["role"] == "user")
-    return renderer.render(conversation.messages[: user + 1], conversation.where)
-
-
 def decode_conversation(
     conversation: Conversation,
     decoder: TurnDecoder,
