@@ -106,12 +106,31 @@ def _follow(
     return new_tokens, False
 
 
-def _accepted_prefix(proposed: list[int], chosen: list[int]) -> int:
-    """How many leading drafts equal the target's own greedy choices."""
+def _draft_and_verify(
+    target: VerifyingTarget,
+    drafter: BlockDrafter,
+    sequence: torch.Tensor,
+    features: torch.Tensor,
+    block: torch.Tensor,
+    committed: int,
+) -> list[int]:
+    """One step: draft a block after ``committed`` tokens, verify it, write the accepted
+    drafts and the bonus token into ``sequence``; returns those new tokens."""
+    block_size = drafter.block_size
+    block[0] = sequence[committed]
+    drafts = drafter.propose(features[:committed], block, committed)
+    sequence[committed + 1 : committed + block_size] = drafts
+    greedy = target.verify(
+        sequence, committed, block_size, features[committed : committed + block_size]
+    )
+    # The step's only host sync: the drafts and the target's choices, in one transfer.
+    host = torch.cat((drafts, greedy)).tolist()
+    proposed, chosen = host[: block_size - 1], host[block_size - 1 :]
     count = 0
-    while count < len(proposed) and proposed[count] == chosen[count]:
+    while count < block_size - 1 and proposed[count] == chosen[count]:
         count += 1
-    return count
+    sequence[committed + count + 1] = greedy[count]
+    return [*proposed[:count], chosen[count]]
 
 
 def speculative_generate(
@@ -153,18 +172,7 @@ def speculative_generate(
         )
     stopped = stopped or not stops.isdisjoint(new_tokens)
     while not stopped and committed + 1 - prompt_len < max_new_tokens:
-        block[0] = sequence[committed]
-        drafts = drafter.propose(features[:committed], block, committed)
-        sequence[committed + 1 : committed + block_size] = drafts
-        greedy = target.verify(
-            sequence, committed, block_size, features[committed : committed + block_size]
-        )
-        # The block's only host sync: the drafts and the target's choices, in one transfer.
-        host = torch.cat((drafts, greedy)).tolist()
-        proposed, chosen = host[: block_size - 1], host[block_size - 1 :]
-        count = _accepted_prefix(proposed, chosen)
-        sequence[committed + count + 1] = greedy[count]
-        new_tokens = [*proposed[:count], chosen[count]]
+        new_tokens = _draft_and_verify(target, drafter, sequence, features, block, committed)
         if reference is not None:
             new_tokens, stopped = _follow(
                 reference, sequence, committed, new_tokens, prompt_len, divergences
