@@ -133,10 +133,11 @@ def functions_in(path: Path) -> list[SourceFunction]:
 def benchmark_names() -> set[str]:
     """Names of the HumanEval problems' functions (empty when the package is absent)."""
     from ringtrain.eval.benchmarks import humaneval_entry_points
+    from ringtrain.eval.prompts import PromptFileError
 
     try:
         return humaneval_entry_points()
-    except FileNotFoundError:
+    except PromptFileError:
         return set()
 
 
@@ -154,12 +155,26 @@ def prompt_records(
         yield {"messages": [{"role": "user", "content": text}], "kind": kind}
 
 
-def build_prompts(count: int, seed: int = 0, workers: int = 0) -> list[dict]:
-    """``count`` distinct prompts (all there are, if fewer), in a seeded order."""
-    files = python_files(source_roots())
+def documented_functions(files: list[Path], wanted: int, workers: int) -> list[SourceFunction]:
+    """The documented functions of ``files`` in order, read until ``wanted`` (0: all) are found."""
+    functions: list[SourceFunction] = []
+    chunk = 256
     with ProcessPoolExecutor(max_workers=workers or None) as pool:
-        per_file = list(pool.map(functions_in, files, chunksize=16))
-    functions = [function for found in per_file for function in found]
+        for first in range(0, len(files), chunk):
+            for found in pool.map(functions_in, files[first : first + chunk], chunksize=8):
+                functions.extend(found)
+            if wanted and len(functions) >= wanted:
+                break
+    return functions
+
+
+def build_prompts(count: int, seed: int = 0, workers: int = 0) -> list[dict]:
+    """``count`` distinct prompts (all there are, if fewer; 0: all), in a seeded order.
+
+    Files are read in sorted order until twice ``count`` functions are found, so a small
+    set comes from the first files (the standard library) and a large one from all.
+    """
+    functions = documented_functions(python_files(source_roots()), 2 * count, workers)
     seen: set[str] = set()
     records = []
     for record in prompt_records(functions, seed, benchmark_names()):

@@ -156,12 +156,21 @@ def humaneval_path() -> Path:
     return path
 
 
+def humaneval_problems() -> list[dict]:
+    """The 164 HumanEval problems of the installed package (task_id, prompt, entry_point...)."""
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def humaneval_entry_points() -> set[str]:
+    """The function names of the HumanEval problems (to keep them out of training data)."""
+    return {problem["entry_point"] for problem in humaneval_problems()}
+
+
 def read_humaneval(options: PromptOptions) -> PromptSet:
     """The HumanEval problems, each one user turn in the DFlash benchmark's wording."""
     options.renderer.require_template("--benchmark humaneval")
-    path = humaneval_path()
-    with gzip.open(path, "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
+    problems = humaneval_problems()
     if options.limit:
         problems = problems[: options.limit]
     conversations = []

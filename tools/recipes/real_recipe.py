@@ -57,6 +57,8 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_max_new_tokens: int = 256
     regen_dtype: str = "auto"
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
+    # Training-config overrides of this device (section.key=value), before --set's.
+    sets: list[str] = msgspec.field(default_factory=list)
 
 
 @dataclass
@@ -421,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device not in tables:
         raise SystemExit(f"real_recipe: {args.recipes} has no [{args.device}] section")
     settings = msgspec.convert(tables[args.device], RealRecipeSettings)
-    overrides = [*args.overrides, f"run.device={json.dumps(args.device)}"]
+    overrides = [f"run.device={json.dumps(args.device)}", *settings.sets, *args.overrides]
     config = load_config(ROOT / settings.config, overrides)
     recipe = RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
     report = run_recipe(recipe)

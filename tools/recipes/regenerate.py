@@ -31,6 +31,8 @@ from transformers import AutoTokenizer
 
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.eval import load_causal_lm, load_prompts, stop_token_ids
+from ringtrain.eval.benchmarks import PromptOptions, first_prompt, read_benchmark
+from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.corpus import carve_prompts, read_corpus
 from ringtrain.eval.generate import greedy_answers
 
@@ -76,7 +78,12 @@ def write_dataset(directory: Path, prompts: list[list[int]], responses: list[lis
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="local Hugging Face target directory")
-    parser.add_argument("--prompts", required=True, help="prompts JSONL (read, or written)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help="prompts JSONL (read, or written)")
+    source.add_argument(
+        "--benchmark",
+        help="a built-in benchmark's prompts (e.g. humaneval), in ringtrain-eval's wording",
+    )
     parser.add_argument("--output", help="dataset directory to write (omit: only carve prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument(
@@ -133,6 +140,15 @@ def make_prompts(args: argparse.Namespace, target: Path) -> None:
     log(f"wrote {len(prompts)} {args.split} prompts of {args.prompt_len} tokens to {path}")
 
 
+def read_prompts(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Token ids of the prompts: a prompts file, or a benchmark's first user turns."""
+    if args.prompts:
+        return load_prompts(args.prompts, tokenizer, vocab_size, args.chat_template_kwargs)
+    renderer = ChatRenderer(tokenizer, args.chat_template_kwargs)
+    prompt_set = read_benchmark(args.benchmark, PromptOptions(renderer, vocab_size))
+    return [first_prompt(c, renderer) for c in prompt_set.conversations]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -149,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = None
     if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    prompts = load_prompts(
-        args.prompts, tokenizer, int(model.config.vocab_size), args.chat_template_kwargs
-    )
+    prompts = read_prompts(args, tokenizer, int(model.config.vocab_size))
     stop_ids = stop_token_ids(model.config)
     pad_id = model.config.pad_token_id
     pad_id = int(pad_id) if pad_id is not None else (stop_ids[0] if stop_ids else 0)
