@@ -96,3 +96,26 @@ def test_bad_prompt_line_names_file_and_line(
     code = main(["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)])
     assert code == 2
     assert f"{prompts}:2" in capsys.readouterr().err
+
+
+def test_workers_decode_shares_with_the_same_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    drafter = write_drafter(tmp_path / "drafter", target)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    results = []
+    for workers in ("1", "2"):
+        code = main(
+            [
+                "--target", str(target), "--drafter", str(drafter),
+                "--prompts", str(prompts), "--max-new-tokens", "12",
+                "--device", "cpu", "--threads", "1", "--workers", workers, "--json",
+            ]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    single, shared = results
+    for key in ("prompts", "generated_tokens", "verify_forwards", "tau_real", "acceptance"):
+        assert shared[key] == single[key], key

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -129,10 +131,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "top logit, for which a divergence from greedy is a numerical tie (0: none)",
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes that decode a share of the prompts each, all on the same device: "
+        "one small target decodes one token at a time and leaves a GPU mostly idle "
+        "(figures per prompt are unchanged; every process loads the models)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary as last line")
     args = parser.parse_args(argv)
     if args.limit < 0:
         parser.error(f"--limit must be 0 (all prompts) or more, got {args.limit}")
+    if args.workers < 1:
+        parser.error(f"--workers must be 1 or more, got {args.workers}")
     if not args.prompts and not args.benchmark:
         parser.error("give --prompts FILE and/or --benchmark NAME (e.g. --benchmark humaneval)")
     return args
@@ -144,40 +156,70 @@ def _tokenizer(target: Path):
     return None
 
 
-def evaluate(args: argparse.Namespace) -> dict:
-    """Run the evaluation described by the parsed arguments; returns the report dict."""
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+def _device(args: argparse.Namespace) -> torch.device:
+    if args.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(args.device)
+
+
+def _prompt_sets(args: argparse.Namespace) -> tuple[list, ChatRenderer, object]:
+    """(prompt sets, renderer, drafter spec); checked before any model loads."""
+    spec = read_drafter_spec(args.drafter)
+    target_dir = Path(args.target).expanduser()
+    renderer = ChatRenderer(_tokenizer(target_dir), args.chat_template_kwargs, args.system)
+    # The drafter's vocabulary is the target's (load_dflash_drafter refuses a drafter of
+    # another target).
+    options = PromptOptions(renderer, spec.vocab_size, args.raw_prompts, args.limit)
+    return load_prompt_sets(args.prompts, args.benchmark, options), renderer, spec
+
+
+def decode_share(args: argparse.Namespace, shard: tuple[int, int]) -> tuple[list, str]:
+    """Load the models and decode one share of the prompts: (outcomes, tie rule)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_dir = Path(args.target).expanduser()
-    spec = read_drafter_spec(args.drafter)
-    renderer = ChatRenderer(_tokenizer(target_dir), args.chat_template_kwargs, args.system)
-    # The prompts are checked before the target loads; the drafter's vocabulary is the
-    # target's (load_dflash_drafter refuses a drafter of another target).
-    options = PromptOptions(renderer, spec.vocab_size, args.raw_prompts, args.limit)
-    sets = load_prompt_sets(args.prompts, args.benchmark, options)
+    device = _device(args)
+    sets, renderer, spec = _prompt_sets(args)
     first = first_prompt(sets[0].conversations[0], renderer)
     target = load_verifying_target(
-        target_dir, list(spec.tap_layers), device, dtype=args.dtype, mode=args.mode
+        Path(args.target).expanduser(), list(spec.tap_layers), device, args.dtype, args.mode
     )
     # Later turns are longer; the drafter extends its positions when one needs more.
-    longest = len(first) + args.max_new_tokens
-    drafter = load_dflash_drafter(args.drafter, target, max_positions=longest)
+    drafter = load_dflash_drafter(
+        args.drafter, target, max_positions=len(first) + args.max_new_tokens
+    )
     judge = TieJudge(target.model, args.tie_ulps)
     decoder = TurnDecoder(
         target, drafter, judge, stop_token_ids(target.model.config), args.max_new_tokens
     )
-    print(
-        f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
-        f"{', '.join(s.name for s in sets)}; block size {spec.block_size}, taps "
-        f"{list(spec.tap_layers)}, verification by {target.mode} on {device}",
-        file=sys.stderr,
-    )
+    if shard[0] == 0:
+        print(
+            f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
+            f"{', '.join(s.name for s in sets)}; block size {spec.block_size}, taps "
+            f"{list(spec.tap_layers)}, verification by {target.mode} on {device}"
+            f"{f', {shard[1]} processes' if shard[1] > 1 else ''}",
+            file=sys.stderr,
+        )
     decoder.warm_up(first)
-    outcomes = decode_sets(sets, decoder, renderer, target.vocab_size)
-    report = summarize(outcomes, spec.block_size, judge.describe())
+    return decode_sets(sets, decoder, renderer, target.vocab_size, shard), judge.describe()
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Run the evaluation described by the parsed arguments; returns the report dict."""
+    sets, _, spec = _prompt_sets(args)
+    if args.workers == 1:
+        outcomes, tie_rule = decode_share(args, (0, 1))
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+            shares = [(k, args.workers) for k in range(args.workers)]
+            results = list(pool.map(decode_share, [args] * args.workers, shares))
+        set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
+        outcomes = sorted(
+            (o for share, _ in results for o in share),
+            key=lambda o: (set_order[o.benchmark], o.index, o.turn),
+        )
+        tie_rule = results[0][1]
+    report = summarize(outcomes, spec.block_size, tie_rule)
     print(report.table())
     if not report.lossless:
         print(mismatch_error(report), file=sys.stderr)

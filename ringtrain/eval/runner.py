@@ -85,15 +85,27 @@ def decode_conversation(
 
 
 def decode_sets(
-    sets: list[PromptSet], decoder: TurnDecoder, renderer: ChatRenderer, vocab_size: int
+    sets: list[PromptSet],
+    decoder: TurnDecoder,
+    renderer: ChatRenderer,
+    vocab_size: int,
+    shard: tuple[int, int] = (0, 1),
 ) -> list[PromptOutcome]:
-    """Every assistant turn of every set, with a progress bar on stderr."""
+    """Every assistant turn of every set, with a progress bar on stderr.
+
+    ``shard`` (k, n): only the conversations whose index in their set is k modulo n
+    (one of n processes decoding a share each); the bar is shown by shard 0 alone.
+    """
     outcomes: list[PromptOutcome] = []
     forwards = gained = 0
-    with tqdm(total=sum(s.turns for s in sets), unit="turn", file=sys.stderr) as bar:
+    mine, shards = shard
+    total = sum(c.turns for s in sets for c in s.conversations[mine::shards])
+    with tqdm(total=total, unit="turn", file=sys.stderr, disable=mine != 0) as bar:
         for prompt_set in sets:
             bar.set_description(prompt_set.name)
             for index, conversation in enumerate(prompt_set.conversations):
+                if index % shards != mine:
+                    continue
                 turns = decode_conversation(conversation, decoder, renderer, vocab_size)
                 for turn, prompt_len, greedy, speculative in turns:
                     outcomes.append(
