@@ -27,7 +27,7 @@ from ringtrain.drafter.config import OptimConfig
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
-from ringtrain.trainer.evaluation import EvalTally
+from ringtrain.trainer.heldout import EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums

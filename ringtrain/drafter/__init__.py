@@ -7,8 +7,8 @@ from ringtrain.drafter.checkpoint import (
     read_checkpoint_extra,
     save_checkpoint,
 )
-from ringtrain.drafter.evaluation import EvalSums, evaluate_batch
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
+from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.model import DFlashDrafter
 from ringtrain.drafter.objective import ObjectiveSums, block_objective, compiled_graph_count
 from ringtrain.drafter.optim import build_optimizer, optimizer_step

@@ -2,7 +2,7 @@
 
 One global step = one training batch per drafter rank, in five phases that every rank
 runs in the same order: take (evaluating any held-out batches met on the way: see
-trainer/evaluation.py), forward, reduce (the step's sums: trainer/step_sums.py), backward
+trainer/heldout.py), forward, reduce (the step's sums: trainer/step_sums.py), backward
 with the gradients reduced by DistributedDataParallel while it runs
 (trainer/data_parallel.py), apply (clip, optimizer step) and record (ledger, progress in
 the ring, report, checkpoint). The sums are reduced before backward, so every rank knows
@@ -49,8 +49,8 @@ from ringtrain.trainer.data_parallel import (
     scaled_loss,
     wrap_data_parallel,
 )
-from ringtrain.trainer.evaluation import EvalTally, final_round
 from ringtrain.trainer.gpu_busy import GpuBusySampler
+from ringtrain.trainer.heldout import EvalTally, final_round
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest

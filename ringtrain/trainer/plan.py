@@ -29,7 +29,7 @@ from ringtrain.drafter.checkpoint import checkpoint_spec, read_checkpoint_extra
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
-from ringtrain.target import TargetCheckpoint, TargetLoadError, read_target_config
+from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
 from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
@@ -199,7 +199,7 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
         raise ConfigError(str(exc)) from None
     try:
         if config.layout.target_tp > 1:
-            kept = TargetCheckpoint(target_path, weights=False).text_config(max(taps) + 1)
+            kept = TargetModelDir(target_path, weights=False).text_config(max(taps) + 1)
             check_tensor_parallel(kept, config.layout.target_tp)
     except TargetLoadError as exc:
         raise ConfigError(f"[layout] target_tp = {config.layout.target_tp}: {exc}") from None

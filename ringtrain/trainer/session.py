@@ -33,8 +33,8 @@ from ringtrain.ring import PeerDied, Phase, Ring
 from ringtrain.target import TargetRunner, load_target
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
-from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.groups import RankGroups
+from ringtrain.trainer.heldout import EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec

@@ -3,7 +3,7 @@
 Each iteration takes a free slot of this producer, runs the target forward with the
 hooks writing the tapped layers straight into the slot, fills in the token arrays and
 publishes the slot. The next batch's host-to-device copy is started while the current
-forward runs. Held-out batches are inserted when evaluation is due (trainer/evaluation.py).
+forward runs. Held-out batches are inserted when evaluation is due (trainer/heldout.py).
 The loop ends when the ring closes (the drafters are done) or on SIGTERM.
 
 A tensor-parallel target group runs this loop on every member: the lead takes and
@@ -26,8 +26,8 @@ from ringtrain.ring.ends import Producer, WriteSlot
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
-from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.gpu_busy import GpuBusySampler
+from ringtrain.trainer.heldout import EvalSchedule
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import Decision, GroupDecisions
