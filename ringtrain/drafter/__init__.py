@@ -1,5 +1,6 @@
-"""The DFlash drafter: model, block objective, evaluation, optimiser and checkpoints."""
+"""The drafter: architectures, block objective, held-out evaluation, optimiser, checkpoints."""
 
+from ringtrain.drafter.architectures import build_drafter
 from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
@@ -10,9 +11,10 @@ from ringtrain.drafter.checkpoint import (
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
 from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.model import DFlashDrafter
-from ringtrain.drafter.objective import ObjectiveSums, block_objective, compiled_graph_count
+from ringtrain.drafter.objective import block_objective, compiled_graph_count
 from ringtrain.drafter.optim import build_optimizer, optimizer_step
 from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
+from ringtrain.drafter.sums import ObjectiveSums
 
 __all__ = [
     "DFlashDrafter",
@@ -22,6 +24,7 @@ __all__ = [
     "LoadedCheckpoint",
     "ObjectiveSums",
     "block_objective",
+    "build_drafter",
     "build_optimizer",
     "compiled_graph_count",
     "drafter_spec_from_target",

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ringtrain.drafter.model import DFlashDrafter
+from ringtrain.drafter.architectures import build_drafter
 from ringtrain.drafter.spec import DrafterSpec, hf_config_dict, spec_from_hf_config
 
 CONFIG_FILE = "config.json"
@@ -229,7 +229,7 @@ class LoadedCheckpoint:
 
     path: Path
     spec: DrafterSpec
-    model: DFlashDrafter | None
+    model: nn.Module | None
     step: int
     training_state: dict[str, Any]
 
@@ -289,7 +289,7 @@ def load_checkpoint(
     model = None
     if weights:
         with torch.device(device):
-            model = DFlashDrafter(spec)
+            model = build_drafter(spec)
         model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     return LoadedCheckpoint(

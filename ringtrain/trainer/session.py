@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from ringtrain.config import Config
 from ringtrain.drafter import (
-    DFlashDrafter,
     DrafterSpec,
     FrozenHead,
+    build_drafter,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
@@ -229,7 +229,7 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
         get_logger().info("loading frozen embedding and LM head from %s", plan.target_path)
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
     with torch.device(device):  # initialised where it trains: a billion values on CPU take long
-        model = DFlashDrafter(plan.spec)
+        model = build_drafter(plan.spec)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, head, optimizer, scheduler)
 
