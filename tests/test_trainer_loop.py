@@ -13,6 +13,7 @@ import pytest
 import torch
 from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg
 
+from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
@@ -75,9 +76,9 @@ def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> R
     hidden = batch.hidden * math.nan if poison else batch.hidden
     round_id = 1 if kind == BatchKind.EVAL else 0
     meta = BatchMeta(batch_id=100 + seq, epoch=0, seq=seq, producer=0, kind=kind, round=round_id)
+    arrays = {f.name: getattr(batch, f.name) for f in TOKEN_ARRAYS}
     return ReadItem(
-        hidden=hidden, input_ids=batch.input_ids, loss_mask=batch.loss_mask,
-        position_ids=batch.position_ids, cu_seqlens=batch.cu_seqlens,
+        arrays={**arrays, HIDDEN: hidden},
         num_tokens=batch.num_tokens, num_docs=batch.num_docs, meta=meta, producer_rank=0, seq=seq,
     )  # fmt: skip
 

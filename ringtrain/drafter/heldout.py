@@ -29,7 +29,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ringtrain.drafter.blocks import PackedContext, PackedRows, blocks_at, pack_context
+from ringtrain.batch import PackedRows
+from ringtrain.drafter.blocks import PackedContext, blocks_at, pack_context
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.objective import block_masks, checked_workspace, score_blocks

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ringtrain.batch import PackedRows
 from ringtrain.drafter.architectures import drafter_of
-from ringtrain.drafter.blocks import BlockBatch, PackedRows, build_blocks, layout_sizes
+from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.loss import ChunkFns, chunked_head_loss

@@ -19,8 +19,8 @@ append the slot index to the FIFO under the lock, then release `ready`.
 
 Consumer, `take()`: wait on `ready`, pop one index from the FIFO under the lock, mark
 it READING, copy the payload into the consumer's own buffer and then mark it FREE and
-release free[owner]. The copy is one contiguous prefix of the slot (small arrays first,
-then the hidden rows in use; spec.SlotLayout) into a buffer laid out the same way. On
+release free[owner]. The copy is one contiguous prefix of the slot (the small arrays,
+then the rows in use of the last, big one; spec.SlotLayout) into a buffer laid out the same way. On
 CPU the copy is a memcpy and the slot is freed at once. On CUDA the copy is queued on
 the consumer's current stream (after the slot's event for the device transport; in
 stream order after the kernels that may still read the previous item, and before

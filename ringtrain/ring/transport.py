@@ -79,7 +79,7 @@ class HostPayload:
         self._registered = device.type == "cuda"
         if self._registered:
             cuda.host_register(self._base.data_ptr(), self._base.numel())
-        self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
+        self._views = [layout.views(self._base, s) for s in range(spec.num_slots)]
         self._reader_bytes = [layout.slot_block(self._base, s) for s in range(spec.num_slots)]
 
     def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
@@ -159,7 +159,7 @@ class DevicePayload:
         with torch.cuda.device(self.device):
             self._own_events = [torch.cuda.Event(interprocess=True) for _ in range(per)]
             handles = [bytes(e.ipc_handle()) for e in self._own_events]
-        self._own_views = [self.layout.views(slab, k, self.spec) for k in range(per)]
+        self._own_views = [self.layout.views(slab, k) for k in range(per)]
         self._first = self.spec.producer_slots(producer).start
         index = torch.cuda.current_device() if self.device.index is None else self.device.index
         export = _Export(cuda.ipc_get_handle(self._own_ptr), nbytes, index, handles)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtrain.batch import slot_fields
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
@@ -29,6 +30,7 @@ from ringtrain.drafter.checkpoint import checkpoint_spec, read_checkpoint_extra
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
+from ringtrain.ring.spec import dtype_name
 from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
 from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
@@ -247,8 +249,9 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         slots_per_producer=config.ring.slots_per_producer,
         max_tokens=config.data.token_budget,
         max_docs=plan.max_docs,
-        hidden_width=len(plan.tap_layers) * plan.spec.hidden_size,
-        hidden_dtype=plan.hidden_dtype,
+        fields=slot_fields(
+            len(plan.tap_layers), plan.spec.hidden_size, dtype_name(plan.hidden_dtype)
+        ),
         transport=config.ring.transport,
         wait_timeout_s=config.ring.wait_timeout_s,
         heartbeat_timeout_s=config.ring.heartbeat_timeout_s,

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Phase, Ring, RingClosed
 from ringtrain.ring.ends import Producer, WriteSlot
@@ -65,10 +66,8 @@ def _fill_slot(
     slot: WriteSlot, batch: Batch, kind: BatchKind, round_id: int, producer_index: int
 ) -> BatchMeta:
     """Write the batch's token arrays into `slot`; the descriptor to publish it with."""
-    _fill(slot.input_ids, batch.input_ids)
-    _fill(slot.loss_mask, batch.loss_mask)
-    _fill(slot.position_ids, batch.position_ids)
-    _fill(slot.cu_seqlens, batch.cu_seqlens)
+    for field in TOKEN_ARRAYS:
+        _fill(slot.arrays[field.name], batch.arrays[field.name])
     return BatchMeta(
         batch_id=batch.batch_id,
         epoch=batch.epoch,
@@ -110,8 +109,9 @@ def run_target_loop(
     done, scratch = "published", None
     if producer is None:  # a group member: identical taps, never published
         done = "run as a target group member"
+        hidden = spec.field(HIDDEN)
         scratch = torch.empty(
-            spec.max_tokens, spec.hidden_width, dtype=spec.hidden_dtype, device=runner.device
+            spec.max_tokens, hidden.width, dtype=hidden.torch_dtype, device=runner.device
         )
     ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     first = decisions.share(
@@ -133,7 +133,7 @@ def run_target_loop(
         if not decision.go:
             break
         n, docs = batch.num_tokens, batch.num_docs
-        runner.forward_into(slot.hidden[:n] if slot is not None else scratch[:n])
+        runner.forward_into(slot.arrays[HIDDEN][:n] if slot is not None else scratch[:n])
         meta = _fill_slot(slot, batch, kind, round_id, producer_index) if slot is not None else None
         batch, kind, round_id = order.next(decision.eval_due)
         runner.prefetch(batch.padded(bucket))
