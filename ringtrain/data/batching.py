@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
 
 import numpy as np
 
@@ -291,41 +290,4 @@ class BatchStream(Iterator[Batch]):
             seq=seq,
             arrays=arrays,
             _padding=out.padding,
-        )
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able cursor: where this stream resumes and what defines its sequence."""
-        return {
-            "start": self._next_seq,
-            "skip": sorted(self._skip),
-            "seed": self.seed,
-            "rank": self.rank,
-            "world": self.world,
-            "token_budget": self.token_budget,
-            "bucket": self.bucket,
-            "num_rows": self.dataset.num_rows,
-        }
-
-    @classmethod
-    def from_state(cls, ds: TokenDataset, state: dict[str, Any]) -> BatchStream:
-        """Rebuild a stream from `state()`, checking that it still describes this dataset.
-
-        Trainers that finish batches out of order pass their own cursor: `start` = the
-        lowest sequence number not yet trained, `skip` = those above it already trained.
-        """
-        if state["num_rows"] != ds.num_rows:
-            raise DatasetError(
-                f"{ds.path}: the saved data cursor was made for {state['num_rows']} usable rows "
-                f"but the dataset now has {ds.num_rows}; resume with the same dataset, "
-                "max_len and block_size"
-            )
-        return cls(
-            ds,
-            token_budget=state["token_budget"],
-            bucket=state["bucket"],
-            seed=state["seed"],
-            rank=state["rank"],
-            world=state["world"],
-            start=state["start"],
-            skip=state["skip"],
         )

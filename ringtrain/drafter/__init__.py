@@ -5,7 +5,6 @@ from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
     load_checkpoint,
-    read_checkpoint_extra,
     save_checkpoint,
 )
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
@@ -13,6 +12,7 @@ from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.model import DFlashDrafter
 from ringtrain.drafter.objective import block_objective, compiled_graph_count
 from ringtrain.drafter.optim import build_optimizer, optimizer_step
+from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, read_resume_record
 from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
 from ringtrain.drafter.sums import ObjectiveSums
 
@@ -23,6 +23,8 @@ __all__ = [
     "FrozenHead",
     "LoadedCheckpoint",
     "ObjectiveSums",
+    "ResumeRecord",
+    "StreamCursor",
     "block_objective",
     "build_drafter",
     "build_optimizer",
@@ -33,6 +35,6 @@ __all__ = [
     "load_checkpoint",
     "load_frozen_head",
     "optimizer_step",
-    "read_checkpoint_extra",
+    "read_resume_record",
     "save_checkpoint",
 ]

@@ -12,6 +12,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -19,12 +20,14 @@ from ringtrain.config import Config
 from ringtrain.drafter import (
     DrafterSpec,
     FrozenHead,
+    ResumeRecord,
+    StreamCursor,
     build_drafter,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
     load_frozen_head,
-    read_checkpoint_extra,
+    read_resume_record,
     save_checkpoint,
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
@@ -145,20 +148,16 @@ def _run_target(
     the group's stream, cursor and evaluation shard are keyed by the group index."""
     log = get_logger()
     producer, producers = info.group_index, info.producer_count
-    cursor = {"start": 0, "skip": []}
-    resumed_step = 0
+    cursor, resumed_step = StreamCursor(), 0
     if resume_from is not None:
-        extra = read_checkpoint_extra(resume_from)
-        cursor = extra["cursors"].get(str(producer), cursor)
-        resumed_step = extra["step"]
-        log.info("resuming at batch %d of this producer's stream", cursor["start"])
+        record = read_resume_record(resume_from)
+        cursor, resumed_step = record.cursors.get(producer, cursor), record.step
+        log.info("resuming at batch %d of this producer's stream", cursor.start)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
         schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
-    stream = batch_stream(
-        config, plan.dataset, producer, producers, cursor["start"], cursor["skip"]
-    )
+    stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
     ring.set_phase(Phase.LOADING_TARGET)
     model = load_target(
         plan.target_path,
@@ -198,7 +197,7 @@ def _run_drafter(
         for note in metrics.notes:
             get_logger().info("%s", note)
         reporter = LeadReporter(metrics, Progress(config, ring))
-        identity = {"stream": plan.stream, "run_id": read_run_id(run_dir)}
+        identity = ResumeRecord(step=0, run_id=read_run_id(run_dir), stream=plan.stream)
         save = ring.announcing(
             Phase.CHECKPOINT,
             partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec, identity),
@@ -261,20 +260,16 @@ def _resumed_state(
     )  # fmt: skip
     for change in changes:
         log.info("resume applies the config's setting: %s", change)
-    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
+    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.record.cursors))
 
 
 def _save_checkpoint(
-    root: Path, trainee: Trainee, spec: DrafterSpec, identity: dict, state: DrafterState
+    root: Path, trainee: Trainee, spec: DrafterSpec, identity: ResumeRecord, state: DrafterState
 ) -> None:
-    """Checkpoint `state`; `identity` (the run id, the batch sequence) goes into its extra."""
+    """Checkpoint `state`; its resume record is `identity` (the run id, the batch
+    sequence) with the state's step and data cursors."""
+    record = msgspec.structs.replace(identity, step=state.step, cursors=state.ledger.cursors())
     path = save_checkpoint(
-        root,
-        state.step,
-        trainee.model,
-        spec,
-        trainee.optimizer,
-        trainee.scheduler,
-        extra={**identity, "cursors": state.ledger.state(), "step": state.step},
+        root, state.step, trainee.model, spec, trainee.optimizer, trainee.scheduler, record
     )
     get_logger().info("checkpoint written: %s", path)
