@@ -46,9 +46,9 @@ from safetensors.torch import load_file
 
 from ringtrain.drafter import StreamCursor, latest_checkpoint, read_resume_record
 from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
-from ringtrain.ring import Phase, RingReader, discover
+from ringtrain.ring import RingReader, discover
 from ringtrain.ring.liveness import process_state
-from ringtrain.ring.phases import describe
+from ringtrain.trainer.phases import WORK
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIN_HOOK = ROOT / "tools" / "spin_hook"
@@ -127,7 +127,7 @@ def ring_up(name: str, running: bool = False) -> bool:
         ranks = reader.snapshot().ranks
     finally:
         reader.close()
-    return all(r.doing == describe(Phase.RUNNING, r.role) for r in ranks)
+    return all(r.doing == WORK[r.role] for r in ranks)
 
 
 def wait_until(condition, deadline: float, proc: subprocess.Popen) -> bool:

@@ -20,8 +20,8 @@ from ringtrain.named_arrays import NamedArrays
 from ringtrain.ring import control as cb
 from ringtrain.ring.errors import RingError
 from ringtrain.ring.handoff import HandOff
+from ringtrain.ring.payload import Payload
 from ringtrain.ring.spec import SlotLayout
-from ringtrain.ring.transport import DevicePayload, HostPayload
 
 # Consumers cache (buffer, payload) views per (slot, tokens, docs); shapes are bucketed.
 VIEW_CACHE_SIZE = 4096
@@ -65,7 +65,7 @@ class _ItemCopy:
 class Producer:
     """Writes items into this target's own slots (see the module docstring)."""
 
-    def __init__(self, handoff: HandOff, payload: HostPayload | DevicePayload) -> None:
+    def __init__(self, handoff: HandOff, payload: Payload) -> None:
         self._handoff, self._payload = handoff, payload
         self.spec, self._control = handoff.spec, handoff.control
         self._local_index = handoff.local_index
@@ -73,8 +73,7 @@ class Producer:
         self._seq = 0
         self._pid = os.getpid()
         self._encode = msgspec.msgpack.Encoder().encode
-        if isinstance(payload, DevicePayload):
-            payload.export(self._local_index, self.index)
+        payload.open_producer(self._local_index, self.index)
         self._slots = [
             WriteSlot(index=g, arrays=payload.writer_views(g))
             for g in self.spec.producer_slots(self.index)
@@ -146,7 +145,7 @@ class Consumer:
     def __init__(
         self,
         handoff: HandOff,
-        payload: HostPayload | DevicePayload,
+        payload: Payload,
         device: torch.device,
         meta_type: Any = dict[str, int],
     ) -> None:

@@ -32,8 +32,9 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
 from ringtrain.monitor.sinks import open_sinks
-from ringtrain.ring import PeerDied, Phase, Ring
+from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
+from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.groups import RankGroups
@@ -63,6 +64,7 @@ def join_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         ring = Ring.attach(spec.run_id, info.local_rank, info.device)
     dist.barrier()
     ring.unlink()
+    ring.describe_work(phases.WORK[info.role])
     get_logger().info("ring %s ready: transport %s", spec.run_id, ring.transport)
     return ring
 
@@ -158,7 +160,7 @@ def _run_target(
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
         schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
     stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
-    ring.set_phase(Phase.LOADING_TARGET)
+    ring.set_phase(phases.LOADING_TARGET)
     model = load_target(
         plan.target_path,
         tap_layers=plan.tap_layers,
@@ -186,10 +188,10 @@ def _run_drafter(
     group: dist.ProcessGroup | None,
     stop: StopRequest,
 ) -> None:
-    ring.set_phase(Phase.BUILDING_DRAFTER)
+    ring.set_phase(phases.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
-    reporter, save = None, ring.phase_marker(Phase.CHECKPOINT)  # others wait for the lead's save
+    reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
         metrics = MetricsWriter(
             run_dir / "metrics.jsonl", open_sinks(config, run_dir), resumed_step=state.step
@@ -199,7 +201,7 @@ def _run_drafter(
         reporter = LeadReporter(metrics, Progress(config, ring))
         identity = ResumeRecord(step=0, run_id=read_run_id(run_dir), stream=plan.stream)
         save = ring.announcing(
-            Phase.CHECKPOINT,
+            phases.CHECKPOINT,
             partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec, identity),
         )
     loop = DrafterLoop(
@@ -212,7 +214,7 @@ def _run_drafter(
         group,
         eval_batches_per_round(config, plan, info),
     )
-    ring.set_phase(Phase.FIRST_STEP)
+    ring.set_phase(phases.FIRST_STEP)
     loop.train(state, stop, reporter, save)
     if reporter is not None:
         reporter.close()

@@ -22,10 +22,11 @@ import torch
 
 from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.data import Batch, BatchStream
-from ringtrain.ring import Phase, Ring, RingClosed
+from ringtrain.ring import Ring, RingClosed
 from ringtrain.ring.ends import Producer, WriteSlot
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
+from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.gpu_busy import GpuBusySampler
 from ringtrain.trainer.heldout import EvalSchedule
@@ -89,7 +90,7 @@ def _lead_decision(
     if not stop.requested:
         with contextlib.suppress(RingClosed):  # every drafter is done
             slot = producer.acquire()
-    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.drafter_step()))
+    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.consumer_step()))
 
 
 def run_target_loop(
@@ -113,9 +114,9 @@ def run_target_loop(
         scratch = torch.empty(
             spec.max_tokens, hidden.width, dtype=hidden.torch_dtype, device=runner.device
         )
-    ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
+    ring.set_phase(phases.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     first = decisions.share(
-        Decision(True, order.eval_due(ring.drafter_step())) if producer is not None else None
+        Decision(True, order.eval_due(ring.consumer_step())) if producer is not None else None
     )
     batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
