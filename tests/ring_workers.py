@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from ringtrain.batch import slot_fields
 from ringtrain.ring import PeerDied, Ring, RingSpec
 
 MAX_TOKENS = 64
@@ -38,8 +39,7 @@ def make_spec(
         slots_per_producer=slots,
         max_tokens=MAX_TOKENS,
         max_docs=4,
-        hidden_width=WIDTH,
-        hidden_dtype=torch.float32,
+        fields=slot_fields(1, WIDTH, "float32"),
         transport=transport,
         wait_timeout_s=0.2,
         heartbeat_timeout_s=heartbeat_timeout_s,
@@ -58,7 +58,7 @@ def write_item(slot, producer: int, seq: int, num_tokens: int, device: torch.dev
         "cu_seqlens": torch.tensor([0, n], dtype=torch.int32, device=device),
     }
     for name, value in parts.items():
-        getattr(slot, name)[: len(value)].copy_(value, non_blocking=True)
+        slot.arrays[name][: len(value)].copy_(value, non_blocking=True)
 
 
 def item_ok(item) -> bool:

@@ -21,6 +21,7 @@ from ringtrain.drafter.checkpoint import (
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import WarmupCosine, resume_settings, schedule_at
+from ringtrain.drafter.resume_record import ResumeRecord
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -43,8 +44,9 @@ def parts(cfg: OptimConfig | None = None, total_steps: int = 10) -> Parts:
     return Parts(model, spec, optimizer, scheduler)
 
 
-def save(root: Path, step: int, p: Parts, extra: dict | None = None) -> Path:
-    return save_checkpoint(root, step, p.model, p.spec, p.optimizer, p.scheduler, extra or {})
+def save(root: Path, step: int, p: Parts, run_id: str | None = None) -> Path:
+    record = ResumeRecord(step=step, run_id=run_id)
+    return save_checkpoint(root, step, p.model, p.spec, p.optimizer, p.scheduler, record)
 
 
 def test_non_finite_weights_are_never_written(tmp_path: Path) -> None:
@@ -88,8 +90,8 @@ def test_free_space_is_checked_before_anything_is_written(
 
 def test_latest_checkpoint_of_this_run_only(tmp_path: Path) -> None:
     p = parts()
-    ours = save(tmp_path, 4, p, {"run_id": "ours"})
-    save(tmp_path, 100, p, {"run_id": "theirs"})
+    ours = save(tmp_path, 4, p, run_id="ours")
+    save(tmp_path, 100, p, run_id="theirs")
     legacy = save(tmp_path, 2, p)  # written before checkpoints named their run
     assert latest_checkpoint(tmp_path, "ours") == ours
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000100"

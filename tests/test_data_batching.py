@@ -17,6 +17,14 @@ from ringtrain.data import (
 )
 from ringtrain.data.batching import BATCH_ID_STRIDE
 from ringtrain.data.writer import TokenFileWriter
+from ringtrain.drafter.resume_record import (
+    RESUME_FILE,
+    ResumeRecord,
+    StreamCursor,
+    encode_resume_record,
+    read_resume_record,
+)
+from ringtrain.trainer.ledger import BatchLedger
 
 BUDGET, BUCKET, BLOCK = 2048, 32, 4
 
@@ -144,15 +152,22 @@ def test_start_and_skip_reproduce_the_tail(dataset: TokenDataset) -> None:
     assert tail == [s for s in full[10:] if s[2] not in trained_out_of_order]
 
 
-def test_state_round_trip(dataset: TokenDataset) -> None:
-    stream = _stream(dataset, rank=0, world=2, skip=[4])
-    for _ in range(3):
-        next(stream)
-    state = stream.state()
-    assert state["start"] == 3 and state["skip"] == [4]
-    expected = [_signature(b) for b in islice(stream, 5)]
-    restored = BatchStream.from_state(dataset, state)
-    assert [_signature(b) for b in islice(restored, 5)] == expected
+def test_a_checkpoints_cursor_resumes_the_stream(dataset: TokenDataset, tmp_path: Path) -> None:
+    """What a resumed target does: the ledger's cursor, through a checkpoint's resume
+    record, starts a stream that yields exactly the batches not yet trained."""
+    stream = _stream(dataset, rank=0, world=2)
+    taken = [_signature(b) for b in islice(stream, 5)]
+    ledger = BatchLedger()
+    for seq in (0, 1, 2, 4):  # batch 3 was produced but not trained
+        ledger.record(0, seq)
+    (tmp_path / RESUME_FILE).write_bytes(
+        encode_resume_record(ResumeRecord(step=4, cursors=ledger.cursors()))
+    )
+    cursor = read_resume_record(tmp_path).cursors[0]
+    assert cursor == StreamCursor(start=3, skip=(4,))
+    expected = [taken[3]] + [_signature(b) for b in islice(stream, 5)]
+    resumed = _stream(dataset, rank=0, world=2, start=cursor.start, skip=cursor.skip)
+    assert [_signature(b) for b in islice(resumed, 6)] == expected
 
 
 def test_two_batches_stay_valid(dataset: TokenDataset) -> None:

@@ -22,6 +22,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import resume_settings, schedule_at
+from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor
 from ringtrain.drafter.spec import hf_config_dict, spec_from_hf_config
 
 TARGET = {
@@ -61,10 +62,11 @@ def trained_state(steps: int):
 
 def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path) -> None:
     spec, model, optimizer, scheduler = trained_state(steps=2)
-    path = save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler, {"cursor": [3, 4]})
+    record = ResumeRecord(step=2, run_id="r", cursors={0: StreamCursor(3, (4,))})
+    path = save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler, record)
     assert path == tmp_path / "step_00000002"
     loaded = load_checkpoint(tmp_path, "cpu")
-    assert loaded.path == path and loaded.step == 2 and loaded.extra == {"cursor": [3, 4]}
+    assert loaded.path == path and loaded.step == 2 and loaded.record == record
     assert loaded.spec == spec
     assert set(loaded.model.state_dict()) == EXPECTED_WEIGHTS
     for name, tensor in model.state_dict().items():
@@ -85,12 +87,12 @@ def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path)
     assert raw["is_causal"] is False
     assert spec_from_hf_config(raw) == spec
     state_only = load_checkpoint(path, "cpu", weights=False)
-    assert state_only.model is None and state_only.extra == {"cursor": [3, 4]}
+    assert state_only.model is None and state_only.record == record
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:
     spec, model, optimizer, scheduler_after_2 = trained_state(steps=2)
-    save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler_after_2, {})
+    save_checkpoint(tmp_path, 2, model, spec, optimizer, scheduler_after_2, ResumeRecord(step=2))
     _, uninterrupted, _, _ = trained_state(steps=4)
 
     loaded = load_checkpoint(tmp_path, "cpu")
@@ -113,8 +115,8 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
 
 def test_latest_ignores_partial_and_temporary_checkpoints(tmp_path: Path) -> None:
     spec, model, optimizer, scheduler = trained_state(steps=0)
-    save_checkpoint(tmp_path, 100, model, spec, optimizer, scheduler, {})
-    save_checkpoint(tmp_path, 50, model, spec, optimizer, scheduler, {})
+    save_checkpoint(tmp_path, 100, model, spec, optimizer, scheduler, ResumeRecord(step=100))
+    save_checkpoint(tmp_path, 50, model, spec, optimizer, scheduler, ResumeRecord(step=50))
     partial = tmp_path / "step_00000300"
     partial.mkdir()
     (partial / "config.json").write_text("{}")
@@ -123,8 +125,9 @@ def test_latest_ignores_partial_and_temporary_checkpoints(tmp_path: Path) -> Non
     for name in ("config.json", "model.safetensors", "training_state.pt"):
         (temp / name).write_text("")
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000100"
-    save_checkpoint(tmp_path, 100, model, spec, optimizer, scheduler, {"again": True})
-    assert load_checkpoint(tmp_path, "cpu").extra == {"again": True}
+    again = ResumeRecord(step=100, run_id="again")
+    save_checkpoint(tmp_path, 100, model, spec, optimizer, scheduler, again)
+    assert load_checkpoint(tmp_path, "cpu").record == again
     assert latest_checkpoint(tmp_path / "missing") is None
     with pytest.raises(FileNotFoundError, match="step_N"):
         load_checkpoint(tmp_path / "empty", "cpu")

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import ring_workers as rw
 
-from ringtrain.ring import PeerDied, Phase, RankHung, Ring
+from ringtrain.ring import PeerDied, RankHung, Ring
+from ringtrain.trainer import phases
 from tests.launcher import shm_entries, wait_for_step
 from tests.test_reliability import (
     _launch,
@@ -44,8 +45,10 @@ def _pair(progress_timeout_s: float, startup_timeout_s: float) -> tuple[Ring, Ri
         progress_timeout_s=progress_timeout_s,
         startup_timeout_s=startup_timeout_s,
     )
-    first = Ring.create(spec, 0, "cpu")
-    return first, Ring.attach(spec.run_id, 1, "cpu")
+    first, second = Ring.create(spec, 0, "cpu"), Ring.attach(spec.run_id, 1, "cpu")
+    first.describe_work(phases.WORK["target"])
+    second.describe_work(phases.WORK["drafter"])
+    return first, second
 
 
 def _age_progress(ring: Ring, index: int, seconds: float) -> None:
@@ -55,7 +58,7 @@ def _age_progress(ring: Ring, index: int, seconds: float) -> None:
 def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
     target, drafter = _pair(progress_timeout_s=2.0, startup_timeout_s=30.0)
     try:
-        target.set_phase(Phase.LOADING_TARGET)
+        target.set_phase(phases.LOADING_TARGET)
         _age_progress(target, 0, 10.0)
         drafter.check_peers()  # loading may take 30 s: not hung after 10
         assert target.snapshot().ranks[0].status == "attached"

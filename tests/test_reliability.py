@@ -39,6 +39,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.checkpoint import WEIGHTS_FILE, CheckpointError
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.ring import RingReader, discover
 from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.target.taps import default_tap_layers
@@ -296,14 +297,14 @@ def test_crash_mid_checkpoint_never_leaves_a_complete_looking_one(
     model = DFlashDrafter(spec)
     optimizer, scheduler = build_optimizer(model, OptimConfig(), 10)
     root = tmp_path / "checkpoints"
-    good = save_checkpoint(root, 1, model, spec, optimizer, scheduler, extra={"cursors": {}})
+    good = save_checkpoint(root, 1, model, spec, optimizer, scheduler, ResumeRecord(step=1))
 
     def crash(*_args: object, **_kwargs: object) -> None:
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(CheckpointError, match="simulated"):
-        save_checkpoint(root, 2, model, spec, optimizer, scheduler, extra={"cursors": {}})
+        save_checkpoint(root, 2, model, spec, optimizer, scheduler, ResumeRecord(step=2))
     monkeypatch.undo()
     assert not (root / "step_00000002").exists()
     assert not [p.name for p in root.iterdir() if p.name.startswith(".tmp-")], "torn copy kept"
@@ -353,7 +354,7 @@ def _case_setup(root: Path, inputs: Inputs, case: str) -> list[str]:
         model = DFlashDrafter(spec)
         optimizer, scheduler = build_optimizer(model, cfg.optim, 10)
         save_checkpoint(
-            root / "run" / "checkpoints", 4, model, spec, optimizer, scheduler, {"cursors": {}}
+            root / "run" / "checkpoints", 4, model, spec, optimizer, scheduler, ResumeRecord(step=4)
         )
         return ["--resume"]
     if case == "row-over-budget":

@@ -17,12 +17,18 @@ import socket
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ringtrain.drafter.checkpoint import EXTRA_FILE, WEIGHTS_FILE, latest_checkpoint
+from ringtrain.drafter.checkpoint import WEIGHTS_FILE, latest_checkpoint
 from ringtrain.drafter.optim import WarmupCosine
+from ringtrain.drafter.resume_record import (
+    RESUME_FILE,
+    encode_resume_record,
+    read_resume_record,
+)
 from ringtrain.trainer.run_dir import read_run_id
 from tests.launcher import (
     RUN_TIMEOUT_S,
@@ -167,8 +173,7 @@ def test_a_fresh_start_over_checkpoints_needs_overwrite(run_dir: Path) -> None:
     assert [r["step"] for r in step_records(run_dir)] == [1, 2]
     run_id = read_run_id(run_dir)
     assert run_id not in (None, old_run_id)
-    extra = json.loads((checkpoint_dir(run_dir, 2) / EXTRA_FILE).read_text())["extra"]
-    assert extra["run_id"] == run_id
+    assert read_resume_record(checkpoint_dir(run_dir, 2)).run_id == run_id
 
 
 # ---- honest I/O --------------------------------------------------------------------------
@@ -178,9 +183,8 @@ def plant_other_runs_checkpoint(run_dir: Path, source_step: int, step: int) -> N
     other = Path(
         shutil.copytree(checkpoint_dir(run_dir, source_step), checkpoint_dir(run_dir, step))
     )
-    record = json.loads((other / EXTRA_FILE).read_text())
-    record["extra"]["run_id"] = "another-run"
-    (other / EXTRA_FILE).write_text(json.dumps(record))
+    record = msgspec.structs.replace(read_resume_record(other), run_id="another-run")
+    (other / RESUME_FILE).write_bytes(encode_resume_record(record))
 
 
 @pytest.mark.slow

@@ -8,12 +8,20 @@ import logging
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import open_dataset, write_synthetic_dataset
 from ringtrain.data.config import DataConfig
-from ringtrain.drafter.checkpoint import EXTRA_FILE
+from ringtrain.drafter.resume_record import (
+    RESUME_FILE,
+    CheckpointFormatError,
+    ResumeRecord,
+    StreamIdentity,
+    encode_resume_record,
+    read_resume_record,
+)
 from ringtrain.trainer.plan import check_resume_stream, stream_identity
 
 BLOCK = 8
@@ -26,7 +34,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def identity(data_dir: Path, targets: int = 2, **data: object) -> dict:
+def identity(data_dir: Path, targets: int = 2, **data: object) -> StreamIdentity:
     config = Config(data=DataConfig(**{"token_budget": 2048, "max_len": 512, "bucket": 64, **data}))
     dataset = open_dataset(
         data_dir, max_len=config.data.max_len, truncate=config.data.truncate, block_size=BLOCK
@@ -34,11 +42,10 @@ def identity(data_dir: Path, targets: int = 2, **data: object) -> dict:
     return stream_identity(config, dataset, targets)
 
 
-def checkpoint_with(tmp_path: Path, stream: dict | None) -> Path:
+def checkpoint_with(tmp_path: Path, stream: StreamIdentity | None) -> Path:
     path = tmp_path / "step_00000004"
     path.mkdir()
-    extra = {"cursors": {}} | ({"stream": stream} if stream is not None else {})
-    (path / EXTRA_FILE).write_text(json.dumps({"step": 4, "extra": extra}))
+    (path / RESUME_FILE).write_bytes(encode_resume_record(ResumeRecord(step=4, stream=stream)))
     return path
 
 
@@ -62,7 +69,8 @@ def test_a_change_of_the_batch_sequence_is_refused_naming_it(
 
 def test_other_rows_under_the_same_path_are_refused(data_dir: Path, tmp_path: Path) -> None:
     saved = identity(data_dir)
-    checkpoint = checkpoint_with(tmp_path, {**saved, "dataset row lengths (hash)": "0" * 16})
+    changed = msgspec.structs.replace(saved, row_lengths_hash="0" * 16)
+    checkpoint = checkpoint_with(tmp_path, changed)
     with pytest.raises(ConfigError, match=r"dataset row lengths \(hash\) is '[0-9a-f]{16}'"):
         check_resume_stream(checkpoint, saved, announce=True)
 
@@ -85,3 +93,14 @@ def test_a_checkpoint_without_the_record_resumes_with_a_warning(
         check_resume_stream(checkpoint, identity(data_dir), announce=True)
     assert "does not record its batch sequence" in caplog.text
     assert "cannot be checked" in caplog.text
+
+
+def test_a_record_of_the_format_before_versions_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "step_00000004"
+    path.mkdir()
+    old = {"step": 4, "extra": {"cursors": {"0": {"start": 3, "skip": []}}, "step": 4}}
+    (path / RESUME_FILE).write_text(json.dumps(old))
+    with pytest.raises(CheckpointFormatError, match=rf"{path / RESUME_FILE}: .*before .*versioned"):
+        read_resume_record(path)
+    with pytest.raises(CheckpointFormatError, match="start a new run"):
+        read_resume_record(path)

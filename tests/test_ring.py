@@ -12,6 +12,7 @@ import pytest
 import ring_workers as rw
 import torch
 
+from ringtrain.batch import HIDDEN, slot_fields
 from ringtrain.ring import Ring, RingError, RingSpec, ShmTooSmall
 from ringtrain.ring.names import check_shm_space
 from ringtrain.ring.spec import SlotLayout
@@ -47,7 +48,7 @@ def test_spec_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="at least one target and one drafter"):
         RingSpec(
             run_id="x", generation=0, roles=["target"], global_ranks=[0], slots_per_producer=1,
-            max_tokens=1, max_docs=1, hidden_width=1, hidden_dtype=torch.float32,
+            max_tokens=1, max_docs=1, fields=slot_fields(1, 1, "float32"),
         )  # fmt: skip
 
 
@@ -55,17 +56,12 @@ def test_spec_round_trips_and_slots_are_aligned() -> None:
     spec = rw.make_spec("rt", 2, 1)
     assert RingSpec.decode(spec.encode()) == spec
     layout = SlotLayout.of(spec)
-    offsets = [
-        layout.input_ids,
-        layout.loss_mask,
-        layout.position_ids,
-        layout.cu_seqlens,
-        layout.hidden,
-    ]
+    offsets = [layout.offsets[f.name] for f in spec.fields]
+    assert list(layout.offsets) == [f.name for f in slot_fields(1, rw.WIDTH, "float32")]
     assert offsets == sorted(offsets) and all(o % 512 == 0 for o in offsets)
-    row_bytes = spec.hidden_width * spec.hidden_dtype.itemsize
-    assert layout.used_bytes(spec.max_tokens, spec) <= layout.slot_bytes
-    assert layout.used_bytes(3, spec) == layout.hidden + 3 * row_bytes
+    row_bytes = rw.WIDTH * torch.float32.itemsize
+    assert layout.used_bytes(spec.max_tokens) <= layout.slot_bytes
+    assert layout.used_bytes(3) == layout.offsets[HIDDEN] + 3 * row_bytes
 
 
 def test_mpmc_stress_nothing_lost_duplicated_or_corrupted() -> None:
@@ -196,8 +192,8 @@ def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
     run = run_id()
     huge = RingSpec(
         run_id=run, generation=0, roles=["target", "drafter"], global_ranks=[0, 1],
-        slots_per_producer=64, max_tokens=1 << 20, max_docs=1, hidden_width=1 << 12,
-        hidden_dtype=torch.float32, transport="host",
+        slots_per_producer=64, max_tokens=1 << 20, max_docs=1,
+        fields=slot_fields(1, 1 << 12, "float32"), transport="host",
     )  # fmt: skip
     with pytest.raises(ShmTooSmall, match="/dev/shm"):
         Ring.create(huge, 0, "cpu")

@@ -34,6 +34,7 @@ from typing import Any
 import ring_workers as rw
 import torch
 
+from ringtrain.batch import slot_fields
 from ringtrain.ring import PeerDied, Ring, RingSpec
 from ringtrain.ring.names import remove_run
 
@@ -158,8 +159,7 @@ def _make_spec(run_id: str, producers: int, consumers: int, slots: int) -> RingS
         slots_per_producer=slots,
         max_tokens=rw.MAX_TOKENS,
         max_docs=4,
-        hidden_width=rw.WIDTH,
-        hidden_dtype=torch.float32,
+        fields=slot_fields(1, rw.WIDTH, "float32"),
         transport="host",
         wait_timeout_s=WAIT_TIMEOUT_S,
         heartbeat_timeout_s=30.0,

@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModel
 
-from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
+from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
 from ringtrain.target.taps import default_tap_layers

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from ringtrain.target.checkpoint import TargetCheckpoint, layer_index
 from ringtrain.target.loader import load_target
+from ringtrain.target.model_dir import TargetModelDir, layer_index
 from ringtrain.target.runner import TargetRunner
 from tests.tiny_families import (
     ALL_FAMILIES,
@@ -108,6 +108,6 @@ def test_dropped_layers_norm_head_and_vision_are_never_read(
     layers = {layer_index(key) for key in handed} - {None}
     assert layers == {0, 1, 2}
     assert {key for key in handed if layer_index(key) is None} == {"embed_tokens.weight"}
-    checkpoint = TargetCheckpoint(directory)
+    checkpoint = TargetModelDir(directory)
     vision = [key for key in checkpoint.keys if "visual" in key]
     assert (family == "qwen3_5_moe") == bool(vision)  # the wrapper's tower exists, unread

@@ -12,8 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, Mxfp4Config
 
-from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
+from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
 from tests.tiny_families import LAYERS, VOCAB, build_model, write_fp8, write_mxfp4

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from test_target_families import SEQUENCE_LENGTHS, Padded
 
-from ringtrain.target.checkpoint import TargetLoadError
 from ringtrain.target.loader import load_target
+from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from tests.launcher import run_gloo_pair

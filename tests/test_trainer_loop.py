@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import msgspec
 import pytest
 import torch
 from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg
 
+from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
@@ -24,10 +26,11 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
 )
 from ringtrain.drafter.config import OptimConfig
+from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_resume_record
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
-from ringtrain.trainer.evaluation import EvalTally
+from ringtrain.trainer.heldout import EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums
@@ -75,9 +78,9 @@ def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> R
     hidden = batch.hidden * math.nan if poison else batch.hidden
     round_id = 1 if kind == BatchKind.EVAL else 0
     meta = BatchMeta(batch_id=100 + seq, epoch=0, seq=seq, producer=0, kind=kind, round=round_id)
+    arrays = {f.name: getattr(batch, f.name) for f in TOKEN_ARRAYS}
     return ReadItem(
-        hidden=hidden, input_ids=batch.input_ids, loss_mask=batch.loss_mask,
-        position_ids=batch.position_ids, cu_seqlens=batch.cu_seqlens,
+        arrays={**arrays, HIDDEN: hidden},
         num_tokens=batch.num_tokens, num_docs=batch.num_docs, meta=meta, producer_rank=0, seq=seq,
     )  # fmt: skip
 
@@ -119,7 +122,7 @@ def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
     assert [r.step for r in reporter.steps] == [1, 2, 3]
     assert [r.batches for r in reporter.steps] == [[[0, 0, 100]], [[0, 1, 101]], [[0, 2, 102]]]
     assert all(r.tokens == sum(DOCS) and math.isfinite(r.loss) for r in reporter.steps)
-    assert state.ledger.state() == {"0": {"start": 3, "skip": []}}
+    assert state.ledger.cursors() == {0: StreamCursor(start=3, skip=())}
     # The evaluation batch taken during step 3 completes round 1, reported after step 2.
     [(after_step, metrics)] = reporter.evaluations
     assert after_step == 2 and metrics["round"] == 1 and metrics["tau_sim"] >= 1.0
@@ -133,7 +136,7 @@ def test_loop_stops_after_the_last_complete_step_when_items_run_out() -> None:
         DrafterState(0, BatchLedger()), StopRequest(), None, lambda s: saved.append(s.step)
     )
     assert state.step == 3 and saved == [2, 3]
-    assert state.ledger.cursor(0) == {"start": 3, "skip": []}
+    assert state.ledger.cursor(0) == StreamCursor(3, ())
 
 
 def test_stop_request_discards_the_step_and_trains_nothing() -> None:
@@ -172,7 +175,7 @@ def test_step_with_a_non_finite_loss_is_skipped_and_training_goes_on() -> None:
     after_1, after_2, after_3 = reporter.weights
     assert same(after_1, after_2) and not same(after_2, after_3)
     # The poisoned batch was consumed: a resume does not meet it again.
-    assert state.step == 3 and state.ledger.cursor(0) == {"start": 3, "skip": []}
+    assert state.step == 3 and state.ledger.cursor(0) == StreamCursor(3, ())
 
 
 def test_step_with_an_exploding_gradient_is_skipped_optimizer_state_and_all() -> None:
@@ -266,20 +269,16 @@ def test_ledger_keeps_a_prefix_and_the_later_batches_and_refuses_repeats() -> No
     ledger = BatchLedger()
     for target, seq in [(0, 1), (0, 3), (1, 0), (0, 0)]:
         ledger.record(target, seq)
-    assert ledger.cursor(0) == {"start": 2, "skip": [3]} and ledger.cursor(1)["start"] == 1
-    assert ledger.cursor(5) == {"start": 0, "skip": []}
+    assert ledger.cursor(0) == StreamCursor(2, (3,)) and ledger.cursor(1).start == 1
+    assert ledger.cursor(5) == StreamCursor(0, ())
     with pytest.raises(RuntimeError, match="batch 1 of target 0 was trained twice"):
         ledger.record(0, 1)
     with pytest.raises(RuntimeError, match="batch 3 of target 0 was trained twice"):
         ledger.record(0, 3)
-    resumed = BatchLedger(ledger.state())  # JSON keys are strings
+    saved = encode_resume_record(ResumeRecord(step=1, cursors=ledger.cursors()))
+    resumed = BatchLedger(msgspec.json.decode(saved, type=ResumeRecord).cursors)
     assert (
-        resumed.state()
-        == ledger.state()
-        == {
-            "0": {"start": 2, "skip": [3]},
-            "1": {"start": 1, "skip": []},
-        }
+        resumed.cursors() == ledger.cursors() == {0: StreamCursor(2, (3,)), 1: StreamCursor(1, ())}
     )
     resumed.record(0, 2)
-    assert resumed.cursor(0) == {"start": 4, "skip": []}
+    assert resumed.cursor(0) == StreamCursor(4, ())

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoModelForImageTextToText
 
-from ringtrain.target.checkpoint import TargetCheckpoint
+from ringtrain.target.model_dir import TargetModelDir
 
 VOCAB = 320
 LAYERS = 6
@@ -133,7 +133,7 @@ def write_model(directory: Path, model: torch.nn.Module, fused: bool = False) ->
 def record_handed_keys(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Patch the checkpoint so that every key handed to transformers is recorded."""
     handed: list[str] = []
-    original = TargetCheckpoint.text_weights
+    original = TargetModelDir.text_weights
 
     def recording(self, keep):
         views = original(self, keep)
@@ -149,7 +149,7 @@ def record_handed_keys(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return Recorded()
 
-    monkeypatch.setattr(TargetCheckpoint, "text_weights", recording)
+    monkeypatch.setattr(TargetModelDir, "text_weights", recording)
     return handed
 
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
 
 import numpy as np
 
+from ringtrain.batch import TOKEN_ARRAYS
 from ringtrain.data.dataset import TokenDataset
 from ringtrain.data.errors import DatasetError
+from ringtrain.named_arrays import NamedArrays
 
 BATCH_ID_STRIDE = 10**9
 
@@ -60,16 +61,16 @@ class PaddedBatch:
 
 
 @dataclass
-class Batch:
-    """One packed batch: documents back to back, described by cu_seqlens."""
+class Batch(NamedArrays):
+    """One packed batch: documents back to back, described by cu_seqlens.
+
+    `arrays` holds the token arrays of batch.py's TOKEN_ARRAYS by name (also readable as
+    attributes: `batch.input_ids`), N rows each or B + 1 for cu_seqlens."""
 
     batch_id: int
     epoch: int
     seq: int  # local sequence number in this rank's stream
-    input_ids: np.ndarray  # int32 [N]
-    loss_mask: np.ndarray  # uint8 [N]
-    position_ids: np.ndarray  # int32 [N], restart at 0 for every document
-    cu_seqlens: np.ndarray  # int32 [B + 1]
+    arrays: dict[str, np.ndarray]
     _padding: _PaddingBuffers = field(repr=False)
 
     @property
@@ -93,10 +94,7 @@ class Batch:
             batch_id=self.batch_id,
             epoch=self.epoch,
             seq=self.seq,
-            input_ids=self.input_ids.copy(),
-            loss_mask=self.loss_mask.copy(),
-            position_ids=self.position_ids.copy(),
-            cu_seqlens=self.cu_seqlens.copy(),
+            arrays={name: array.copy() for name, array in self.arrays.items()},
             _padding=_PaddingBuffers(self._padding.default_bucket, 0),
         )
 
@@ -105,11 +103,18 @@ class _BatchBuffers:
     """One set of reused output arrays for packed batches and their padded views."""
 
     def __init__(self, token_budget: int, max_docs: int, bucket: int) -> None:
-        self.input_ids = np.empty(token_budget, dtype=np.int32)
-        self.loss_mask = np.empty(token_budget, dtype=np.uint8)
-        self.position_ids = np.empty(token_budget, dtype=np.int32)
-        self.cu_seqlens = np.zeros(max_docs + 1, dtype=np.int32)
+        self.arrays = {
+            f.name: np.zeros(token_budget if f.per == "token" else max_docs + 1, dtype=f.dtype)
+            for f in TOKEN_ARRAYS
+        }
         self.padding = _PaddingBuffers(bucket, token_budget)
+
+    def batch_arrays(self, num_tokens: int, num_docs: int) -> dict[str, np.ndarray]:
+        """The rows a batch of `num_tokens` tokens in `num_docs` documents uses."""
+        return {
+            f.name: self.arrays[f.name][: num_tokens if f.per == "token" else num_docs + 1]
+            for f in TOKEN_ARRAYS
+        }
 
 
 class _PaddingBuffers:
@@ -262,16 +267,16 @@ class BatchStream(Iterator[Batch]):
         docs = len(rows)
         out = self._buffers[self._built % 2]
         self._built += 1
-        cu = out.cu_seqlens[: docs + 1]
+        tokens = int(lengths.sum())
+        arrays = out.batch_arrays(tokens, docs)
+        cu = arrays["cu_seqlens"]
         np.cumsum(lengths, out=cu[1:])
-        tokens = int(cu[-1])
         ramp = self._arange[:tokens]
         doc_first = np.repeat(cu[:-1].astype(np.int64), lengths)
-        positions = out.position_ids[:tokens]
-        np.subtract(ramp, doc_first, out=positions, casting="unsafe")
+        np.subtract(ramp, doc_first, out=arrays["position_ids"], casting="unsafe")
         source = ramp - doc_first
         source += np.repeat(ds.row_start[rows], lengths)
-        ids, mask = out.input_ids[:tokens], out.loss_mask[:tokens]
+        ids, mask = arrays["input_ids"], arrays["loss_mask"]
         changes = np.flatnonzero(segments[1:] != segments[:-1]) + 1
         doc_bounds = np.concatenate([[0], changes, [docs]])
         for first, last in pairwise(doc_bounds):
@@ -283,46 +288,6 @@ class BatchStream(Iterator[Batch]):
             batch_id=epoch * BATCH_ID_STRIDE + index,
             epoch=epoch,
             seq=seq,
-            input_ids=ids,
-            loss_mask=mask,
-            position_ids=positions,
-            cu_seqlens=cu,
+            arrays=arrays,
             _padding=out.padding,
-        )
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able cursor: where this stream resumes and what defines its sequence."""
-        return {
-            "start": self._next_seq,
-            "skip": sorted(self._skip),
-            "seed": self.seed,
-            "rank": self.rank,
-            "world": self.world,
-            "token_budget": self.token_budget,
-            "bucket": self.bucket,
-            "num_rows": self.dataset.num_rows,
-        }
-
-    @classmethod
-    def from_state(cls, ds: TokenDataset, state: dict[str, Any]) -> BatchStream:
-        """Rebuild a stream from `state()`, checking that it still describes this dataset.
-
-        Trainers that finish batches out of order pass their own cursor: `start` = the
-        lowest sequence number not yet trained, `skip` = those above it already trained.
-        """
-        if state["num_rows"] != ds.num_rows:
-            raise DatasetError(
-                f"{ds.path}: the saved data cursor was made for {state['num_rows']} usable rows "
-                f"but the dataset now has {ds.num_rows}; resume with the same dataset, "
-                "max_len and block_size"
-            )
-        return cls(
-            ds,
-            token_budget=state["token_budget"],
-            bucket=state["bucket"],
-            seed=state["seed"],
-            rank=state["rank"],
-            world=state["world"],
-            start=state["start"],
-            skip=state["skip"],
         )

@@ -1,18 +1,20 @@
-"""The DFlash drafter: model, block objective, evaluation, optimiser and checkpoints."""
+"""The drafter: architectures, block objective, held-out evaluation, optimiser, checkpoints."""
 
+from ringtrain.drafter.architectures import build_drafter
 from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
     load_checkpoint,
-    read_checkpoint_extra,
     save_checkpoint,
 )
-from ringtrain.drafter.evaluation import EvalSums, evaluate_batch
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
+from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.model import DFlashDrafter
-from ringtrain.drafter.objective import ObjectiveSums, block_objective, compiled_graph_count
+from ringtrain.drafter.objective import block_objective, compiled_graph_count
 from ringtrain.drafter.optim import build_optimizer, optimizer_step
+from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, read_resume_record
 from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
+from ringtrain.drafter.sums import ObjectiveSums
 
 __all__ = [
     "DFlashDrafter",
@@ -21,7 +23,10 @@ __all__ = [
     "FrozenHead",
     "LoadedCheckpoint",
     "ObjectiveSums",
+    "ResumeRecord",
+    "StreamCursor",
     "block_objective",
+    "build_drafter",
     "build_optimizer",
     "compiled_graph_count",
     "drafter_spec_from_target",
@@ -30,6 +35,6 @@ __all__ = [
     "load_checkpoint",
     "load_frozen_head",
     "optimizer_step",
-    "read_checkpoint_extra",
+    "read_resume_record",
     "save_checkpoint",
 ]

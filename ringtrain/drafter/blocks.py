@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from ringtrain.batch import PackedRows
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import TILE
 
@@ -75,21 +75,6 @@ class PackedContext:
     ends: torch.Tensor  # [D + 1] int64, document ends
     doc: torch.Tensor  # [C] int64, document of each row (D for padding rows)
     eligible: torch.Tensor  # [C] bool, loss_mask[p] == loss_mask[p + 1] == 1, p + 1 in the doc
-
-
-class PackedRows(Protocol):
-    """One packed batch as a ring slot carries it (the ring's ReadItem is one).
-
-    hidden [>= num_tokens, K*H] (bf16 on GPU), input_ids / position_ids int32, loss_mask
-    uint8, cu_seqlens [>= num_docs + 1]; only the first num_tokens rows are read."""
-
-    hidden: torch.Tensor
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
-    num_tokens: int
-    num_docs: int
 
 
 def pack_context(batch: PackedRows, ctx_capacity: int) -> PackedContext:

@@ -5,7 +5,8 @@ Layout under a checkpoints root:
     step_00000100/
         config.json          Qwen3 config + DFlash fields (see spec.hf_config_dict)
         model.safetensors    drafter weights only, fp32 master copy, DFlash names
-        training_state.pt    optimiser, scheduler, step, RNG states, `extra` (data cursors)
+        training_state.pt    optimiser, scheduler, step, RNG states
+        trainer_state.json   the ResumeRecord: step, run id, batch sequence, data cursors
 
 A checkpoint is written into a hidden temporary sibling, every file and the directory are
 fsync'ed, and only then is it renamed to its final name, so a directory named step_N is
@@ -14,8 +15,8 @@ failed write (disk full, ...) removes its temporary and raises CheckpointError n
 path, the free space and what the checkpoint needs; free space is checked before writing.
 Weights that are not all finite are never written.
 
-`extra` may carry a `run_id`: `latest_checkpoint(root, run_id)` then skips checkpoints of
-another run (those written without one are taken as this run's).
+The record may carry a `run_id`: `latest_checkpoint(root, run_id)` then skips checkpoints
+of another run (those written without one are taken as this run's).
 """
 
 from __future__ import annotations
@@ -34,16 +35,19 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ringtrain.drafter.model import DFlashDrafter
+from ringtrain.drafter.architectures import build_drafter
+from ringtrain.drafter.resume_record import (
+    RESUME_FILE,
+    ResumeRecord,
+    encode_resume_record,
+    read_resume_record,
+)
 from ringtrain.drafter.spec import DrafterSpec, hf_config_dict, spec_from_hf_config
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "training_state.pt"
-# The trainer's `extra` (data cursors) again as JSON: cheap to read for ranks that need
-# nothing else (a target resuming its data stream must not load optimiser state).
-EXTRA_FILE = "trainer_state.json"
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, EXTRA_FILE)
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, RESUME_FILE)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # Room left beyond the tensors' bytes for pickling, JSON and file-system overhead.
 SIZE_MARGIN_BYTES = 1 << 20
@@ -87,12 +91,12 @@ def save_checkpoint(
     spec: DrafterSpec,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    extra: dict[str, Any],
+    record: ResumeRecord,
 ) -> Path:
     """Write checkpoint `root_dir/step_<step>` atomically and return its path.
 
-    `extra` is stored as is (data cursors, anchor-generator state, ...). An existing
-    checkpoint of the same step is replaced.
+    `record` is its resume record (step, run id, data cursors). An existing checkpoint of
+    the same step is replaced.
     """
     root = Path(root_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -106,7 +110,6 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": rng_states(),
-        "extra": extra,
     }
     need = _expected_bytes(weights, state["optimizer"])
     # One writer per run: any temporary here is this one's or a crashed save's leftover.
@@ -114,7 +117,7 @@ def save_checkpoint(
     _check_free_space(root, final, need)
     tmp = root / f".tmp-{name}-{os.getpid()}"
     try:
-        _write_files(tmp, weights, spec, state, {"step": step, "extra": extra})
+        _write_files(tmp, weights, spec, state, record)
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
@@ -135,14 +138,14 @@ def _write_files(
     weights: dict[str, torch.Tensor],
     spec: DrafterSpec,
     state: dict[str, Any],
-    extra_record: dict[str, Any],
+    record: ResumeRecord,
 ) -> None:
     """Write and fsync every file of a checkpoint into the new directory `tmp`."""
     tmp.mkdir()
     save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(hf_config_dict(spec), indent=2) + "\n")
     torch.save(state, tmp / STATE_FILE)
-    (tmp / EXTRA_FILE).write_text(json.dumps(extra_record) + "\n")
+    (tmp / RESUME_FILE).write_bytes(encode_resume_record(record))
     for file in REQUIRED_FILES:
         _fsync_path(tmp / file)
     _fsync_path(tmp)
@@ -216,7 +219,7 @@ def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path |
         match = STEP_DIR.match(entry.name)
         if not match or not all((entry / f).is_file() for f in REQUIRED_FILES):
             continue
-        if run_id is not None and read_checkpoint_extra(entry).get("run_id", run_id) != run_id:
+        if run_id is not None and read_resume_record(entry).run_id not in (None, run_id):
             continue
         if best is None or int(match.group(1)) > best[0]:
             best = (int(match.group(1)), entry)
@@ -229,14 +232,14 @@ class LoadedCheckpoint:
 
     path: Path
     spec: DrafterSpec
-    model: DFlashDrafter | None
+    model: nn.Module | None
     step: int
     training_state: dict[str, Any]
 
     @property
-    def extra(self) -> dict[str, Any]:
-        """The `extra` dict given to save_checkpoint (data cursors, ...)."""
-        return self.training_state["extra"]
+    def record(self) -> ResumeRecord:
+        """The resume record given to save_checkpoint (data cursors, ...)."""
+        return read_resume_record(self.path)
 
     @property
     def saved_schedule(self) -> dict[str, Any]:
@@ -263,18 +266,13 @@ def checkpoint_spec(directory: str | Path) -> DrafterSpec:
         raise ValueError(f"{config_file}: {exc}") from None
 
 
-def read_checkpoint_extra(path: str | Path) -> dict[str, Any]:
-    """The `extra` dict of one checkpoint directory, without loading weights or state."""
-    return json.loads((Path(path) / EXTRA_FILE).read_text())["extra"]
-
-
 def load_checkpoint(
     path_or_root: str | Path, device: torch.device | str, weights: bool = True
 ) -> LoadedCheckpoint:
     """Load a checkpoint directory, or the latest complete one under a checkpoints root.
 
     With weights=False only the spec and the training state are read (model is None),
-    e.g. for a target rank that needs just the data cursors in `extra`.
+    e.g. for a tool that needs just the step and the training state.
     """
     path = Path(path_or_root)
     if not (path / CONFIG_FILE).is_file():
@@ -289,7 +287,7 @@ def load_checkpoint(
     model = None
     if weights:
         with torch.device(device):
-            model = DFlashDrafter(spec)
+            model = build_drafter(spec)
         model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     return LoadedCheckpoint(

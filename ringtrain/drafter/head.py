@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from ringtrain.drafter.spec import text_config_dict
-from ringtrain.target.checkpoint import index_weights
+from ringtrain.target.model_dir import index_weights
 
 EMBED_KEYS = (
     "model.embed_tokens.weight",

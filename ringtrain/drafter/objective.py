@@ -1,77 +1,26 @@
-"""The DFlash training objective on one packed batch: sums for the trainer to normalise.
+"""The block training objective on one packed batch: sums for the trainer to normalise.
 
 `block_objective` samples anchors, builds blocks and BlockMasks, runs the drafter (compiled
-on CUDA), and returns *sums* (weighted CE, weights, per-position hits, accepted prefixes),
-so the trainer can all-reduce them and normalise by global counts. Nothing here syncs
-with the host.
-
-Objectives ([drafter] objective):
-- ``decayed_ce`` (the paper's): CE at slot k weighted w_k = exp(-(k - 1) / gamma), k = 1 ..
-  B - 1; the normaliser (``weight_sum``) is the sum of the weights of the scored labels.
-- ``dpace`` (D-PACE, Dynamic Position-Aware Cross-Entropy): slot k weighted by the
-  expected number of slots decoding reaches from k on, computed (without gradient) from
-  the drafter's own probabilities of the labels, see ``loss.dpace_weights``; the
-  normaliser is the number of scored labels.
+on CUDA), and returns *sums* (weighted CE, weights, per-position hits, accepted prefixes:
+drafter/sums.py), so the trainer can all-reduce them and normalise by global counts. How
+the scored labels are weighted is the configured objective's (drafter/objectives.py).
+Nothing here syncs with the host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from functools import partial
-
 import torch
 from torch import nn
 
-from ringtrain.drafter.blocks import BlockBatch, PackedRows, build_blocks, layout_sizes
+from ringtrain.batch import PackedRows
+from ringtrain.drafter.architectures import drafter_of
+from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
-from ringtrain.drafter.loss import (
-    ChunkFns,
-    Reweight,
-    chunked_head_loss,
-    dpace_weights,
-    given_weights,
-)
+from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
 from ringtrain.drafter.masks import BlockMaskBuilder
-from ringtrain.drafter.model import DFlashDrafter
-from ringtrain.drafter.spec import loss_gamma
-
-
-@dataclass(frozen=True)
-class ObjectiveSums:
-    """Sums over one batch (tensors on the batch's device); backward on loss_sum."""
-
-    loss_sum: torch.Tensor  # sum of w_k * CE over scored labels (differentiable)
-    weight_sum: torch.Tensor  # the normaliser: sum of w_k (decayed_ce) or scored labels (dpace)
-    correct: torch.Tensor  # [B - 1] scored labels predicted right, per slot k = 1 .. B - 1
-    counted: torch.Tensor  # [B - 1] scored labels per slot
-    accepted_sum: torch.Tensor  # sum over blocks of the correct prefix length of slots 1..B-1
-    block_count: torch.Tensor  # real (non-padding) blocks
-
-    def as_vector(self) -> torch.Tensor:
-        """All sums, detached, in one fp64 vector (one all-reduce for every metric)."""
-        parts = [getattr(self, f.name).detach().double().reshape(-1) for f in fields(self)]
-        return torch.cat(parts)
-
-    @staticmethod
-    def summarise(vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
-        """Metrics from a (possibly all-reduced) as_vector(): loss, accuracy per slot and
-        tau_uniform (1 + mean accepted prefix over the sampled anchors: uniform anchors,
-        so it overestimates decoding's acceptance; tau_sim replays decoding)."""
-        values = vector.tolist()
-        loss_sum, weight_sum = values[0], values[1]
-        slots = block_size - 1
-        correct, counted = values[2 : 2 + slots], values[2 + slots : 2 + 2 * slots]
-        accepted_sum, blocks = values[2 + 2 * slots], values[3 + 2 * slots]
-        return {
-            "loss": loss_sum / max(weight_sum, 1e-12),
-            "weight_sum": weight_sum,
-            "accuracy": sum(correct) / max(sum(counted), 1.0),
-            "accuracy_per_slot": [c / max(n, 1.0) for c, n in zip(correct, counted, strict=True)],
-            "tau_uniform": 1.0 + accepted_sum / max(blocks, 1.0),
-            "blocks": blocks,
-            "scored_labels": sum(counted),
-        }
+from ringtrain.drafter.objectives import Objective, objective_of
+from ringtrain.drafter.sums import ObjectiveSums
 
 
 class _Workspace:
@@ -80,6 +29,7 @@ class _Workspace:
     def __init__(self, model: nn.Module, spec, cfg: DrafterConfig, layout, device) -> None:
         ctx_capacity, max_anchors = layout
         self.spec = spec
+        self.objective: Objective = objective_of(cfg)
         self.builder = BlockMaskBuilder(
             ctx_capacity,
             max_anchors,
@@ -93,50 +43,28 @@ class _Workspace:
             torch.compile(model, mode=cfg.compile_mode, dynamic=False) if compiled else model
         )
         self.chunk_fns = ChunkFns(
-            cfg.compile_mode if compiled else None, objective_reweight(cfg), spec.block_size - 1
+            cfg.compile_mode if compiled else None, self.objective.reweight, spec.block_size - 1
         )
 
 
 _WORKSPACES_ATTR = "_ringtrain_workspaces"
 
 
-def _drafter_of(model: nn.Module) -> DFlashDrafter:
-    inner = getattr(model, "module", model)  # DistributedDataParallel wraps in .module
-    if not isinstance(inner, DFlashDrafter):
-        raise TypeError(f"block_objective needs a DFlashDrafter, got {type(inner).__name__}")
-    return inner
-
-
 def _workspace(model: nn.Module, cfg: DrafterConfig, layout, device) -> _Workspace:
-    spec = _drafter_of(model).spec
-    key = (layout, str(device), cfg.compile, cfg.compile_mode, cfg.objective, cfg.dpace_alpha)
+    spec = drafter_of(model).spec
+    key = (
+        layout,
+        str(device),
+        cfg.compile,
+        cfg.compile_mode,
+        cfg.objective,
+        cfg.gamma,
+        cfg.dpace_alpha,
+    )
     per_model = model.__dict__.setdefault(_WORKSPACES_ATTR, {})
     if key not in per_model:
         per_model[key] = _Workspace(model, spec, cfg, layout, device)
     return per_model[key]
-
-
-def slot_weights(cfg: DrafterConfig, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """w_k = exp(-(k - 1) / gamma) for k = 0 .. B - 1 (k = 0 is never scored)."""
-    slots = torch.arange(cfg.block_size, device=device, dtype=dtype)
-    return torch.exp(-(slots - 1) / loss_gamma(cfg))
-
-
-def objective_reweight(cfg: DrafterConfig) -> Reweight:
-    """How the loss turns the given row weights into the ones it uses (see the module)."""
-    if cfg.objective == "dpace":
-        return partial(dpace_weights, alpha=cfg.dpace_alpha, slots=cfg.block_size - 1)
-    return given_weights
-
-
-def given_row_weights(cfg: DrafterConfig, scored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Row weights [A, B - 1] handed to the loss; their sum is the objective's normaliser.
-
-    decayed_ce: w_k on scored slots; dpace: 1 on scored slots (the loss makes the weights).
-    """
-    if cfg.objective == "dpace":
-        return scored.to(dtype)
-    return slot_weights(cfg, scored.device, dtype)[1:] * scored
 
 
 def checked_workspace(
@@ -146,7 +74,7 @@ def checked_workspace(
 
     Raises ValueError when the config's block size or the hidden width do not fit the model.
     """
-    spec = _drafter_of(model).spec
+    spec = drafter_of(model).spec
     if cfg.block_size != spec.block_size:
         raise ValueError(
             f"[drafter] block_size={cfg.block_size} but the model was built with "
@@ -204,7 +132,7 @@ def score_blocks(
         rows = out.view(num_blocks, block, -1)[:, 1:].reshape(num_blocks * (block - 1), -1)
         scored = batch.scored[:, 1:]
         loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
-        weights = given_row_weights(cfg, scored, loss_dtype)
+        weights = workspace.objective.row_weights(scored, loss_dtype)
         loss_sum, correct = chunked_head_loss(
             rows.to(head.lm_head.dtype),
             head.lm_head,
@@ -215,7 +143,7 @@ def score_blocks(
         )
     hits = correct.view(num_blocks, block - 1) & scored
     accepted = hits.long().cumprod(1).sum(1)
-    sums = ObjectiveSums(
+    sums = workspace.objective.sums_type(
         loss_sum=loss_sum,
         weight_sum=weights.sum(),
         correct=hits.sum(0),

@@ -19,7 +19,7 @@ PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything needed to build a DFlashDrafter and to write its config.json."""
+    """Everything needed to build a drafter and to write its config.json."""
 
     hidden_size: int
     num_layers: int
@@ -39,6 +39,8 @@ class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
     sliding_windows: tuple[int, ...]
     # Sliding layers causal inside a block (block token k sees block tokens 0..k).
     sliding_causal: bool = False
+    # The drafter's model class, by its name in drafter/architectures.py.
+    architecture: str = "dflash"
 
     @property
     def num_taps(self) -> int:

@@ -13,7 +13,6 @@ from ringtrain.ring.errors import (
     RingTimeout,
     ShmTooSmall,
 )
-from ringtrain.ring.phases import Phase
 from ringtrain.ring.ring import Ring, open_rings
 from ringtrain.ring.snapshot import (
     RankSnapshot,
@@ -29,7 +28,6 @@ from ringtrain.ring.spec import RingSpec
 __all__ = [
     "Consumer",
     "PeerDied",
-    "Phase",
     "Producer",
     "RankHung",
     "RankSnapshot",

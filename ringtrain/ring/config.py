@@ -10,7 +10,7 @@ import msgspec
 class RingConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Ring geometry, payload transport and failure-detection limits."""
 
-    # "auto": device where every GPU pair has peer access, else host (see ring/transport.py).
+    # "auto": device where every GPU pair has peer access, else host (see ring/payload.py).
     transport: Literal["auto", "device", "host"] = "auto"
     slots_per_producer: int = 4
     # Seconds one blocking wait may last before peers are checked for liveness.

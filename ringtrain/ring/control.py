@@ -13,17 +13,21 @@ a consistent-enough picture for statistics without taking any lock.
 from __future__ import annotations
 
 import mmap
+import time
 
 import numpy as np
 
-from ringtrain.ring.spec import RingSpec
+from ringtrain.ring.liveness import monotonic_ns, own_identity
+from ringtrain.ring.spec import RingSpec, SlotLayout
 
 MAGIC = int.from_bytes(b"RINGTRN1", "little")
-VERSION = 2
+VERSION = 3
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
 ERROR_BYTES = 512
+# What a rank announced it is doing, in words (phases.py).
+DOING_BYTES = 96
 # Device transport: room per exported handle (64 B each: the slab, one event per slot)
 # including msgpack framing.
 HANDLE_BYTES = 80
@@ -35,7 +39,6 @@ SLOT_STATES = ("free", "writing", "ready", "reading")
 EMPTY, ATTACHED, FINISHED, CLOSED, FAILED = 0, 1, 2, 3, 4
 RANK_STATUS = ("empty", "attached", "finished", "closed", "failed")
 ROLE_CODES = {"target": 0, "drafter": 1}
-TRANSPORT_CODES = {"host": 0, "device": 1}
 
 HEADER = np.dtype(
     [
@@ -104,7 +107,9 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("phase", "<i4"),
             ("error_len", "<i4"),
             ("handles_len", "<i4"),
+            ("doing_len", "<i4"),
             ("error", "u1", (ERROR_BYTES,)),
+            ("doing", "u1", (DOING_BYTES,)),
             ("handles", "u1", (HANDLE_BYTES * (slots_per_producer + 2),)),
         ],
         align=True,
@@ -197,3 +202,30 @@ class ControlBlock:
             setattr(self, name, None)
         for name in ("fifo_head", "fifo_tail", "closing", "_buffer"):
             setattr(self, name, None)
+
+
+def init_control(
+    mm: mmap.mmap, spec: RingSpec, transport_code: int, reason: str, encoded_spec: bytes
+) -> None:
+    """Fill a fresh control block (creating rank only); the magic number goes last."""
+    ctl = ControlBlock(mm, spec)
+    h = ctl.header
+    h["creator_pid"], h["creator_start"] = own_identity()
+    h["version"] = VERSION
+    h["num_ranks"], h["num_slots"] = spec.num_ranks, spec.num_slots
+    h["transport"] = transport_code
+    h["generation"] = spec.generation
+    h["slot_bytes"] = SlotLayout.of(spec).slot_bytes
+    h["created_wall_ns"] = time.time_ns()
+    h["created_mono_ns"] = monotonic_ns()
+    h["closing_rank"] = -1
+    put_bytes(h, "reason", reason.encode())
+    put_bytes(h, "spec", encoded_spec)
+    ctl.slots["owner"] = [spec.slot_owner(g)[0] for g in range(spec.num_slots)]
+    ctl.slots["reader"] = -1
+    ctl.slots["seq"] = -1
+    ctl.ranks["role"] = [ROLE_CODES[r] for r in spec.roles]
+    ctl.ranks["global_rank"] = spec.global_ranks
+    ctl.ranks["device"] = -1
+    h["magic"] = MAGIC
+    ctl.drop()

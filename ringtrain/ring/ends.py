@@ -16,41 +16,36 @@ from typing import Any
 import msgspec
 import torch
 
+from ringtrain.named_arrays import NamedArrays
 from ringtrain.ring import control as cb
 from ringtrain.ring.errors import RingError
 from ringtrain.ring.handoff import HandOff
+from ringtrain.ring.payload import Payload
 from ringtrain.ring.spec import SlotLayout
-from ringtrain.ring.transport import DevicePayload, HostPayload
 
 # Consumers cache (buffer, payload) views per (slot, tokens, docs); shapes are bucketed.
 VIEW_CACHE_SIZE = 4096
 
 
 @dataclass
-class WriteSlot:
-    """A slot a producer holds between acquire() and publish(); views into payload memory."""
+class WriteSlot(NamedArrays):
+    """A slot a producer holds between acquire() and publish(): views into payload memory
+    of each field of the spec, at full capacity (`slot.arrays[name]`, or `slot.name`)."""
 
     index: int
-    hidden: torch.Tensor
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
+    arrays: dict[str, torch.Tensor]
 
 
 @dataclass
-class ReadItem:
-    """One item in the consumer's own buffers, valid until its next take().
+class ReadItem(NamedArrays):
+    """One item in the consumer's own buffers, valid until its next take(): the rows it
+    uses of each field of the spec (`item.arrays[name]`, or `item.name`).
 
     On CUDA, use it on the stream that was current during take() (the copy is queued on
     that stream); another stream must first wait_stream() on it.
     """
 
-    hidden: torch.Tensor
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
+    arrays: dict[str, torch.Tensor]
     num_tokens: int
     num_docs: int
     meta: Any  # what the producer published with it, decoded as the consumer's meta_type
@@ -62,7 +57,7 @@ class ReadItem:
 class _ItemCopy:
     """A consumer's views of its buffer for one item shape, and the copy that fills them."""
 
-    views: tuple[torch.Tensor, ...]
+    views: dict[str, torch.Tensor]
     destination: torch.Tensor
     source: torch.Tensor
 
@@ -70,7 +65,7 @@ class _ItemCopy:
 class Producer:
     """Writes items into this target's own slots (see the module docstring)."""
 
-    def __init__(self, handoff: HandOff, payload: HostPayload | DevicePayload) -> None:
+    def __init__(self, handoff: HandOff, payload: Payload) -> None:
         self._handoff, self._payload = handoff, payload
         self.spec, self._control = handoff.spec, handoff.control
         self._local_index = handoff.local_index
@@ -78,10 +73,9 @@ class Producer:
         self._seq = 0
         self._pid = os.getpid()
         self._encode = msgspec.msgpack.Encoder().encode
-        if isinstance(payload, DevicePayload):
-            payload.export(self._local_index, self.index)
+        payload.open_producer(self._local_index, self.index)
         self._slots = [
-            WriteSlot(index=g, **payload.writer_views(g))
+            WriteSlot(index=g, arrays=payload.writer_views(g))
             for g in self.spec.producer_slots(self.index)
         ]
         self._pending: WriteSlot | None = None
@@ -151,7 +145,7 @@ class Consumer:
     def __init__(
         self,
         handoff: HandOff,
-        payload: HostPayload | DevicePayload,
+        payload: Payload,
         device: torch.device,
         meta_type: Any = dict[str, int],
     ) -> None:
@@ -162,7 +156,7 @@ class Consumer:
         self._layout = SlotLayout.of(spec)
         # One buffer laid out like a slot: one copy of the slot's used prefix brings an item.
         self._buffer = torch.empty(self._layout.slot_bytes, dtype=torch.uint8, device=device)
-        self._views = self._layout.views(self._buffer, 0, spec)
+        self._views = self._layout.views(self._buffer, 0)
         self._cuda = device.type == "cuda"
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder(tuple[int, int, meta_type]).decode
@@ -227,16 +221,9 @@ class Consumer:
         if entry is None:
             if len(self._item_cache) >= VIEW_CACHE_SIZE:
                 self._item_cache.clear()
-            used = self._layout.used_bytes(num_tokens, self.spec)
-            views = self._views
+            used = self._layout.used_bytes(num_tokens)
             entry = _ItemCopy(
-                views=(
-                    views["hidden"][:num_tokens],
-                    views["input_ids"][:num_tokens],
-                    views["loss_mask"][:num_tokens],
-                    views["position_ids"][:num_tokens],
-                    views["cu_seqlens"][: num_docs + 1],
-                ),
+                views=self._layout.item_views(self._views, num_tokens, num_docs),
                 destination=self._buffer[:used],
                 source=self._payload.reader_bytes(slot)[:used],
             )
@@ -268,13 +255,8 @@ class Consumer:
             self._release_finished()
             self._copying.append((slot, done))
         ctl.rank["items"][index] += 1
-        hidden, input_ids, loss_mask, position_ids, cu_seqlens = entry.views
         return ReadItem(
-            hidden=hidden,
-            input_ids=input_ids,
-            loss_mask=loss_mask,
-            position_ids=position_ids,
-            cu_seqlens=cu_seqlens,
+            arrays=entry.views,
             num_tokens=num_tokens,
             num_docs=num_docs,
             meta=meta,

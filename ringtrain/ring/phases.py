@@ -6,14 +6,14 @@ another thread) refreshes `progress_ns` in its rank-table row whenever it finish
 unit of work (`Ring.record_progress`), announces a phase (`Ring.set_phase`), or wakes
 inside a ring wait (a rank waiting on the ring waits on its peers, it is not stuck).
 
-A rank whose progress is older than its phase's allowance is hung. Start-up phases
-(loading, compiling, autotuning, the first step) and checkpoints may legitimately take
-minutes and get `startup_timeout_s`; steady work gets `progress_timeout_s`.
+A rank whose progress is older than its phase's allowance is hung. Announced phases
+(start-up work: loading, compiling, the first step; checkpoints) may legitimately take
+minutes and get `startup_timeout_s`; steady work gets `progress_timeout_s`. The ring
+gives phases no names: a rank announces what it is doing in its own words (`doing`),
+and names its steady work once (Ring.describe_work); the ring stores and shows them.
 """
 
 from __future__ import annotations
-
-from enum import IntEnum
 
 import numpy as np
 
@@ -26,37 +26,20 @@ from ringtrain.ring.spec import RingSpec
 SILENT_AFTER_S = 5.0
 
 
-class Phase(IntEnum):
-    """What a rank's main thread announced it is doing (the rank table's `phase`)."""
-
-    STARTING = 0
-    LOADING_TARGET = 1
-    BUILDING_DRAFTER = 2
-    FIRST_STEP = 3
-    RUNNING = 4
-    CHECKPOINT = 5
+# The rank-table `phase`: attached and silent so far, in a phase it announced (start-up
+# work, a checkpoint: the start-up allowance), or in steady work (record_progress).
+STARTING, ANNOUNCED, WORKING = 0, 1, 2
+STARTING_DOING = "starting up"
 
 
-_DOING = {
-    Phase.STARTING: "starting up",
-    Phase.LOADING_TARGET: "loading the target",
-    Phase.BUILDING_DRAFTER: "building the drafter (head, weights, checkpoint)",
-    Phase.FIRST_STEP: "its first step (compiling, autotuning)",
-    Phase.CHECKPOINT: "writing a checkpoint",
-}
-_RUNNING = {"target": "producing batches", "drafter": "training"}
-
-
-def describe(phase: int, role: str) -> str:
-    """What a rank of `role` in `phase` is doing, in words ("loading the target")."""
-    if phase == Phase.RUNNING:
-        return _RUNNING[role]
-    return _DOING.get(phase, f"phase {phase}")
+def doing(row: np.ndarray | np.void) -> str:
+    """What the rank of `row` announced it is doing, in the words it gave."""
+    return cb.get_bytes(row["doing"], row["doing_len"]).decode("utf-8", "replace")
 
 
 def allowance(phase: int, spec: RingSpec) -> tuple[float, str]:
     """(seconds without progress a rank in `phase` is allowed, the config key that sets it)."""
-    if phase == Phase.RUNNING:
+    if phase == WORKING:
         return spec.progress_timeout_s, "ring.progress_timeout_s"
     return spec.startup_timeout_s, "ring.startup_timeout_s"
 
@@ -66,7 +49,7 @@ def progress_age_s(row: np.ndarray | np.void, now_ns: int) -> float:
     return (now_ns - int(row["progress_ns"])) / 1e9
 
 
-def hang_reason(row: np.ndarray | np.void, now_ns: int, spec: RingSpec, role: str) -> str | None:
+def hang_reason(row: np.ndarray | np.void, now_ns: int, spec: RingSpec) -> str | None:
     """Why the attached rank of `row` counts as hung, or None while it makes progress.
 
     Only attached ranks count: a finished, closed or failed rank is not waited on, and a
@@ -77,11 +60,10 @@ def hang_reason(row: np.ndarray | np.void, now_ns: int, spec: RingSpec, role: st
     limit, key = allowance(int(row["phase"]), spec)
     if age <= limit:
         return None
-    doing = describe(int(row["phase"]), role)
     stopped = process_state(int(row["pid"])) in ("T", "t")
-    return f"is hung: no progress for {age:.0f} s while {doing} (allowed {limit:g} s, {key})" + (
-        "; its process is stopped" if stopped else ""
-    )
+    return (
+        f"is hung: no progress for {age:.0f} s while {doing(row)} (allowed {limit:g} s, {key})"
+    ) + ("; its process is stopped" if stopped else "")
 
 
 def is_silent(row: np.ndarray | np.void, now_ns: int, spec: RingSpec) -> bool:

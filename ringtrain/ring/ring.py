@@ -19,8 +19,8 @@ append the slot index to the FIFO under the lock, then release `ready`.
 
 Consumer, `take()`: wait on `ready`, pop one index from the FIFO under the lock, mark
 it READING, copy the payload into the consumer's own buffer and then mark it FREE and
-release free[owner]. The copy is one contiguous prefix of the slot (small arrays first,
-then the hidden rows in use; spec.SlotLayout) into a buffer laid out the same way. On
+release free[owner]. The copy is one contiguous prefix of the slot (the small arrays,
+then the rows in use of the last, big one; spec.SlotLayout) into a buffer laid out the same way. On
 CPU the copy is a memcpy and the slot is freed at once. On CUDA the copy is queued on
 the consumer's current stream (after the slot's event for the device transport; in
 stream order after the kernels that may still read the previous item, and before
@@ -67,7 +67,6 @@ import logging
 import mmap
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -76,6 +75,7 @@ import posix_ipc
 import torch
 
 from ringtrain.ring import control as cb
+from ringtrain.ring import phases
 from ringtrain.ring.ends import Consumer, Producer
 from ringtrain.ring.errors import PeerDied, RingClosed, RingError
 from ringtrain.ring.handoff import HandOff
@@ -90,15 +90,15 @@ from ringtrain.ring.names import (
     remove_run,
     shm_path,
 )
-from ringtrain.ring.phases import Phase
+from ringtrain.ring.payload import (
+    TRANSPORTS,
+    Payload,
+    resolve_transport,
+    transport_code,
+    transport_name,
+)
 from ringtrain.ring.snapshot import RingSnapshot, take_snapshot
 from ringtrain.ring.spec import RingSpec, SlotLayout
-from ringtrain.ring.transport import (
-    DevicePayload,
-    HostPayload,
-    create_host_segment,
-    resolve_transport,
-)
 from ringtrain.ring.watch import Watch, heartbeat_interval_s
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def open_rings() -> list[Ring]:
 
 def shm_bytes(spec: RingSpec, transport: str) -> int:
     """Bytes the ring takes in /dev/shm: its control block, plus the slots on the host transport."""
-    data_bytes = spec.num_slots * SlotLayout.of(spec).slot_bytes if transport == "host" else 0
+    data_bytes = TRANSPORTS[transport].shm_bytes(spec, SlotLayout.of(spec))
     return cb.ControlLayout(spec).total_bytes + data_bytes
 
 
@@ -135,7 +135,7 @@ class Ring:
         self._shm = posix_ipc.SharedMemory(ctl_name(spec.run_id))
         self._mm = mmap.mmap(self._shm.fd, self._shm.size)
         self.control = cb.ControlBlock(self._mm, spec)
-        self.transport = "device" if int(self.control.header["transport"]) else "host"
+        self.transport = transport_name(int(self.control.header["transport"]))
         self.handoff = HandOff(spec, self.control, local_index, self.check_peers)
         self.payload = self._open_payload()
         self._row = self.control.ranks[local_index]
@@ -149,6 +149,7 @@ class Ring:
         self._threads: list[threading.Thread] = []
         # Set by the first record_progress(): from then on this rank stops at safe points.
         self.worked = False
+        self._work = b"working"  # what record_progress shows (describe_work)
         self._register_rank()
         _OPENED.add(self)
         self._start_thread(self._heartbeat_loop, "ring-heartbeat")
@@ -174,7 +175,7 @@ class Ring:
         )
         try:
             with mmap.mmap(shm.fd, layout.total_bytes) as mm:
-                cls._init_control(mm, spec, transport, reason, encoded)
+                cb.init_control(mm, spec, transport_code(transport), reason, encoded)
             fd = os.open(
                 lock_path(spec.lock_dir, spec.run_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600
             )
@@ -184,8 +185,7 @@ class Ring:
                 posix_ipc.Semaphore(
                     free_sem_name(spec.run_id, p), posix_ipc.O_CREX, 0o600, spec.slots_per_producer
                 ).close()
-            if transport == "host":
-                create_host_segment(spec, slot_layout)
+            TRANSPORTS[transport].create(spec, slot_layout)
         except BaseException:
             remove_run(spec.run_id, spec.lock_dir)
             raise
@@ -202,33 +202,6 @@ class Ring:
         """
         transport, _ = resolve_transport(spec.transport, torch.device(device))
         check_shm_space(shm_bytes(spec, transport))
-
-    @staticmethod
-    def _init_control(
-        mm: mmap.mmap, spec: RingSpec, transport: str, reason: str, encoded: bytes
-    ) -> None:
-        """Fill a fresh control block; the magic number goes last."""
-        ctl = cb.ControlBlock(mm, spec)
-        h = ctl.header
-        h["creator_pid"], h["creator_start"] = own_identity()
-        h["version"] = cb.VERSION
-        h["num_ranks"], h["num_slots"] = spec.num_ranks, spec.num_slots
-        h["transport"] = cb.TRANSPORT_CODES[transport]
-        h["generation"] = spec.generation
-        h["slot_bytes"] = SlotLayout.of(spec).slot_bytes
-        h["created_wall_ns"] = time.time_ns()
-        h["created_mono_ns"] = monotonic_ns()
-        h["closing_rank"] = -1
-        cb.put_bytes(h, "reason", reason.encode())
-        cb.put_bytes(h, "spec", encoded)
-        ctl.slots["owner"] = [spec.slot_owner(g)[0] for g in range(spec.num_slots)]
-        ctl.slots["reader"] = -1
-        ctl.slots["seq"] = -1
-        ctl.ranks["role"] = [cb.ROLE_CODES[r] for r in spec.roles]
-        ctl.ranks["global_rank"] = spec.global_ranks
-        ctl.ranks["device"] = -1
-        h["magic"] = cb.MAGIC
-        ctl.drop()
 
     @classmethod
     def attach(cls, run_id: str, local_index: int, device: torch.device | str) -> Ring:
@@ -261,7 +234,8 @@ class Ring:
         row["attached_ns"] = now
         row["heartbeat_ns"] = now
         row["progress_ns"] = now
-        row["phase"] = Phase.STARTING
+        row["phase"] = phases.STARTING
+        cb.put_bytes(row, "doing", phases.STARTING_DOING.encode())
         row["gpu_busy"] = -1.0
         row["status"] = cb.ATTACHED
 
@@ -298,7 +272,8 @@ class Ring:
         owner = threading.get_ident() == self._owner_thread
         if self.is_producer and clean:
             self.handoff.finish()
-        if clean and owner and self._producer is not None and self.transport == "device":
+        drains = self.payload is not None and self.payload.frees_slots_on_close
+        if clean and owner and self._producer is not None and drains:
             self._drain(self._producer)
         if self._consumer is not None and owner:
             self._consumer.release_copied()
@@ -331,14 +306,13 @@ class Ring:
         except RingError as exc:
             log.warning("ring %s: closing before consumers drained: %s", self.spec.run_id, exc)
 
-    def _open_payload(self) -> HostPayload | DevicePayload | None:
-        """The slots' memory; none for a target group's non-lead member, which writes no
-        slot (so it neither maps nor pins the host segment nor imports device slabs)."""
-        if self.role == "target" and not self.is_producer:
+    def _open_payload(self) -> Payload | None:
+        """The slots' memory; none for a rank that is neither producer nor consumer (a
+        target group's non-lead member), which writes no slot (so it neither maps nor pins
+        the host segment nor imports device slabs)."""
+        if not self.is_producer and self.local_index not in self.spec.consumers:
             return None
-        if self.transport == "host":
-            return HostPayload(self.spec, self.layout, self.device)
-        return DevicePayload(self.spec, self.layout, self.device, self.control)
+        return TRANSPORTS[self.transport](self.spec, self.layout, self.device, self.control)
 
     def _release(self) -> None:
         """Unregister, drop views, unmap and close descriptors (opening thread only)."""
@@ -375,8 +349,9 @@ class Ring:
         values = self.control.ranks["gpu_busy"]
         return {self.spec.global_ranks[i]: float(v) for i, v in enumerate(values) if float(v) >= 0}
 
-    def drafter_step(self) -> int:
-        """The highest training step any drafter rank has recorded with record_progress()."""
+    def consumer_step(self) -> int:
+        """The highest count any consumer rank has recorded with record_progress() (the
+        drafters' training step)."""
         steps = self.control.ranks["step"]
         return max(int(steps[i]) for i in self.spec.consumers)
 
@@ -389,17 +364,26 @@ class Ring:
         if self._closed:
             return
         now = monotonic_ns()
-        self._row["step"] = count
-        self._row["phase"] = Phase.RUNNING
-        self._row["progress_ns"] = now
+        row = self._row
+        row["step"] = count
+        if int(row["phase"]) != phases.WORKING:
+            row["phase"] = phases.WORKING
+            cb.put_bytes(row, "doing", self._work)
+        row["progress_ns"] = now
         self._row["heartbeat_ns"] = now
         self.worked = True
 
-    def set_phase(self, phase: Phase) -> None:
-        """Announce what the main thread does next (main thread only; see phases.py)."""
+    def describe_work(self, doing: str) -> None:
+        """Name this rank's steady work (shown from its next record_progress on)."""
+        self._work = doing.encode()
+
+    def set_phase(self, doing: str) -> None:
+        """Announce what the main thread does next, in words (main thread only): a phase
+        with the start-up allowance until the next record_progress (see phases.py)."""
         if self._closed:
             return
-        self._row["phase"] = phase
+        self._row["phase"] = phases.ANNOUNCED
+        cb.put_bytes(self._row, "doing", doing.encode())
         self._row["progress_ns"] = monotonic_ns()
 
     def waiting(self) -> None:
@@ -409,26 +393,31 @@ class Ring:
         if not self._closed:
             self._row["progress_ns"] = monotonic_ns()
 
-    def phase_marker(self, phase: Phase) -> Callable[..., None]:
-        """A callable (of any arguments) that announces `phase` until the next
+    def phase_marker(self, doing: str) -> Callable[..., None]:
+        """A callable (of any arguments) that announces `doing` until the next
         record_progress: for a rank that waits on another's long phase, e.g. a drafter
         waiting in the next step's reduction while the lead drafter writes a checkpoint."""
 
         def mark(*_args: Any, **_kwargs: Any) -> None:
-            self.set_phase(phase)
+            self.set_phase(doing)
 
         return mark
 
-    def announcing(self, phase: Phase, call: Callable[..., Result]) -> Callable[..., Result]:
-        """`call` run in `phase`, back in the previous phase after it (e.g. a checkpoint)."""
+    def announcing(self, doing: str, call: Callable[..., Result]) -> Callable[..., Result]:
+        """`call` run announcing `doing`, back in the previous phase after it (e.g. a
+        checkpoint)."""
 
         def in_phase(*args: Any, **kwargs: Any) -> Result:
-            before = Phase(int(self._row["phase"])) if not self._closed else phase
-            self.set_phase(phase)
+            row = self._row
+            before = None if self._closed else (int(row["phase"]), phases.doing(row))
+            self.set_phase(doing)
             try:
                 return call(*args, **kwargs)
             finally:
-                self.set_phase(before)
+                if before is not None and not self._closed:
+                    row["phase"] = before[0]
+                    cb.put_bytes(row, "doing", before[1].encode())
+                    row["progress_ns"] = monotonic_ns()
 
         return in_phase
 
@@ -481,9 +470,9 @@ class Ring:
     ) -> Consumer:
         """The consumer end (drafter ranks only), with buffers on `device` (default: the
         ring's), decoding what producers publish with each item as `meta_type`."""
-        if self.role != "drafter":
+        if self.local_index not in self.spec.consumers:
             raise RingError(
-                f"ring index {self.local_index} is a {self.role}, not a drafter: no consumer()"
+                f"ring index {self.local_index} is a {self.role}, not a consumer: no consumer()"
             )
         if self._consumer is None:
             self._consumer = Consumer(

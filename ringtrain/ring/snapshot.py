@@ -20,7 +20,8 @@ import numpy as np
 from ringtrain.ring import control as cb
 from ringtrain.ring.liveness import monotonic_ns, process_alive
 from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
-from ringtrain.ring.phases import describe, hang_reason, is_silent, progress_age_s
+from ringtrain.ring.payload import transport_name
+from ringtrain.ring.phases import doing, hang_reason, is_silent, progress_age_s
 from ringtrain.ring.spec import RingSpec
 
 # A side is the bottleneck once the other side waits at least this share of the time.
@@ -166,7 +167,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
     row = ctl.ranks[index]
     status = int(row["status"])
     reason = death_reason(row, now, int(spec.heartbeat_timeout_s * 1e9))
-    hung = hang_reason(row, now, spec, spec.roles[index]) if reason is None else None
+    hung = hang_reason(row, now, spec) if reason is None else None
     attached = int(row["attached_ns"])
     uptime_s = (now - attached) / 1e9 if status != cb.EMPTY else 0.0
     waiting = int(row["wait_start_ns"])
@@ -196,7 +197,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         starved_ns=starved,
         last_error=cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace"),
         gpu_busy=float(row["gpu_busy"]) if float(row["gpu_busy"]) >= 0 else None,
-        doing=describe(int(row["phase"]), role),
+        doing=doing(row),
         progress_age_s=progress_age_s(row, now) if status != cb.EMPTY else 0.0,
         hung_reason=hung,
         silent=reason is None and is_silent(row, now, spec),
@@ -214,7 +215,7 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
     ranks = [_rank_snapshot(ctl, spec, i, now) for i in range(spec.num_ranks)]
     blocked = _mean([r.blocked_pct for r in ranks if r.is_producer])
     starved = _mean([r.starved_pct for r in ranks if r.role == "drafter"])
-    transport = "device" if int(header["transport"]) else "host"
+    transport = transport_name(int(header["transport"]))
     return RingSnapshot(
         run=spec.run_id,
         generation=int(header["generation"]),

@@ -1,9 +1,10 @@
 """What a ring looks like: the run-wide RingSpec and the byte layout of one payload slot.
 
 The spec is written into the control block by the creating rank, so attaching ranks
-only need the run id. `SlotLayout` places the five payload arrays of one slot
-(hidden, input_ids, loss_mask, position_ids, cu_seqlens) at aligned offsets; the same
-layout is used for host slots and for device slabs.
+only need the run id. A slot holds the arrays its `fields` declare (SlotField: a name,
+a dtype, one row per token or per document boundary, values per row); the ring gives
+them no meaning. `SlotLayout` places them at aligned offsets in the given order; the
+same layout is used for host slots and for device slabs.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import msgspec
 import torch
 
 ROLES = ("target", "drafter")
-TRANSPORTS = ("auto", "device", "host")
 # More slots than this never help a producer and would make the control block huge.
 MAX_SLOTS_PER_PRODUCER = 1024
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -27,21 +28,45 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float32": torch.float32,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
 }
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The short name of a supported hidden-state dtype ("bfloat16", ...)."""
+    """The short name of a dtype a slot can hold ("bfloat16", "int32", ...)."""
     for name, value in _DTYPES.items():
         if value == dtype:
             return name
-    raise ValueError(
-        f"hidden_dtype {dtype} is not supported by the ring: use one of {list(_DTYPES)}"
-    )
+    raise ValueError(f"dtype {dtype} is not supported by the ring: use one of {list(_DTYPES)}")
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class SlotField(msgspec.Struct, frozen=True, array_like=True):
+    """One array of a slot: rows of `width` values of `dtype`, one row per token
+    (max_tokens rows) or per document boundary (max_docs + 1 rows)."""
+
+    name: str
+    dtype: str
+    per: Literal["token", "document"]
+    width: int = 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The field's dtype as torch spells it."""
+        return _DTYPES[self.dtype]
+
+    def rows(self, num_tokens: int, num_docs: int) -> int:
+        """Rows this field takes for `num_tokens` tokens in `num_docs` documents."""
+        return num_tokens if self.per == "token" else num_docs + 1
+
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return self.width * self.torch_dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -55,9 +80,9 @@ class RingSpec:
     slots_per_producer: int
     max_tokens: int
     max_docs: int
-    hidden_width: int
-    hidden_dtype: torch.dtype
-    transport: str = "auto"
+    # The arrays of a slot, in slot order (anything with SlotField's attributes).
+    fields: tuple[SlotField, ...]
+    transport: str = "auto"  # a name of payload.TRANSPORTS, or "auto"
     wait_timeout_s: float = 1.0
     heartbeat_timeout_s: float = 30.0
     progress_timeout_s: float = 45.0
@@ -68,7 +93,9 @@ class RingSpec:
     target_tp: int = 1
 
     def __post_init__(self) -> None:
-        problems = []
+        fields = msgspec.convert(self.fields, tuple[SlotField, ...], from_attributes=True)
+        object.__setattr__(self, "fields", fields)
+        problems = self._field_problems()
         if not RUN_ID_PATTERN.match(self.run_id):
             problems.append(f"run_id {self.run_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
         if len(self.roles) != len(self.global_ranks):
@@ -84,9 +111,7 @@ class RingSpec:
             problems.append(
                 f"target_tp = {self.target_tp} must be >= 1 and divide the {targets} target ranks"
             )
-        if self.transport not in TRANSPORTS:
-            problems.append(f"transport {self.transport!r} must be one of {TRANSPORTS}")
-        for name in ("slots_per_producer", "max_tokens", "max_docs", "hidden_width"):
+        for name in ("slots_per_producer", "max_tokens", "max_docs"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.slots_per_producer > MAX_SLOTS_PER_PRODUCER:
@@ -97,9 +122,29 @@ class RingSpec:
         timeouts = ("wait", "heartbeat", "progress", "startup")
         if any(getattr(self, f"{name}_timeout_s") <= 0 for name in timeouts):
             problems.append(", ".join(f"{name}_timeout_s" for name in timeouts) + " must be > 0")
-        dtype_name(self.hidden_dtype)
         if problems:
             raise ValueError("invalid ring spec: " + "; ".join(problems))
+
+    def _field_problems(self) -> list[str]:
+        """What is wrong with `fields` (see SlotLayout for why the last is per token)."""
+        problems = []
+        names = [f.name for f in self.fields]
+        if not names or len(set(names)) != len(names):
+            problems.append(f"fields {names} must be one or more, each name once")
+        if bad := [f.dtype for f in self.fields if f.dtype not in _DTYPES]:
+            problems.append(f"field dtypes {bad} are not supported: use {list(_DTYPES)}")
+        if bad := [f.name for f in self.fields if f.width < 1]:
+            problems.append(f"fields {bad} need a width >= 1")
+        if self.fields and self.fields[-1].per != "token":
+            problems.append(f"the last field ({names[-1]}) must have one row per token")
+        return problems
+
+    def field(self, name: str) -> SlotField:
+        """The field called `name`."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"the ring's slots have no field {name!r}: {[f.name for f in self.fields]}")
 
     @property
     def num_ranks(self) -> int:
@@ -157,73 +202,63 @@ class RingSpec:
 
     def encode(self) -> bytes:
         """msgpack bytes that `decode` turns back into an equal spec."""
-        fields = asdict(self)
-        fields["hidden_dtype"] = dtype_name(self.hidden_dtype)
-        return msgspec.msgpack.encode(fields)
+        values = asdict(self)
+        values["fields"] = self.fields  # asdict made dicts of them; msgpack takes them as is
+        return msgspec.msgpack.encode(values)
 
     @classmethod
     def decode(cls, data: bytes) -> RingSpec:
         """Inverse of `encode`."""
-        fields = msgspec.msgpack.decode(data)
-        fields["hidden_dtype"] = _DTYPES[fields["hidden_dtype"]]
-        return cls(**fields)
+        values: dict[str, Any] = msgspec.msgpack.decode(data)
+        values["fields"] = msgspec.convert(values["fields"], tuple[SlotField, ...])
+        return cls(**values)
 
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Byte offsets of the payload arrays inside one slot, and the slot's size.
+    """Byte offsets of the arrays inside one slot, and the slot's size.
 
-    The small arrays come first and the hidden rows last, so the bytes an item uses are
-    one prefix of its slot (`used_bytes`): a consumer brings an item over in one copy
-    into a buffer laid out like a slot.
+    The fields lie in spec order and the last one has a row per token, so the bytes an
+    item uses are one prefix of its slot (`used_bytes`): a consumer brings an item over in
+    one copy into a buffer laid out like a slot. Put the small arrays first and the big
+    one last.
     """
 
-    input_ids: int
-    loss_mask: int
-    position_ids: int
-    cu_seqlens: int
-    hidden: int
+    spec: RingSpec
+    offsets: dict[str, int]
     slot_bytes: int
 
     @classmethod
     def of(cls, spec: RingSpec) -> SlotLayout:
-        """Lay out one slot of `spec` (small arrays, then hidden; every array aligned)."""
-        sizes = [
-            spec.max_tokens * 4,
-            spec.max_tokens,
-            spec.max_tokens * 4,
-            (spec.max_docs + 1) * 4,
-            spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize,
-        ]
-        offsets = []
-        cursor = 0
-        for size in sizes:
-            offsets.append(cursor)
-            cursor += _align(size)
-        return cls(*offsets, slot_bytes=cursor)
+        """Lay out one slot of `spec` (fields in order, every array aligned)."""
+        offsets, cursor = {}, 0
+        for f in spec.fields:
+            offsets[f.name] = cursor
+            cursor += _align(f.rows(spec.max_tokens, spec.max_docs) * f.row_bytes())
+        return cls(spec, offsets, slot_bytes=cursor)
 
-    def used_bytes(self, num_tokens: int, spec: RingSpec) -> int:
+    def used_bytes(self, num_tokens: int) -> int:
         """Length of the slot prefix that holds an item of `num_tokens` rows."""
-        return self.hidden + num_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
+        last = self.spec.fields[-1]
+        return self.offsets[last.name] + num_tokens * last.row_bytes()
 
     def slot_block(self, slab: torch.Tensor, slot: int) -> torch.Tensor:
         """The raw bytes of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
         return slab[slot * self.slot_bytes : (slot + 1) * self.slot_bytes]
 
-    def views(self, slab: torch.Tensor, slot: int, spec: RingSpec) -> dict[str, torch.Tensor]:
-        """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots)."""
+    def views(self, slab: torch.Tensor, slot: int) -> dict[str, torch.Tensor]:
+        """Typed views of slot `slot` inside `slab` (a flat uint8 tensor of whole slots), by
+        field name: [rows] for fields one value wide, else [rows, width]."""
         block = self.slot_block(slab, slot)
-        n = spec.max_tokens
+        spec, views = self.spec, {}
+        for f in spec.fields:
+            rows, offset = f.rows(spec.max_tokens, spec.max_docs), self.offsets[f.name]
+            view = block[offset : offset + rows * f.row_bytes()].view(f.torch_dtype)
+            views[f.name] = view.view(rows, f.width) if f.width > 1 else view
+        return views
 
-        def view(offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-            return block[offset : offset + count * dtype.itemsize].view(dtype)
-
-        return {
-            "hidden": view(self.hidden, n * spec.hidden_width, spec.hidden_dtype).view(
-                n, spec.hidden_width
-            ),
-            "input_ids": view(self.input_ids, n, torch.int32),
-            "loss_mask": view(self.loss_mask, n, torch.uint8),
-            "position_ids": view(self.position_ids, n, torch.int32),
-            "cu_seqlens": view(self.cu_seqlens, spec.max_docs + 1, torch.int32),
-        }
+    def item_views(
+        self, views: dict[str, torch.Tensor], num_tokens: int, num_docs: int
+    ) -> dict[str, torch.Tensor]:
+        """The rows of `views` (a slot's views) that an item of this size uses."""
+        return {f.name: views[f.name][: f.rows(num_tokens, num_docs)] for f in self.spec.fields}

@@ -55,17 +55,12 @@ class Watch:
             if reason := death_reason(ranks[index], now, timeout_ns):
                 raise self._failure(index, reason)
         for index in others:
-            if reason := hang_reason(ranks[index], now, self.spec, self.spec.roles[index]):
+            if reason := hang_reason(ranks[index], now, self.spec):
                 raise self._failure(index, reason, RankHung)
 
     def check_self(self) -> None:
         """Raise RankHung if this rank's own main thread made no progress for too long."""
-        reason = hang_reason(
-            self.control.ranks[self.local_index],
-            monotonic_ns(),
-            self.spec,
-            self.spec.roles[self.local_index],
-        )
+        reason = hang_reason(self.control.ranks[self.local_index], monotonic_ns(), self.spec)
         if reason:
             frame = sys._current_frames().get(self._main_thread)
             where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"

@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError
     from ringtrain.target.loader import load_target
+    from ringtrain.target.model_dir import TargetLoadError, TargetModelDir
     from ringtrain.target.runner import TargetRunner
     from ringtrain.target.structure import read_target_config
     from ringtrain.target.tapped import TappedTarget
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "TappedTarget": "ringtrain.target.tapped",
-    "TargetCheckpoint": "ringtrain.target.checkpoint",
-    "TargetLoadError": "ringtrain.target.checkpoint",
+    "TargetModelDir": "ringtrain.target.model_dir",
+    "TargetLoadError": "ringtrain.target.model_dir",
     "TargetRunner": "ringtrain.target.runner",
     "build_tiny_target": "ringtrain.target.tiny",
     "check_tap_layers": "ringtrain.target.taps",
@@ -31,8 +31,8 @@ _EXPORTS = {
 }
 __all__ = [
     "TappedTarget",
-    "TargetCheckpoint",
     "TargetLoadError",
+    "TargetModelDir",
     "TargetRunner",
     "build_tiny_target",
     "check_tap_layers",

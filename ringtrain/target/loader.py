@@ -24,8 +24,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
-from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, layer_index
 from ringtrain.target.compiled import resolve_compile
+from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
 from ringtrain.target.parallel import check_tensor_parallel, group_size, shard_target
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
@@ -109,7 +109,7 @@ def load_target(
     quantization and tapped layers runs before any weight is read.
     """
     started = time.perf_counter()
-    checkpoint = TargetCheckpoint(path, weights=not random_weights)
+    checkpoint = TargetModelDir(path, weights=not random_weights)
     taps = _resolve_taps(checkpoint, tap_layers, num_taps)
     device = torch.device(device)
     dtype = resolve_dtype(dtype, device)
@@ -144,7 +144,7 @@ class TargetPlacement:
 
 
 def _truncated_module(
-    checkpoint: TargetCheckpoint,
+    checkpoint: TargetModelDir,
     kept: int,
     final_norm: bool,
     place: TargetPlacement,
@@ -177,7 +177,7 @@ def _truncated_module(
 
 
 def _resolve_taps(
-    checkpoint: TargetCheckpoint, tap_layers: list[int] | None, num_taps: int
+    checkpoint: TargetModelDir, tap_layers: list[int] | None, num_taps: int
 ) -> list[int]:
     """The tapped layers: the given ones checked, or the DFlash spread; a tap of the last
     layer is logged with a warning (see ringtrain.target.taps)."""
@@ -196,7 +196,7 @@ def _resolve_taps(
 
 
 def _announce(
-    checkpoint: TargetCheckpoint,
+    checkpoint: TargetModelDir,
     taps: list[int],
     dtype: torch.dtype,
     device: torch.device,
@@ -255,7 +255,7 @@ def build_truncated_model(
 
 
 def read_truncated_model(
-    checkpoint: TargetCheckpoint,
+    checkpoint: TargetModelDir,
     kept: int,
     final_norm: bool,
     device: torch.device,
@@ -298,7 +298,7 @@ def read_truncated_model(
     return module.eval().requires_grad_(False)
 
 
-def _check_report(report: dict, checkpoint: TargetCheckpoint, final_norm: bool) -> None:
+def _check_report(report: dict, checkpoint: TargetModelDir, final_norm: bool) -> None:
     """Raise TargetLoadError unless every kept weight landed in the model and every
     parameter of the model (but the unread final norm) got one."""
     missing = sorted(

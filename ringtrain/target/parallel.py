@@ -46,7 +46,7 @@ from torch.distributed.tensor.parallel import (
 )
 from transformers import PretrainedConfig
 
-from ringtrain.target.checkpoint import TargetLoadError
+from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.structure import base_model_class, is_hybrid
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")

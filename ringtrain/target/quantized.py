@@ -12,7 +12,7 @@ before any weight is read, never loaded approximately.
 
 from __future__ import annotations
 
-from ringtrain.target.checkpoint import TargetLoadError
+from ringtrain.target.model_dir import TargetLoadError
 
 DEQUANTIZED_SCHEMES = {
     "fp8": "block-wise FP8 (float8 weights with per-block scales)",

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from ringtrain.target.checkpoint import TargetCheckpoint, TargetLoadError, truncated_config_values
+from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, truncated_config_values
 from ringtrain.target.quantized import dequantizing_config
 
 
@@ -108,7 +108,7 @@ def read_target_config(path: str | Path, weights: bool = True) -> PretrainedConf
     layer on the meta device), so every rank can validate its inputs with it before any
     GPU work.
     """
-    checkpoint = TargetCheckpoint(path, weights)
+    checkpoint = TargetModelDir(path, weights)
     config = checkpoint.text_config()
     check_structure(config)
     dequantizing_config(checkpoint.quantization, str(checkpoint.path))

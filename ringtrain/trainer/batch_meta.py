@@ -8,7 +8,7 @@ import msgspec
 
 
 class BatchKind(enum.IntEnum):
-    """A training batch, or a batch of the held-out split (trainer/evaluation.py)."""
+    """A training batch, or a batch of the held-out split (trainer/heldout.py)."""
 
     TRAIN = 0
     EVAL = 1

@@ -2,7 +2,7 @@
 
 One global step = one training batch per drafter rank, in five phases that every rank
 runs in the same order: take (evaluating any held-out batches met on the way: see
-trainer/evaluation.py), forward, reduce (the step's sums: trainer/step_sums.py), backward
+trainer/heldout.py), forward, reduce (the step's sums: trainer/step_sums.py), backward
 with the gradients reduced by DistributedDataParallel while it runs
 (trainer/data_parallel.py), apply (clip, optimizer step) and record (ledger, progress in
 the ring, report, checkpoint). The sums are reduced before backward, so every rank knows
@@ -34,13 +34,13 @@ import torch.distributed as dist
 
 from ringtrain.config import Config
 from ringtrain.drafter import (
-    DFlashDrafter,
     FrozenHead,
     block_objective,
     compiled_graph_count,
     evaluate_batch,
     optimizer_step,
 )
+from ringtrain.drafter.objectives import objective_of
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind
 from ringtrain.trainer.data_parallel import (
@@ -49,8 +49,8 @@ from ringtrain.trainer.data_parallel import (
     scaled_loss,
     wrap_data_parallel,
 )
-from ringtrain.trainer.evaluation import EvalTally, final_round
 from ringtrain.trainer.gpu_busy import GpuBusySampler
+from ringtrain.trainer.heldout import EvalTally, final_round
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -116,7 +116,7 @@ class Trainee:
     `model` is the plain module (checkpoints save it); the loop trains it through DDP
     when other drafters share the gradients."""
 
-    model: DFlashDrafter
+    model: torch.nn.Module  # one of drafter/architectures.py
     head: FrozenHead
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -147,7 +147,9 @@ class DrafterLoop:
         self.network = wrap_data_parallel(trainee.model, group, config.optim.grad_reduce_dtype)
         self.ranks = data_parallel_ranks(group)
         self.grad_sync = GradSyncProbe(self.network)
-        self.sums = StepSums(self.block_size, drafter_count, self.device)
+        self.sums = StepSums(
+            self.block_size, drafter_count, self.device, objective_of(config.drafter).sums_type
+        )
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
         self.eval_batches_per_round = eval_batches_per_round

@@ -10,18 +10,18 @@ trained twice and none is skipped.
 
 from __future__ import annotations
 
-from typing import Any
+from ringtrain.drafter import StreamCursor
 
 
 class BatchLedger:
     """Trained sequence numbers per target rank, kept compact as prefix + exceptions."""
 
-    def __init__(self, cursors: dict[int, dict[str, Any]] | None = None) -> None:
+    def __init__(self, cursors: dict[int, StreamCursor] | None = None) -> None:
         self._start: dict[int, int] = {}
         self._above: dict[int, set[int]] = {}
         for target, cursor in (cursors or {}).items():
-            self._start[int(target)] = int(cursor["start"])
-            self._above[int(target)] = {int(s) for s in cursor["skip"]}
+            self._start[target] = cursor.start
+            self._above[target] = set(cursor.skip)
 
     def record(self, target: int, seq: int) -> None:
         """Mark batch `seq` of `target`'s stream as trained."""
@@ -35,10 +35,10 @@ class BatchLedger:
             start += 1
         self._start[target] = start
 
-    def cursor(self, target: int) -> dict[str, Any]:
+    def cursor(self, target: int) -> StreamCursor:
         """Where `target` resumes: first untrained sequence number, and later trained ones."""
-        return {"start": self._start.get(target, 0), "skip": sorted(self._above.get(target, ()))}
+        return StreamCursor(self._start.get(target, 0), tuple(sorted(self._above.get(target, ()))))
 
-    def state(self) -> dict[str, dict[str, Any]]:
-        """JSON-able cursors of every target seen so far (keys are target indices)."""
-        return {str(t): self.cursor(t) for t in sorted(self._start.keys() | self._above.keys())}
+    def cursors(self) -> dict[int, StreamCursor]:
+        """The cursors of every target seen so far, by target index."""
+        return {t: self.cursor(t) for t in sorted(self._start.keys() | self._above.keys())}

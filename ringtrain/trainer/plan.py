@@ -7,8 +7,8 @@ every rank must agree on: the node's ring spec and each target's batch stream.
 
 A resume must train the batch sequence the checkpoint was trained on, or each target's
 cursor would point into another sequence (batches trained twice or never): every
-checkpoint records what decides it (`stream_identity`) and `--resume` refuses any change,
-naming the setting and both values. A moved dataset with the same rows is accepted.
+checkpoint's resume record holds what decides it (`stream_identity`) and `--resume`
+refuses any change, naming the setting and both values. A moved dataset with the same rows is accepted.
 """
 
 from __future__ import annotations
@@ -22,14 +22,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from ringtrain.batch import slot_fields
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
-from ringtrain.drafter.checkpoint import checkpoint_spec, read_checkpoint_extra
+from ringtrain.drafter.checkpoint import checkpoint_spec
+from ringtrain.drafter.resume_record import (
+    CheckpointFormatError,
+    StreamIdentity,
+    read_resume_record,
+)
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
-from ringtrain.target import TargetCheckpoint, TargetLoadError, read_target_config
+from ringtrain.ring.spec import dtype_name
+from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
 from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
@@ -38,7 +45,7 @@ from ringtrain.trainer.roles import RankInfo
 from ringtrain.trainer.run_dir import read_run_id
 
 # Errors that mean "the inputs are wrong": reported as such, exit code 2.
-INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, RingError)
+INPUT_ERRORS = (ConfigError, DatasetError, TargetLoadError, RingError, CheckpointFormatError)
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class Plan:
     hidden_dtype: torch.dtype
     max_docs: int  # most documents one batch can hold (sizes the ring's slots)
     eval_dataset: TokenDataset | None  # held-out split (None: no evaluation)
-    stream: dict[str, Any]  # what decides the batch sequence (stream_identity)
+    stream: StreamIdentity  # what decides the batch sequence (stream_identity)
 
 
 def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
@@ -73,37 +80,50 @@ def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
     )
 
 
-# Keys of stream_identity that older checkpoints lack, with the value those runs had.
-_RECORDED_LATER = {"layout.target_tp": 1}
+# How messages name each field of StreamIdentity (the setting, or what of the dataset);
+# in field order: settings first, so a changed setting is named before the rows it changes.
+STREAM_SETTINGS = {
+    "data_seed": "data.seed",
+    "token_budget": "data.token_budget",
+    "bucket": "data.bucket",
+    "max_len": "data.max_len",
+    "truncate": "data.truncate",
+    "targets": "target count (layout.targets_per_node x nodes)",
+    "target_tp": "layout.target_tp",
+    "data_path": "data.path",
+    "dataset_rows": "dataset rows",
+    "dataset_tokens": "dataset tokens",
+    "row_lengths_hash": "dataset row lengths (hash)",
+}
 
 
-def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> dict[str, Any]:
-    """Everything that decides the targets' batch sequence, keyed by the setting's name:
-    the dataset (path, kept rows, tokens and a hash of the row lengths, cheap to compute
-    and sensitive to any change of the rows), the [data] settings, the target count and
-    the target group size (together: the producer count, which shards the data)."""
-    return {  # settings first: a changed setting is named before the rows it changes
-        "data.seed": config.data.seed,
-        "data.token_budget": config.data.token_budget,
-        "data.bucket": config.data.bucket,
-        "data.max_len": config.data.max_len,
-        "data.truncate": config.data.truncate,
-        "target count (layout.targets_per_node x nodes)": targets,
-        "layout.target_tp": config.layout.target_tp,
-        "data.path": str(dataset.path),
-        "dataset rows": dataset.num_rows,
-        "dataset tokens": dataset.num_tokens,
-        "dataset row lengths (hash)": hashlib.blake2b(
+def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> StreamIdentity:
+    """Everything that decides the targets' batch sequence: the dataset (path, kept rows,
+    tokens and a hash of the row lengths, cheap to compute and sensitive to any change of
+    the rows), the [data] settings, the target count and the target group size (together:
+    the producer count, which shards the data)."""
+    return StreamIdentity(
+        data_seed=config.data.seed,
+        token_budget=config.data.token_budget,
+        bucket=config.data.bucket,
+        max_len=config.data.max_len,
+        truncate=config.data.truncate,
+        targets=targets,
+        target_tp=config.layout.target_tp,
+        data_path=str(dataset.path),
+        dataset_rows=dataset.num_rows,
+        dataset_tokens=dataset.num_tokens,
+        row_lengths_hash=hashlib.blake2b(
             np.ascontiguousarray(dataset.row_length, dtype=np.int64).tobytes(), digest_size=8
         ).hexdigest(),
-    }
+    )
 
 
-def check_resume_stream(checkpoint: Path, stream: dict[str, Any], announce: bool) -> None:
+def check_resume_stream(checkpoint: Path, stream: StreamIdentity, announce: bool) -> None:
     """Raise ConfigError if the checkpoint was trained on another batch sequence than
     `stream` describes; a checkpoint that does not record its sequence gets a warning
     (logged where `announce`: one rank says it)."""
-    saved = read_checkpoint_extra(checkpoint).get("stream")
+    saved = read_resume_record(checkpoint).stream
     if saved is None:
         if announce:
             get_logger().warning(
@@ -112,21 +132,21 @@ def check_resume_stream(checkpoint: Path, stream: dict[str, Any], announce: bool
                 checkpoint,
             )
         return
-    for key, now in stream.items():
-        was = saved.get(key, _RECORDED_LATER.get(key))
-        if key == "data.path" or was == now:
+    for field, setting in STREAM_SETTINGS.items():
+        was, now = getattr(saved, field), getattr(stream, field)
+        if field == "data_path" or was == now:
             continue
         raise ConfigError(
-            f"--resume: {key} is {now!r} but checkpoint {checkpoint} was trained with "
+            f"--resume: {setting} is {now!r} but checkpoint {checkpoint} was trained with "
             f"{was!r}; the batch sequence would change (batches trained twice or "
             f"never): resume with the original value, or start a new run (--overwrite, or "
             "another run.run_dir)"
         )
-    if saved.get("data.path") != stream["data.path"] and announce:
+    if saved.data_path != stream.data_path and announce:
         get_logger().info(
             "--resume: the dataset moved from %s to %s (same rows)",
-            saved.get("data.path"),
-            stream["data.path"],
+            saved.data_path,
+            stream.data_path,
         )
 
 
@@ -199,7 +219,7 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
         raise ConfigError(str(exc)) from None
     try:
         if config.layout.target_tp > 1:
-            kept = TargetCheckpoint(target_path, weights=False).text_config(max(taps) + 1)
+            kept = TargetModelDir(target_path, weights=False).text_config(max(taps) + 1)
             check_tensor_parallel(kept, config.layout.target_tp)
     except TargetLoadError as exc:
         raise ConfigError(f"[layout] target_tp = {config.layout.target_tp}: {exc}") from None
@@ -247,8 +267,9 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         slots_per_producer=config.ring.slots_per_producer,
         max_tokens=config.data.token_budget,
         max_docs=plan.max_docs,
-        hidden_width=len(plan.tap_layers) * plan.spec.hidden_size,
-        hidden_dtype=plan.hidden_dtype,
+        fields=slot_fields(
+            len(plan.tap_layers), plan.spec.hidden_size, dtype_name(plan.hidden_dtype)
+        ),
         transport=config.ring.transport,
         wait_timeout_s=config.ring.wait_timeout_s,
         heartbeat_timeout_s=config.ring.heartbeat_timeout_s,

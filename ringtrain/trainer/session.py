@@ -12,29 +12,33 @@ import time
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 
 from ringtrain.config import Config
 from ringtrain.drafter import (
-    DFlashDrafter,
     DrafterSpec,
     FrozenHead,
+    ResumeRecord,
+    StreamCursor,
+    build_drafter,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
     load_frozen_head,
-    read_checkpoint_extra,
+    read_resume_record,
     save_checkpoint,
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
 from ringtrain.monitor.sinks import open_sinks
-from ringtrain.ring import PeerDied, Phase, Ring
+from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
+from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
-from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.groups import RankGroups
+from ringtrain.trainer.heldout import EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
@@ -60,6 +64,7 @@ def join_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         ring = Ring.attach(spec.run_id, info.local_rank, info.device)
     dist.barrier()
     ring.unlink()
+    ring.describe_work(phases.WORK[info.role])
     get_logger().info("ring %s ready: transport %s", spec.run_id, ring.transport)
     return ring
 
@@ -145,21 +150,17 @@ def _run_target(
     the group's stream, cursor and evaluation shard are keyed by the group index."""
     log = get_logger()
     producer, producers = info.group_index, info.producer_count
-    cursor = {"start": 0, "skip": []}
-    resumed_step = 0
+    cursor, resumed_step = StreamCursor(), 0
     if resume_from is not None:
-        extra = read_checkpoint_extra(resume_from)
-        cursor = extra["cursors"].get(str(producer), cursor)
-        resumed_step = extra["step"]
-        log.info("resuming at batch %d of this producer's stream", cursor["start"])
+        record = read_resume_record(resume_from)
+        cursor, resumed_step = record.cursors.get(producer, cursor), record.step
+        log.info("resuming at batch %d of this producer's stream", cursor.start)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
         schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
-    stream = batch_stream(
-        config, plan.dataset, producer, producers, cursor["start"], cursor["skip"]
-    )
-    ring.set_phase(Phase.LOADING_TARGET)
+    stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
+    ring.set_phase(phases.LOADING_TARGET)
     model = load_target(
         plan.target_path,
         tap_layers=plan.tap_layers,
@@ -187,10 +188,10 @@ def _run_drafter(
     group: dist.ProcessGroup | None,
     stop: StopRequest,
 ) -> None:
-    ring.set_phase(Phase.BUILDING_DRAFTER)
+    ring.set_phase(phases.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
-    reporter, save = None, ring.phase_marker(Phase.CHECKPOINT)  # others wait for the lead's save
+    reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
         metrics = MetricsWriter(
             run_dir / "metrics.jsonl", open_sinks(config, run_dir), resumed_step=state.step
@@ -198,9 +199,9 @@ def _run_drafter(
         for note in metrics.notes:
             get_logger().info("%s", note)
         reporter = LeadReporter(metrics, Progress(config, ring))
-        identity = {"stream": plan.stream, "run_id": read_run_id(run_dir)}
+        identity = ResumeRecord(step=0, run_id=read_run_id(run_dir), stream=plan.stream)
         save = ring.announcing(
-            Phase.CHECKPOINT,
+            phases.CHECKPOINT,
             partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec, identity),
         )
     loop = DrafterLoop(
@@ -213,7 +214,7 @@ def _run_drafter(
         group,
         eval_batches_per_round(config, plan, info),
     )
-    ring.set_phase(Phase.FIRST_STEP)
+    ring.set_phase(phases.FIRST_STEP)
     loop.train(state, stop, reporter, save)
     if reporter is not None:
         reporter.close()
@@ -229,7 +230,7 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
         get_logger().info("loading frozen embedding and LM head from %s", plan.target_path)
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
     with torch.device(device):  # initialised where it trains: a billion values on CPU take long
-        model = DFlashDrafter(plan.spec)
+        model = build_drafter(plan.spec)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, head, optimizer, scheduler)
 
@@ -261,20 +262,16 @@ def _resumed_state(
     )  # fmt: skip
     for change in changes:
         log.info("resume applies the config's setting: %s", change)
-    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.extra["cursors"]))
+    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.record.cursors))
 
 
 def _save_checkpoint(
-    root: Path, trainee: Trainee, spec: DrafterSpec, identity: dict, state: DrafterState
+    root: Path, trainee: Trainee, spec: DrafterSpec, identity: ResumeRecord, state: DrafterState
 ) -> None:
-    """Checkpoint `state`; `identity` (the run id, the batch sequence) goes into its extra."""
+    """Checkpoint `state`; its resume record is `identity` (the run id, the batch
+    sequence) with the state's step and data cursors."""
+    record = msgspec.structs.replace(identity, step=state.step, cursors=state.ledger.cursors())
     path = save_checkpoint(
-        root,
-        state.step,
-        trainee.model,
-        spec,
-        trainee.optimizer,
-        trainee.scheduler,
-        extra={**identity, "cursors": state.ledger.state(), "step": state.step},
+        root, state.step, trainee.model, spec, trainee.optimizer, trainee.scheduler, record
     )
     get_logger().info("checkpoint written: %s", path)

@@ -22,23 +22,13 @@ from ringtrain.trainer.batch_meta import BatchMeta
 BATCH_ID_FIELDS = 3
 
 
-def objective_vector_len(block_size: int) -> int:
-    """Length of ObjectiveSums.as_vector() for blocks of `block_size`: the loss and weight
-    sums, correct and counted labels of slots 1..B-1, the accepted sum and the blocks."""
-    return 4 + 2 * (block_size - 1)
-
-
-def eval_vector_len(block_size: int) -> int:
-    """Length of EvalSums.as_vector(): the objective's sums plus the replayed tokens and steps."""
-    return objective_vector_len(block_size) + 2
-
-
 @dataclass
 class ReducedSums:
     """One step's sums over every drafter, on the host."""
 
     block_size: int
-    objective: torch.Tensor  # ObjectiveSums.as_vector() summed
+    sums_type: type[ObjectiveSums]  # the objective's sums (its layout of `objective`)
+    objective: torch.Tensor  # the objective's sums_type.as_vector() summed
     tokens: int
     stopped: bool  # some drafter found no batch: the step is discarded everywhere
     batches: list[list[int]]  # [producer, seq, batch_id] of each drafter's batch
@@ -47,7 +37,7 @@ class ReducedSums:
 
     def summary(self) -> dict[str, float | list[float]]:
         """Loss, accuracy per slot, tau_uniform and weight sum of the step's training batches."""
-        return ObjectiveSums.summarise(self.objective, self.block_size)
+        return self.sums_type.summarise(self.objective, self.block_size)
 
 
 class StepSums:
@@ -56,9 +46,15 @@ class StepSums:
     [objective sums | tokens, stop | (producer, seq, batch_id) per drafter | eval batches,
     eval sums]"""
 
-    def __init__(self, block_size: int, drafters: int, device: torch.device) -> None:
-        self.block_size = block_size
-        objective_len = objective_vector_len(block_size)
+    def __init__(
+        self,
+        block_size: int,
+        drafters: int,
+        device: torch.device,
+        sums_type: type[ObjectiveSums] = ObjectiveSums,
+    ) -> None:
+        self.block_size, self.sums_type = block_size, sums_type
+        objective_len = sums_type.vector_len(block_size)
         self._objective = slice(0, objective_len)
         self._tokens = objective_len
         self._stop = objective_len + 1
@@ -66,7 +62,7 @@ class StepSums:
         self._ids = slice(ids_start, ids_start + BATCH_ID_FIELDS * drafters)
         self._eval_batches = self._ids.stop
         eval_start = self._eval_batches + 1
-        self._eval = slice(eval_start, eval_start + eval_vector_len(block_size))
+        self._eval = slice(eval_start, eval_start + EvalSums.vector_len(block_size))
         self.vector = torch.zeros(self._eval.stop, dtype=torch.float64, device=device)
 
     def add_training(
@@ -97,6 +93,7 @@ class StepSums:
         self.vector.zero_()
         return ReducedSums(
             block_size=self.block_size,
+            sums_type=self.sums_type,
             objective=host[self._objective],
             tokens=int(host[self._tokens]),
             stopped=bool(host[self._stop] > 0),

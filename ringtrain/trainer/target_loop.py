@@ -3,7 +3,7 @@
 Each iteration takes a free slot of this producer, runs the target forward with the
 hooks writing the tapped layers straight into the slot, fills in the token arrays and
 publishes the slot. The next batch's host-to-device copy is started while the current
-forward runs. Held-out batches are inserted when evaluation is due (trainer/evaluation.py).
+forward runs. Held-out batches are inserted when evaluation is due (trainer/heldout.py).
 The loop ends when the ring closes (the drafters are done) or on SIGTERM.
 
 A tensor-parallel target group runs this loop on every member: the lead takes and
@@ -20,14 +20,16 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.data import Batch, BatchStream
-from ringtrain.ring import Phase, Ring, RingClosed
+from ringtrain.ring import Ring, RingClosed
 from ringtrain.ring.ends import Producer, WriteSlot
 from ringtrain.target import TargetRunner
 from ringtrain.target.loader import is_hybrid
+from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
-from ringtrain.trainer.evaluation import EvalSchedule
 from ringtrain.trainer.gpu_busy import GpuBusySampler
+from ringtrain.trainer.heldout import EvalSchedule
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import Decision, GroupDecisions
@@ -65,10 +67,8 @@ def _fill_slot(
     slot: WriteSlot, batch: Batch, kind: BatchKind, round_id: int, producer_index: int
 ) -> BatchMeta:
     """Write the batch's token arrays into `slot`; the descriptor to publish it with."""
-    _fill(slot.input_ids, batch.input_ids)
-    _fill(slot.loss_mask, batch.loss_mask)
-    _fill(slot.position_ids, batch.position_ids)
-    _fill(slot.cu_seqlens, batch.cu_seqlens)
+    for field in TOKEN_ARRAYS:
+        _fill(slot.arrays[field.name], batch.arrays[field.name])
     return BatchMeta(
         batch_id=batch.batch_id,
         epoch=batch.epoch,
@@ -90,7 +90,7 @@ def _lead_decision(
     if not stop.requested:
         with contextlib.suppress(RingClosed):  # every drafter is done
             slot = producer.acquire()
-    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.drafter_step()))
+    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.consumer_step()))
 
 
 def run_target_loop(
@@ -110,12 +110,13 @@ def run_target_loop(
     done, scratch = "published", None
     if producer is None:  # a group member: identical taps, never published
         done = "run as a target group member"
+        hidden = spec.field(HIDDEN)
         scratch = torch.empty(
-            spec.max_tokens, spec.hidden_width, dtype=spec.hidden_dtype, device=runner.device
+            spec.max_tokens, hidden.width, dtype=hidden.torch_dtype, device=runner.device
         )
-    ring.set_phase(Phase.FIRST_STEP)  # until the first record_progress: compiles, autotunes
+    ring.set_phase(phases.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     first = decisions.share(
-        Decision(True, order.eval_due(ring.drafter_step())) if producer is not None else None
+        Decision(True, order.eval_due(ring.consumer_step())) if producer is not None else None
     )
     batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
@@ -133,7 +134,7 @@ def run_target_loop(
         if not decision.go:
             break
         n, docs = batch.num_tokens, batch.num_docs
-        runner.forward_into(slot.hidden[:n] if slot is not None else scratch[:n])
+        runner.forward_into(slot.arrays[HIDDEN][:n] if slot is not None else scratch[:n])
         meta = _fill_slot(slot, batch, kind, round_id, producer_index) if slot is not None else None
         batch, kind, round_id = order.next(decision.eval_due)
         runner.prefetch(batch.padded(bucket))

@@ -53,7 +53,9 @@ import time
 
 import torch
 
+from ringtrain.batch import HIDDEN, slot_fields
 from ringtrain.ring import Ring, RingSpec
+from ringtrain.ring.spec import dtype_name
 from tools.bench.bench_report import print_report
 from tools.bench.host_profile import profiled
 from tools.bench.ring_copies import copy_gbps, probe_copies, stream_times
@@ -81,8 +83,7 @@ def _spec(
         slots_per_producer=slots,
         max_tokens=ROWS,
         max_docs=1,
-        hidden_width=width,
-        hidden_dtype=dtype,
+        fields=slot_fields(1, width, dtype_name(dtype)),
         transport=transport,
         wait_timeout_s=1.0,
         heartbeat_timeout_s=60.0,
@@ -139,8 +140,8 @@ def _produce(
     source = None
     if copy_full:
         source = torch.zeros(
-            (ring.spec.max_tokens, ring.spec.hidden_width),
-            dtype=ring.spec.hidden_dtype,
+            (ring.spec.max_tokens, ring.spec.field(HIDDEN).width),
+            dtype=ring.spec.field(HIDDEN).torch_dtype,
             device=device,
         )
     positions = None
@@ -351,7 +352,7 @@ def _throughput(args: argparse.Namespace, spec: RingSpec) -> tuple[dict, list]:
     window_start = taken[warmup - 1] if warmup > 0 else start_ns
     seconds = (max(d["end_ns"] for d in drafters) - window_start) / 1e9
     gbps = (len(taken) - warmup) * item_bytes / seconds / 1e9
-    hidden_bytes = spec.max_tokens * spec.hidden_width * spec.hidden_dtype.itemsize
+    hidden_bytes = spec.max_tokens * spec.field(HIDDEN).row_bytes()
     producer_device, consumer_device = _device_for(0), _device_for(args.producers)
     plain_gbps = copy_gbps(args.transport, hidden_bytes, producer_device, consumer_device)
     report = {

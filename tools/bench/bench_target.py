@@ -53,13 +53,13 @@ from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
-from ringtrain.target.checkpoint import truncated_config_values
 from ringtrain.target.compiled import is_mixture_of_experts
 from ringtrain.target.loader import (
     build_truncated_model,
     linear_attention_backend,
     randomise_weights,
 )
+from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers

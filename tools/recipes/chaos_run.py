@@ -44,11 +44,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ringtrain.drafter import latest_checkpoint, read_checkpoint_extra
+from ringtrain.drafter import StreamCursor, latest_checkpoint, read_resume_record
 from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
-from ringtrain.ring import Phase, RingReader, discover
+from ringtrain.ring import RingReader, discover
 from ringtrain.ring.liveness import process_state
-from ringtrain.ring.phases import describe
+from ringtrain.trainer.phases import WORK
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIN_HOOK = ROOT / "tests" / "spin_hook"
@@ -127,7 +127,7 @@ def ring_up(name: str, running: bool = False) -> bool:
         ranks = reader.snapshot().ranks
     finally:
         reader.close()
-    return all(r.doing == describe(Phase.RUNNING, r.role) for r in ranks)
+    return all(r.doing == WORK[r.role] for r in ranks)
 
 
 def wait_until(condition, deadline: float, proc: subprocess.Popen) -> bool:
@@ -232,8 +232,8 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     if checkpoint is None:
         return [], 0
-    extra = read_checkpoint_extra(checkpoint)
-    step = int(extra["step"])
+    record = read_resume_record(checkpoint)
+    step = record.step
     records = [r for r in lineage(run_dir / "metrics.jsonl") if r["step"] <= step]
     problems = []
     if [r["step"] for r in records] != list(range(1, step + 1)):
@@ -246,8 +246,8 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
         if len(seqs) != len(set(seqs)):
             twice = sorted({s for s in seqs if seqs.count(s) > 1})
             problems.append(f"target {producer}: batches {twice[:10]} trained twice")
-        cursor = extra["cursors"].get(str(producer), {"start": 0, "skip": []})
-        expected = set(range(cursor["start"])) | set(cursor["skip"])
+        cursor = record.cursors.get(producer, StreamCursor())
+        expected = set(range(cursor.start)) | set(cursor.skip)
         if set(seqs) != expected:
             missing = sorted(expected - set(seqs))[:10]
             extra_seqs = sorted(set(seqs) - expected)[:10]

@@ -5,7 +5,7 @@ block, and once it reaches the next multiple of `run.eval_every` it publishes it
 of the held-out split (every batch of one epoch of its eval stream) tagged as evaluation
 batches of that round, then goes back to training batches. Drafters evaluate such a
 batch on the spot (no gradients, every decoding anchor, decoding replayed: see
-ringtrain.drafter.evaluation) and add its sums to the next step's all-reduce, so every
+ringtrain.drafter.heldout) and add its sums to the next step's all-reduce, so every
 drafter knows when the round's batches have all been evaluated. After the last training
 step the drafters keep taking items until the final round (if one is due) is complete;
 training batches taken then are not trained and not recorded, so a resumed run trains

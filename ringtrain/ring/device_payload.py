@@ -1,115 +1,24 @@
-"""Payload memory of the ring: host slots in /dev/shm, or per-producer GPU slabs via CUDA IPC.
+"""The device transport: one cudaMalloc slab per producer on its GPU, shared by CUDA IPC.
 
-Both transports expose the same four operations to the ring protocol:
-`writer_views(slot)` (where a producer writes), `after_write(slot)` (make the write
-visible before the slot turns READY), `reader_bytes(slot)` and `before_read(slot,
-stream)` (what a consumer copies from: the slot's raw bytes, and what its stream must
-wait for).
+A producer allocates its slab and one interprocess event per slot and publishes their
+IPC handles in its rank-table row; consumers open them on first use and copy a slot's
+used prefix GPU to GPU after waiting on the slot's event. See payload.py for the
+operations.
 """
 
 from __future__ import annotations
 
-import logging
-import mmap
+from typing import ClassVar
 
 import msgspec
-import numpy as np
-import posix_ipc
 import torch
 
 from ringtrain.ring import cuda
 from ringtrain.ring.control import ControlBlock, get_bytes, put_bytes
 from ringtrain.ring.errors import RingError
-from ringtrain.ring.names import data_name
 from ringtrain.ring.spec import RingSpec, SlotLayout
 
-log = logging.getLogger(__name__)
-PAGE = mmap.PAGESIZE
 SLAB_PAGE = 2 << 20
-
-
-def resolve_transport(requested: str, device: torch.device) -> tuple[str, str]:
-    """(transport, reason) for a ring created on `device` with `requested` transport."""
-    if requested == "host":
-        return "host", "requested in the config"
-    usable = torch.cuda.is_available() and device.type == "cuda"
-    if requested == "device":
-        if not usable:
-            raise RingError(
-                f"ring.transport = 'device' needs CUDA ranks, but the creating rank runs on {device} "
-                f"(CUDA available: {torch.cuda.is_available()}); use transport 'host' or 'auto'"
-            )
-        return "device", "requested in the config"
-    if not usable:
-        return "host", f"auto: ranks run on {device}, not on a CUDA GPU"
-    count = torch.cuda.device_count()
-    for a in range(count):
-        for b in range(count):
-            if a != b and not torch.cuda.can_device_access_peer(a, b):
-                return (
-                    "host",
-                    f"auto: GPUs {a} and {b} have no peer access, so CUDA IPC cannot cross them",
-                )
-    return "device", "auto: CUDA IPC between GPUs with peer access"
-
-
-def create_host_segment(spec: RingSpec, layout: SlotLayout) -> None:
-    """Create and prefault the host payload segment (creating rank only)."""
-    nbytes = spec.num_slots * layout.slot_bytes
-    shm = posix_ipc.SharedMemory(data_name(spec.run_id), posix_ipc.O_CREX, mode=0o600, size=nbytes)
-    try:
-        with mmap.mmap(shm.fd, nbytes) as mm:
-            # Touch every page now, so tmpfs over-commit fails here and not as SIGBUS later.
-            np.frombuffer(mm, dtype=np.uint8)[::PAGE] = 0
-    finally:
-        shm.close_fd()
-
-
-class HostPayload:
-    """Slots in the shared /dev/shm segment, pinned with cudaHostRegister on CUDA ranks."""
-
-    def __init__(self, spec: RingSpec, layout: SlotLayout, device: torch.device) -> None:
-        self.spec, self.layout, self.device = spec, layout, device
-        shm = posix_ipc.SharedMemory(data_name(spec.run_id))
-        try:
-            self._mm = mmap.mmap(shm.fd, shm.size)
-        finally:
-            shm.close_fd()
-        self._base = torch.frombuffer(self._mm, dtype=torch.uint8)
-        self._registered = device.type == "cuda"
-        if self._registered:
-            cuda.host_register(self._base.data_ptr(), self._base.numel())
-        self._views = [layout.views(self._base, s, spec) for s in range(spec.num_slots)]
-        self._reader_bytes = [layout.slot_block(self._base, s) for s in range(spec.num_slots)]
-
-    def writer_views(self, slot: int) -> dict[str, torch.Tensor]:
-        """Producer's views of `slot`."""
-        return self._views[slot]
-
-    def after_write(self, slot: int) -> None:
-        """Wait for the producer's device->host copies into the slot."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-
-    def reader_bytes(self, slot: int) -> torch.Tensor:
-        """The raw bytes of `slot`, which a consumer copies a prefix of."""
-        return self._reader_bytes[slot]
-
-    def before_read(self, slot: int, stream: torch.cuda.Stream | None) -> None:
-        """Nothing to wait for: the producer synchronised before publishing."""
-
-    def close(self) -> None:
-        """Unregister and unmap (views handed out keep the mapping alive until dropped)."""
-        if self._registered:
-            cuda.host_unregister(self._base.data_ptr())
-            self._registered = False
-        self._views = []
-        self._reader_bytes = []
-        self._base = None
-        try:
-            self._mm.close()
-        except BufferError:
-            log.debug("host payload still referenced by live views; unmapped when they go")
 
 
 class _Export(msgspec.Struct, array_like=True):
@@ -133,6 +42,18 @@ class _Import:
 class DevicePayload:
     """One cudaMalloc slab per producer on its GPU, shared through CUDA IPC handles."""
 
+    # A slab is freed when its producer closes: consumers must copy out what it published.
+    frees_slots_on_close: ClassVar[bool] = True
+
+    @staticmethod
+    def shm_bytes(spec: RingSpec, layout: SlotLayout) -> int:
+        """Nothing in /dev/shm: the slots are in GPU memory."""
+        return 0
+
+    @staticmethod
+    def create(spec: RingSpec, layout: SlotLayout) -> None:
+        """Nothing to create with the ring: each producer allocates its slab (open_producer)."""
+
     def __init__(
         self, spec: RingSpec, layout: SlotLayout, device: torch.device, control: ControlBlock
     ) -> None:
@@ -144,7 +65,7 @@ class DevicePayload:
         self._imports: dict[int, _Import] = {}
         self._import_bytes: dict[int, torch.Tensor] = {}
 
-    def export(self, local_index: int, producer: int) -> None:
+    def open_producer(self, local_index: int, producer: int) -> None:
         """Allocate this producer's slab and events and publish their handles (once).
 
         The slab's size is rounded up to whole 2 MiB pages: on the H200 a consumer copied
@@ -159,7 +80,7 @@ class DevicePayload:
         with torch.cuda.device(self.device):
             self._own_events = [torch.cuda.Event(interprocess=True) for _ in range(per)]
             handles = [bytes(e.ipc_handle()) for e in self._own_events]
-        self._own_views = [self.layout.views(slab, k, self.spec) for k in range(per)]
+        self._own_views = [self.layout.views(slab, k) for k in range(per)]
         self._first = self.spec.producer_slots(producer).start
         index = torch.cuda.current_device() if self.device.index is None else self.device.index
         export = _Export(cuda.ipc_get_handle(self._own_ptr), nbytes, index, handles)

@@ -29,15 +29,12 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ringtrain.drafter.blocks import PackedContext, PackedRows, blocks_at, pack_context
+from ringtrain.batch import PackedRows
+from ringtrain.drafter.blocks import PackedContext, blocks_at, pack_context
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
-from ringtrain.drafter.objective import (
-    ObjectiveSums,
-    block_masks,
-    checked_workspace,
-    score_blocks,
-)
+from ringtrain.drafter.objective import block_masks, checked_workspace, score_blocks
+from ringtrain.drafter.sums import ObjectiveSums
 
 
 @dataclass(frozen=True)
@@ -51,11 +48,12 @@ class EvalSums(ObjectiveSums):
     replay_tokens: torch.Tensor  # tokens gained by the replayed verification steps
     replay_steps: torch.Tensor  # replayed verification steps (anchors visited)
 
-    @staticmethod
-    def summarise(vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
+    @classmethod
+    def summarise(cls, vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
         """ObjectiveSums.summarise's metrics plus tau_sim, from a (reduced) as_vector()."""
-        metrics = ObjectiveSums.summarise(vector[:-2], block_size)
-        tokens, steps = vector[-2:].tolist()
+        metrics = super().summarise(vector, block_size)
+        sums = cls.unpack(vector, block_size)
+        tokens, steps = sums["replay_tokens"], sums["replay_steps"]
         metrics["tau_sim"] = tokens / steps if steps else 0.0
         metrics["replay_tokens"] = tokens
         metrics["replay_steps"] = steps
@@ -92,10 +90,6 @@ def replay_sums(packed: PackedContext, accepted: torch.Tensor) -> tuple[torch.Te
     return tokens[:rows][starts].sum(), steps[:rows][starts].sum()
 
 
-def _added(a: ObjectiveSums, b: ObjectiveSums) -> ObjectiveSums:
-    return ObjectiveSums(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
-
-
 @torch.no_grad()
 def evaluate_batch(
     model: nn.Module,
@@ -130,7 +124,7 @@ def evaluate_batch(
             workspace, head, batch, block_masks(workspace, batch), cfg
         )
         accepted[torch.where(valid, anchor, ctx_capacity)] = block_accepted
-        total = sums if total is None else _added(total, sums)
+        total = sums if total is None else total.plus(sums)
     replay_tokens, replay_steps = replay_sums(packed, accepted[:ctx_capacity])
     per_field = {f.name: getattr(total, f.name) for f in fields(ObjectiveSums)}
     return EvalSums(**per_field, replay_tokens=replay_tokens, replay_steps=replay_steps)

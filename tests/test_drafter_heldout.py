@@ -25,7 +25,7 @@ from ringtrain.drafter import (
 from ringtrain.drafter import objective as objective_module
 from ringtrain.drafter.blocks import pack_context
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
-from ringtrain.drafter.evaluation import replay_sums
+from ringtrain.drafter.heldout import replay_sums
 from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.target import load_causal_lm

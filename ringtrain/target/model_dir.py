@@ -89,7 +89,7 @@ def index_weights(path: Path) -> dict[str, Path]:
     return key_to_file
 
 
-class TargetCheckpoint:
+class TargetModelDir:
     """One local target directory: parsed text config and an index of its weight files."""
 
     def __init__(self, path: str | Path, weights: bool = True) -> None:

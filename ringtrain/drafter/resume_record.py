@@ -1,0 +1,82 @@
+"""What a checkpoint records for an exact resume, besides weights and optimiser state.
+
+`ResumeRecord` is written by save_checkpoint as the checkpoint's RESUME_FILE (JSON) and
+read back by `read_resume_record` without loading any tensor (a target resuming its
+data stream needs nothing else): the step, the run it belongs to, what decided its batch
+sequence (`StreamIdentity`) and, per producer, where its stream resumes (`StreamCursor`).
+The record is versioned: a file of another version (or of the free-form format before
+versions) is refused with a message naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+RESUME_FILE = "trainer_state.json"
+RECORD_VERSION = 1
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint whose resume record this version cannot read; the message says what to do."""
+
+
+class StreamCursor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where one producer's batch stream resumes: the first sequence number not yet
+    trained, and the later ones already trained (taken out of order)."""
+
+    start: int = 0
+    skip: tuple[int, ...] = ()
+
+
+class StreamIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything that decides the targets' batch sequence (see trainer/plan.py)."""
+
+    data_seed: int
+    token_budget: int
+    bucket: int
+    max_len: int
+    truncate: bool
+    targets: int  # target ranks in all: layout.targets_per_node x nodes
+    target_tp: int
+    data_path: str
+    dataset_rows: int
+    dataset_tokens: int
+    row_lengths_hash: str  # blake2b of the dataset's row lengths
+
+
+class ResumeRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A checkpoint's resume record (see the module docstring)."""
+
+    version: int = RECORD_VERSION
+    step: int
+    run_id: str | None = None  # latest_checkpoint skips other runs' checkpoints
+    stream: StreamIdentity | None = None
+    cursors: dict[int, StreamCursor] = msgspec.field(default_factory=dict)  # by producer
+
+
+def encode_resume_record(record: ResumeRecord) -> bytes:
+    """The record as the JSON text of RESUME_FILE."""
+    return msgspec.json.encode(record) + b"\n"
+
+
+def read_resume_record(checkpoint: str | Path) -> ResumeRecord:
+    """The resume record of one checkpoint directory (no weights or state are loaded).
+
+    Raises CheckpointFormatError naming the file when it is of another format."""
+    path = Path(checkpoint) / RESUME_FILE
+    data = path.read_bytes()
+    raw = msgspec.json.decode(data)
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != RECORD_VERSION:
+        written = "before resume records were versioned" if version is None else f"v{version}"
+        raise CheckpointFormatError(
+            f"{path}: resume record {written}, this ringtrain reads v{RECORD_VERSION}; resume "
+            "this checkpoint with the ringtrain version that wrote it, or start a new run "
+            "(another run.run_dir, or --overwrite)"
+        )
+    try:
+        return msgspec.json.decode(data, type=ResumeRecord)
+    except msgspec.ValidationError as exc:
+        raise CheckpointFormatError(f"{path}: not a valid resume record ({exc})") from None
