@@ -55,6 +55,8 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     max_new_tokens: int
     eval_limit: int = 0
     eval_max_new_tokens: int = 256
+    # ringtrain-eval --workers: processes sharing the device, each decoding a share.
+    eval_workers: int = 1
     regen_dtype: str = "auto"
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
     # Training-config overrides of this device (section.key=value), before --set's.
@@ -283,6 +285,7 @@ def eval_command(recipe: RealRecipe, size: int, dtype: str) -> list[str]:
         "--benchmark", "humaneval", *limit,
         "--max-new-tokens", str(settings.eval_max_new_tokens),
         "--device", recipe.device, "--dtype", dtype, "--json",
+        "--workers", str(settings.eval_workers),
     ]  # fmt: skip
 
 
