@@ -31,6 +31,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 CACHES = ("static", "dynamic")
 WIDTH_BUCKET = 64
+# Rows x (longest prompt + new tokens) of one batch: bounds the prefill's attention
+# scores (transformers' masked SDPA materialises them) and the cache.
+MAX_BATCH_TOKENS = 1 << 19
 GROUPED_DECODE = "ringtrain_grouped_decode"
 
 
@@ -115,12 +118,27 @@ class GenerationStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices of ``lengths`` grouped into batches of at most ``batch_size``, by length."""
+def length_batches(
+    lengths: Sequence[int], batch_size: int, max_tokens: int, new_tokens: int
+) -> list[list[int]]:
+    """Indices of ``lengths`` grouped by length into batches of at most ``batch_size``
+    prompts whose padded rows (longest prompt + ``new_tokens``) hold at most ``max_tokens``
+    in all: prefill attention and the cache grow with rows x width."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    return [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for i in order:
+        width = lengths[i] + new_tokens
+        if (
+            batches
+            and len(batches[-1]) < batch_size
+            and (len(batches[-1]) + 1) * width <= max_tokens
+        ):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def left_padded(
@@ -184,6 +202,7 @@ def greedy_answers(
     *,
     pad_id: int,
     batch_size: int,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
     cache: str = "static",
     compile: bool = False,
     grouped_attention: bool = True,
@@ -191,6 +210,7 @@ def greedy_answers(
 ) -> tuple[list[Answer], GenerationStats]:
     """Greedy answers to ``prompts`` (in their order) and what generating them took.
 
+    A batch holds at most ``batch_size`` prompts and ``max_batch_tokens`` padded tokens.
     ``grouped_attention``: decode with ``grouped_decode_attention`` (else the model's own).
     ``on_batch`` is called with the number of prompts of each finished batch (progress).
     """
@@ -200,7 +220,8 @@ def greedy_answers(
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     stops = set(stop_ids)
     answers: list[Answer | None] = [None] * len(prompts)
-    batches = length_batches([len(p) for p in prompts], batch_size)
+    lengths = [len(p) for p in prompts]
+    batches = length_batches(lengths, batch_size, max_batch_tokens, max_new_tokens)
     started = time.perf_counter()
     with attention_for_decoding(model, grouped_attention):
         for rows in batches:
