@@ -2,6 +2,8 @@
 
 Every section is a msgspec Struct that forbids unknown fields, so a misspelt key or a
 value of the wrong type fails at load time with an error naming the key and the file.
+Every number declares its bounds beside it (`Annotated[int, msgspec.Meta(ge=1)]`), checked
+at the same time, and no float may be infinite or NaN (TOML allows both).
 Sections live beside the code they configure; this module assembles them.
 """
 
@@ -36,14 +38,14 @@ class ConfigError(ValueError):
 class LayoutConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Which local ranks are targets and which are drafters, and which GPU each uses."""
 
-    targets_per_node: int = 2
-    drafters_per_node: int = 1
+    targets_per_node: Annotated[int, msgspec.Meta(ge=1)] = 2
+    drafters_per_node: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Target ranks per tensor-parallel target group: consecutive target ranks of a node
     # run one target together and feed the ring as one producer. Must divide
     # targets_per_node (a group never spans nodes). 1: every target rank is its own.
     target_tp: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Local rank -> CUDA device index. Empty: local rank r uses GPU r % device_count.
-    gpu_map: list[int] = msgspec.field(default_factory=list)
+    gpu_map: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=list)
 
 
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -51,7 +53,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: str = "run"
     run_dir: str = "runs/run"
-    seed: int = 0
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
     max_steps: Annotated[int, msgspec.Meta(ge=1)] = 100
     log_every: Annotated[int, msgspec.Meta(ge=1)] = 10
     eval_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: no evaluation
@@ -122,28 +124,21 @@ def parse_config(text: str, source: str = "<string>", overrides: Sequence[str] =
         where = re.search(r"at `(\$[^`]*)`", str(exc))
         allowed = _choices(where.group(1)) if where else ()
         fix = f"use one of {', '.join(map(repr, allowed))}" if allowed else "fix or remove that key"
-        if not allowed and "Expected `int` >=" in str(exc):
+        if not allowed and re.search(r"Expected `\w+` [<>]", str(exc)):
             fix = "fix that value, or remove the key for the default"
         raise ConfigError(f"{source}: {exc} ({fix})") from None
-    _check_rates(config, source)
+    _check_finite(config, source)
     return config
 
 
-def _check_rates(config: Config, source: str) -> None:
-    """Learning-rate settings must be finite numbers in range (TOML allows inf and nan)."""
-    optim = config.optim
-    for key, value, in_range, need in (
-        ("optim.lr", optim.lr, optim.lr > 0, "a finite number > 0"),
-        ("optim.min_lr_ratio", optim.min_lr_ratio, 0 <= optim.min_lr_ratio <= 1, "in [0, 1]"),
-        (
-            "optim.warmup_fraction",
-            optim.warmup_fraction,
-            0 <= optim.warmup_fraction <= 1,
-            "in [0, 1]",
-        ),
-    ):
-        if not (math.isfinite(value) and in_range):
-            raise ConfigError(f"{source}: {key} = {value} must be {need}")
+def _check_finite(section: msgspec.Struct, source: str, path: str = "") -> None:
+    """Every float setting must be finite (bounds let +-inf through, and TOML allows it)."""
+    for name in section.__struct_fields__:
+        value, key = getattr(section, name), f"{path}{name}"
+        if isinstance(value, msgspec.Struct):
+            _check_finite(value, source, f"{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{source}: {key} = {value} must be a finite number")
 
 
 def _choices(path: str) -> tuple[Any, ...]:

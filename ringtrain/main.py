@@ -32,7 +32,7 @@ from ringtrain.trainer.groups import RankGroups, new_groups
 from ringtrain.trainer.logs import get_logger, setup_logging
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
-from ringtrain.trainer.run_dir import claim_run_dir
+from ringtrain.trainer.run_dir import claim_run_dir, prepare_run_dir
 from ringtrain.trainer.session import run_session
 from ringtrain.trainer.signals import StopRequest
 
@@ -148,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
     for note in notes:
         log.info("%s", note)
-    if info.rank == 0:
-        (run_dir / "config.json").write_bytes(dump_config(config))
     set_compile_caches(config, info)
     stop = StopRequest()
     stop.install()
@@ -157,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(info.device)
     try:
         plan = validate_inputs(config, info, run_dir, resume=args.resume)
+        for note in prepare_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite):
+            log.info("%s", note)
     except INPUT_ERRORS as exc:
         log.error("%s", exc)
         return refuse(exc, reporter=info.local_rank == 0)
+    if info.rank == 0:
+        (run_dir / "config.json").write_bytes(dump_config(config))
     try:
         groups = init_distributed(info)
         code = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)

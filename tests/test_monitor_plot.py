@@ -101,3 +101,30 @@ def test_a_skipped_step_with_a_non_finite_loss_is_plotted_as_a_gap(tmp_path: Pat
     records[2] |= {"loss": None, "skipped": True}  # NaN is null in JSON
     assert plot_main([str(write_run(tmp_path / "run", records))]) == 0
     assert (tmp_path / "run" / "run.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_malformed_records_are_skipped_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    records = [step_record(step) for step in range(1, 7)]
+    del records[1]["loss"]
+    records[3]["step"] = "x"
+    records.append(eval_record(6, 1) | {"tau_sim": "high"})
+    run_dir = write_run(tmp_path / "run", records)
+    run = read_run(run_dir)
+    assert [r["step"] for r in run.steps] == [1, 3, 5, 6]
+    assert run.evals == [] and len(run.malformed) == 3
+    assert plot_main([str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "4 steps, 0 evaluations (3 malformed record(s) skipped)" in captured.out
+    for line, problem in ((2, "missing required field `loss`"), (4, "at `$.step`"), (7, "tau_sim")):
+        assert f"metrics.jsonl line {line}: " in captured.err and problem in captured.err
+
+
+def test_a_metrics_file_of_text_is_not_called_empty(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("this is not\nJSON at all\n")
+    with pytest.raises(RunDirError, match=r"holds 2 line\(s\) that are not JSON records"):
+        read_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "step", "step": 1}) + "\n")
+    with pytest.raises(RunDirError, match="line 1: step record: Object missing required field"):
+        read_run(tmp_path)

@@ -25,6 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _plot(run_dir: Path, output: Path) -> None:
     assert plot_main([str(run_dir), "-o", str(output)]) == 0
+    assert read_run(run_dir).malformed == []  # the trainer's records have what is plotted
     assert output.read_bytes().startswith(PNG_MAGIC)
 
 

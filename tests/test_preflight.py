@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
+from typing import Annotated, Any
 
+import msgspec
 import pytest
 
-from ringtrain.config import ConfigError, parse_config
+from ringtrain.config import Config, ConfigError, parse_config
 from ringtrain.main import embedded_split, main
 from tests.launcher import RUN_TIMEOUT_S, run_env
 
@@ -56,15 +59,60 @@ def test_nonsensical_value_fails_once_before_anything_starts(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("optim.lr=nan", r"optim\.lr = nan must be a finite number > 0"),
-        ("optim.lr=inf", r"optim\.lr = inf must be a finite number > 0"),
+        ("optim.lr=nan", r"Expected `float` > 0.0 - at `\$\.optim\.lr`"),
+        ("optim.lr=inf", r"optim\.lr = inf must be a finite number"),
+        ("ring.wait_timeout_s=inf", r"ring\.wait_timeout_s = inf must be a finite number"),
         ("data.bucket=0", r"Expected `int` >= 1 - at `\$\.data\.bucket`"),
         ("run.log_every=0", r"Expected `int` >= 1 - at `\$\.run\.log_every`"),
+        ("drafter.num_layers=0", r"Expected `int` >= 1 - at `\$\.drafter\.num_layers`"),
+        ("drafter.num_anchors=0", r"Expected `int` >= 1 - at `\$\.drafter\.num_anchors`"),
+        ("drafter.loss_chunk=0", r"Expected `int` >= 1 - at `\$\.drafter\.loss_chunk`"),
+        ("drafter.mask_token_id=-7", r"Expected `int` >= -1 - at `\$\.drafter\.mask_token_id`"),
+        ("optim.beta1=1.5", r"Expected `float` < 1.0 - at `\$\.optim\.beta1`"),
+        ("optim.eps=-1", r"Expected `float` > 0.0 - at `\$\.optim\.eps`.*fix that value"),
+        ("layout.gpu_map=[0, -1]", r"Expected `int` >= 0 - at `\$\.layout\.gpu_map\[1\]`"),
     ],
 )
 def test_nonsensical_values_are_named(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config("", "run.toml", [override])
+
+
+def _numeric_fields(kind: type, path: str = "") -> list[tuple[str, Any]]:
+    """(key, annotation) of every int and float setting below `kind`, lists included."""
+    found = []
+    for name, hint in typing.get_type_hints(kind, include_extras=True).items():
+        inner = hint
+        while typing.get_origin(inner) is list:
+            inner = typing.get_args(inner)[0]
+        base = typing.get_args(inner)[0] if typing.get_origin(inner) is Annotated else inner
+        if isinstance(base, type) and issubclass(base, msgspec.Struct):
+            found += _numeric_fields(base, f"{path}{name}.")
+        elif base in (int, float):
+            found.append((f"{path}{name}", inner))
+    return found
+
+
+def test_every_numeric_setting_declares_its_bounds() -> None:
+    fields = _numeric_fields(Config)
+    assert len(fields) > 40
+    unbounded = [
+        key
+        for key, hint in fields
+        if typing.get_origin(hint) is not Annotated
+        or not any(
+            isinstance(meta, msgspec.Meta) and {meta.ge, meta.gt, meta.le, meta.lt} != {None}
+            for meta in typing.get_args(hint)[1:]
+        )
+    ]
+    assert unbounded == []
+
+
+def test_a_token_budget_over_shared_memory_is_refused_by_the_space_check(tmp_path: Path) -> None:
+    finished = embedded_run(2, tmp_path / "run", "data.token_budget=4000000000")
+    assert finished.returncode != 0
+    assert finished.stderr.count("MiB in /dev/shm but only") == 1, finished.stderr[-3000:]
+    assert "Unable to allocate" not in finished.stderr and "MemoryError" not in finished.stderr
 
 
 def test_unwritable_run_dir_is_refused_naming_the_key(

@@ -148,3 +148,44 @@ def test_wrong_model_or_url_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert data_main(args) == 2
         assert "pass the engine's OpenAI base URL" in capsys.readouterr().err
         assert server.requests == []
+
+
+def test_an_answer_without_content_is_a_failed_record_not_an_empty_turn(tmp_path: Path) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 3)
+    with ChatServer(faults=Faults(no_content_rate=1.0)) as server:
+        options = RegenerateOptions(
+            servers=[server.url],
+            sampling=Sampling(MODEL),
+            input=chats,
+            output=output,
+            retry=RetryPolicy(retries=2, backoff_s=0.01, backoff_max_s=0.02),
+        )
+        totals = regenerate(options, progress=None)
+        injected = server.injected["no_content"]
+    # Each record's first turn is tried three times (content missing, then null, ...).
+    assert injected == 9
+    assert totals.written == 0 and totals.failed == 3
+    assert output.read_text() == ""
+    errors = [
+        json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    ]
+    assert sorted(e["input_line"] for e in errors) == [1, 2, 3]
+    assert all("without choices[0].message.content" in e["error"] for e in errors)
+
+
+def test_answers_without_content_are_retried_until_one_has_it(tmp_path: Path) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 20)
+    with ChatServer(faults=Faults(no_content_rate=0.3, seed=5)) as server:
+        options = RegenerateOptions(
+            servers=[server.url],
+            sampling=Sampling(MODEL),
+            input=chats,
+            output=output,
+            retry=RetryPolicy(retries=20, backoff_s=0.001, backoff_max_s=0.01),
+        )
+        totals = regenerate(options, progress=None)
+        injected = server.injected["no_content"]
+    assert injected > 2 and totals.failed == 0
+    assert_all_regenerated(chats, output, good)

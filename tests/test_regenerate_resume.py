@@ -132,3 +132,32 @@ def test_server_dying_mid_run_stops_the_run_and_a_rerun_finishes(
     with ChatServer() as server:
         assert data_main(_args(server.url, chats, output)) == 0
     assert_all_regenerated(chats, output, good)
+
+
+def test_a_second_client_on_the_output_is_refused_and_a_dead_ones_lock_taken_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 40)
+    with ChatServer(faults=Faults(hold_after=20)) as server:
+        command = [sys.executable, "-m", "ringtrain.cli.data"]
+        command += _args(server.url, chats, output, "--concurrency", "4")
+        first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            assert server.held.wait(60), "the first client never reached the held answers"
+            asked = len(server.requests)
+            # Without the lock this client would wait at the gate too: the timeout fails it.
+            second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert second.returncode == 2, second.stderr
+            error = second.stderr
+            assert f"pid {first.pid} on host {socket.gethostname()}" in error
+            assert "another regenerate client is writing it" in error
+            assert len(server.requests) == asked  # the refused client asked nothing
+            first.kill()
+            assert first.wait(60) == -9
+        finally:
+            first.kill()
+        server.open_gate()
+        assert data_main(_args(server.url, chats, output, "--resume")) == 0
+    assert f"took over the lock of pid {first.pid}" in capsys.readouterr().err
+    assert_all_regenerated(chats, output, good)

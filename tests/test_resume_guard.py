@@ -176,6 +176,25 @@ def test_a_fresh_start_over_checkpoints_needs_overwrite(run_dir: Path) -> None:
     assert read_resume_record(checkpoint_dir(run_dir, 2)).run_id == run_id
 
 
+@pytest.mark.slow
+def test_overwrite_with_a_config_refused_in_preflight_deletes_nothing(run_dir: Path) -> None:
+    before = {
+        path.relative_to(run_dir): path.read_bytes()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file() and "logs" not in path.parts and path.name != ".lock"
+    }
+    overrides = [*BASE, "data.max_len=4096"]  # over the token budget of 2048
+    refused = run_training(run_dir, 1, 1, overrides, flags=["--overwrite"])
+    assert refused_in_preflight(refused), refused.stderr[-3000:]
+    assert refused.stderr.count("data.max_len = 4096 exceeds data.token_budget") == 1
+    after = {
+        path.relative_to(run_dir): path.read_bytes()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file() and "logs" not in path.parts and path.name != ".lock"
+    }
+    assert after == before  # checkpoints, metrics, run id and config.json as they were
+
+
 # ---- honest I/O --------------------------------------------------------------------------
 
 

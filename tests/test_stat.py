@@ -163,3 +163,38 @@ def test_output_to_a_closed_pipe_ends_quietly() -> None:
         drafter.close()
         target.close()
     assert watcher.returncode == 0 and b"Traceback" not in err, err
+
+
+def test_junk_control_segments_are_named_not_listed_and_removed_at_a_start() -> None:
+    tag = uuid.uuid4().hex[:8]
+    junk = {
+        f"/dev/shm/ringtrain.junk{tag}-big.ctl": os.urandom(64 << 10),
+        f"/dev/shm/ringtrain.junk{tag}-small.ctl": os.urandom(10),
+    }
+    for path, data in junk.items():
+        with open(path, "wb") as segment:
+            segment.write(data)
+    try:
+        listing = subprocess.run(
+            [sys.executable, "-m", "ringtrain.cli.stat", "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=JOIN_S,
+        )
+        assert not [r for r in json.loads(listing.stdout) if tag in r["run"]]
+        # A ring started meanwhile by another process on this host removes junk too.
+        named = [path for path in junk if f"skipped {path}: " in listing.stderr]
+        assert named == [path for path in junk if os.path.exists(path)] or named == list(junk)
+        assert named, "a ring start elsewhere removed the junk first: run again"
+        problems = ("not a ringtrain control block", "10 bytes is too small for a ring control")
+        for path, problem in zip(junk, problems, strict=True):
+            assert path not in named or f"{path}: {problem}" in listing.stderr
+        target, drafter = _open_pair(f"t{uuid.uuid4().hex[:10]}")
+        drafter.close()
+        target.close()
+        assert [path for path in junk if os.path.exists(path)] == []
+    finally:
+        for path in junk:
+            if os.path.exists(path):
+                os.unlink(path)

@@ -14,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ringtrain.monitor.runlog import RunDirError, read_run
+from ringtrain.monitor.runlog import METRICS_FILE, RunDirError, read_run
+
+MALFORMED_SHOWN = 5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +43,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for problem in run.malformed[:MALFORMED_SHOWN]:
+        print(f"ringtrain-plot: skipped {METRICS_FILE} {problem}", file=sys.stderr)
+    if len(run.malformed) > MALFORMED_SHOWN:
+        more = len(run.malformed) - MALFORMED_SHOWN
+        print(f"ringtrain-plot: skipped {more} more malformed record(s)", file=sys.stderr)
     output = render(run, args.output or args.run_dir / "run.png", dpi=args.dpi)
     skipped = f" ({run.unreadable} unreadable line(s) skipped)" if run.unreadable else ""
+    if run.malformed:
+        skipped += f" ({len(run.malformed)} malformed record(s) skipped)"
     print(f"{output}: {len(run.steps)} steps, {len(run.evals)} evaluations{skipped}")
     return 0
 

@@ -1,6 +1,6 @@
 """ringtrain-stat: look at live rings without disturbing them.
 
-    ringtrain-stat                 list live rings
+    ringtrain-stat                 list live rings (naming /dev/shm segments that are not)
     ringtrain-stat RUN             slot states, occupancy, wait percentages, ranks, verdict,
                                    and the split of the node's GPUs the ranks' rates favour
                                    (RUN: the ring id, the run's name or its run directory)
@@ -21,6 +21,7 @@ import sys
 import time
 
 from ringtrain.monitor.advice import ring_advice
+from ringtrain.ring.names import junk_segments
 from ringtrain.ring.snapshot import RingReader, RingSnapshot, discover, open_ring, with_interval
 
 _STATE_MARK = {"free": ".", "writing": "w", "ready": "R", "reading": "r"}
@@ -96,6 +97,12 @@ def role_split_advice(current: RingSnapshot, previous: RingSnapshot | None) -> l
 
 def _list(as_json: bool) -> int:
     rings = discover()
+    for path, problem in junk_segments():
+        print(
+            f"ringtrain-stat: skipped {path}: {problem} (the next ring start on this host "
+            "removes it)",
+            file=sys.stderr,
+        )
     if as_json:
         print(json.dumps([{"run": r.run, "path": r.path, "pids": list(r.pids)} for r in rings]))
     elif not rings:

@@ -188,6 +188,11 @@ def batches_per_epoch(padded_lengths: np.ndarray, token_budget: int) -> int:
     return int((-(-counts // (token_budget // widths))).sum())
 
 
+def max_docs_per_batch(ds: TokenDataset, token_budget: int, bucket: int) -> int:
+    """The most documents a batch of `ds` can hold: the budget over its shortest padded row."""
+    return token_budget // int(bucket_up(ds.min_row_len, bucket))
+
+
 class BatchStream(Iterator[Batch]):
     """This rank's infinite, deterministic stream of batches (see the module docstring)."""
 
@@ -226,7 +231,7 @@ class BatchStream(Iterator[Batch]):
                 f"{ds.path}: {self.batches_per_epoch} batches per epoch cannot feed {world} "
                 "target ranks; use more data, a smaller token budget or fewer target ranks"
             )
-        self.max_docs = token_budget // int(bucket_up(ds.min_row_len, bucket))
+        self.max_docs = max_docs_per_batch(ds, token_budget, bucket)
         self._next_seq = start
         self._skip = {s for s in skip if s >= start}
         self._plan: EpochPlan | None = None

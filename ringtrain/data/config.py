@@ -25,4 +25,4 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # rounding only (batches group rows of one padded length), about bucket / 2 tokens:
     # 32 keeps padding near 1.6% for ~1000-token rows (128 would cost ~6%).
     bucket: Positive = 32
-    seed: int = 0
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -3,7 +3,8 @@
 `ChatClient.complete` sends one conversation to one of the servers and returns the
 assistant's answer, its reasoning (the engine's `reasoning_content` or `reasoning`
 field), the finish reason and the token counts. Requests that fail in a way a retry can
-fix (HTTP 429 and 5xx, timeouts, refused or dropped connections) are retried with
+fix (HTTP 429 and 5xx, timeouts, refused or dropped connections, an answer without
+`content`) are retried with
 exponential backoff and jitter, honouring a `Retry-After` header, and preferably on
 another server; what still fails raises `RequestFailed` with the reason. Other answers
 (HTTP 4xx, a malformed body) fail at once: retrying would not change them.
@@ -153,8 +154,17 @@ def parse_completion(content: bytes) -> Completion:
             retryable=False,
         ) from None
     message, usage = choice.message, response.usage or _Usage()
+    if message.content is None:
+        # An engine that lost the answer (or spent every token on reasoning) says
+        # nothing: an empty turn saved as "stop" would teach the drafter silence.
+        raise RequestFailed(
+            "the server answered without choices[0].message.content (missing or null, "
+            f"finish_reason {choice.finish_reason!r}): "
+            f"{_excerpt(content.decode(errors='replace'))}",
+            retryable=True,
+        )
     return Completion(
-        content=message.content or "",
+        content=message.content,
         reasoning_content=message.reasoning_content or message.reasoning,
         finish_reason=choice.finish_reason,
         prompt_tokens=usage.prompt_tokens,

@@ -8,11 +8,12 @@ order, each given the regenerated turns before it; see `regen_records`).
 
 The output is a journal (`regen_journal`): records are appended as they finish, in
 completion order, each with its input line; a rerun skips what is done and retries what
-failed. Records that fail (bad input lines, requests that still fail after the retries of
-`regen_client`) go to `<output>.errors.jsonl` with the reason. When `max_failures`
-records in a row fail for a reason a retry could have fixed, the server is taken to be
-gone and the run stops with `ServerGone`. Progress (records, requests/s, generated
-tokens/s, errors, ETA) is a tqdm bar.
+failed; one client at a time writes an output (`regen_lock`). Records that fail (bad
+input lines, requests that still fail after the retries of `regen_client`) go to
+`<output>.errors.jsonl` with the reason. When `max_failures` records in a row fail for
+a reason a retry could have fixed, the server is taken to be gone and the run stops with
+`ServerGone`. Progress (records, requests/s, generated tokens/s, errors, ETA) is a tqdm
+bar.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.regen_client import ChatClient, RequestFailed, RetryPolicy, Sampling
 from ringtrain.data.regen_journal import Journal, check_settings, errors_path
+from ringtrain.data.regen_lock import OutputLock
 from ringtrain.data.regen_records import InputRecord, parse_record, regenerate_record
 
 POSTFIX_INTERVAL_S = 0.5
@@ -212,13 +214,22 @@ def regenerate(
 ) -> RegenerateTotals:
     """Regenerate `options.input` into `options.output` (resuming it); returns the totals.
 
-    Raises DatasetError for unusable settings or files, ServerGone when the server stops
-    answering; bad records and failed requests are listed in the errors file instead."""
+    Raises DatasetError for unusable settings or files or an output another client is
+    writing, ServerGone when the server stops answering; bad records and failed requests
+    are listed in the errors file instead."""
     if not options.input.is_file():
         raise DatasetError(f"{options.input}: no such input file")
     if options.concurrency < 1:
         raise DatasetError(f"concurrency must be at least 1, not {options.concurrency}")
-    check_settings(options.output, options.settings(), options.resume)
+    with OutputLock(options.output) as lock:
+        check_settings(options.output, options.settings(), options.resume)
+        return _regenerate_locked(options, progress, lock)
+
+
+def _regenerate_locked(
+    options: RegenerateOptions, progress: TextIO | None, lock: OutputLock
+) -> RegenerateTotals:
+    """`regenerate` once this client holds the output's lock."""
     journal = Journal(options.output)
     records = count_records(options.input)
     bar = tqdm(
@@ -232,6 +243,8 @@ def regenerate(
     )
     run = _Run(options, journal, bar)
     run.totals.records, run.totals.done_before = records, len(journal.done)
+    if lock.taken_over:
+        run.note(f"took over the lock of {lock.taken_over}, which is no longer running")
     if journal.cut_bytes:
         run.note(f"dropped the torn last line of {options.output} ({journal.cut_bytes} bytes)")
     try:

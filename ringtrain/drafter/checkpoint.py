@@ -17,21 +17,33 @@ Weights that are not all finite are never written.
 
 The record may carry a `run_id`: `latest_checkpoint(root, run_id)` then skips checkpoints
 of another run (those written without one are taken as this run's).
+
+Checkpoints are verified before use (`checkpoint_problem`): every file readable, the
+weights all finite. `latest_checkpoint` falls back from a bad newest checkpoint to the
+newest good one with a warning naming the bad one and why, and `checkpoint_spec` (what
+evaluation reads first) refuses a checkpoint whose weights are unreadable or not finite.
+`training_state.pt` is read with `weights_only=True`, allowing exactly the NumPy types of
+the RNG state it holds, so a run directory from elsewhere cannot run code on resume.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import random
 import re
 import shutil
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from numpy._core.multiarray import _reconstruct
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -51,6 +63,10 @@ REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, RESUME_FILE)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # Room left beyond the tensors' bytes for pickling, JSON and file-system overhead.
 SIZE_MARGIN_BYTES = 1 << 20
+# What training_state.pt holds besides tensors and builtins: NumPy's RNG state array.
+STATE_GLOBALS = [np.ndarray, np.dtype, _reconstruct, type(np.dtype(np.uint32))]
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -208,22 +224,106 @@ def _check_free_space(root: Path, final: Path, need: int) -> None:
 
 
 def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path | None:
-    """The complete step_N directory with the highest N under root_dir, or None.
+    """The complete, verified step_N directory with the highest N under root_dir, or None.
 
-    With `run_id`, checkpoints that record another run id are skipped."""
+    With `run_id`, checkpoints that record another run id are skipped. A newer checkpoint
+    that fails verification is skipped with a warning naming it and why."""
     root = Path(root_dir)
     if not root.is_dir():
         return None
-    best: tuple[int, Path] | None = None
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if not match or not all((entry / f).is_file() for f in REQUIRED_FILES):
+    steps = sorted(
+        (
+            (int(match.group(1)), entry)
+            for entry in root.iterdir()
+            if (match := STEP_DIR.match(entry.name))
+        ),
+        reverse=True,
+    )
+    for _, entry in steps:
+        if not all((entry / f).is_file() for f in REQUIRED_FILES):
+            continue
+        problem = checkpoint_problem(entry)
+        if problem is not None:
+            log.warning("skipping checkpoint %s: %s; falling back to an older one", entry, problem)
             continue
         if run_id is not None and read_resume_record(entry).run_id not in (None, run_id):
             continue
-        if best is None or int(match.group(1)) > best[0]:
-            best = (int(match.group(1)), entry)
-    return best[1] if best else None
+        return entry
+    return None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint directory `path` must not be used (naming the file), None if it can.
+
+    Verdicts are kept per file versions (size, mtime), so checking again costs nothing."""
+    path = Path(path)
+    versions = tuple(_version(path / name) for name in REQUIRED_FILES)
+    return _problem(path, versions)
+
+
+def _version(file: Path) -> tuple[int, int]:
+    try:
+        status = file.stat()
+    except FileNotFoundError:
+        return (-1, -1)
+    return status.st_size, status.st_mtime_ns
+
+
+@cache
+def _problem(path: Path, versions: tuple[tuple[int, int], ...]) -> str | None:
+    for name, version in zip(REQUIRED_FILES, versions, strict=True):
+        if version[0] < 0:
+            return f"{path / name} is missing"
+    try:
+        spec_from_hf_config(json.loads((path / CONFIG_FILE).read_text()))
+    except ValueError as exc:
+        return f"{path / CONFIG_FILE} cannot be read ({exc})"
+    try:
+        read_resume_record(path)
+        _load_state(path / STATE_FILE, mmap=True)
+    except (ValueError, CheckpointError) as exc:
+        return str(exc)
+    return _weights_problem(path / WEIGHTS_FILE, versions[REQUIRED_FILES.index(WEIGHTS_FILE)])
+
+
+@cache
+def _weights_problem(file: Path, version: tuple[int, int]) -> str | None:
+    """What is wrong with a weights file (at `version`: size, mtime): unreadable, or
+    values that are not finite."""
+    bad, total, first = 0, 0, None
+    try:
+        with safe_open(str(file), framework="pt") as weights:
+            for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                tensor = weights.get_tensor(name)
+                count = int((~torch.isfinite(tensor)).sum())
+                bad, total = bad + count, total + tensor.numel()
+                first = first or (name if count else None)
+    except (SafetensorError, OSError) as exc:
+        return f"{file} cannot be read ({exc})"
+    if bad:
+        return (
+            f"{file}: {bad} of {total} weight values are not finite (NaN or inf; first in {first})"
+        )
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    """The line of a loading error that says what is wrong (torch's are long)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error")]
+    return (unpickler or lines or [type(exc).__name__])[0]
+
+
+def _load_state(file: Path, mmap: bool = False) -> dict[str, Any]:
+    """training_state.pt, loaded without running code; raises CheckpointError naming it."""
+    try:
+        with torch.serialization.safe_globals(STATE_GLOBALS):
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{file} cannot be read ({_reason(exc)})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{file} is not a training state (no step)")
+    return state
 
 
 @dataclass
@@ -258,12 +358,17 @@ class LoadedCheckpoint:
 def checkpoint_spec(directory: str | Path) -> DrafterSpec:
     """The DrafterSpec saved in a checkpoint directory's config.json.
 
-    Raises ValueError naming the file when it is no DFlash drafter config."""
+    Raises ValueError naming the file when it is no DFlash drafter config, or when the
+    checkpoint's weights are unreadable or not all finite (a drafter not to be used)."""
     config_file = Path(directory) / CONFIG_FILE
     try:
-        return spec_from_hf_config(json.loads(config_file.read_text()))
+        spec = spec_from_hf_config(json.loads(config_file.read_text()))
     except ValueError as exc:  # json.JSONDecodeError is one too
         raise ValueError(f"{config_file}: {exc}") from None
+    weights = Path(directory) / WEIGHTS_FILE
+    if weights.is_file() and (problem := _weights_problem(weights, _version(weights))):
+        raise ValueError(f"refusing the drafter checkpoint: {problem}")
+    return spec
 
 
 def load_checkpoint(
@@ -289,7 +394,7 @@ def load_checkpoint(
         with torch.device(device):
             model = build_drafter(spec)
         model.load_state_dict(load_file(str(path / WEIGHTS_FILE), device=str(device)))
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+    state = _load_state(path / STATE_FILE)
     return LoadedCheckpoint(
         path=path, spec=spec, model=model, step=state["step"], training_state=state
     )

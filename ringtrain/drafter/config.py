@@ -1,4 +1,7 @@
-"""Configuration of the DFlash drafter and its optimiser ([drafter], [optim])."""
+"""Configuration of the DFlash drafter and its optimiser ([drafter], [optim]).
+
+Every number carries its bounds (msgspec.Meta), checked when the config is loaded.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +13,28 @@ import msgspec
 class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Drafter architecture and training-block sampling. Zero means "follow the target"."""
 
-    num_layers: int = 5
-    block_size: int = 16
+    num_layers: Annotated[int, msgspec.Meta(ge=1)] = 5
+    block_size: Annotated[int, msgspec.Meta(ge=2)] = 16
     # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
-    num_anchors: int = 512
-    anchor_ref_len: int = 3072
+    num_anchors: Annotated[int, msgspec.Meta(ge=1)] = 512
+    anchor_ref_len: Annotated[int, msgspec.Meta(ge=1)] = 3072
     # Mask token id (Qwen3: 151669; Qwen3.5/3.6: 248070). -1: last id of the vocab.
-    mask_token_id: int = -1
+    mask_token_id: Annotated[int, msgspec.Meta(ge=-1)] = -1
     # Training objective: "decayed_ce" (the paper's cross-entropy, slot k weighted
     # exp(-(k-1)/gamma)) or "dpace" (D-PACE: each slot weighted by the expected number of
     # slots decoding reaches from it, from the drafter's own confidences; see
     # ringtrain.drafter.loss.dpace_weights).
     objective: Literal["decayed_ce", "dpace"] = "decayed_ce"
     # Loss decay gamma; 0 picks the paper's value for the block size (16: 7, 10: 5, 8: 4).
-    gamma: float = 0.0
+    gamma: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     # D-PACE confidence smoothing: s_k = alpha + (1 - alpha) * q_k (1: uniform weights).
     dpace_alpha: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
-    num_attention_heads: int = 0
-    num_key_value_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
+    num_attention_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    num_key_value_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    head_dim: Annotated[int, msgspec.Meta(ge=0)] = 0
+    intermediate_size: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Per-layer sliding window (0 = full attention); empty = all full attention.
-    sliding_windows: list[int] = msgspec.field(default_factory=list)
+    sliding_windows: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=list)
     # What a sliding layer computes inside a block: "bidirectional" (every block token
     # sees the whole block; what the DFlash reference computes for a checkpoint with
     # is_causal = false) or "causal" (block token k sees block tokens 0..k; what SGLang,
@@ -40,9 +43,9 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # checkpoint's config.json says which, so every engine computes what was trained.
     sliding_attention: Literal["bidirectional", "causal"] = "bidirectional"
     # Most anchors per batch (a static shape); 0: ceil(num_anchors * max_tokens / anchor_ref_len).
-    max_anchors: int = 0
+    max_anchors: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Rows of the LM head + cross-entropy computed at once.
-    loss_chunk: int = 4096
+    loss_chunk: Annotated[int, msgspec.Meta(ge=1)] = 4096
     # torch.compile the layer stack, flex_attention and the loss chunks (CUDA only).
     compile: bool = True
     # torch.compile mode ("default", "max-autotune-no-cudagraphs", ...).
@@ -52,14 +55,15 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """AdamW with cosine schedule and warm-up (paper defaults)."""
 
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.0
-    warmup_fraction: float = 0.04
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+    lr: Annotated[float, msgspec.Meta(gt=0.0)] = 6e-4
+    min_lr_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    warmup_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.04
+    weight_decay: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    beta1: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.9
+    beta2: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.95
+    eps: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-8
+    # Gradient-norm clipping threshold; 0: no clipping.
+    grad_clip: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     # A step whose loss or gradient norm is not finite is skipped (the weights keep their
     # values); this many such steps in a row stop the run.
     max_nonfinite_steps: Annotated[int, msgspec.Meta(ge=1)] = 10

@@ -67,7 +67,10 @@ def read_resume_record(checkpoint: str | Path) -> ResumeRecord:
     Raises CheckpointFormatError naming the file when it is of another format."""
     path = Path(checkpoint) / RESUME_FILE
     data = path.read_bytes()
-    raw = msgspec.json.decode(data)
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CheckpointFormatError(f"{path} cannot be read (not JSON: {exc})") from None
     version = raw.get("version") if isinstance(raw, dict) else None
     if version != RECORD_VERSION:
         written = "before resume records were versioned" if version is None else f"v{version}"

@@ -5,7 +5,9 @@ cut line in the middle: lines that do not decode are skipped and counted. A resu
 trains again the steps after its checkpoint, so its records repeat steps already logged;
 the later records win, and the step where each resumed session began is kept as a restart
 (found from the `start` record a session writes when it opens the file, or, in files
-without those, from a step that does not follow the step before it).
+without those, from a step that does not follow the step before it). Step and evaluation
+records without the fields the figures read (or with fields of the wrong type) are
+skipped and named by line, with what is wrong.
 """
 
 from __future__ import annotations
@@ -25,6 +27,28 @@ class RunDirError(ValueError):
     """A directory that holds no run (or no step of one yet); the message says why."""
 
 
+class _StepFields(msgspec.Struct):
+    """What the figures read of a step record (a skipped step's loss is null)."""
+
+    step: int
+    loss: float | None
+    tokens: float
+    seconds: float
+    accuracy: list[float | None]
+
+
+class _EvalFields(msgspec.Struct):
+    """What the figures read of an evaluation record."""
+
+    step: int
+    loss: float | None
+    tau_sim: float
+    accuracy_per_slot: list[float | None]
+
+
+_FIELDS = {"step": _StepFields, "eval": _EvalFields}
+
+
 @dataclass
 class RunLog:
     """What a run directory recorded, with repeated steps after a resume resolved."""
@@ -36,13 +60,31 @@ class RunLog:
     evals: list[dict[str, Any]]
     restarts: list[int] = field(default_factory=list)  # first step of each resumed session
     unreadable: int = 0  # lines that did not decode (a torn line)
+    malformed: list[str] = field(default_factory=list)  # 'line N: what is wrong', skipped
 
 
-def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
-    records, unreadable = [], 0
+def _malformed(record: dict[str, Any]) -> str | None:
+    """What is wrong with a step or evaluation record, or None if the figures can read it."""
+    event = record.get("event")
+    fields = _FIELDS.get(event) if isinstance(event, str) else None
+    if fields is None:
+        return None
+    try:
+        msgspec.convert(record, fields)
+    except msgspec.ValidationError as exc:
+        return f"{event} record: {exc}"
+    if event == "step" and not ({"tau_uniform", "tau"} & record.keys()):
+        return "step record: Object missing required field `tau_uniform`"
+    return None
+
+
+def _read_records(path: Path) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """The usable records of `path`, the number of lines that did not decode, and what is
+    wrong with the decoded step and evaluation records that cannot be used."""
+    records, unreadable, malformed = [], 0, []
     decoder = msgspec.json.Decoder()
     with path.open("rb") as file:
-        for line in file:
+        for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             try:
@@ -50,11 +92,13 @@ def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             except msgspec.DecodeError:
                 unreadable += 1
                 continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
+            if not isinstance(record, dict):
                 unreadable += 1
-    return records, unreadable
+            elif (problem := _malformed(record)) is not None:
+                malformed.append(f"line {number}: {problem}")
+            else:
+                records.append(record)
+    return records, unreadable, malformed
 
 
 def _check_run_dir(run_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -77,7 +121,7 @@ def read_run(run_dir: Path | str) -> RunLog:
     """The run in `run_dir`; RunDirError if it is not a run or has no step record yet."""
     run_dir = Path(run_dir)
     metrics, config = _check_run_dir(run_dir)
-    records, unreadable = _read_records(metrics) if metrics.exists() else ([], 0)
+    records, unreadable, malformed = _read_records(metrics) if metrics.exists() else ([], 0, [])
     steps: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     restarts: list[int] = []
@@ -87,7 +131,7 @@ def read_run(run_dir: Path | str) -> RunLog:
         if event == "start":
             session_opened = bool(steps)
         elif event == "step":
-            step = int(record["step"])
+            step = record["step"]
             if steps and (session_opened or step <= steps[-1]["step"]):
                 restarts.append(step)
                 steps = [s for s in steps if s["step"] < step]
@@ -98,9 +142,19 @@ def read_run(run_dir: Path | str) -> RunLog:
             evals.append(record)
     if not steps:
         raise RunDirError(
-            f"{run_dir} has no step record yet ({metrics.name} "
-            f"{'is empty' if metrics.exists() else 'does not exist'}): the run is starting, "
-            "or it stopped before its first step"
+            f"{run_dir} has no step record yet ({_contents(metrics, unreadable, malformed)})"
+            ": the run is starting, or it stopped before its first step"
         )
     name = config.get("run", {}).get("name") or run_dir.name
-    return RunLog(run_dir, name, config, steps, evals, restarts, unreadable)
+    return RunLog(run_dir, name, config, steps, evals, restarts, unreadable, malformed)
+
+
+def _contents(metrics: Path, unreadable: int, malformed: list[str]) -> str:
+    """What a metrics file without a usable step record holds instead."""
+    if not metrics.exists():
+        return f"{metrics.name} does not exist"
+    if not unreadable and not malformed:
+        return f"{metrics.name} is empty"
+    parts = [f"{unreadable} line(s) that are not JSON records"] if unreadable else []
+    parts += [f"{metrics.name} {problem}" for problem in malformed[:3]]
+    return f"{metrics.name} holds " + "; ".join(parts)

@@ -116,6 +116,28 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
     )
 
 
+def header_problem(buffer: bytes | mmap.mmap) -> str | None:
+    """Why `buffer` does not start with a ring control block of this layout (None if it
+    does): too short, or without the magic number and version a creator writes."""
+    if len(buffer) < HEADER.itemsize:
+        return f"{len(buffer)} bytes is too small for a ring control block"
+    header = np.ndarray((), dtype=HEADER, buffer=buffer, offset=0)
+    magic, version = int(header["magic"]), int(header["version"])
+    del header
+    if magic != MAGIC or version != VERSION:
+        return (
+            f"not a ringtrain control block of layout version {VERSION} "
+            f"(magic {magic:#x}, version {version})"
+        )
+    return None
+
+
+def read_header(path: str) -> bytes:
+    """The first bytes of a control segment, as many as a header has (fewer if shorter)."""
+    with open(path, "rb") as segment:
+        return segment.read(HEADER.itemsize)
+
+
 def _round64(n: int) -> int:
     return (n + 63) // 64 * 64
 
@@ -173,14 +195,9 @@ class ControlBlock:
     @staticmethod
     def read_spec(buffer: mmap.mmap, where: str) -> RingSpec:
         """Decode the spec stored in a control block's header; `where` names the segment."""
-        if len(buffer) < HEADER.itemsize:
-            raise ValueError(f"{where}: {len(buffer)} bytes is too small for a ring control block")
+        if (problem := header_problem(buffer)) is not None:
+            raise ValueError(f"{where}: {problem}")
         header = np.ndarray((), dtype=HEADER, buffer=buffer, offset=0)
-        if int(header["magic"]) != MAGIC or int(header["version"]) != VERSION:
-            raise ValueError(
-                f"{where}: not a ringtrain control block of layout version {VERSION} "
-                f"(magic {int(header['magic']):#x}, version {int(header['version'])})"
-            )
         return RingSpec.decode(get_bytes(header["spec"], header["spec_len"]))
 
     def write_desc(self, slot: int, data: bytes) -> None:

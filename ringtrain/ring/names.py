@@ -4,13 +4,15 @@ Every object of run R is named `ringtrain.R.<part>`: shared memory `/ringtrain.R
 and `/ringtrain.R.data`, semaphores `/ringtrain.R.ready` and `/ringtrain.R.free<i>`
 (Linux shows them as /dev/shm/sem.ringtrain.R.*), and the FIFO lock file
 `<lock_dir>/ringtrain.R.lock`. The control segment is created first and unlinked
-last, so a run whose control segment is gone owns nothing that is still needed.
+last, so a run whose control segment is gone owns nothing that is still needed. A
+control segment that is not a ring's (no magic number and layout version, and not being
+initialised) is junk: `ringtrain-stat` names and skips it, and a ring's start removes it
+with the run's other objects, as it removes those of dead runs.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import re
 import time
@@ -19,7 +21,7 @@ import zlib
 import numpy as np
 import posix_ipc
 
-from ringtrain.ring.control import HEADER
+from ringtrain.ring.control import HEADER, header_problem, read_header
 from ringtrain.ring.errors import RingError, ShmTooSmall
 from ringtrain.ring.liveness import process_alive
 
@@ -103,23 +105,37 @@ def _run_of(entry: str) -> str | None:
     return run if run and part else None
 
 
-def _creator_alive(run_id: str) -> tuple[bool, int]:
-    """(alive, creator pid) of run `run_id` judged from its control segment."""
+def _ctl_state(run_id: str) -> tuple[bool, int, str | None]:
+    """(creator alive, creator pid, why the segment is junk or None) of run `run_id`,
+    judged from its control segment. A creator writes its pid first and the magic number
+    last, so a segment without magic is being initialised while its creator lives (or,
+    for a segment not yet sized or stamped, for INIT_GRACE_S after its creation)."""
     path = shm_path(ctl_name(run_id))
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < HEADER.itemsize:
-                return time.time() - os.fstat(f.fileno()).st_mtime < INIT_GRACE_S, 0
-            with mmap.mmap(f.fileno(), HEADER.itemsize, prot=mmap.PROT_READ) as mm:
-                header = np.ndarray((), dtype=HEADER, buffer=mm)
-                pid, start = int(header["creator_pid"]), int(header["creator_start"])
-                del header
+        head = read_header(path)
+        age = time.time() - os.stat(path).st_mtime
     except FileNotFoundError:
-        return False, 0
+        return False, 0, None
+    problem = header_problem(head)
+    if problem is not None and any(head[:8]):
+        return False, 0, problem  # bytes where the magic number goes, but not it
+    if len(head) < HEADER.itemsize:
+        return (True, 0, None) if not head and age < INIT_GRACE_S else (False, 0, problem)
+    header = np.frombuffer(head, dtype=HEADER)[0]
+    pid, start = int(header["creator_pid"]), int(header["creator_start"])
     if pid == 0:
-        return time.time() - os.stat(path).st_mtime < INIT_GRACE_S, 0
-    return process_alive(pid, start), pid
+        return age < INIT_GRACE_S, 0, None if age < INIT_GRACE_S else problem
+    return process_alive(pid, start), pid, None
+
+
+def junk_segments() -> list[tuple[str, str]]:
+    """(path, what is wrong) of each control segment in /dev/shm that is not a ring's."""
+    runs = sorted({r for e in os.listdir(SHM_DIR) if e.endswith(".ctl") and (r := _run_of(e))})
+    return [
+        (shm_path(ctl_name(run)), problem)
+        for run in runs
+        if (problem := _ctl_state(run)[2]) is not None
+    ]
 
 
 def remove_run(run_id: str, lock_dir: str) -> list[str]:
@@ -152,7 +168,7 @@ def clean_stale(run_id: str, lock_dir: str) -> None:
     if lock_dir != SHM_DIR and os.path.isdir(lock_dir):
         runs |= {r for e in os.listdir(lock_dir) if (r := _run_of(e))}
     for run in sorted(runs):
-        alive, pid = _creator_alive(run)
+        alive, pid, junk = _ctl_state(run)
         if alive and run == run_id:
             raise RingError(
                 f"ring {run_id!r} is already in use by a live process (pid {pid}); "
@@ -160,5 +176,7 @@ def clean_stale(run_id: str, lock_dir: str) -> None:
             )
         if not alive:
             removed = remove_run(run, lock_dir)
-            if removed:
+            if removed and junk:
+                log.info("removed junk ring objects %r (%s)", run, junk)
+            elif removed:
                 log.info("removed %d stale shared-memory objects of dead run %r", len(removed), run)

@@ -278,7 +278,8 @@ class RingLocation:
 
 
 def discover() -> list[RingLocation]:
-    """Rings mapped by live processes (through /proc/<pid>/fd) or still named in /dev/shm."""
+    """Rings mapped by live processes (through /proc/<pid>/fd) or still named in /dev/shm;
+    segments that are not ring control blocks are left out (`names.junk_segments`)."""
     found: dict[str, tuple[str, list[int]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -302,7 +303,15 @@ def discover() -> list[RingLocation]:
     return [
         RingLocation(run, path, tuple(sorted(set(pids))))
         for run, (path, pids) in sorted(found.items())
+        if _is_ring(path)
     ]
+
+
+def _is_ring(path: str) -> bool:
+    try:
+        return cb.header_problem(cb.read_header(path)) is None
+    except OSError:
+        return False
 
 
 class RingReader:

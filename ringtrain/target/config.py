@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -16,8 +16,8 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # "auto" (bf16 on GPU, float32 on CPU) | "bfloat16" | "float32"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Layer indices whose outputs feed the drafter. Empty: DFlash default spread.
-    tap_layers: list[int] = msgspec.field(default_factory=list)
-    num_taps: int = 5
+    tap_layers: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=list)
+    num_taps: Annotated[int, msgspec.Meta(ge=1)] = 5
     # Draw the weights at random instead of reading them: for benchmarks of large shapes
     # from a directory holding only config.json. Never for real training.
     random_weights: bool = False

@@ -25,6 +25,7 @@ import torch
 from ringtrain.batch import slot_fields
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
+from ringtrain.data.batching import max_docs_per_batch
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
 from ringtrain.drafter.checkpoint import checkpoint_spec
 from ringtrain.drafter.resume_record import (
@@ -194,7 +195,8 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
     splits = [d for d in (dataset, eval_dataset) if d is not None]
-    max_docs = max(batch_stream(config, split, 0, 1).max_docs for split in splits)
+    data = config.data
+    max_docs = max(max_docs_per_batch(split, data.token_budget, data.bucket) for split in splits)
     plan = Plan(
         target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset, stream
     )
@@ -202,7 +204,9 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         ring = ring_spec(config, info, run_dir, plan)
     except ValueError as exc:
         raise ConfigError(f"[ring]: {exc}") from None
-    Ring.check_space(ring, info.device)
+    Ring.check_space(ring, info.device)  # before the batch buffers of the budget exist
+    for split in splits:
+        batch_stream(config, split, 0, 1)  # every row fits a batch; enough batches per rank
     return plan
 
 

@@ -12,8 +12,9 @@ not refuse each other, while a second run started on any node of the first is re
 that node. The file system must support POSIX locks (NFSv4 does); where it does not, the
 run goes on without the lock and says so.
 
-Global rank 0 also decides what the run is: a fresh start in a directory holding
-checkpoints is refused unless --overwrite (which deletes the old checkpoints and metrics);
+Once the inputs are validated (so a refused start deletes nothing), global rank 0 decides
+what the run is (`prepare_run_dir`): a fresh start in a directory holding checkpoints is
+refused unless --overwrite (which deletes the old checkpoints and metrics);
 a fresh start draws a new run id (`<run_dir>/run_id`), a resume keeps it; partial
 checkpoints that interrupted saves left are removed. Every checkpoint records the run id,
 and a resume takes only checkpoints of its own run (drafter/checkpoint.py).
@@ -41,7 +42,7 @@ METRICS_FILES = ("metrics.jsonl", "metrics.jsonl.pre-resume")
 # How long the other local ranks wait for local rank 0 to take the lock.
 LOCK_WAIT_S = 300.0
 LOCK_POLL_S = 0.05
-_held_locks: list[int] = []  # descriptors kept open (and locked) for the process's life
+_held_locks: dict[Path, int] = {}  # descriptors kept open (and locked) for the process's life
 
 
 def lock_path(run_dir: Path, node_rank: int) -> Path:
@@ -66,8 +67,8 @@ def read_run_id(run_dir: Path) -> str | None:
 
 def claim_run_dir(run_dir: Path, info: RankInfo, resume: bool, overwrite: bool) -> list[str]:
     """Take this node's lock (local rank 0) or wait until it is taken for this launch
-    (other local ranks); global rank 0 also prepares the directory for a fresh start or a
-    resume. Raises ConfigError (exit 2) when refused; returns lines for the log."""
+    (other local ranks). Raises ConfigError (exit 2) when refused; returns lines for the
+    log. Nothing in the directory changes until `prepare_run_dir`."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: give one of them")
     path = lock_path(run_dir, info.node_rank)
@@ -75,8 +76,24 @@ def claim_run_dir(run_dir: Path, info: RankInfo, resume: bool, overwrite: bool) 
         _wait_for_claim(path)
         return []
     fd, notes = _take_lock(path)
-    if info.rank == 0:
-        notes += _prepare(run_dir, resume, overwrite)
+    _write_holder(fd, run_dir)
+    return notes
+
+
+def prepare_run_dir(run_dir: Path, info: RankInfo, resume: bool, overwrite: bool) -> list[str]:
+    """On global rank 0, after the inputs are validated: prepare the directory for a fresh
+    start or a resume (see the module docstring). Raises ConfigError when refused; returns
+    lines for the log. Other ranks see the result once the world is joined."""
+    if info.rank != 0:
+        return []
+    notes = _prepare(run_dir, resume, overwrite)
+    if (fd := _held_locks.get(lock_path(run_dir, info.node_rank))) is not None:
+        _write_holder(fd, run_dir)  # with the run id the start decided
+    return notes
+
+
+def _write_holder(fd: int, run_dir: Path) -> None:
+    """Write who holds the lock into the lock file (in place: the lock is on this file)."""
     holder = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -84,11 +101,9 @@ def claim_run_dir(run_dir: Path, info: RankInfo, resume: bool, overwrite: bool) 
         "launch": launch_key(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    # In place: the lock is on this file, so it is never replaced or removed.
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     os.fsync(fd)
-    return notes
 
 
 def _take_lock(path: Path) -> tuple[int, list[str]]:
@@ -98,7 +113,7 @@ def _take_lock(path: Path) -> tuple[int, list[str]]:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
-            _held_locks.append(fd)
+            _held_locks[path] = fd
             return fd, [f"{path}: this file system refuses locks ({exc.strerror}); nothing "
                         "keeps a second run out of this run directory"]  # fmt: skip
         holder = _read_holder(path)
@@ -112,7 +127,7 @@ def _take_lock(path: Path) -> tuple[int, list[str]]:
             f"run.run_dir {path.parent} is in use by another run ({who}); wait for it to "
             "end or stop it, or choose another run.run_dir"
         ) from None
-    _held_locks.append(fd)
+    _held_locks[path] = fd
     return fd, []
 
 

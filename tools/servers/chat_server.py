@@ -10,7 +10,7 @@ it lets the regenerate -> prepare flow be tried without a GPU:
 
 The answer to a conversation is a function of the whole conversation (`answer_for`), so
 a test can check what each request contained. `Faults` injects what real servers do:
-HTTP 429/500/503, dropped connections, requests left unanswered past the client's
+HTTP 429/500/503, dropped connections, answers whose message lacks `content`, requests left unanswered past the client's
 timeout, a server that stops answering after N requests, and a gate that holds answers
 back until it is opened.
 """
@@ -76,6 +76,7 @@ class Faults:
     error_rate: float = 0.0  # answer HTTP 429, 500 or 503
     drop_rate: float = 0.0  # close the connection without an answer
     hang_rate: float = 0.0  # answer nothing until the client gives up
+    no_content_rate: float = 0.0  # answer 200 with `content` null or missing (alternately)
     dead_after: int | None = None  # drop every request after this many answers
     hold_after: int | None = None  # hold answers after this many until `open_gate`
     seed: int = 0
@@ -115,7 +116,7 @@ class ChatServer:
         self._gate.set()
 
     def decide(self) -> str:
-        """What to do with the next request: answer, error, drop, hang or hold."""
+        """What to do with the next request: answer, error, drop, hang, no_content or hold."""
         faults = self.faults
         with self._lock:
             answered = len(self.requests)
@@ -126,6 +127,7 @@ class ChatServer:
                 ("error", faults.error_rate),
                 ("drop", faults.drop_rate),
                 ("hang", faults.hang_rate),
+                ("no_content", faults.no_content_rate),
             ):
                 if draw < rate:
                     self.injected[action] += 1
@@ -145,6 +147,17 @@ class ChatServer:
         """An HTTP status of a server that is overloaded or failing."""
         with self._lock:
             return self._random.choice([429, 500, 503])
+
+    def answer_without_content(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A 200 answer whose message has `content: null` or no `content` (alternately)."""
+        response = answer_for(body)
+        message = response["choices"][0]["message"]
+        with self._lock:
+            if self.injected["no_content"] % 2:
+                message["content"] = None
+            else:
+                del message["content"]
+        return response
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record the request and build its answer."""
@@ -196,6 +209,9 @@ def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             if action == "error":
                 status = server.error_status()
                 self._send(status, {"error": {"message": "injected"}}, {"Retry-After": "0"})
+                return
+            if action == "no_content":
+                self._send(200, server.answer_without_content(body))
                 return
             self._send(200, server.answer(body))
 

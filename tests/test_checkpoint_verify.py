@@ -1,0 +1,116 @@
+"""Checkpoints are verified before use: a corrupt or NaN newest checkpoint is skipped for
+the newest good one with a warning naming the file and why, evaluation refuses a drafter
+with non-finite weights, and training_state.pt cannot run code when it is read."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringtrain.drafter import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.drafter.checkpoint import (
+    STATE_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    checkpoint_problem,
+    checkpoint_spec,
+)
+from ringtrain.drafter.resume_record import RESUME_FILE, ResumeRecord
+from tests.test_drafter_checkpoint import trained_state
+
+NAN_FP32 = b"\x00\x00\xc0\x7f"
+
+
+def _nan_weights(step: Path) -> None:
+    """Flip the bytes of the last fp32 weight to a NaN."""
+    with (step / WEIGHTS_FILE).open("r+b") as weights:
+        weights.seek(-4, 2)
+        weights.write(NAN_FP32)
+
+
+def _truncate(name: str, keep: float) -> Callable[[Path], None]:
+    def cut(step: Path) -> None:
+        data = (step / name).read_bytes()
+        (step / name).write_bytes(data[: int(len(data) * keep)])
+
+    return cut
+
+
+def _bad_json(step: Path) -> None:
+    (step / RESUME_FILE).write_text('{"version": 1, "step": 100, "run')
+
+
+CORRUPTIONS = {
+    "nan-weights": (_nan_weights, WEIGHTS_FILE, "weight values are not finite"),
+    "truncated-weights": (_truncate(WEIGHTS_FILE, 0.5), WEIGHTS_FILE, "cannot be read"),
+    "empty-weights": (_truncate(WEIGHTS_FILE, 0), WEIGHTS_FILE, "cannot be read"),
+    "truncated-state": (_truncate(STATE_FILE, 0.5), STATE_FILE, "cannot be read"),
+    "empty-state": (_truncate(STATE_FILE, 0), STATE_FILE, "cannot be read"),
+    "invalid-trainer-state": (_bad_json, RESUME_FILE, "cannot be read (not JSON"),
+}
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path) -> tuple[Path, Path]:
+    spec, model, optimizer, scheduler = trained_state(steps=1)
+    good = save_checkpoint(tmp_path, 50, model, spec, optimizer, scheduler, ResumeRecord(step=50))
+    newest = save_checkpoint(
+        tmp_path, 100, model, spec, optimizer, scheduler, ResumeRecord(step=100)
+    )
+    return good, newest
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_bad_newest_checkpoint_falls_back_to_the_newest_good_one(
+    two_checkpoints: tuple[Path, Path], corruption: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    good, newest = two_checkpoints
+    corrupt, file, reason = CORRUPTIONS[corruption]
+    corrupt(newest)
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(good.parent) == good
+    warning = caplog.text
+    assert f"skipping checkpoint {newest}" in warning and str(newest / file) in warning
+    assert reason in warning
+    problem = checkpoint_problem(newest)
+    assert problem is not None and str(newest / file) in problem
+    assert load_checkpoint(good.parent, "cpu").record.step == 50
+
+
+def test_evaluation_refuses_a_drafter_with_non_finite_weights(
+    two_checkpoints: tuple[Path, Path],
+) -> None:
+    good, newest = two_checkpoints
+    _nan_weights(newest)
+    with pytest.raises(ValueError, match=rf"{WEIGHTS_FILE}: 1 of \d+ weight values are not finite"):
+        checkpoint_spec(newest)
+    assert checkpoint_spec(good).block_size == 4
+
+
+class _Planted:
+    """Pickles to a call of Path.touch: what a hostile training_state.pt could run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def test_reading_the_training_state_runs_no_code(
+    two_checkpoints: tuple[Path, Path], tmp_path: Path
+) -> None:
+    good, newest = two_checkpoints
+    marker = tmp_path / "code-ran"
+    state = torch.load(newest / STATE_FILE, weights_only=False)
+    torch.save({**state, "planted": _Planted(marker)}, newest / STATE_FILE)
+    with pytest.raises(CheckpointError, match=rf"{STATE_FILE} cannot be read"):
+        load_checkpoint(newest, "cpu")
+    assert latest_checkpoint(good.parent) == good
+    assert not marker.exists()
+    assert load_checkpoint(good, "cpu").step == 50  # NumPy RNG state is allowed
