@@ -181,10 +181,11 @@ def make_prompts(recipe: RealRecipe) -> None:
 def regenerate_command(recipe: RealRecipe, split: str) -> list[str]:
     """tools/recipes/regenerate.py for one split (the held-out split is HumanEval)."""
     settings = recipe.settings
+    limit = ["--limit", str(settings.eval_limit)] if settings.eval_limit else []
     source = (
         ["--prompts", str(recipe.prompts("train"))]
         if split == "train"
-        else ["--benchmark", "humaneval"]
+        else ["--benchmark", "humaneval", *limit]
     )
     new_tokens = settings.max_new_tokens if split == "train" else settings.eval_max_new_tokens
     return [
@@ -290,22 +291,24 @@ def eval_command(recipe: RealRecipe, size: int, dtype: str) -> list[str]:
 
 
 def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
-    """Step 5: ringtrain-eval's JSON per size and dtype (its exit status beside)."""
+    """Step 5: ringtrain-eval's JSON per size and dtype (its exit status beside).
+
+    One evaluation at a time: each already spreads its prompts over ``eval_workers``
+    processes, and more processes than CPU cores slow every one of them down.
+    """
     dtypes = recipe.settings.eval_dtypes
-    commands = {}
-    for size in recipe.settings.train_prompts:
-        for dtype in dtypes if size == recipe.largest else dtypes[:1]:
-            commands[f"{size}:{dtype}"] = eval_command(recipe, size, dtype)
     results: dict[int, dict[str, dict]] = {}
     with Timed(recipe, "eval"):
-        for name, proc in run_all(commands).items():
-            size, dtype = name.split(":")
-            lines = proc.stdout.strip().splitlines()
-            ok = proc.returncode in (0, 1) and lines
-            result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
-            results.setdefault(int(size), {})[dtype] = result or {
-                "error": f"ringtrain-eval exit {proc.returncode}"
-            }
+        for size in sorted(recipe.settings.train_prompts, reverse=True):
+            for dtype in dtypes if size == recipe.largest else dtypes[:1]:
+                name = f"eval_{size}_{dtype}"
+                proc = run_all({name: eval_command(recipe, size, dtype)})[name]
+                lines = proc.stdout.strip().splitlines()
+                ok = proc.returncode in (0, 1) and lines
+                result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
+                results.setdefault(size, {})[dtype] = result or {
+                    "error": f"ringtrain-eval exit {proc.returncode}"
+                }
     return results
 
 

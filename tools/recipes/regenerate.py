@@ -84,6 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--benchmark",
         help="a built-in benchmark's prompts (e.g. humaneval), in ringtrain-eval's wording",
     )
+    parser.add_argument("--limit", type=int, default=0, help="--benchmark: its first N prompts")
     parser.add_argument("--output", help="dataset directory to write (omit: only carve prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument(
@@ -145,7 +146,8 @@ def read_prompts(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[l
     if args.prompts:
         return load_prompts(args.prompts, tokenizer, vocab_size, args.chat_template_kwargs)
     renderer = ChatRenderer(tokenizer, args.chat_template_kwargs)
-    prompt_set = read_benchmark(args.benchmark, PromptOptions(renderer, vocab_size))
+    options = PromptOptions(renderer, vocab_size, limit=args.limit)
+    prompt_set = read_benchmark(args.benchmark, options)
     return [first_prompt(c, renderer) for c in prompt_set.conversations]
 
 
