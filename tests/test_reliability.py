@@ -415,6 +415,35 @@ class Refusal:
     log: str
 
 
+def _start_hostile_case(
+    root: Path, inputs: Inputs, case: str
+) -> tuple[subprocess.Popen[str], Path]:
+    """Start rank 0 of a 3-rank run of one hostile case; returns it and its run directory."""
+    env = run_env() | {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "3",
+        "LOCAL_WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29431",
+    }
+    run_dir = root / "run"
+    extra = _case_setup(root, inputs, case)
+    command = [
+        sys.executable, "-m", "ringtrain.main",
+        "--set", f"run.run_dir={json.dumps(str(run_dir))}",
+        "--set", 'run.device="cpu"',
+        "--set", f"target.path={json.dumps(str(inputs.target))}",
+        "--set", f"data.path={json.dumps(str(inputs.data))}",
+        "--set", "run.eval_every=0",
+        *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return proc, run_dir
+
+
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Refusal]]:
     """Start every hostile case at once (rank 0 of a 3-rank run, no torchrun) and collect them.
@@ -429,39 +458,10 @@ def refusals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ref
         shared / "data", rows=300, vocab_size=vocab, mean_len=120, seed=0
     )
     inputs = Inputs(target, data, vocab)
-    env = run_env() | {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "3",
-        "LOCAL_WORLD_SIZE": "3",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29431",
+    started = {
+        case: _start_hostile_case(tmp_path_factory.mktemp(case), inputs, case)
+        for case in HOSTILE_CASES
     }
-    started: dict[str, tuple[subprocess.Popen[str], Path]] = {}
-    for case in HOSTILE_CASES:
-        root = tmp_path_factory.mktemp(case)
-        run_dir = root / "run"
-        extra = _case_setup(root, inputs, case)
-        command = [
-            sys.executable,
-            "-m",
-            "ringtrain.main",
-            "--set",
-            f"run.run_dir={json.dumps(str(run_dir))}",
-            "--set",
-            'run.device="cpu"',
-            "--set",
-            f"target.path={json.dumps(str(target))}",
-            "--set",
-            f"data.path={json.dumps(str(data))}",
-            "--set",
-            "run.eval_every=0",
-            *extra,
-        ]
-        proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        started[case] = (proc, run_dir)
     results = {}
     try:
         for case, (proc, run_dir) in started.items():

@@ -96,11 +96,13 @@ def test_pipeline_layouts_use_the_trainers_roles_and_the_busiest_gpu() -> None:
         Layout.parse("2", None)
 
 
-def test_bench_regenerate_against_the_chat_server(capsys: pytest.CaptureFixture[str]) -> None:
-    from tools.bench.bench_regenerate import main
-
-    main(["--records", "40", "--concurrency", "4"])
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+def test_bench_regenerate_against_the_chat_server() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.bench_regenerate", "--records", "40",
+         "--concurrency", "4"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["records"] == 40
     assert report["requests"] == 40 and report["regenerate_client_rps"] > 0
 
@@ -108,17 +110,21 @@ def test_bench_regenerate_against_the_chat_server(capsys: pytest.CaptureFixture[
 def test_bench_ipc_copy_refuses_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: test_bench_ipc_copy_on_a_gpu runs it")
-    from tools.bench.bench_ipc_copy import main
-
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        main(["--item-mb", "1"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.bench_ipc_copy", "--item-mb", "1"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
 
 
 @pytest.mark.gpu
 def test_bench_ipc_copy_on_a_gpu() -> None:
-    from tools.bench.bench_ipc_copy import main
-
-    report = main(["--slots", "2", "--item-mb", "8", "--reps", "4"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.bench_ipc_copy", "--slots", "2", "--item-mb", "8",
+         "--reps", "4"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ipc_same_us"] > 0 and report["local_in_turn_us"] > 0
 
 
