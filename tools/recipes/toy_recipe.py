@@ -353,7 +353,13 @@ def table(report: dict, command: str) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--device", choices=["cpu", "cuda"], help="run the recipe on this device")
+    what.add_argument(
+        "--report",
+        metavar="JSON",
+        help="print the closing report of a finished run again (its toy_recipe.json)",
+    )
     parser.add_argument(
         "--objectives",
         default="",
@@ -378,10 +384,16 @@ def load_recipe(args: argparse.Namespace) -> Recipe:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        report = json.loads(Path(args.report).read_text())
+        print(table(report, report.get("command", "launch/toy_recipe.sh")), flush=True)
+        return 0
     recipe = load_recipe(args)
     objectives = [o for o in args.objectives.split(",") if o] or [recipe.config.drafter.objective]
     report = run_recipe(recipe, objectives)
     command = "launch/toy_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["command"] = command.strip()
+    save_report(recipe, report)
     print(table(report, command.strip()), flush=True)
     lossless = all(
         r.get("exit") == 0
