@@ -32,6 +32,32 @@ if TYPE_CHECKING:
 
 LOGGER_NAME = "ringtrain"
 
+# transformers' notice, on each rank that runs a hybrid target, that Gated DeltaNet and
+# causal conv1d fall back to torch because flash-linear-attention or causal_conv1d is not
+# installed: on CPU there is nothing to install (both packages need CUDA), and the
+# target's load line says which kernels run.
+KERNEL_FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
+KERNEL_FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
+
+
+class _WithoutNotice(logging.Filter):
+    """Drops the log records whose message contains `notice`."""
+
+    def __init__(self, notice: str) -> None:
+        super().__init__()
+        self.notice = notice
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.notice not in record.getMessage()
+
+
+_CPU_KERNEL_FALLBACKS = _WithoutNotice(KERNEL_FALLBACK_NOTICE)
+
+
+def silence_cpu_kernel_fallbacks() -> None:
+    """Keep transformers' kernel fallback notices off a CPU rank's console (idempotent)."""
+    logging.getLogger(KERNEL_FALLBACK_LOGGER).addFilter(_CPU_KERNEL_FALLBACKS)
+
 
 def setup_logging(run_dir: Path, rank: int, role: str, terminal_progress: bool) -> Path:
     """Configure the `ringtrain` logger for this rank; returns the log file's path."""
