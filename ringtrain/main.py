@@ -29,7 +29,7 @@ from ringtrain.config import (
     parse_config,
 )
 from ringtrain.trainer.groups import RankGroups, new_groups
-from ringtrain.trainer.logs import get_logger, setup_logging
+from ringtrain.trainer.logs import get_logger, setup_logging, silence_cpu_kernel_fallbacks
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from ringtrain.trainer.run_dir import claim_run_dir, prepare_run_dir
@@ -72,17 +72,18 @@ def read_config(args: argparse.Namespace) -> Config:
 
 
 def embedded_split(processes: int) -> list[str]:
-    """The embedded default's role split for ``processes`` per node: about one drafter per
-    three processes (2 -> 1+1, 3 -> 2+1, 8 -> 5+3), at least one of each."""
+    """The embedded default's role split for ``processes`` per node: about one target per
+    three processes (2 -> 1+1, 3 -> 1+2, 8 -> 3+5), at least one of each. The tiny
+    target's forward is cheap next to a drafter's training step, so drafters get most."""
     if processes < 2:
         raise ConfigError(
             f"the embedded default needs at least 2 processes per node (a target and a "
             f"drafter); torchrun started {processes}: use --nproc-per-node 2 or more"
         )
-    drafters = max(1, round(processes / 3))
+    targets = max(1, round(processes / 3))
     return [
-        f"layout.targets_per_node={processes - drafters}",
-        f"layout.drafters_per_node={drafters}",
+        f"layout.targets_per_node={targets}",
+        f"layout.drafters_per_node={processes - targets}",
     ]
 
 
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # the lock and its refusals are local rank 0's to report
         return refuse(exc, reporter=info.local_rank == 0)
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
+    if info.device.type == "cpu":
+        silence_cpu_kernel_fallbacks()
     log = get_logger()
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
     for note in notes:

@@ -32,7 +32,7 @@ def embedded_run(processes: int, run_dir: Path, *overrides: str) -> subprocess.C
 
 
 @pytest.mark.parametrize(
-    ("processes", "targets", "drafters"), [(2, 1, 1), (3, 2, 1), (4, 3, 1), (8, 5, 3)]
+    ("processes", "targets", "drafters"), [(2, 1, 1), (3, 1, 2), (4, 1, 3), (8, 3, 5)]
 )
 def test_embedded_split_follows_the_process_count(
     processes: int, targets: int, drafters: int
@@ -126,6 +126,21 @@ def test_unwritable_run_dir_is_refused_naming_the_key(
     assert code == 2
     err = capsys.readouterr().err
     assert "run.run_dir = " in err and "cannot be written (Not a directory)" in err
+
+
+def test_embedded_default_runs_one_target_two_drafters_without_kernel_notices(
+    tmp_path: Path,
+) -> None:
+    """The quickstart's command: 1 target + 2 drafters, and a console free of transformers'
+    notices that the Gated DeltaNet and conv1d kernels fall back to torch (on CPU there is
+    no other kernel)."""
+    finished = embedded_run(3, tmp_path / "run", "run.max_steps=2", "run.eval_every=0")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    assert logs == ["rank0-target.log", "rank1-drafter.log", "rank2-drafter.log"]
+    assert "done: 2 steps" in finished.stdout
+    console = finished.stdout + finished.stderr
+    assert "falling back to its reference PyTorch implementation" not in console
 
 
 def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from tests.launcher import (
     step_records,
     trained_batches,
     wait_for_step,
+    worker_pid,
 )
 
 pytestmark = pytest.mark.slow
@@ -153,3 +154,29 @@ def test_two_targets_two_drafters_share_gradients_and_evaluate(tmp_path: Path) -
     names = load_checkpoint(checkpoint, "cpu").model.state_dict()
     assert "fc.weight" in names and not any(name.startswith("module.") for name in names)
     assert _warnings(run_dir) == []
+
+
+def test_evaluation_rounds_survive_a_kill_and_resume(tmp_path: Path) -> None:
+    """Round k is evaluated after step k * eval_every and reported so, a run whose
+    max_steps is no multiple of eval_every gets a last round after it, and a SIGKILL then a
+    resume from the last checkpoint leaves every round in metrics.jsonl exactly once: the
+    round due at the resumed step (which completes steps after its checkpoint) runs again."""
+    run_dir = tmp_path / "run"
+    overrides = ["run.max_steps=28", "run.eval_every=6", "run.checkpoint_every=6"]
+    overrides += ["run.log_every=1", "run.name=evalresume"]
+    proc = start_training(run_dir, 1, 1, overrides)
+    wait_for_step(proc, run_dir, 7)
+    for local_rank in (0, 1):  # the workers outlive a killed torchrun: kill them first
+        os.kill(worker_pid(proc.pid, local_rank), signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=RUN_TIMEOUT_S)
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step < 28
+
+    resumed = run_training(run_dir, 1, 1, overrides, resume=True)
+    _assert_ok(resumed)
+    assert [r["step"] for r in step_records(run_dir)] == list(range(1, 29))
+    evals = [(e["round"], e["step"]) for e in eval_records(run_dir)]
+    assert evals == [(1, 6), (2, 12), (3, 18), (4, 24), (5, 28)]
+    assert "eval round 5 after step 28 |" in resumed.stdout
+    assert shm_entries("evalresume") == []

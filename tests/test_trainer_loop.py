@@ -30,7 +30,7 @@ from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_r
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
-from ringtrain.trainer.heldout import EvalTally
+from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums
@@ -111,7 +111,7 @@ def weights(loop: DrafterLoop) -> list[torch.Tensor]:
 
 
 def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
-    items = [item(0), item(1), item(5, BatchKind.EVAL), item(2)]
+    items = [item(0), item(1), item(5, BatchKind.EVAL), item(2), item(6, BatchKind.EVAL)]
     ring, reporter, saved = RingStandIn(items), ReporterStandIn(), []
     loop = make_loop(ring, max_steps=3, eval_every=2, eval_batches=1)
     before = weights(loop)
@@ -123,9 +123,11 @@ def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
     assert [r.batches for r in reporter.steps] == [[[0, 0, 100]], [[0, 1, 101]], [[0, 2, 102]]]
     assert all(r.tokens == sum(DOCS) and math.isfinite(r.loss) for r in reporter.steps)
     assert state.ledger.cursors() == {0: StreamCursor(start=3, skip=())}
-    # The evaluation batch taken during step 3 completes round 1, reported after step 2.
-    [(after_step, metrics)] = reporter.evaluations
+    # The evaluation batch taken during step 3 completes round 1, due after step 2; the
+    # one taken after the last step completes the last round, due after step 3.
+    [(after_step, metrics), (last_step, last)] = reporter.evaluations
     assert after_step == 2 and metrics["round"] == 1 and metrics["tau_sim"] >= 1.0
+    assert last_step == 3 and last["round"] == 2 and state.evaluated_step == 3
     assert saved == [2, 3]  # checkpoint_every = 2, and the last step
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
 
@@ -255,14 +257,23 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
 
 
 def test_eval_tally_completes_a_round_by_batch_count() -> None:
-    tally = EvalTally(total_batches=3, block_size=BLOCK, rounds_done=4)
+    tally = EvalTally(total_batches=3, block_size=BLOCK)
     vector = eval_sums(1.0).as_vector()
     assert tally.absorb(0, torch.zeros_like(vector)) is None
     assert tally.absorb(2, 2 * vector) is None
     metrics = tally.absorb(1, vector)
-    assert metrics == {**EvalSums.summarise(3 * vector, BLOCK), "round": 5}
-    assert metrics["tau_sim"] == 3.0 and tally.completed_rounds == 5
-    assert tally.absorb(3, 5 * vector) == {**EvalSums.summarise(5 * vector, BLOCK), "round": 6}
+    assert metrics == EvalSums.summarise(3 * vector, BLOCK)
+    assert metrics["tau_sim"] == 3.0
+    assert tally.absorb(3, 5 * vector) == EvalSums.summarise(5 * vector, BLOCK)
+
+
+def test_eval_rounds_every_eval_every_steps_and_after_the_last() -> None:
+    rounds = EvalRounds(eval_every=20, max_steps=50)
+    assert rounds.count == 3
+    assert [rounds.step_of(k) for k in (1, 2, 3)] == [20, 40, 50]
+    assert [rounds.done_by(step) for step in (0, 19, 20, 40, 50)] == [0, 0, 1, 2, 3]
+    assert EvalRounds(eval_every=10, max_steps=40).count == 4
+    assert EvalRounds(eval_every=0, max_steps=40).count == 0
 
 
 def test_ledger_keeps_a_prefix_and_the_later_batches_and_refuses_repeats() -> None:

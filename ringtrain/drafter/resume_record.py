@@ -3,7 +3,8 @@
 `ResumeRecord` is written by save_checkpoint as the checkpoint's RESUME_FILE (JSON) and
 read back by `read_resume_record` without loading any tensor (a target resuming its
 data stream needs nothing else): the step, the run it belongs to, what decided its batch
-sequence (`StreamIdentity`) and, per producer, where its stream resumes (`StreamCursor`).
+sequence (`StreamIdentity`), per producer, where its stream resumes (`StreamCursor`), and
+the held-out rounds already evaluated (`eval_step`).
 The record is versioned: a file of another version (or of the free-form format before
 versions) is refused with a message naming the file and the fix.
 """
@@ -54,6 +55,14 @@ class ResumeRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     run_id: str | None = None  # latest_checkpoint skips other runs' checkpoints
     stream: StreamIdentity | None = None
     cursors: dict[int, StreamCursor] = msgspec.field(default_factory=dict)  # by producer
+    # The step the last completed held-out round was due after (trainer/heldout.py); None
+    # in records written before it was recorded, whose rounds up to `step` all ran.
+    eval_step: int | None = None
+
+    @property
+    def evaluated_step(self) -> int:
+        """The step the last held-out round completed before this checkpoint was due after."""
+        return self.step if self.eval_step is None else self.eval_step
 
 
 def encode_resume_record(record: ResumeRecord) -> bytes:

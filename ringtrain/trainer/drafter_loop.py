@@ -50,7 +50,7 @@ from ringtrain.trainer.data_parallel import (
     wrap_data_parallel,
 )
 from ringtrain.trainer.gpu_busy import GpuBusySampler
-from ringtrain.trainer.heldout import EvalTally, final_round
+from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
@@ -89,6 +89,7 @@ class DrafterState:
 
     step: int
     ledger: BatchLedger
+    evaluated_step: int = 0  # the step the last completed held-out round was due after
 
 
 class RingSide(Protocol):
@@ -153,6 +154,7 @@ class DrafterLoop:
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
         self.eval_batches_per_round = eval_batches_per_round
+        self.rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
         self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
@@ -170,11 +172,7 @@ class DrafterLoop:
         `reporter` gets every step and evaluation round, `save` is called at every
         checkpoint step and at the end (both only on the lead drafter)."""
         run = self.config.run
-        tally = EvalTally(
-            self.eval_batches_per_round,
-            self.block_size,
-            state.step // run.eval_every if run.eval_every else 0,
-        )
+        tally = EvalTally(self.eval_batches_per_round, self.block_size)
         last_saved = state.step
         self._announce_compile()
         while state.step < run.max_steps:
@@ -184,7 +182,7 @@ class DrafterLoop:
             if loss_sum is None:
                 self.sums.request_stop()
             reduced = self.sums.reduce(self.group)
-            self._report_evaluation(tally, reduced, state.step, reporter)
+            self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
                 self._discard(step, stop)
                 break
@@ -199,9 +197,8 @@ class DrafterLoop:
                 last_saved = step
         if save is not None and state.step != last_saved:
             save(state)
-        last_round = final_round(run.max_steps, run.eval_every)
-        if state.step == run.max_steps and tally.completed_rounds < last_round:
-            self._finish_rounds(tally, last_round, stop, reporter, state.step)
+        if state.step == run.max_steps:
+            self._finish_rounds(tally, stop, reporter, state)
         return state
 
     def _announce_compile(self) -> None:
@@ -335,29 +332,30 @@ class DrafterLoop:
     # ---- evaluation rounds -----------------------------------------------------------
 
     def _report_evaluation(
-        self, tally: EvalTally, reduced: ReducedSums, step: int, reporter: Reporter | None
+        self, tally: EvalTally, reduced: ReducedSums, state: DrafterState, reporter: Reporter | None
     ) -> None:
+        """Absorb the step's evaluation sums; a completed round is the one after the last
+        completed, reported as after the step it was due after (also kept in `state`)."""
         evaluated = tally.absorb(reduced.eval_batches, reduced.eval)
-        if evaluated is not None and reporter is not None:
-            reporter.evaluation(step, evaluated)
+        if evaluated is None:
+            return
+        round_id = self.rounds.done_by(state.evaluated_step) + 1
+        state.evaluated_step = self.rounds.step_of(round_id)
+        if reporter is not None:
+            reporter.evaluation(state.evaluated_step, {**evaluated, "round": round_id})
 
     def _finish_rounds(
-        self,
-        tally: EvalTally,
-        last_round: int,
-        stop: StopRequest,
-        reporter: Reporter | None,
-        step: int,
+        self, tally: EvalTally, stop: StopRequest, reporter: Reporter | None, state: DrafterState
     ) -> None:
-        """Complete the evaluation rounds up to the one due at the last step; training items
-        taken meanwhile are dropped (not recorded, so a resumed run still trains them)."""
-        while tally.completed_rounds < last_round:
+        """Complete the evaluation rounds up to the one due after the last step; training
+        items taken meanwhile are dropped (not recorded, so a resumed run still trains them)."""
+        while self.rounds.done_by(state.evaluated_step) < self.rounds.count:
             item = None if stop.requested else self.take()
             if item is None:
                 self.sums.request_stop()
             elif item.meta.kind == BatchKind.EVAL:
                 self._evaluate(item)
             reduced = self.sums.reduce(self.group)
-            self._report_evaluation(tally, reduced, step, reporter)
+            self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
                 return

@@ -1,20 +1,25 @@
 """Held-out evaluation during training, fed through the ring like training batches.
 
-Targets own the schedule: each target watches the drafters' step in the ring's control
-block, and once it reaches the next multiple of `run.eval_every` it publishes its shard
-of the held-out split (every batch of one epoch of its eval stream) tagged as evaluation
-batches of that round, then goes back to training batches. Drafters evaluate such a
-batch on the spot (no gradients, every decoding anchor, decoding replayed: see
-ringtrain.drafter.heldout) and add its sums to the next step's all-reduce, so every
-drafter knows when the round's batches have all been evaluated. After the last training
-step the drafters keep taking items until the final round (if one is due) is complete;
-training batches taken then are not trained and not recorded, so a resumed run trains
-them. GPUs never idle for evaluation: it rides in the same pipeline.
+Targets own the schedule (`EvalRounds`): round k is due after step k * `run.eval_every`,
+and a run whose max_steps is not a multiple of it gets a last round after max_steps. Each
+target watches the drafters' step in the ring's control block, and once it reaches the
+step the next round is due after, it publishes its shard of the held-out split (every
+batch of one epoch of its eval stream) tagged as evaluation batches of that round, then
+goes back to training batches. Drafters evaluate such a batch on the spot (no gradients,
+every decoding anchor, decoding replayed: see ringtrain.drafter.heldout) and add its sums
+to the next step's all-reduce, so every drafter knows when the round's batches have all
+been evaluated; the round is reported as after the step it was due after, although it
+completes a few steps later. After the last training step the drafters keep taking items
+until the final round is complete; training batches taken then are not trained and not
+recorded, so a resumed run trains them. A checkpoint records the step of the last round
+completed, so a resumed run runs every round not recorded before it, the one due at the
+resumed step included. GPUs never idle for evaluation: it rides in the same pipeline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -22,16 +27,46 @@ from ringtrain.data import Batch, BatchStream
 from ringtrain.drafter import EvalSums
 
 
+@dataclass(frozen=True)
+class EvalRounds:
+    """When the held-out rounds are due: round k after step k * eval_every, and a last
+    round after max_steps when it is not a multiple of eval_every (none: eval_every = 0).
+
+    A round is known by the step it is due after; a checkpoint records the step of the
+    last round completed (`evaluated_step`), so a resumed run runs every later round."""
+
+    eval_every: int
+    max_steps: int
+
+    @property
+    def count(self) -> int:
+        """How many rounds the run has."""
+        return -(-self.max_steps // self.eval_every) if self.eval_every else 0
+
+    def step_of(self, round_id: int) -> int:
+        """The step that round `round_id` (counted from 1) is due after."""
+        return min(round_id * self.eval_every, self.max_steps)
+
+    def done_by(self, evaluated_step: int) -> int:
+        """The rounds completed once the round due after `evaluated_step` is (0 for 0)."""
+        if not self.eval_every:
+            return 0
+        return self.count if evaluated_step >= self.max_steps else evaluated_step // self.eval_every
+
+
 class EvalSchedule:
     """A target's side: when to publish the held-out batches, and which ones."""
 
-    def __init__(self, stream: BatchStream, eval_every: int, resumed_step: int) -> None:
+    def __init__(self, stream: BatchStream, rounds: EvalRounds, evaluated_step: int) -> None:
         self.stream = stream
-        self.eval_every = eval_every
-        self.next_round = resumed_step // eval_every + 1
+        self.rounds = rounds
+        self.next_round = rounds.done_by(evaluated_step) + 1
 
     def due(self, drafter_step: int) -> bool:
-        return drafter_step >= self.next_round * self.eval_every
+        """Whether the drafters reached the step the next round is due after."""
+        return self.next_round <= self.rounds.count and drafter_step >= self.rounds.step_of(
+            self.next_round
+        )
 
     def round_batches(self) -> Iterator[tuple[Batch, int]]:
         """This target's shard of the held-out split, for the round now due."""
@@ -41,20 +76,15 @@ class EvalSchedule:
             yield self.stream.batch_at(seq), round_id
 
 
-def final_round(max_steps: int, eval_every: int) -> int:
-    """The round the targets start at the last step (0: none is due then)."""
-    return max_steps // eval_every if eval_every and max_steps % eval_every == 0 else 0
-
-
 class EvalTally:
-    """A drafter's side: global sums of the current round, completed by batch count."""
+    """A drafter's side: global sums of the current round, completed by batch count
+    (rounds complete in order, so the drafter numbers them)."""
 
-    def __init__(self, total_batches: int, block_size: int, rounds_done: int) -> None:
+    def __init__(self, total_batches: int, block_size: int) -> None:
         self.total_batches = total_batches
         self.block_size = block_size
         self._sums: torch.Tensor | None = None
         self._batches = 0
-        self.completed_rounds = rounds_done
 
     def absorb(self, batches: int, vector: torch.Tensor) -> dict | None:
         """Add one step's all-reduced eval section (`batches` evaluated batches, the sums of
@@ -68,6 +98,4 @@ class EvalTally:
         metrics = EvalSums.summarise(self._sums, self.block_size)
         self._sums = None
         self._batches = 0
-        self.completed_rounds += 1
-        metrics["round"] = self.completed_rounds
         return metrics

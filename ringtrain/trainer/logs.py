@@ -7,9 +7,11 @@ logged step, written by the lead drafter, each line in one write.
 
 A session opening metrics.jsonl makes it the record of the run as it now stands: a torn
 last line (a crash mid-write) is cut, and the records of steps after the step the session
-starts from (a resume trains them again; a fresh start trains all) are dropped, the file
-as it was kept beside it as `metrics.jsonl.pre-resume`. So every step appears once, as
-ringtrain-plot's reader (which keeps the later copy of a step) would also read it.
+starts from (a resume trains them again; a fresh start trains all) are dropped, and so are
+the held-out rounds due after the last round its checkpoint records (a resume runs them
+again), the file as it was kept beside it as `metrics.jsonl.pre-resume`. So every step
+and round appears once, as ringtrain-plot's reader (which keeps the later copy of a step)
+would also read it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,32 @@ if TYPE_CHECKING:
     from ringtrain.monitor.sinks import Sink
 
 LOGGER_NAME = "ringtrain"
+
+# transformers' notice, on each rank that runs a hybrid target, that Gated DeltaNet and
+# causal conv1d fall back to torch because flash-linear-attention or causal_conv1d is not
+# installed: on CPU there is nothing to install (both packages need CUDA), and the
+# target's load line says which kernels run.
+KERNEL_FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
+KERNEL_FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
+
+
+class _WithoutNotice(logging.Filter):
+    """Drops the log records whose message contains `notice`."""
+
+    def __init__(self, notice: str) -> None:
+        super().__init__()
+        self.notice = notice
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.notice not in record.getMessage()
+
+
+_CPU_KERNEL_FALLBACKS = _WithoutNotice(KERNEL_FALLBACK_NOTICE)
+
+
+def silence_cpu_kernel_fallbacks() -> None:
+    """Keep transformers' kernel fallback notices off a CPU rank's console (idempotent)."""
+    logging.getLogger(KERNEL_FALLBACK_LOGGER).addFilter(_CPU_KERNEL_FALLBACKS)
 
 
 def setup_logging(run_dir: Path, rank: int, role: str, terminal_progress: bool) -> Path:
@@ -63,11 +91,18 @@ def get_logger() -> logging.Logger:
 class MetricsWriter:
     """Appends one JSON object per line to `<run_dir>/metrics.jsonl` and hands each to the
     `sinks` too (`run.report_to`, see ringtrain.monitor.sinks). Opening supersedes the
-    records of steps after `resumed_step` (see the module docstring) and writes a `start`
-    record, so a reader sees where each session (a resume) began."""
+    records of steps after `resumed_step` and of rounds after `evaluated_step` (see the
+    module docstring) and writes a `start` record, so a reader sees where each session (a
+    resume) began."""
 
-    def __init__(self, path: Path, sinks: Sequence[Sink] = (), resumed_step: int = 0) -> None:
-        self.notes = supersede_records(path, resumed_step)
+    def __init__(
+        self,
+        path: Path,
+        sinks: Sequence[Sink] = (),
+        resumed_step: int = 0,
+        evaluated_step: int = 0,
+    ) -> None:
+        self.notes = supersede_records(path, resumed_step, evaluated_step)
         self._file = path.open("ab", buffering=0)
         self._encoder = msgspec.json.Encoder()
         self._sinks = list(sinks)
@@ -87,34 +122,40 @@ class MetricsWriter:
             sink.close()
 
 
-def _superseded(line: bytes, resumed_step: int) -> bool:
-    """Whether a line of metrics.jsonl is a torn line or a step/eval record after `resumed_step`."""
+def _superseded(line: bytes, resumed_step: int, evaluated_step: int) -> bool:
+    """Whether a line of metrics.jsonl is a torn line, a step record after `resumed_step`
+    or an eval record of a round due after `evaluated_step`."""
     try:
         record = msgspec.json.decode(line)
     except msgspec.DecodeError:
         return True
-    return (
-        isinstance(record, dict)
-        and record.get("event") in ("step", "eval")
-        and int(record.get("step", 0)) > resumed_step
-    )
+    if not isinstance(record, dict):
+        return False
+    last_kept = {"step": resumed_step, "eval": evaluated_step}.get(record.get("event"))
+    return last_kept is not None and int(record.get("step", 0)) > last_kept
 
 
-def supersede_records(path: Path, resumed_step: int) -> list[str]:
-    """Cut a torn last line of `path` and drop records of steps after `resumed_step`
-    (keeping the file as it was in `<path>.pre-resume`); returns what was done, for the log."""
+def supersede_records(path: Path, resumed_step: int, evaluated_step: int) -> list[str]:
+    """Cut a torn last line of `path` and drop the step records after `resumed_step` and
+    the eval records after `evaluated_step` (keeping the file as it was in
+    `<path>.pre-resume`); returns what was done, for the log."""
     if not path.exists():
         return []
     content = path.read_bytes()
     whole = content[: content.rfind(b"\n") + 1]
-    kept = [line for line in whole.splitlines(keepends=True) if not _superseded(line, resumed_step)]
+    kept = [
+        line
+        for line in whole.splitlines(keepends=True)
+        if not _superseded(line, resumed_step, evaluated_step)
+    ]
     dropped = len(whole.splitlines()) - len(kept)
     notes = [f"{path.name}: cut a torn last line"] if len(whole) < len(content) else []
     if dropped:
         shutil.copyfile(path, path.with_name(path.name + ".pre-resume"))
         notes.append(
-            f"{path.name}: {dropped} records of steps after step {resumed_step} (or torn) "
-            f"superseded; the file before is kept as {path.name}.pre-resume"
+            f"{path.name}: {dropped} records of steps after step {resumed_step} or rounds "
+            f"after step {evaluated_step} (or torn) superseded; the file before is kept as "
+            f"{path.name}.pre-resume"
         )
     if notes:
         temporary = path.with_name(f".{path.name}.{os.getpid()}")

@@ -38,7 +38,7 @@ from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.groups import RankGroups
-from ringtrain.trainer.heldout import EvalSchedule
+from ringtrain.trainer.heldout import EvalRounds, EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import MetricsWriter, get_logger
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
@@ -150,15 +150,16 @@ def _run_target(
     the group's stream, cursor and evaluation shard are keyed by the group index."""
     log = get_logger()
     producer, producers = info.group_index, info.producer_count
-    cursor, resumed_step = StreamCursor(), 0
+    cursor, evaluated_step = StreamCursor(), 0
     if resume_from is not None:
         record = read_resume_record(resume_from)
-        cursor, resumed_step = record.cursors.get(producer, cursor), record.step
+        cursor, evaluated_step = record.cursors.get(producer, cursor), record.evaluated_step
         log.info("resuming at batch %d of this producer's stream", cursor.start)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
-        schedule = EvalSchedule(held_out, config.run.eval_every, resumed_step)
+        rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
+        schedule = EvalSchedule(held_out, rounds, evaluated_step)
     stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
     ring.set_phase(phases.LOADING_TARGET)
     model = load_target(
@@ -194,7 +195,10 @@ def _run_drafter(
     reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
         metrics = MetricsWriter(
-            run_dir / "metrics.jsonl", open_sinks(config, run_dir), resumed_step=state.step
+            run_dir / "metrics.jsonl",
+            open_sinks(config, run_dir),
+            resumed_step=state.step,
+            evaluated_step=state.evaluated_step,
         )
         for note in metrics.notes:
             get_logger().info("%s", note)
@@ -262,15 +266,21 @@ def _resumed_state(
     )  # fmt: skip
     for change in changes:
         log.info("resume applies the config's setting: %s", change)
-    return DrafterState(step=checkpoint.step, ledger=BatchLedger(checkpoint.record.cursors))
+    record = checkpoint.record
+    return DrafterState(checkpoint.step, BatchLedger(record.cursors), record.evaluated_step)
 
 
 def _save_checkpoint(
     root: Path, trainee: Trainee, spec: DrafterSpec, identity: ResumeRecord, state: DrafterState
 ) -> None:
     """Checkpoint `state`; its resume record is `identity` (the run id, the batch
-    sequence) with the state's step and data cursors."""
-    record = msgspec.structs.replace(identity, step=state.step, cursors=state.ledger.cursors())
+    sequence) with the state's step, data cursors and last completed held-out round."""
+    record = msgspec.structs.replace(
+        identity,
+        step=state.step,
+        cursors=state.ledger.cursors(),
+        eval_step=state.evaluated_step,
+    )
     path = save_checkpoint(
         root, state.step, trainee.model, spec, trainee.optimizer, trainee.scheduler, record
     )
