@@ -2,6 +2,7 @@
 from it, or inspect one.
 
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
+ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
 ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N]
 ringtrain-data inspect data/ [--vocab-size V] [--json]
 """
@@ -13,10 +14,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import MAX_RECORD_BYTES, prepare_dataset
 from ringtrain.data.stats import dataset_statistics, format_statistics
+
+if TYPE_CHECKING:
+    from ringtrain.data.regen_local import LocalEngine
 
 PREPARE_HELP = """\
 Tokenize chat JSONL with the target's tokenizer and chat template into an Arrow dataset.
@@ -28,8 +33,10 @@ before preparing; answers written by another model lower the acceptance length."
 
 REGENERATE_HELP = """\
 Answer every assistant turn of chat JSONL again with the target, served by vLLM or SGLang
-(any OpenAI chat-completions server; several --server URLs share the load). Each turn is
-regenerated given the conversation before it, whose earlier assistant turns are the
+(any OpenAI chat-completions server; several --server URLs share the load), or offline
+with --local MODEL_DIR: transformers in this process on the CPU or one GPU, greedy,
+--batch-size conversations answered per batch (small models; the server options do not
+apply). Each turn is regenerated given the conversation before it, whose earlier assistant turns are the
 regenerated ones; a conversation ending with a user turn gets one new assistant turn.
 The output is appended record by record; rerunning the same command continues it.
 Records that fail are listed in <output>.errors.jsonl. Exit status: 0 all done,
@@ -52,8 +59,14 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = regenerate.add_argument
-    add("--server", action="append", required=True, help="OpenAI base URL, http://HOST:PORT/v1")
-    add("--model", required=True, help="model name as the server lists it")
+    engine = regenerate.add_mutually_exclusive_group(required=True)
+    engine.add_argument(
+        "--server", action="append", help="OpenAI base URL, http://HOST:PORT/v1 (repeatable)"
+    )
+    engine.add_argument(
+        "--local", type=Path, metavar="MODEL_DIR", help="generate here with this HF model dir"
+    )
+    add("--model", help="--server: model name as the server lists it")
     add("--input", required=True, type=Path, help="chat JSONL file")
     add("--output", required=True, type=Path, help="regenerated JSONL (continued if present)")
     add("--resume", action="store_true", help="continue --output; an error if it is missing")
@@ -76,6 +89,49 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
         help="stop after this many failed records in a row (default 32)",
     )
     add("--no-progress", action="store_true", help="no progress bar")
+    add("--device", choices=["auto", "cpu", "cuda"], help="--local: default auto (GPU if any)")
+    add(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        help="--local: default auto (bfloat16 on GPU, float32 on CPU)",
+    )
+    add(
+        "--batch-size",
+        type=int,
+        help="--local: conversations per batch (default 2048 on GPU, 64 on CPU)",
+    )
+
+
+LOCAL_ONLY = ("device", "dtype", "batch_size")
+
+
+def _engine_arguments(args: argparse.Namespace) -> None:
+    """Refuse options that do not apply to the engine chosen; raises DatasetError."""
+    if args.local is not None:
+        if args.model is not None:
+            raise DatasetError("--model names a served model; with --local, leave it out")
+        return
+    if args.model is None:
+        raise DatasetError("--server needs --model, the model name as the server lists it")
+    given = [
+        f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None
+    ]
+    if given:
+        raise DatasetError(f"{', '.join(given)} apply to --local only, not to --server")
+
+
+def _local_engine(args: argparse.Namespace) -> LocalEngine:
+    """The local model's settings; the batch size resolved for the device."""
+    from ringtrain.data.local_model import default_batch_size, resolve_device
+    from ringtrain.data.regen_local import LocalEngine
+
+    device = args.device or "auto"
+    batch_size = args.batch_size
+    if batch_size is None:
+        batch_size = default_batch_size(resolve_device(device))
+    elif batch_size < 1:
+        raise DatasetError(f"--batch-size must be at least 1, not {batch_size}")
+    return LocalEngine(args.local.expanduser(), device, args.dtype or "auto", batch_size)
 
 
 def _regenerate(args: argparse.Namespace) -> int:
@@ -91,17 +147,21 @@ def _regenerate(args: argparse.Namespace) -> int:
         raise DatasetError(
             f"regenerate needs {exc.name}: pip install 'ringtrain[regenerate]'"
         ) from None
+    _engine_arguments(args)
+    local = _local_engine(args) if args.local is not None else None
+    model = str(args.local.expanduser().resolve()) if local else args.model
     options = RegenerateOptions(
-        servers=args.server,
-        sampling=Sampling(args.model, args.max_tokens, args.temperature, args.chat_template_kwargs),
+        servers=args.server or [],
+        sampling=Sampling(model, args.max_tokens, args.temperature, args.chat_template_kwargs),
         input=args.input,
         output=args.output,
-        concurrency=args.concurrency,
+        concurrency=local.batch_size if local else args.concurrency,
         timeout_s=args.timeout,
         api_key=args.api_key,
         retry=RetryPolicy(retries=args.retries),
         max_failures=args.max_failures,
         resume=args.resume,
+        local=local,
     )
     try:
         totals = regenerate(options, progress=None if args.no_progress else sys.stderr)

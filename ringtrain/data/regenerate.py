@@ -1,10 +1,13 @@
-"""Regenerate the assistant turns of a chat JSONL file with the target behind a serving engine.
+"""Regenerate the assistant turns of a chat JSONL file with the target behind a serving engine
+or in this process.
 
 DFlash drafters learn the target's own outputs, so a training set is the conversations
 of a chat dataset answered again by the target. Here the target runs in any engine with
-the OpenAI chat-completions API (vLLM, SGLang), behind one or several URLs, and
-`concurrency` conversations are in flight at once (the turns of one conversation go in
-order, each given the regenerated turns before it; see `regen_records`).
+the OpenAI chat-completions API (vLLM, SGLang), behind one or several URLs, or, with
+`local`, in this process (`regen_local.LocalChat`: greedy, batched across the
+conversations in flight), and `concurrency` conversations are in flight at once (the
+turns of one conversation go in order, each given the regenerated turns before it; see
+`regen_records`).
 
 The output is a journal (`regen_journal`): records are appended as they finish, in
 completion order, each with its input line; a rerun skips what is done and retries what
@@ -13,7 +16,7 @@ input lines, requests that still fail after the retries of `regen_client`) go to
 `<output>.errors.jsonl` with the reason. When `max_failures` records in a row fail for
 a reason a retry could have fixed, the server is taken to be gone and the run stops with
 `ServerGone`. Progress (records, requests/s, generated tokens/s, errors, ETA) is a tqdm
-bar.
+bar; the summary counts the answers cut at `max_tokens` (finish reason `length`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
@@ -31,7 +34,15 @@ from ringtrain.data.errors import DatasetError
 from ringtrain.data.regen_client import ChatClient, RequestFailed, RetryPolicy, Sampling
 from ringtrain.data.regen_journal import Journal, check_settings, errors_path
 from ringtrain.data.regen_lock import OutputLock
-from ringtrain.data.regen_records import InputRecord, parse_record, regenerate_record
+from ringtrain.data.regen_records import (
+    REGENERATION_KEY,
+    InputRecord,
+    parse_record,
+    regenerate_record,
+)
+
+if TYPE_CHECKING:
+    from ringtrain.data.regen_local import LocalChat, LocalEngine
 
 POSTFIX_INTERVAL_S = 0.5
 
@@ -42,7 +53,9 @@ class ServerGone(Exception):
 
 @dataclass
 class RegenerateOptions:
-    """What `regenerate` does: where to send, what to read and write, how hard to try."""
+    """What `regenerate` does: where to send (or, with `local`, which model to run
+    here; `sampling.model` then names its directory), what to read and write, how hard
+    to try."""
 
     servers: list[str]
     sampling: Sampling
@@ -54,6 +67,7 @@ class RegenerateOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_failures: int = 32
     resume: bool = False
+    local: LocalEngine | None = None
 
     def settings(self) -> dict[str, Any]:
         """The settings that decide the output records (kept beside the output)."""
@@ -76,6 +90,7 @@ class RegenerateTotals:
     failed: int = 0
     requests: int = 0
     generated_tokens: int = 0
+    truncated: int = 0  # answers cut at max_tokens (finish reason "length")
     seconds: float = 0.0
 
 
@@ -116,6 +131,8 @@ class _Run:
         """Append a regenerated record; a success ends the failure streak."""
         self.journal.write(record)
         self.totals.written += 1
+        turns = record[REGENERATION_KEY]["turns"]
+        self.totals.truncated += sum(turn["finish_reason"] == "length" for turn in turns)
         self.totals.generated_tokens += tokens
         self.streak = 0
         self._advance()
@@ -157,7 +174,7 @@ async def _feed(queue: asyncio.Queue, run: _Run, workers: int) -> None:
         await queue.put(None)
 
 
-async def _work(queue: asyncio.Queue, client: ChatClient, run: _Run) -> None:
+async def _work(queue: asyncio.Queue, client: ChatClient | LocalChat, run: _Run) -> None:
     """Regenerate queued conversations until the end-of-input marker."""
     while (record := await queue.get()) is not None:
         assert isinstance(record, InputRecord)
@@ -170,7 +187,7 @@ async def _work(queue: asyncio.Queue, client: ChatClient, run: _Run) -> None:
         run.totals.requests = client.requests
 
 
-async def _regenerate_all(run: _Run, client: ChatClient) -> None:
+async def _regenerate_all(run: _Run, client: ChatClient | LocalChat) -> None:
     """Run the feeder and the workers until the input is done or one of them raises
     (ServerGone from a worker, an unreadable input from the feeder)."""
     workers = run.options.concurrency
@@ -187,9 +204,13 @@ async def _regenerate_all(run: _Run, client: ChatClient) -> None:
         task.result()
 
 
-async def _main(run: _Run) -> None:
-    options = run.options
-    client = ChatClient(
+def _client(options: RegenerateOptions) -> ChatClient | LocalChat:
+    """The servers' client, or the local model's."""
+    if options.local is not None:
+        from ringtrain.data.regen_local import LocalChat  # torch: only when asked for
+
+        return LocalChat(options.local, options.sampling)
+    return ChatClient(
         options.servers,
         options.sampling,
         concurrency=options.concurrency,
@@ -197,6 +218,10 @@ async def _main(run: _Run) -> None:
         api_key=options.api_key,
         retry=options.retry,
     )
+
+
+async def _main(run: _Run) -> None:
+    client = _client(run.options)
     await client.open()
     try:
         try:
@@ -221,6 +246,10 @@ def regenerate(
         raise DatasetError(f"{options.input}: no such input file")
     if options.concurrency < 1:
         raise DatasetError(f"concurrency must be at least 1, not {options.concurrency}")
+    if options.local is not None:
+        from ringtrain.data.regen_local import check_local  # torch: only when asked for
+
+        check_local(options.local, options.sampling)
     with OutputLock(options.output) as lock:
         check_settings(options.output, options.settings(), options.resume)
         return _regenerate_locked(options, progress, lock)
@@ -261,7 +290,8 @@ def summary(options: RegenerateOptions, totals: RegenerateTotals) -> str:
     line = (
         f"{options.output}: {totals.written} records regenerated in {totals.seconds:.1f} s "
         f"({totals.done_before} done before, {totals.records} in the input), "
-        f"{totals.requests} requests, {totals.generated_tokens} tokens generated"
+        f"{totals.requests} requests, {totals.generated_tokens} tokens generated, "
+        f"{totals.truncated} answers cut at --max-tokens"
     )
     if totals.failed:
         line += (

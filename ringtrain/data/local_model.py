@@ -1,0 +1,111 @@
+"""A local causal LM that answers prompts greedily, in batches: loaded once, used by both
+offline regenerators.
+
+`ringtrain-data regenerate --local` (chat JSONL answered again in this process) and
+`tools/recipes/regenerate.py` (token datasets of prompt + answer) load the model and its
+tokenizer the same way, stop at the same end-of-sequence ids, pad with the same id and
+generate with `ringtrain.eval.generate.greedy_answers` (prompts of similar length in
+left-padded batches, a static KV cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ringtrain.eval.generate import Answer, GenerationStats, greedy_answers
+from ringtrain.eval.target import load_causal_lm, stop_token_ids
+
+DEVICES = ("auto", "cpu", "cuda")
+GPU_BATCH_SIZE = 2048
+CPU_BATCH_SIZE = 64
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; otherwise the named device."""
+    if name not in DEVICES:
+        raise ValueError(f"device {name!r} is not one of {', '.join(DEVICES)}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def default_batch_size(device: torch.device) -> int:
+    """Prompts per batch when none is given: many on a GPU, few on a CPU."""
+    return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
+
+
+def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of a local model directory, or None when it has no tokenizer files."""
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+def generation_stop_ids(model: PreTrainedModel) -> list[int]:
+    """The ids that end an answer: the config's end-of-sequence ids and those of the
+    generation config (an instruct model often lists its end-of-turn token only there,
+    and a serving engine stops at both)."""
+    ids = stop_token_ids(model.config)
+    extra = stop_token_ids(model.generation_config) if model.generation_config else []
+    return ids + [token for token in extra if token not in ids]
+
+
+@dataclass
+class LocalModel:
+    """A model in this process, its tokenizer (if any) and how it batches."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    batch_size: int
+
+    @classmethod
+    def load(
+        cls, model_dir: Path, device: str = "auto", dtype: str = "auto", batch_size: int = 0
+    ) -> LocalModel:
+        """Load ``model_dir`` (never the hub) onto ``device``; ``batch_size`` 0: the
+        device's default."""
+        where = resolve_device(device)
+        model = load_causal_lm(model_dir, where, dtype)
+        return cls(model, load_tokenizer(model_dir), batch_size or default_batch_size(where))
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """The ids that end an answer (kept as its last token)."""
+        return generation_stop_ids(self.model)
+
+    @property
+    def pad_id(self) -> int:
+        """The id left-padding a batch: the config's pad id, else the first stop id."""
+        pad = self.model.config.pad_token_id
+        if pad is not None:
+            return int(pad)
+        stops = self.stop_ids
+        return stops[0] if stops else 0
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's vocabulary (prompt ids must be below it)."""
+        return int(self.model.config.vocab_size)
+
+    def answer(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> tuple[list[Answer], GenerationStats]:
+        """Greedy answers to ``prompts`` (token ids), in their order, and what they took."""
+        return greedy_answers(
+            self.model,
+            prompts,
+            max_new_tokens,
+            self.stop_ids,
+            pad_id=self.pad_id,
+            batch_size=self.batch_size,
+            on_batch=on_batch,
+        )

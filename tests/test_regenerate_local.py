@@ -1,0 +1,257 @@
+"""ringtrain-data regenerate --local: a tiny chat model written with save_pretrained answers
+chat JSONL in this process, as transformers' own greedy generate answers the rendered
+prompts; resume, the output lock and bad inputs as on the server path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data.regen_client import Completion, Sampling
+from ringtrain.data.regen_local import LocalChat, LocalEngine
+from ringtrain.data.regen_lock import OutputLock
+from ringtrain.target.tiny import CHAT_TEMPLATE, EOS_TOKEN_ID, build_tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_TOKENS = 10
+# The template reads a keyword argument, so the rendered prompts show whether
+# --chat-template-kwargs reached it.
+TEMPLATE = "{%- if preamble is defined %}{{- preamble + '\\n' }}{%- endif %}" + CHAT_TEMPLATE
+TEMPLATE_KWARGS = {"preamble": "answer briefly"}
+CHATS = [
+    {"id": "single", "messages": [{"role": "user", "content": "hello there"}]},
+    {
+        "id": "multi",
+        "conversations": [
+            {"from": "system", "value": "you are terse"},
+            {"from": "human", "value": "first question"},
+            {"from": "gpt", "value": "an old answer"},
+            {"from": "human", "value": "second question"},
+            {"from": "gpt", "value": "another old answer"},
+        ],
+    },
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+    {"messages": [{"role": "user", "content": "one more prompt, a longer one"}]},
+]
+ROLES = {"human": "user", "gpt": "assistant"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense chat model whose greedy answers sometimes stop (the end-of-turn
+    token's head row outscores one frequent token's) and sometimes run to MAX_TOKENS."""
+    directory = build_tiny_target(
+        tmp_path_factory.mktemp("chat-model"), hybrid=False, num_layers=2, seed=1
+    )
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True, return_dict=False
+    )
+    probe = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head[EOS_TOKEN_ID] = 1.01 * head[probe[0, -1]]
+    model.save_pretrained(directory)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _write_chats(path: Path) -> Path:
+    path.write_text("".join(json.dumps(chat) + "\n" for chat in CHATS))
+    return path
+
+
+def _args(model: Path, chats: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "regenerate",
+        *("--local", str(model), "--device", "cpu", "--input", str(chats)),
+        *("--output", str(output), "--max-tokens", str(MAX_TOKENS)),
+        *("--chat-template-kwargs", json.dumps(TEMPLATE_KWARGS), *extra),
+    ]
+
+
+def _expected(model_dir: Path) -> list[dict]:
+    """Each chat answered turn by turn with transformers' greedy generate, worked out here."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    expected = []
+    for chat in CHATS:
+        turns = chat.get("messages", chat.get("conversations"))
+        messages = [
+            {
+                "role": ROLES.get(m.get("from"), m.get("from", m.get("role"))),
+                "content": m.get("value", m.get("content")),
+            }
+            for m in turns
+        ]
+        if messages[-1]["role"] == "user":
+            messages.append({"role": "assistant", "content": ""})
+        done, stats = [], []
+        for message in messages:
+            if message["role"] == "assistant":
+                prompt = tokenizer.apply_chat_template(
+                    done, add_generation_prompt=True, return_dict=False, **TEMPLATE_KWARGS
+                )
+                out = model.generate(
+                    torch.tensor([prompt]),
+                    max_new_tokens=MAX_TOKENS,
+                    do_sample=False,
+                    eos_token_id=EOS_TOKEN_ID,
+                )
+                answer = out[0, len(prompt) :].tolist()
+                text = tokenizer.decode(answer, skip_special_tokens=True)
+                message = {"role": "assistant", "content": text}
+                stopped = answer[-1] == EOS_TOKEN_ID
+                stats.append(
+                    {
+                        "finish_reason": "stop" if stopped else "length",
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": len(answer),
+                    }
+                )
+            done.append(message)
+        expected.append({"messages": done, "turns": stats})
+    return expected
+
+
+def _records(output: Path) -> dict[int, dict]:
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    return {r["regeneration"]["input_line"]: r for r in records}
+
+
+def test_answers_are_transformers_greedy_generate_token_for_token(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = _write_chats(tmp_path / "chats.jsonl"), tmp_path / "out.jsonl"
+    assert data_main(_args(model_dir, chats, output, "--batch-size", "3")) == 0
+    records = _records(output)
+    expected = _expected(model_dir)
+    assert sorted(records) == [1, 2, 3, 4]
+    for line, want in enumerate(expected, start=1):
+        record = records[line]
+        assert record["messages"] == want["messages"], f"line {line}"
+        assert record["regeneration"]["turns"] == want["turns"], f"line {line}"
+        assert record["regeneration"]["model"] == str(model_dir.resolve())
+    assert records[1]["id"] == "single" and records[2]["id"] == "multi"
+    reasons = [t["finish_reason"] for w in expected for t in w["turns"]]
+    assert set(reasons) == {"stop", "length"}, "the fixture should give both kinds of answer"
+    captured = capsys.readouterr()
+    assert "4/4" in captured.err  # the progress bar
+    assert f"{reasons.count('length')} answers cut at --max-tokens" in captured.out
+    assert "4 records regenerated" in captured.out and f"{len(reasons)} requests" in captured.out
+
+
+def test_resume_skips_the_records_done(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, whole = _write_chats(tmp_path / "chats.jsonl"), tmp_path / "whole.jsonl"
+    assert data_main(_args(model_dir, chats, whole, "--no-progress")) == 0
+    partial = tmp_path / "partial.jsonl"
+    lines = whole.read_text().splitlines(keepends=True)
+    done = [json.loads(line)["regeneration"]["input_line"] for line in lines[:2]]
+    partial.write_text("".join(lines[:2]))
+    shutil.copy(tmp_path / "whole.jsonl.settings.json", tmp_path / "partial.jsonl.settings.json")
+    capsys.readouterr()
+    assert data_main(_args(model_dir, chats, partial, "--no-progress", "--resume")) == 0
+    assert _records(partial) == _records(whole)
+    left = [_records(whole)[line] for line in {1, 2, 3, 4} - set(done)]
+    turns = sum(len(r["regeneration"]["turns"]) for r in left)
+    out = capsys.readouterr().out
+    assert "2 records regenerated" in out and "(2 done before" in out
+    assert f", {turns} requests" in out
+
+
+def test_a_second_client_on_the_output_is_refused(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = _write_chats(tmp_path / "chats.jsonl"), tmp_path / "out.jsonl"
+    with OutputLock(output):
+        assert data_main(_args(model_dir, chats, output, "--no-progress")) == 2
+    assert "another regenerate client is writing it" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def _without_template(model_dir: Path, directory: Path) -> Path:
+    """The model of `model_dir` with a tokenizer that has no chat template."""
+    directory.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, directory / name)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no_template", "the model directory has no chat template"),
+        ("temperature", "--local generates greedily only (temperature 0), not at temperature 0.7"),
+        ("missing_dir", "no such directory"),
+        ("model_name", "with --local, leave it out"),
+    ],
+)
+def test_bad_inputs_are_named_and_exit_2(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, case: str, message: str
+) -> None:
+    chats, output = _write_chats(tmp_path / "chats.jsonl"), tmp_path / "out.jsonl"
+    model, extra = model_dir, []
+    if case == "no_template":
+        model = _without_template(model_dir, tmp_path / "no-template")
+    elif case == "temperature":
+        extra = ["--temperature", "0.7"]
+    elif case == "missing_dir":
+        model = tmp_path / "nowhere"
+    else:
+        extra = ["--model", "tiny"]
+    assert data_main(_args(model, chats, output, "--no-progress", *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_local_and_server_exclude_each_other(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    chats, output = _write_chats(tmp_path / "chats.jsonl"), tmp_path / "out.jsonl"
+    args = _args(model_dir, chats, output, "--server", "http://127.0.0.1:1/v1")
+    with pytest.raises(SystemExit) as exit_:
+        data_main(args)
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_conversations_in_flight_share_a_batch(model_dir: Path) -> None:
+    sampling = Sampling(str(model_dir), MAX_TOKENS, chat_template_kwargs=TEMPLATE_KWARGS)
+    chat = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=4), sampling)
+    questions = [[{"role": "user", "content": f"question {i}" * i}] for i in range(1, 7)]
+
+    async def ask_all() -> list[Completion]:
+        await chat.open()
+        try:
+            return await asyncio.gather(*(chat.complete(q) for q in questions))
+        finally:
+            await chat.aclose()
+
+    completions = asyncio.run(ask_all())
+    assert chat.requests == 6 and chat.batches == 2  # 4, then the 2 left
+    alone = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=1), sampling)
+
+    async def ask_one_by_one() -> list[Completion]:
+        await alone.open()
+        try:
+            return [await alone.complete(q) for q in questions]
+        finally:
+            await alone.aclose()
+
+    assert asyncio.run(ask_one_by_one()) == completions
+    assert alone.batches == 6
