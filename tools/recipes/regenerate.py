@@ -4,7 +4,8 @@ DFlash drafters learn to predict what their target says, so the training rows ar
 prompt + the target's own greedy response (loss_mask 1 on the response only), written
 as a ringtrain Arrow dataset (input_ids: list<int32>, loss_mask: list<uint8>).
 Generation runs in left-padded batches of prompts of similar length with a static KV
-cache (ringtrain.eval.generate; 2,048 prompts per batch on a GPU). Prompts are text
+cache (ringtrain.data.local_model, the generator of ``ringtrain-data regenerate --local``;
+2,048 prompts per batch on a GPU). Prompts are text
 (``prompt``, encoded raw), token ids (``input_ids``) or chat ``messages``, rendered with
 the target's chat template (``--chat-template-kwargs`` go to the template). Answers cut
 at ``--max-new-tokens`` are counted and reported. The prompts can be carved from the local text
@@ -29,12 +30,12 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from ringtrain.data.local_model import DEVICES, LocalModel
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.eval import load_causal_lm, load_prompts, stop_token_ids
+from ringtrain.eval import load_prompts
 from ringtrain.eval.benchmarks import PromptOptions, first_prompt, read_benchmark
 from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.corpus import carve_prompts, read_corpus
-from ringtrain.eval.generate import greedy_answers
 
 DATASET_FILE = "regenerated-00000.arrow"
 DEFAULT_CORPUS_BYTES = 3_000_000
@@ -112,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help='JSON object for the chat template of "messages" prompts, e.g. '
         "'{\"enable_thinking\": false}'",
     )
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument(
         "--dtype", default="auto", help="auto (bf16 on GPU, float32 on CPU), bfloat16, float32"
     )
@@ -159,28 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         make_prompts(args, target)
     if not args.output:
         return 0
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
-    model = load_causal_lm(target, device, args.dtype)
-    batch_size = args.batch_size or (2048 if device.type == "cuda" else 64)
-    tokenizer = None
-    if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    prompts = read_prompts(args, tokenizer, int(model.config.vocab_size))
-    stop_ids = stop_token_ids(model.config)
-    pad_id = model.config.pad_token_id
-    pad_id = int(pad_id) if pad_id is not None else (stop_ids[0] if stop_ids else 0)
+    local = LocalModel.load(target, args.device, args.dtype, args.batch_size)
+    prompts = read_prompts(args, local.tokenizer, local.vocab_size)
     with tqdm(total=len(prompts), desc="regenerate", unit="prompt", file=sys.stderr) as bar:
-        answers, stats = greedy_answers(
-            model,
-            prompts,
-            args.max_new_tokens,
-            stop_ids,
-            pad_id=pad_id,
-            batch_size=batch_size,
-            on_batch=bar.update,
-        )
+        answers, stats = local.answer(prompts, args.max_new_tokens, on_batch=bar.update)
     responses = [answer.tokens for answer in answers]
     truncated = sum(answer.truncated for answer in answers)
     log(
