@@ -36,8 +36,9 @@ Answer every assistant turn of chat JSONL again with the target, served by vLLM 
 (any OpenAI chat-completions server; several --server URLs share the load), or offline
 with --local MODEL_DIR: transformers in this process on the CPU or one GPU, greedy,
 --batch-size conversations answered per batch (small models; the server options do not
-apply). Each turn is regenerated given the conversation before it, whose earlier assistant turns are the
-regenerated ones; a conversation ending with a user turn gets one new assistant turn.
+apply). Each turn is regenerated given the conversation before it, whose earlier
+assistant turns are the regenerated ones; a conversation ending with a user turn gets
+one new assistant turn.
 The output is appended record by record; rerunning the same command continues it.
 Records that fail are listed in <output>.errors.jsonl. Exit status: 0 all done,
 1 done but some records failed, 2 bad arguments or files, 3 the server stopped answering,
