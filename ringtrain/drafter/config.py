@@ -18,7 +18,11 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
     num_anchors: Annotated[int, msgspec.Meta(ge=1)] = 512
     anchor_ref_len: Annotated[int, msgspec.Meta(ge=1)] = 3072
-    # Mask token id (Qwen3: 151669; Qwen3.5/3.6: 248070). -1: last id of the vocab.
+    # Mask token id: fills the block positions the drafter predicts, so it must be a token
+    # that never occurs in the data (Qwen3: 151669; Qwen3.5/3.6: 248070). -1 (auto): from
+    # the target's tokenizer, its mask token, else a special token named as a mask, else the
+    # first id past the tokenizer's tokens, else a reserved/unused special token, else the
+    # last id of the vocabulary with a warning (see ringtrain.drafter.mask_token).
     mask_token_id: Annotated[int, msgspec.Meta(ge=-1)] = -1
     # Training objective: "decayed_ce" (the paper's cross-entropy, slot k weighted
     # exp(-(k-1)/gamma)) or "dpace" (D-PACE: each slot weighted by the expected number of

@@ -129,6 +129,8 @@ def drafter_spec_from_target(
         rope_theta=rope_theta_of(tc),
         max_position_embeddings=int(tc.get("max_position_embeddings", 40960)),
         block_size=cfg.block_size,
+        # -1 here has no tokenizer to choose from: the trainer resolves it first
+        # (trainer/plan.py's resolve_mask_token); a bare spec takes the last id.
         mask_token_id=cfg.mask_token_id if cfg.mask_token_id >= 0 else vocab_size - 1,
         tap_layers=tuple(int(t) for t in tap_layers),
         num_target_layers=int(tc["num_hidden_layers"]),

@@ -14,11 +14,13 @@ refuses any change, naming the setting and both values. A moved dataset with the
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -26,8 +28,11 @@ from ringtrain.batch import slot_fields
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.data.batching import max_docs_per_batch
+from ringtrain.data.prepare import load_tokenizer
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
 from ringtrain.drafter.checkpoint import checkpoint_spec
+from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.mask_token import choose_mask_token
 from ringtrain.drafter.resume_record import (
     CheckpointFormatError,
     StreamIdentity,
@@ -182,8 +187,10 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
             f"{config.data.token_budget}: a batch must hold the longest row; raise the "
             "budget or lower max_len"
         )
+    vocab_size = target_config.vocab_size
+    drafter = resolve_mask_token(config.drafter, target_path, vocab_size, info.is_lead_drafter)
     try:
-        spec = drafter_spec_from_target(target_config, config.drafter, taps)
+        spec = drafter_spec_from_target(target_config, drafter, taps)
     except ValueError as exc:
         raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
@@ -208,6 +215,25 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     for split in splits:
         batch_stream(config, split, 0, 1)  # every row fits a batch; enough batches per rank
     return plan
+
+
+def resolve_mask_token(
+    drafter: DrafterConfig, target_path: Path, vocab_size: int, announce: bool
+) -> DrafterConfig:
+    """The [drafter] config with drafter.mask_token_id = -1 (auto) replaced by the id
+    chosen from the target's tokenizer (drafter/mask_token.py). Where `announce` (the lead
+    drafter), the choice is logged: as a warning when it may be an ordinary token."""
+    if drafter.mask_token_id >= 0:
+        return drafter
+    try:
+        tokenizer = load_tokenizer(target_path)
+    except DatasetError:
+        tokenizer = None
+    choice = choose_mask_token(tokenizer, vocab_size)
+    if announce:
+        level = logging.WARNING if choice.ordinary else logging.INFO
+        get_logger().log(level, "%s", choice.describe())
+    return msgspec.structs.replace(drafter, mask_token_id=choice.token_id)
 
 
 def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]:
