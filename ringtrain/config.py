@@ -58,6 +58,9 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_every: Annotated[int, msgspec.Meta(ge=1)] = 10
     eval_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: no evaluation
     checkpoint_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: only at the end
+    # After each checkpoint write, delete all but the newest N complete checkpoints (the
+    # one just written always kept). 0: keep every checkpoint.
+    keep_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Persistent per-process Triton / Inductor caches live below this directory.
     cache_dir: str = "~/.cache/ringtrain"
     # "auto": CUDA when present, else CPU.

@@ -35,6 +35,7 @@ import pickle
 import random
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -158,13 +159,23 @@ def _write_files(
 ) -> None:
     """Write and fsync every file of a checkpoint into the new directory `tmp`."""
     tmp.mkdir()
-    save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     (tmp / CONFIG_FILE).write_text(json.dumps(hf_config_dict(spec), indent=2) + "\n")
+    save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    _match_mode(tmp / WEIGHTS_FILE, tmp / CONFIG_FILE)
     torch.save(state, tmp / STATE_FILE)
     (tmp / RESUME_FILE).write_bytes(encode_resume_record(record))
     for file in REQUIRED_FILES:
         _fsync_path(tmp / file)
     _fsync_path(tmp)
+
+
+def _match_mode(file: Path, like: Path) -> None:
+    """Give `file` the permission bits of `like`: safetensors creates its file 0600, where
+    files opened by Python get 0666 less the umask (chmod only where they differ, so a file
+    system without modes is left alone)."""
+    mode = stat.S_IMODE(like.stat().st_mode)
+    if stat.S_IMODE(file.stat().st_mode) != mode:
+        file.chmod(mode)
 
 
 def remove_partial_checkpoints(root_dir: str | Path) -> list[Path]:
@@ -223,14 +234,12 @@ def _check_free_space(root: Path, final: Path, need: int) -> None:
         )
 
 
-def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path | None:
-    """The complete, verified step_N directory with the highest N under root_dir, or None.
-
-    With `run_id`, checkpoints that record another run id are skipped. A newer checkpoint
-    that fails verification is skipped with a warning naming it and why."""
+def complete_checkpoints(root_dir: str | Path) -> list[Path]:
+    """The step_N directories under root_dir holding every checkpoint file, newest first
+    (unverified: see checkpoint_problem)."""
     root = Path(root_dir)
     if not root.is_dir():
-        return None
+        return []
     steps = sorted(
         (
             (int(match.group(1)), entry)
@@ -239,9 +248,15 @@ def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path |
         ),
         reverse=True,
     )
-    for _, entry in steps:
-        if not all((entry / f).is_file() for f in REQUIRED_FILES):
-            continue
+    return [entry for _, entry in steps if all((entry / f).is_file() for f in REQUIRED_FILES)]
+
+
+def latest_checkpoint(root_dir: str | Path, run_id: str | None = None) -> Path | None:
+    """The complete, verified step_N directory with the highest N under root_dir, or None.
+
+    With `run_id`, checkpoints that record another run id are skipped. A newer checkpoint
+    that fails verification is skipped with a warning naming it and why."""
+    for entry in complete_checkpoints(root_dir):
         problem = checkpoint_problem(entry)
         if problem is not None:
             log.warning("skipping checkpoint %s: %s; falling back to an older one", entry, problem)

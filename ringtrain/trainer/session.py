@@ -31,6 +31,7 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
+from ringtrain.drafter.retention import prune_checkpoints
 from ringtrain.monitor.sinks import open_sinks
 from ringtrain.ring import PeerDied, Ring
 from ringtrain.target import TargetRunner, load_target
@@ -206,7 +207,14 @@ def _run_drafter(
         identity = ResumeRecord(step=0, run_id=read_run_id(run_dir), stream=plan.stream)
         save = ring.announcing(
             phases.CHECKPOINT,
-            partial(_save_checkpoint, run_dir / "checkpoints", trainee, plan.spec, identity),
+            partial(
+                _save_checkpoint,
+                run_dir / "checkpoints",
+                trainee,
+                plan.spec,
+                identity,
+                keep=config.run.keep_checkpoints,
+            ),
         )
     loop = DrafterLoop(
         config,
@@ -271,10 +279,18 @@ def _resumed_state(
 
 
 def _save_checkpoint(
-    root: Path, trainee: Trainee, spec: DrafterSpec, identity: ResumeRecord, state: DrafterState
+    root: Path,
+    trainee: Trainee,
+    spec: DrafterSpec,
+    identity: ResumeRecord,
+    state: DrafterState,
+    *,
+    keep: int,
 ) -> None:
     """Checkpoint `state`; its resume record is `identity` (the run id, the batch
-    sequence) with the state's step, data cursors and last completed held-out round."""
+    sequence) with the state's step, data cursors and last completed held-out round.
+    Then all but the newest `keep` checkpoints are deleted (run.keep_checkpoints; 0 keeps
+    all)."""
     record = msgspec.structs.replace(
         identity,
         step=state.step,
@@ -285,3 +301,4 @@ def _save_checkpoint(
         root, state.step, trainee.model, spec, trainee.optimizer, trainee.scheduler, record
     )
     get_logger().info("checkpoint written: %s", path)
+    prune_checkpoints(root, keep, path)
