@@ -14,6 +14,7 @@ from ringtrain.data import BatchStream, open_dataset
 from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.stats import dataset_statistics
 from tests.chat_data import (
     ASSISTANT_TEXTS,
     CONVERSATIONS,
@@ -172,3 +173,62 @@ def test_qwen3_style_reasoning_block_is_supervised(tokenizer_dir: Path) -> None:
     generated = [first + "<|im_end|>", "<think>\n\n</think>\n\n" + last + "<|im_end|>"]
     np.testing.assert_array_equal(mask, _expected_mask(tokenizer, ids, generated))
     assert tokenizer.decode(ids[mask.astype(bool)]) == "".join(generated)
+
+
+@pytest.mark.parametrize(("block_size", "dropped"), [(None, 1), (4, 0), (40, 2)])
+def test_prepare_reports_the_rows_training_drops(
+    tokenizer_dir: Path,
+    chats: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    block_size: int | None,
+    dropped: int,
+) -> None:
+    """The two rows have 13 and 56 supervised tokens; the default block size is 16."""
+    args = ["prepare", "--tokenizer", str(tokenizer_dir), "--input", str(chats)]
+    args += ["--output", str(tmp_path / "data"), "--workers", "1"]
+    args += ["--block-size", str(block_size)] if block_size else []
+    assert data_main(args) == 0
+    size = block_size or 16
+    assert (
+        f"{dropped} of 2 rows have fewer than {2 * size} supervised tokens "
+        f"(2 x block size {size}): training will drop them"
+    ) in capsys.readouterr().out
+    stats = dataset_statistics(tmp_path / "data", block_size=size)
+    assert stats["rows_too_few_supervised"] == dropped  # what inspect and training count
+
+
+def test_inspect_row_marks_the_supervised_tokens(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "data"
+    prepare_dataset(tokenizer_dir, chats, out, progress=None)
+    inspect = ["inspect", str(out), "--tokenizer", str(tokenizer_dir)]
+    assert data_main([*inspect, "--row", "0"]) == 0
+    header, text = capsys.readouterr().out.split("\n", 1)
+    assert header == (
+        f"row 0 of {out}: 59 tokens, 13 supervised (marked ⟦ ⟧); training drops this row "
+        "(fewer than 32 supervised tokens, 2 x block size 16)"
+    )
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nwhat is the capital of france?<|im_end|>\n"
+        "<|im_start|>assistant\n⟦paris is the capital of france.<|im_end|>⟧\n\n"
+    )
+    assert data_main([*inspect, "--row", "1", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["supervised_tokens"] == 56
+    assert [p["text"] for p in view["pieces"] if p["supervised"]] == [
+        answer + "<|im_end|>" for answer in ASSISTANT_TEXTS[1]
+    ]
+
+
+def test_inspect_row_refusals_name_the_fix(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "data"
+    prepare_dataset(tokenizer_dir, chats, out, progress=None)
+    assert data_main(["inspect", str(out), "--row", "0"]) == 2
+    assert "inspect --row needs --tokenizer DIR" in capsys.readouterr().err
+    assert data_main(["inspect", str(out), "--row", "2", "--tokenizer", str(tokenizer_dir)]) == 2
+    assert "there is no row 2; the dataset has 2 rows (0..1)" in capsys.readouterr().err

@@ -3,8 +3,8 @@ from it, or inspect one.
 
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
-ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N]
-ringtrain-data inspect data/ [--vocab-size V] [--json]
+ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N] [--block-size B]
+ringtrain-data inspect data/ [--vocab-size V] [--block-size B] [--row N --tokenizer TARGET_DIR] [--json]
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.prepare import MAX_RECORD_BYTES, prepare_dataset
+from ringtrain.data.prepare import (
+    DEFAULT_BLOCK_SIZE,
+    MAX_RECORD_BYTES,
+    load_tokenizer,
+    prepare_dataset,
+)
+from ringtrain.data.row_view import format_row, row_view
 from ringtrain.data.stats import dataset_statistics, format_statistics
 
 if TYPE_CHECKING:
@@ -203,14 +209,79 @@ def _parser() -> argparse.ArgumentParser:
         default=MAX_RECORD_BYTES,
         help=f"reject input lines longer than this, unread (default {MAX_RECORD_BYTES >> 20} MiB)",
     )
+    _add_block_size_option(prepare)
+    _add_inspect_parser(commands)
+    return parser
+
+
+def _add_block_size_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--block-size",
+        type=_positive,
+        default=DEFAULT_BLOCK_SIZE,
+        help="the drafter's block size: rows with fewer than 2 x B supervised tokens are "
+        f"counted as dropped by training (default {DEFAULT_BLOCK_SIZE})",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect = commands.add_parser("inspect", help="validate a dataset and print statistics")
     inspect.add_argument("path", help="dataset directory or file")
     inspect.add_argument("--vocab-size", type=int, default=None, help="check token ids < V")
+    _add_block_size_option(inspect)
     inspect.add_argument(
-        "--block-size", type=int, default=16, help="drafter block size (rows dropped below 2x)"
+        "--row",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of statistics, print row N (0-based) decoded with --tokenizer, its "
+        "supervised tokens (loss_mask = 1, what the drafter learns) wrapped in ⟦ ⟧",
     )
+    inspect.add_argument("--tokenizer", help="local target model/tokenizer dir (for --row)")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    totals = prepare_dataset(
+        args.tokenizer,
+        args.input,
+        args.output,
+        max_len=args.max_len,
+        workers=max(1, args.workers),
+        max_record_bytes=args.max_record_bytes,
+        block_size=args.block_size,
+    )
+    print(
+        f"{args.output}: {totals.samples} samples, {totals.tokens} tokens, "
+        f"{totals.supervised_tokens} supervised tokens; dropped {totals.dropped} "
+        f"without assistant tokens and {totals.too_large} over --max-record-bytes, "
+        f"truncated {totals.truncated} (of {totals.conversations} conversations)"
+    )
+    print(
+        f"{totals.too_few_supervised} of {totals.samples} rows have fewer than "
+        f"{2 * args.block_size} supervised tokens (2 x block size {args.block_size}): "
+        "training will drop them"
+    )
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    if args.row is None:
+        stats = dataset_statistics(
+            args.path, vocab_size=args.vocab_size, block_size=args.block_size
+        )
+        print(json.dumps(stats) if args.json else format_statistics(stats))
+        return
+    if args.tokenizer is None:
+        raise DatasetError("inspect --row needs --tokenizer DIR (the target's) to decode the row")
+    view = row_view(args.path, args.row, load_tokenizer(args.tokenizer))
+    print(json.dumps(view, ensure_ascii=False) if args.json else format_row(view, args.block_size))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,25 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "regenerate":
             return _regenerate(args)
         if args.command == "prepare":
-            totals = prepare_dataset(
-                args.tokenizer,
-                args.input,
-                args.output,
-                max_len=args.max_len,
-                workers=max(1, args.workers),
-                max_record_bytes=args.max_record_bytes,
-            )
-            print(
-                f"{args.output}: {totals.samples} samples, {totals.tokens} tokens, "
-                f"{totals.supervised_tokens} supervised tokens; dropped {totals.dropped} "
-                f"without assistant tokens and {totals.too_large} over --max-record-bytes, "
-                f"truncated {totals.truncated} (of {totals.conversations} conversations)"
-            )
+            _prepare(args)
         else:
-            stats = dataset_statistics(
-                args.path, vocab_size=args.vocab_size, block_size=args.block_size
-            )
-            print(json.dumps(stats) if args.json else format_statistics(stats))
+            _inspect(args)
     except DatasetError as exc:
         print(f"ringtrain-data: error: {exc}", file=sys.stderr)
         return 2

@@ -64,7 +64,7 @@ class TokenDataset:
 _EDGE_CHUNK_TOKENS = 1 << 24
 
 
-def _mask_spans(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def mask_spans(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Starts and ends of the runs of ones in a 0/1 mask, scanned in chunks."""
     edges = [np.zeros(1, dtype=np.int64)] if mask.size and mask[0] else []
     for low in range(0, max(len(mask) - 1, 0), _EDGE_CHUNK_TOKENS):
@@ -83,7 +83,7 @@ def supervised_counts(mask: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     array); a row's count is then the difference of the number of ones before its end and
     before its start, found by binary search over the runs.
     """
-    span_starts, span_ends = _mask_spans(mask)
+    span_starts, span_ends = mask_spans(mask)
     ones_before = np.concatenate([[0], np.cumsum(span_ends - span_starts)])
 
     def ones_below(position: np.ndarray) -> np.ndarray:

@@ -49,6 +49,9 @@ FLUSH_TOKENS = 1 << 26
 MAX_RECORD_BYTES = 16 << 20
 # Chunks queued per worker: enough to keep workers busy, bounded memory.
 CHUNKS_IN_FLIGHT_PER_WORKER = 4
+# The drafter's default block size: rows with fewer than twice as many supervised tokens
+# are counted as ones training drops.
+DEFAULT_BLOCK_SIZE = 16
 
 
 @dataclass
@@ -62,6 +65,8 @@ class PrepareTotals:
     dropped: int = 0  # conversations without any supervised token (after truncation)
     truncated: int = 0
     too_large: int = 0  # lines over max_record_bytes, rejected before decoding
+    # Rows written with fewer than 2 * block_size supervised tokens: training drops them.
+    too_few_supervised: int = 0
 
     def add(self, other: PrepareTotals) -> None:
         """Accumulate another chunk's counts."""
@@ -101,13 +106,17 @@ PROBE_CONVERSATION = [
 ]
 
 
-def _init_worker(tokenizer_dir: str, max_len: int | None, max_record_bytes: int) -> None:
-    global _encoder, _max_record_bytes
+def _init_worker(
+    tokenizer_dir: str, max_len: int | None, max_record_bytes: int, min_supervised: int
+) -> None:
+    global _encoder, _max_record_bytes, _min_supervised
     _encoder = ConversationEncoder(load_tokenizer(tokenizer_dir), max_len)
     _max_record_bytes = max_record_bytes
+    _min_supervised = min_supervised
 
 
 _max_record_bytes = MAX_RECORD_BYTES
+_min_supervised = 2 * DEFAULT_BLOCK_SIZE
 
 
 def check_tokenizer(tokenizer_dir: str | Path, max_len: int | None) -> None:
@@ -142,6 +151,7 @@ def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
         totals.tokens += len(ids)
         totals.supervised_tokens += supervised
         totals.truncated += int(truncated)
+        totals.too_few_supervised += int(supervised < _min_supervised)
         ids_parts.append(ids)
         mask_parts.append(mask)
         lengths.append(len(ids))
@@ -266,14 +276,16 @@ def prepare_dataset(
     max_len: int | None = None,
     workers: int = 1,
     max_record_bytes: int = MAX_RECORD_BYTES,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     progress: TextIO | None = sys.stderr,
 ) -> PrepareTotals:
     """Encode a chat JSONL file into an Arrow dataset directory; returns the totals.
 
     `workers` > 1 encodes in that many spawned processes. Rows longer than `max_len`
     are truncated; conversations without supervised tokens are dropped (counted); lines
-    over `max_record_bytes` are rejected before decoding (counted). Progress lines go to
-    `progress` (None: silent).
+    over `max_record_bytes` are rejected before decoding (counted); rows written with fewer
+    than 2 * `block_size` supervised tokens, which training drops, are counted. Progress
+    lines go to `progress` (None: silent).
     """
     input_path = Path(input_path)
     if not input_path.is_file():
@@ -283,7 +295,7 @@ def prepare_dataset(
     partial = target.with_suffix(".arrow.partial")
     totals = PrepareTotals()
     started = last_report = time.monotonic()
-    args = (str(tokenizer_dir), max_len, max_record_bytes)
+    args = (str(tokenizer_dir), max_len, max_record_bytes, 2 * block_size)
     if progress is not None:
         print(
             f"prepare: encoding {input_path} with {workers} process(es)", file=progress, flush=True
