@@ -86,3 +86,14 @@ def test_the_last_id_of_an_ordinary_vocabulary_is_warned_about_once(
 def test_an_explicit_id_is_kept_without_reading_the_tokenizer(tmp_path: Path) -> None:
     cfg = DrafterConfig(mask_token_id=3)
     assert resolve_mask_token(cfg, tmp_path / "no-target", 8, announce=True) is cfg
+
+
+def test_a_resume_keeps_the_id_its_checkpoint_was_trained_with(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drafter trained with id 10 (an older auto choice) keeps it, whatever auto picks now."""
+    target = write_target(tmp_path, 11, ["<|eos|>", "<|mask|>", "<|end|>"], mask_token="<|mask|>")
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        cfg = resolve_mask_token(DrafterConfig(), target, 11, announce=True, resumed_mask=10)
+    assert cfg.mask_token_id == 10
+    assert "resuming with the checkpoint's id 10" in caplog.text

@@ -187,15 +187,11 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
             f"{config.data.token_budget}: a batch must hold the longest row; raise the "
             "budget or lower max_len"
         )
-    vocab_size = target_config.vocab_size
-    drafter = resolve_mask_token(config.drafter, target_path, vocab_size, info.is_lead_drafter)
-    try:
-        spec = drafter_spec_from_target(target_config, drafter, taps)
-    except ValueError as exc:
-        raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
-    stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     checkpoints = run_dir / "checkpoints"
-    if resume and (checkpoint := latest_checkpoint(checkpoints, read_run_id(run_dir))) is not None:
+    checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
+    spec = _drafter_spec(config, target_path, target_config, taps, info, checkpoint)
+    stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
+    if checkpoint is not None:
         check_resume_spec(checkpoint, spec)
         check_resume_stream(checkpoint, stream, announce=info.rank == 0)
     cuda = info.device.type == "cuda"
@@ -217,14 +213,45 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     return plan
 
 
+def _drafter_spec(
+    config: Config,
+    target_path: Path,
+    target_config: Any,
+    taps: list[int],
+    info: RankInfo,
+    checkpoint: Path | None,
+) -> DrafterSpec:
+    """The drafter's spec for this target; a resume's auto mask token is the checkpoint's."""
+    resumed_mask = checkpoint_spec(checkpoint).mask_token_id if checkpoint else None
+    drafter = resolve_mask_token(
+        config.drafter, target_path, target_config.vocab_size, info.is_lead_drafter, resumed_mask
+    )
+    try:
+        return drafter_spec_from_target(target_config, drafter, taps)
+    except ValueError as exc:
+        raise ConfigError(f"[drafter] does not fit the target {target_path}: {exc}") from None
+
+
 def resolve_mask_token(
-    drafter: DrafterConfig, target_path: Path, vocab_size: int, announce: bool
+    drafter: DrafterConfig,
+    target_path: Path,
+    vocab_size: int,
+    announce: bool,
+    resumed_mask: int | None = None,
 ) -> DrafterConfig:
     """The [drafter] config with drafter.mask_token_id = -1 (auto) replaced by the id
-    chosen from the target's tokenizer (drafter/mask_token.py). Where `announce` (the lead
-    drafter), the choice is logged: as a warning when it may be an ordinary token."""
+    chosen from the target's tokenizer (drafter/mask_token.py), or on a resume by the
+    checkpoint's `resumed_mask` (what the drafter was trained with). Where `announce` (the
+    lead drafter), the choice is logged: as a warning when it may be an ordinary token."""
     if drafter.mask_token_id >= 0:
         return drafter
+    if resumed_mask is not None:
+        if announce:
+            get_logger().info(
+                "drafter.mask_token_id = -1 (auto): resuming with the checkpoint's id %d",
+                resumed_mask,
+            )
+        return msgspec.structs.replace(drafter, mask_token_id=resumed_mask)
     try:
         tokenizer = load_tokenizer(target_path)
     except DatasetError:
