@@ -6,13 +6,10 @@
 # (tools/recipes/real_recipe.py; sizes in configs/recipes/smollm2.toml).
 # Usage: launch/real_recipe.sh --device cpu|cuda [--gguf FILE] [--fresh]
 #        [--set section.key=value ...]
-# Runs with the project's .venv when there is one, else with $PYTHON (default python3).
+# Runs with the project's environment (launch/python.sh).
 # Results: a table printed last, JSON in $OUT/real_recipe.json (when $OUT is set) and in
 # the run directory.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-python3}
-[ -x "$root/.venv/bin/python" ] && python=$root/.venv/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 exec "$python" -m tools.recipes.real_recipe "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Train on one node: all GPUs of this machine, roles from the config's [layout].
 # Usage: launch/single_node.sh CONFIG [--mps] [--resume] [--set section.key=value ...]
+# Runs with the project's environment (launch/python.sh): no venv needs activating.
 # --mps runs the CUDA MPS daemon for the run (for layouts whose gpu_map puts a target and
 # a drafter on one GPU: their kernels then share the GPU instead of being time-sliced);
 # it is stopped again when the run ends.
@@ -11,12 +12,13 @@ if [ $# -lt 1 ]; then
 fi
 config=$1
 shift
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 args=()
 mps=0
 for arg in "$@"; do
     if [ "$arg" = --mps ]; then mps=1; else args+=("$arg"); fi
 done
-nproc=$(python3 -c 'import sys
+nproc=$("$python" -c 'import sys
 from ringtrain.config import load_config
 layout = load_config(sys.argv[1]).layout
 print(layout.targets_per_node + layout.drafters_per_node)' "$config")
@@ -28,4 +30,4 @@ if [ $mps = 1 ]; then
     nvidia-cuda-mps-control -d
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
-torchrun --standalone --nproc-per-node "$nproc" -m ringtrain.main --config "$config" ${args[@]+"${args[@]}"}
+"$python" -m torch.distributed.run --standalone --nproc-per-node "$nproc" -m ringtrain.main --config "$config" ${args[@]+"${args[@]}"}

@@ -4,13 +4,10 @@
 # step timed (tools/recipes/toy_recipe.py; sizes in configs/recipes/toy.toml).
 # Usage: launch/toy_recipe.sh --device cpu|cuda [--objectives decayed_ce,dpace] [--fresh]
 #        [--set section.key=value ...]
-# Runs with the project's .venv when there is one, else with $PYTHON (default python3).
+# Runs with the project's environment (launch/python.sh).
 # Timings and results: a table printed last, JSON in $OUT/toy_recipe.json (when $OUT is
 # set) and in the run directory.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-python3}
-[ -x "$root/.venv/bin/python" ] && python=$root/.venv/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/python.sh"
 cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 exec "$python" -m tools.recipes.toy_recipe "$@"

@@ -10,7 +10,7 @@ import pytest
 
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.regen_client import RetryPolicy, Sampling
-from ringtrain.data.regenerate import RegenerateOptions, regenerate
+from ringtrain.data.regenerate import RegenerateOptions, RegenerateTotals, regenerate
 from tests.regenerate_chats import MODEL, assert_all_regenerated, read_output, write_chats
 from tools.servers.chat_server import ChatServer, Faults
 
@@ -150,19 +150,26 @@ def test_wrong_model_or_url_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert server.requests == []
 
 
+def _regenerate_without_content(
+    faults: Faults, chats: Path, output: Path, retry: RetryPolicy
+) -> tuple[RegenerateTotals, int]:
+    """Regenerate against a server that answers without content as ``faults`` says:
+    the run's totals and how many such answers the server sent."""
+    with ChatServer(faults=faults) as server:
+        options = RegenerateOptions(
+            servers=[server.url], sampling=Sampling(MODEL), input=chats, output=output,
+            retry=retry,
+        )  # fmt: skip
+        totals = regenerate(options, progress=None)
+        return totals, server.injected["no_content"]
+
+
 def test_an_answer_without_content_is_a_failed_record_not_an_empty_turn(tmp_path: Path) -> None:
     chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
     write_chats(chats, 3)
-    with ChatServer(faults=Faults(no_content_rate=1.0)) as server:
-        options = RegenerateOptions(
-            servers=[server.url],
-            sampling=Sampling(MODEL),
-            input=chats,
-            output=output,
-            retry=RetryPolicy(retries=2, backoff_s=0.01, backoff_max_s=0.02),
-        )
-        totals = regenerate(options, progress=None)
-        injected = server.injected["no_content"]
+    totals, injected = _regenerate_without_content(
+        Faults(no_content_rate=1.0), chats, output, RetryPolicy(2, 0.01, 0.02)
+    )
     # Each record's first turn is tried three times (content missing, then null, ...).
     assert injected == 9
     assert totals.written == 0 and totals.failed == 3
@@ -177,15 +184,8 @@ def test_an_answer_without_content_is_a_failed_record_not_an_empty_turn(tmp_path
 def test_answers_without_content_are_retried_until_one_has_it(tmp_path: Path) -> None:
     chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
     good = write_chats(chats, 20)
-    with ChatServer(faults=Faults(no_content_rate=0.3, seed=5)) as server:
-        options = RegenerateOptions(
-            servers=[server.url],
-            sampling=Sampling(MODEL),
-            input=chats,
-            output=output,
-            retry=RetryPolicy(retries=20, backoff_s=0.001, backoff_max_s=0.01),
-        )
-        totals = regenerate(options, progress=None)
-        injected = server.injected["no_content"]
+    totals, injected = _regenerate_without_content(
+        Faults(no_content_rate=0.3, seed=5), chats, output, RetryPolicy(20, 0.001, 0.01)
+    )
     assert injected > 2 and totals.failed == 0
     assert_all_regenerated(chats, output, good)
