@@ -57,6 +57,7 @@ class Damage:
     checkpoint: Path
     fallback: Path
     inode: int  # the damaged directory's; a checkpoint written again is a new directory
+    logs: dict[Path, int]  # each rank log's size before the launch (they are appended to)
 
     def still_there(self) -> bool:
         """Whether the damaged checkpoint is still the one on disk (not written again)."""
@@ -112,15 +113,28 @@ def damage_newest(checkpoints: Path) -> Damage | None:
         os.truncate(state, state.stat().st_size // 2)
     else:
         (newest / RESUME_FILE).write_text('{"step": 12, "cursors": ')
-    return Damage(kind, newest, good[1], newest.stat().st_ino)
+    logs = {log: log.stat().st_size for log in rank_logs(checkpoints.parent)}
+    return Damage(kind, newest, good[1], newest.stat().st_ino, logs)
 
 
-def check_fallback(damage: Damage, text: str, exit_code: int | None, run_dir: Path) -> list[str]:
-    """Violations of the resume after `damage`: a crash, no warning naming the damaged
-    checkpoint, or a session that did not start from the newest good checkpoint."""
+def rank_logs(run_dir: Path) -> list[Path]:
+    """The run's per-rank log files."""
+    return sorted((run_dir / "logs").glob("rank*.log"))
+
+
+def check_fallback(damage: Damage, text: str, run_dir: Path) -> list[str]:
+    """Violations of the resume after `damage`: a rank that did not exit 0 (the launcher
+    itself exits 1 on its SIGTERM), no warning naming the damaged checkpoint (on the
+    console or in a rank's log), or a session that did not start from the newest good
+    checkpoint."""
     problems = []
-    if exit_code != 0:
-        problems.append(f"the resume over a damaged checkpoint exited {exit_code}")
+    for log in rank_logs(run_dir):
+        with log.open("rb") as file:
+            file.seek(damage.logs.get(log, 0))
+            session = file.read().decode(errors="replace")
+        text += session
+        if "exiting with code 0" not in session:
+            problems.append(f"{log.name}: the rank did not exit 0 after resuming")
     if f"skipping checkpoint {damage.checkpoint}" not in text:
         problems.append(f"no warning that {damage.checkpoint.name} was skipped")
     starts = [r for r in metric_records(run_dir / "metrics.jsonl") if r.get("event") == "start"]

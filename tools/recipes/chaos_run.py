@@ -245,8 +245,8 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     if checkpoint is None:
         return [], 0
-    record = read_resume_record(checkpoint)
-    step = record.step
+    resume = read_resume_record(checkpoint)
+    step = resume.step
     records = [r for r in lineage(run_dir / "metrics.jsonl") if r["step"] <= step]
     problems = []
     if [r["step"] for r in records] != list(range(1, step + 1)):
@@ -259,7 +259,7 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
         if len(seqs) != len(set(seqs)):
             twice = sorted({s for s in seqs if seqs.count(s) > 1})
             problems.append(f"target {producer}: batches {twice[:10]} trained twice")
-        cursor = record.cursors.get(producer, StreamCursor())
+        cursor = resume.cursors.get(producer, StreamCursor())
         expected = set(range(cursor.start)) | set(cursor.skip)
         if set(seqs) != expected:
             missing = sorted(expected - set(seqs))[:10]
@@ -371,7 +371,7 @@ def play_round(
         judge_round(result, text, name)
         if damage is not None:
             damaged.append(damage)
-            result.violations += check_fallback(damage, text, result.exit_code, run_dir)
+            result.violations += check_fallback(damage, text, run_dir)
     victim = f"pid {result.victim_pid}" if result.fault == "regen" else f"rank {result.victim_rank}"
     print(
         f"round {result.index}: {result.fault} {result.detail or victim} at "
