@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ringtrain.data.regen_lock import lock_path
 from ringtrain.drafter import read_resume_record
 from ringtrain.drafter.checkpoint import STATE_FILE, STEP_DIR, WEIGHTS_FILE, checkpoint_problem
 from ringtrain.drafter.resume_record import RESUME_FILE
@@ -178,7 +179,7 @@ def second_client(command: list[str], first: subprocess.Popen) -> list[str]:
 
 def resume_client(command: list[str], killed: int | None) -> list[str]:
     """Resume after the first client: violations unless it finishes and, when the first
-    was killed holding the lock, says it took that lock over."""
+    was killed holding the lock (`killed`: its pid), says it took that lock over."""
     resumed = subprocess.run(
         [*command, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S
     )
@@ -210,17 +211,26 @@ def regen_round(result: Round, work: Path) -> str:
                 result.violations += second_client(command, first)
             server.open_gate()
             killed = kill_later(first, random.uniform(0.0, REGEN_KILL_S))
+            held = killed is not None and lock_holder(output) == killed
         finally:
             first.kill()
             first.wait()
         result.exit_code = first.returncode
         result.injected_s = time.monotonic() - started if killed else None
-        result.violations += resume_client(command, killed)
+        result.violations += resume_client(command, killed if held else None)
     try:
         assert_all_regenerated(chats, output, good)
     except AssertionError as exc:
         result.violations.append(f"output of {REGEN_CHATS} lines: {exc}")
-    return f"held after {hold} answers, {'SIGKILL' if killed else 'finished'}"
+    ending = "SIGKILL holding the lock" if held else "finished" if killed is None else "SIGKILL"
+    return f"held after {hold} answers, {ending}"
+
+
+def lock_holder(output: Path) -> int | None:
+    """The pid the output's lock file names (None: emptied, as a client that finished
+    leaves it; a client killed after that held no lock)."""
+    text = lock_path(output).read_text().strip() if lock_path(output).exists() else ""
+    return json.loads(text)["pid"] if text else None
 
 
 def kill_later(process: subprocess.Popen, delay: float) -> int | None:
