@@ -4,32 +4,32 @@
                                       [--work-dir DIR] [--json FILE]
 
 Each round starts the embedded default (`torchrun --standalone --nproc-per-node 3 -m
-ringtrain.main`, small checkpoint interval, resuming from the second round on) in one
-run directory, injects one fault at a random time after launch, and waits for the whole
-run to end:
+ringtrain.main`, small checkpoint interval, resuming once the run directory exists) in
+one run directory, injects one fault at a random time after launch, and waits for the
+whole run to end:
 
-    kill   SIGKILL of a random rank
-    stop   SIGSTOP of a random rank
-    term   SIGTERM to the launcher (as a scheduler's preemption sends it)
-    stuck  a random rank's main thread spins forever while its other threads live
-           (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
-    corrupt  the newest good checkpoint damaged before the launch, which is then ended by
-             a SIGTERM (chaos_faults.py says how and what is checked)
+    kill     SIGKILL of a random rank
+    stop     SIGSTOP of a random rank
+    term     SIGTERM to the launcher (as a scheduler's preemption sends it)
+    stuck    a random rank's main thread spins forever while its other threads live
+             (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
+    corrupt  the newest good checkpoint damaged before the launch, which is then ended
+             by a SIGTERM (chaos_faults.py says how, and what is checked)
     regen    no training run: two `ringtrain-data regenerate` clients on one output, the
              second refused, the first SIGKILLed and resumed (chaos_faults.py)
 
-`--faults` picks the kinds drawn from (default: all).
-
-`stop` waits until the ranks have joined the ring (before that a rank's peers wait for it
-in the rendezvous), `stuck` and `corrupt` until every rank runs its loop (a main thread stuck while
-loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it
-checks, over all rounds: every stop took at most 60 s (fault to launcher exit) and, for
-a fault of one rank, the output named that rank (its pid); no batch was trained twice
-or skipped (the step records of metrics.jsonl, each step superseded by its resumed
-replay, against the newest checkpoint's cursors); no checkpoint holds a non-finite
-weight (but a damaged checkpoint not written again since); no process of the run is left and /dev/shm holds nothing of it. Prints one line
-per round, a summary table, and the JSON last (`chaos_rounds`, `chaos_violations`, per
-fault counts and stop times). Not part of the test suite: a round takes 30-90 s on CPU.
+`--faults` picks the kinds drawn from (default: all). `stop` waits until the ranks have
+joined the ring (before that a rank's peers wait for it in the rendezvous), `stuck` and
+`corrupt` until every rank runs its loop (a main thread stuck while loading or compiling
+is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks, over all
+rounds: every stop took at most 60 s (fault to launcher exit) and, for a fault of one
+rank, the output named that rank (its pid); no batch was trained twice or skipped (the
+step records of metrics.jsonl, each step superseded by its resumed replay, against the
+newest good checkpoint's cursors); no checkpoint holds a non-finite weight (a damaged
+one not written again since is left out); no process of the run is left and /dev/shm
+holds nothing of it. Prints one line per round, a summary table, and the JSON last
+(`chaos_rounds`, `chaos_violations`, per fault counts and stop times). Not part of the
+test suite: a round takes 30-90 s on CPU (a regen round about 20 s).
 """
 
 from __future__ import annotations
