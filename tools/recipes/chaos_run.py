@@ -1,28 +1,35 @@
 """A bounded soak of the failure handling: faults at random moments, resumes, and checks.
 
-    python tools/recipes/chaos_run.py [--rounds 40] [--seed 0] [--work-dir DIR] [--json FILE]
+    python tools/recipes/chaos_run.py [--rounds 40] [--seed 0] [--faults kill,stop,...]
+                                      [--work-dir DIR] [--json FILE]
 
 Each round starts the embedded default (`torchrun --standalone --nproc-per-node 3 -m
-ringtrain.main`, small checkpoint interval, resuming from the second round on) in one
-run directory, injects one fault at a random time after launch, and waits for the whole
-run to end:
+ringtrain.main`, small checkpoint interval, resuming once the run directory exists) in
+one run directory, injects one fault at a random time after launch, and waits for the
+whole run to end:
 
-    kill   SIGKILL of a random rank
-    stop   SIGSTOP of a random rank
-    term   SIGTERM to the launcher (as a scheduler's preemption sends it)
-    stuck  a random rank's main thread spins forever while its other threads live
-           (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
+    kill     SIGKILL of a random rank
+    stop     SIGSTOP of a random rank
+    term     SIGTERM to the launcher (as a scheduler's preemption sends it)
+    stuck    a random rank's main thread spins forever while its other threads live
+             (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
+    corrupt  the newest good checkpoint damaged before the launch, which is then ended
+             by a SIGTERM (chaos_faults.py says how, and what is checked)
+    regen    no training run: two `ringtrain-data regenerate` clients on one output, the
+             second refused, the first SIGKILLed and resumed (chaos_faults.py)
 
-`stop` waits until the ranks have joined the ring (before that a rank's peers wait for it
-in the rendezvous), `stuck` until every rank runs its loop (a main thread stuck while
-loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it
-checks, over all rounds: every stop took at most 60 s (fault to launcher exit) and, for
-a fault of one rank, the output named that rank (its pid); no batch was trained twice
-or skipped (the step records of metrics.jsonl, each step superseded by its resumed
-replay, against the newest checkpoint's cursors); no checkpoint holds a non-finite
-weight; no process of the run is left and /dev/shm holds nothing of it. Prints one line
-per round, a summary table, and the JSON last (`chaos_rounds`, `chaos_violations`, per
-fault counts and stop times). Not part of the test suite: a round takes 30-90 s on CPU.
+`--faults` picks the kinds drawn from (default: all). `stop` waits until the ranks have
+joined the ring (before that a rank's peers wait for it in the rendezvous), `stuck` and
+`corrupt` until every rank runs its loop (a main thread stuck while loading or compiling
+is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks, over all
+rounds: every stop took at most 60 s (fault to launcher exit) and, for a fault of one
+rank, the output named that rank (its pid); no batch was trained twice or skipped (the
+step records of metrics.jsonl, each step superseded by its resumed replay, against the
+newest good checkpoint's cursors); no checkpoint holds a non-finite weight (a damaged
+one not written again since is left out); no process of the run is left and /dev/shm
+holds nothing of it. Prints one line per round, a summary table, and the JSON last
+(`chaos_rounds`, `chaos_violations`, per fault counts and stop times). Not part of the
+test suite: a round takes 30-90 s on CPU (a regen round about 20 s).
 """
 
 from __future__ import annotations
@@ -49,10 +56,19 @@ from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
 from ringtrain.ring import RingReader, discover
 from ringtrain.ring.liveness import process_state
 from ringtrain.trainer.phases import WORK
+from tools.recipes.chaos_faults import (
+    Damage,
+    check_fallback,
+    damage_newest,
+    metric_records,
+    regen_round,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIN_HOOK = ROOT / "tests" / "spin_hook"
-FAULTS = ("kill", "stop", "term", "stuck")
+FAULTS = ("kill", "stop", "term", "stuck", "corrupt", "regen")
+UNDAMAGED = "fewer than two good checkpoints: nothing damaged"
+GENTLE = ("term", "corrupt")  # rounds whose run ends by the launcher's SIGTERM: exit 0
 STOP_LIMIT_S = 60.0  # the promise: a fault ends the whole run within this
 GIVE_UP_S = 180.0  # a run still alive this long after its fault is killed (a violation)
 POLL_S = 0.1
@@ -71,6 +87,7 @@ class Round:
     stop_s: float | None = None  # fault to launcher exit
     exit_code: int | None = None
     named: bool | None = None
+    detail: str | None = None  # corrupt: the damage; regen: what the first client did
     violations: list[str] = field(default_factory=list)
 
 
@@ -143,13 +160,13 @@ def inject(result: Round, proc: subprocess.Popen, name: str, started: float) -> 
     """Deliver the round's fault; returns the workers then ({}: the run ended before)."""
     wait_until(lambda: False, started + result.planned_s, proc)
     give_up = time.monotonic() + GIVE_UP_S
-    if result.fault in ("stop", "stuck"):
-        wait_until(lambda: ring_up(name, result.fault == "stuck"), give_up, proc)
+    if result.fault in ("stop", "stuck", "corrupt"):
+        wait_until(lambda: ring_up(name, result.fault != "stop"), give_up, proc)
     wait_until(lambda: len(workers(proc.pid)) == 3, give_up, proc)
     ranks = workers(proc.pid)
     if proc.poll() is not None or len(ranks) != 3:
         return {}
-    if result.fault == "term":
+    if result.fault in GENTLE:
         proc.send_signal(signal.SIGTERM)
     else:
         result.victim_rank = random.choice(sorted(ranks))
@@ -163,7 +180,8 @@ def inject(result: Round, proc: subprocess.Popen, name: str, started: float) -> 
 def run_round(result: Round, args: argparse.Namespace, run_dir: Path, name: str) -> str:
     """Launch, inject, wait for the end; returns the run's output."""
     output = run_dir.parent / f"round{result.index:03d}.out"
-    command = torchrun_command(run_dir, name, result.index > 0, args.max_steps, args.every)
+    resume = run_dir.exists()  # the first launch starts fresh
+    command = torchrun_command(run_dir, name, resume, args.max_steps, args.every)
     with output.open("wb") as sink:
         proc = subprocess.Popen(
             command, env=run_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
@@ -202,7 +220,7 @@ def judge_round(result: Round, text: str, name: str) -> None:
         result.named = bool(ours or launcher)
         if not result.named:
             result.violations.append(f"output never names rank {result.victim_rank}")
-    if result.fault != "term" and result.exit_code == 0:
+    if result.fault not in GENTLE and result.exit_code == 0:
         result.violations.append("a run with a failed rank exited 0")
     leaked = [e for e in os.listdir("/dev/shm") if f"ringtrain.{name}-" in e]
     if leaked:
@@ -213,13 +231,8 @@ def lineage(metrics: Path) -> list[dict]:
     """The step records that stand: a resumed session's step s supersedes every earlier
     record of step s and later (those steps were lost with the crash and trained again)."""
     kept: list[dict] = []
-    if not metrics.exists():
-        return kept
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a cut last line is the writer's problem, reported by its own tests
+    # A cut last line is left out: the writer's problem, reported by its own tests.
+    for record in metric_records(metrics):
         if record.get("event") == "step":
             while kept and kept[-1]["step"] >= record["step"]:
                 kept.pop()
@@ -232,8 +245,8 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     if checkpoint is None:
         return [], 0
-    record = read_resume_record(checkpoint)
-    step = record.step
+    resume = read_resume_record(checkpoint)
+    step = resume.step
     records = [r for r in lineage(run_dir / "metrics.jsonl") if r["step"] <= step]
     problems = []
     if [r["step"] for r in records] != list(range(1, step + 1)):
@@ -246,7 +259,7 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
         if len(seqs) != len(set(seqs)):
             twice = sorted({s for s in seqs if seqs.count(s) > 1})
             problems.append(f"target {producer}: batches {twice[:10]} trained twice")
-        cursor = record.cursors.get(producer, StreamCursor())
+        cursor = resume.cursors.get(producer, StreamCursor())
         expected = set(range(cursor.start)) | set(cursor.skip)
         if set(seqs) != expected:
             missing = sorted(expected - set(seqs))[:10]
@@ -257,11 +270,15 @@ def check_batches(run_dir: Path) -> tuple[list[str], int]:
     return problems, step
 
 
-def check_weights(run_dir: Path) -> tuple[list[str], int]:
-    """Checkpoints holding a non-finite weight, and how many checkpoints were read."""
+def check_weights(run_dir: Path, damaged: list[Damage]) -> tuple[list[str], int]:
+    """Checkpoints holding a non-finite weight, and how many checkpoints were read (not
+    those `damaged` by corrupt rounds and not written again since)."""
     problems, count = [], 0
+    left = {d.checkpoint for d in damaged if d.still_there()}
     for directory in sorted((run_dir / "checkpoints").glob("step_*")):
         if not STEP_DIR.match(directory.name) or not (directory / WEIGHTS_FILE).exists():
+            continue
+        if directory in left:
             continue
         count += 1
         weights = load_file(directory / WEIGHTS_FILE)
@@ -271,14 +288,17 @@ def check_weights(run_dir: Path) -> tuple[list[str], int]:
     return problems, count
 
 
-def summarise(rounds: list[Round], final: list[str], steps: int, checkpoints: int) -> dict:
+def summarise(
+    rounds: list[Round], faults: list[str], final: list[str], steps: int, checkpoints: int
+) -> dict:
+    """The campaign's figures per fault kind, its violations and every round."""
     by_fault: dict[str, dict] = {}
-    for fault in FAULTS:
+    for fault in faults:
         mine = [r for r in rounds if r.fault == fault]
         stops = [round(r.stop_s, 1) for r in mine if r.stop_s is not None]
         by_fault[fault] = {
             "rounds": len(mine),
-            "injected": sum(r.injected_s is not None for r in mine),
+            "injected": sum(r.injected_s is not None and r.detail != UNDAMAGED for r in mine),
             "stop_s": stops,
             "max_stop_s": max(stops, default=None),
         }
@@ -320,7 +340,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latest", type=float, default=35.0, help="latest fault time (s)")
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=4, help="run.checkpoint_every")
+    parser.add_argument(
+        "--faults", type=fault_kinds, default=list(FAULTS), help=f"kinds drawn from: {FAULTS}"
+    )
     return parser.parse_args(argv)
+
+
+def fault_kinds(text: str) -> list[str]:
+    """The comma-separated fault kinds of --faults, each one of FAULTS."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault kinds {unknown}; known: {FAULTS}")
+    return list(dict.fromkeys(kinds))
+
+
+def play_round(
+    result: Round, args: argparse.Namespace, work: Path, name: str, damaged: list[Damage]
+) -> None:
+    """Play one round of any kind into `result` (a corrupt round's damage goes to
+    `damaged`) and print its line."""
+    run_dir = work / "run"
+    if result.fault == "regen":
+        result.detail = regen_round(result, work)
+    else:
+        damage = damage_newest(run_dir / "checkpoints") if result.fault == "corrupt" else None
+        if result.fault == "corrupt":
+            result.detail = f"{damage.kind} {damage.checkpoint.name}" if damage else UNDAMAGED
+        text = run_round(result, args, run_dir, name)
+        judge_round(result, text, name)
+        if damage is not None:
+            damaged.append(damage)
+            result.violations += check_fallback(damage, text, run_dir)
+    victim = f"pid {result.victim_pid}" if result.fault == "regen" else f"rank {result.victim_rank}"
+    print(
+        f"round {result.index}: {result.fault} {result.detail or victim} at "
+        f"{result.injected_s or 0:.1f} s -> ended after {result.stop_s or 0:.1f} s, "
+        f"exit {result.exit_code}, violations {result.violations or 'none'}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,21 +387,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     run_dir, name = work / "run", f"chaos{os.getpid()}"
-    rounds = []
+    rounds: list[Round] = []
+    damaged: list[Damage] = []
     for index in range(args.rounds):
-        result = Round(index, random.choice(FAULTS), round(random.uniform(1.0, args.latest), 1))
-        text = run_round(result, args, run_dir, name)
-        judge_round(result, text, name)
+        fault = random.choice(args.faults)
+        result = Round(index, fault, round(random.uniform(1.0, args.latest), 1))
+        play_round(result, args, work, name, damaged)
         rounds.append(result)
-        print(
-            f"round {index}: {result.fault} rank {result.victim_rank} at "
-            f"{result.injected_s or 0:.1f} s -> ended after {result.stop_s or 0:.1f} s, "
-            f"exit {result.exit_code}, violations {result.violations or 'none'}",
-            flush=True,
-        )
     batch_problems, steps = check_batches(run_dir)
-    weight_problems, checkpoints = check_weights(run_dir)
-    summary = summarise(rounds, batch_problems + weight_problems, steps, checkpoints)
+    weight_problems, checkpoints = check_weights(run_dir, damaged)
+    final = batch_problems + weight_problems
+    summary = summarise(rounds, args.faults, final, steps, checkpoints)
     print_table(summary)
     text = json.dumps(summary, indent=1)
     if args.json:
