@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import ring_workers as rw
-import torch
 from transformers import CONFIG_MAPPING
 
+from ringtrain.batch import slot_fields
 from ringtrain.cli.stat import format_snapshot
 from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
@@ -185,7 +185,8 @@ def test_groups_are_consecutive_target_ranks_of_one_node(monkeypatch: pytest.Mon
     assert info.target_groups == [[0, 1], [2, 3], [6, 7], [8, 9]]
     assert info.producer_count == 4
     roles = ["target"] * 4 + ["drafter"] * 2
-    spec = RingSpec("r", 0, roles, list(range(6, 12)), 2, 64, 4, 8, torch.float32, target_tp=2)
+    fields = slot_fields(1, 8, "float32")
+    spec = RingSpec("r", 0, roles, list(range(6, 12)), 2, 64, 4, fields, target_tp=2)
     assert spec.producers == (0, 2) and spec.num_slots == 4
     assert spec.role_label(1) == "target, group 2 member 1"
     assert spec.role_label(4) == "drafter"

@@ -1,9 +1,9 @@
 """Smoke runs of every benchmark and recipe script in tools/ on the CPU, at tiny sizes.
 
-Each test runs a script the way a user does (by its path from another directory, as a
-module from the root, or through its `main(argv)` in this process where the script
-would only repeat imports this process has) and checks what it reports, not only that it
-exits. Runs that take more than a few seconds on a small CPU machine are marked slow;
+Each test runs a script the way a user does (by its path from another directory, or as
+a module from the root, in a process of its own) and checks what it reports, not only
+that it exits. Runs that take minutes on a small CPU machine are marked `scripts`: they are left
+out of the suite by default and run with `bash tools/test.sh --scripts`;
 scripts that only make sense on CUDA check their refusal here and run under the gpu mark.
 """
 
@@ -118,6 +118,7 @@ def test_bench_ipc_copy_refuses_without_cuda() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bench_ipc_copy_on_a_gpu() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tools.bench.bench_ipc_copy", "--slots", "2", "--item-mb", "8",
@@ -142,7 +143,7 @@ def test_recipe_scripts_parse_their_arguments(module: str) -> None:
     assert proc.stdout.startswith("usage:")
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_chaos_regen_round_refuses_a_second_client_and_resumes_the_killed_one(
     tmp_path: Path,
 ) -> None:
@@ -152,7 +153,7 @@ def test_chaos_regen_round_refuses_a_second_client_and_resumes_the_killed_one(
     assert list(summary["faults"]) == ["regen"]
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_ring_moves_every_item_intact() -> None:
     report = _run(
         ["-m", "tools.bench.bench_ring", "--item-mb", "0.25", "--items", "40", "--slots", "2",
@@ -164,7 +165,7 @@ def test_bench_ring_moves_every_item_intact() -> None:
     assert report["gbps"] > 0 and report["control_p50_us"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_drafter_small_on_cpu() -> None:
     report = _run(
         ["-m", "tools.bench.bench_drafter", "--device", "cpu", "--small", "--steps", "1",
@@ -176,7 +177,7 @@ def test_bench_drafter_small_on_cpu() -> None:
     assert torch.isfinite(torch.tensor(result["final_loss"]))
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_target_small_on_cpu() -> None:
     report = _run(
         ["-m", "tools.bench.bench_target", "--device", "cpu", "--small", "--shape", "qwen3-8b",
@@ -186,7 +187,7 @@ def test_bench_target_small_on_cpu() -> None:
     assert report["results"] and all(r["tokens_per_s"] > 0 for r in report["results"])
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_load_small_on_cpu(tmp_path: Path) -> None:
     report = _run(
         ["-m", "tools.bench.bench_load", "--device", "cpu", "--small",
@@ -197,7 +198,7 @@ def test_bench_load_small_on_cpu(tmp_path: Path) -> None:
     assert not (tmp_path / "load").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_target_tp_tiny_group_on_cpu(tmp_path: Path) -> None:
     report = _run(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -208,7 +209,7 @@ def test_bench_target_tp_tiny_group_on_cpu(tmp_path: Path) -> None:
     assert report["target_tp2_tokens_per_s"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_generate_on_cpu() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tools.bench.bench_generate", "--device", "cpu",
@@ -220,7 +221,7 @@ def test_bench_generate_on_cpu() -> None:
     assert (row["variant"], row["prompts"], row["new_tokens"]) == ("dynamic:4", 4, 16)
 
 
-@pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_pipeline_tiny_on_cpu() -> None:
     report = _run(
         ["-m", "tools.bench.bench_pipeline", "--device", "cpu", "--shapes", "tiny",

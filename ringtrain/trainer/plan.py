@@ -245,7 +245,9 @@ def resolve_mask_token(
     lead drafter), the choice is logged: as a warning when it may be an ordinary token."""
     if drafter.mask_token_id >= 0:
         return drafter
-    if resumed_mask is not None:
+    # A checkpoint's id outside this target's vocabulary belongs to another target: the
+    # resume check then refuses the checkpoint by name (not this setting).
+    if resumed_mask is not None and resumed_mask < vocab_size:
         if announce:
             get_logger().info(
                 "drafter.mask_token_id = -1 (auto): resuming with the checkpoint's id %d",
