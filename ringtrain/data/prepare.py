@@ -268,6 +268,31 @@ def _check_output(output: Path) -> Path:
     return output / OUTPUT_FILE
 
 
+def _write_chunks(
+    chunks: Iterable[EncodedChunk], partial: Path, progress: TextIO | None
+) -> PrepareTotals:
+    """Write the encoded chunks into ``partial``, with a progress line every 2 s."""
+    totals = PrepareTotals()
+    started = last_report = time.monotonic()
+    with TokenFileWriter(partial) as writer:
+        buffered = _ChunkWriter(writer)
+        for chunk in chunks:
+            buffered.add(chunk)
+            totals.add(chunk.totals)
+            now = time.monotonic()
+            if progress is not None and now - last_report >= 2.0:
+                rate = totals.conversations / (now - started)
+                print(
+                    f"prepare: {totals.conversations} conversations, {totals.tokens} tokens "
+                    f"({rate:.0f} conversations/s)",
+                    file=progress,
+                    flush=True,
+                )
+                last_report = now
+        buffered.flush()
+    return totals
+
+
 def prepare_dataset(
     tokenizer_dir: str | Path,
     input_path: str | Path,
@@ -293,31 +318,15 @@ def prepare_dataset(
     check_tokenizer(tokenizer_dir, max_len)
     target = _check_output(Path(output_dir))
     partial = target.with_suffix(".arrow.partial")
-    totals = PrepareTotals()
-    started = last_report = time.monotonic()
     args = (str(tokenizer_dir), max_len, max_record_bytes, 2 * block_size)
     if progress is not None:
         print(
             f"prepare: encoding {input_path} with {workers} process(es)", file=progress, flush=True
         )
     try:
-        chunks = _encoded_chunks(workers, args, _tasks(input_path))
-        with TokenFileWriter(partial) as writer:
-            buffered = _ChunkWriter(writer)
-            for chunk in chunks:
-                buffered.add(chunk)
-                totals.add(chunk.totals)
-                now = time.monotonic()
-                if progress is not None and now - last_report >= 2.0:
-                    rate = totals.conversations / (now - started)
-                    print(
-                        f"prepare: {totals.conversations} conversations, {totals.tokens} tokens "
-                        f"({rate:.0f} conversations/s)",
-                        file=progress,
-                        flush=True,
-                    )
-                    last_report = now
-            buffered.flush()
+        totals = _write_chunks(
+            _encoded_chunks(workers, args, _tasks(input_path)), partial, progress
+        )
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
