@@ -173,12 +173,17 @@ def _prompt_sets(args: argparse.Namespace) -> tuple[list, ChatRenderer, object]:
     return load_prompt_sets(args.prompts, args.benchmark, options), renderer, spec
 
 
-def decode_share(args: argparse.Namespace, shard: tuple[int, int]) -> tuple[list, str]:
-    """Load the models and decode one share of the prompts: (outcomes, tie rule)."""
+def decode_share(
+    args: argparse.Namespace, shard: tuple[int, int], prepared: tuple | None = None
+) -> tuple[list, str]:
+    """Load the models and decode one share of the prompts: (outcomes, tie rule).
+
+    ``prepared``: what ``_prompt_sets`` returned, where this process already read it (a
+    worker process reads the prompts itself)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = _device(args)
-    sets, renderer, spec = _prompt_sets(args)
+    sets, renderer, spec = prepared or _prompt_sets(args)
     first = first_prompt(sets[0].conversations[0], renderer)
     target = load_verifying_target(
         Path(args.target).expanduser(), list(spec.tap_layers), device, args.dtype, args.mode
@@ -205,9 +210,10 @@ def decode_share(args: argparse.Namespace, shard: tuple[int, int]) -> tuple[list
 
 def evaluate(args: argparse.Namespace) -> dict:
     """Run the evaluation described by the parsed arguments; returns the report dict."""
-    sets, _, spec = _prompt_sets(args)
+    prepared = _prompt_sets(args)
+    sets, _, spec = prepared
     if args.workers == 1:
-        outcomes, tie_rule = decode_share(args, (0, 1))
+        outcomes, tie_rule = decode_share(args, (0, 1), prepared)
     else:
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
