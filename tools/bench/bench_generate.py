@@ -1,10 +1,13 @@
 """Batched greedy generation speed (ringtrain.eval.generate), one row per variant, as JSON.
 
     python -m tools.bench.bench_generate --device cuda --prompts 4096 --max-new-tokens 128 \\
-        --variants static:2048,static-compiled:2048,dynamic:1024
+        --variants own:2048,own-matmul:2048,own-eager:2048,static:2048 --profile static:512
 
-A variant is ``CACHE[-sdpa][-compiled]:BATCH`` (``-sdpa``: the model's own attention
-instead of the grouped one-token attention). The model is a local Hugging Face directory
+A variant is ``own[-matmul][-eager]:BATCH`` (ringtrain.eval.batch_decode: SDPA or matmul
+one-token kernel, CUDA graphs unless ``-eager``) or ``static|dynamic[-sdpa][-compiled]:BATCH``
+(transformers' generate with that cache; ``-sdpa``: the model's own attention instead of
+the grouped one-token attention). ``agree`` is the share of answers equal to the first
+variant's. ``--profile VARIANT`` prints the CUDA kernels of 16 new tokens of one batch. The model is a local Hugging Face directory
 (``--target``) or, by default, random weights in SmolLM2-135M's shape (llama, 30
 layers, hidden 576): speed does not depend on the weights, and without stop tokens
 every prompt is decoded to ``--max-new-tokens``. Prompt lengths are drawn uniformly
@@ -21,7 +24,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from ringtrain.eval.generate import greedy_answers
+from ringtrain.eval.generate import DecodeOptions, greedy_answers
 from ringtrain.eval.target import load_causal_lm
 
 SMOLLM2_135M = {
@@ -48,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--variants", default="static:2048,static-compiled:2048,dynamic:1024")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default="", metavar="VARIANT", help="profile one batch")
     return parser.parse_args(argv)
 
 
@@ -61,6 +65,29 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
     return model.to(args.device).eval().requires_grad_(False)
 
 
+def parse_variant(variant: str) -> tuple[DecodeOptions, int]:
+    """The decode options and batch size a variant names (see the module docstring)."""
+    kind, batch = variant.split(":")
+    cache, *flags = kind.split("-")
+    options = DecodeOptions(
+        cache=cache,
+        kernel="matmul" if "matmul" in flags else "sdpa",
+        graph="eager" not in flags,
+        grouped_attention="sdpa" not in flags,
+        compile="compiled" in flags,
+    )
+    return options, int(batch)
+
+
+def profile(model: torch.nn.Module, prompts: list[list[int]], variant: str) -> str:
+    """The table of the CUDA kernels (by total time) of 16 new tokens of one batch."""
+    options, batch = parse_variant(variant)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        greedy_answers(model, prompts[:batch], 16, [], pad_id=0, batch_size=batch, options=options)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = make_model(args)
@@ -70,36 +97,35 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [
         [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(args.prompts)
     ]
-    rows = []
+    rows, first = [], None
     for variant in args.variants.split(","):
-        kind, batch = variant.split(":")
-        cache = kind.split("-")[0]
-        _, stats = greedy_answers(
-            model,
-            prompts,
-            args.max_new_tokens,
-            [],
-            pad_id=0,
-            batch_size=int(batch),
-            cache=cache,
-            compile=kind.endswith("-compiled"),
-            grouped_attention="-sdpa" not in kind,
+        options, batch = parse_variant(variant)
+        answers, stats = greedy_answers(
+            model, prompts, args.max_new_tokens, [], pad_id=0, batch_size=batch, options=options
         )
+        first = first or answers
         row = {
             "variant": variant,
             "prompts": stats.prompts,
             "new_tokens": stats.new_tokens,
             "seconds": round(stats.seconds, 2),
             "tokens_per_s": round(stats.tokens_per_s),
+            "agree": round(
+                sum(a == b for a, b in zip(answers, first, strict=True)) / len(first), 3
+            ),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)
             if torch.cuda.is_available()
             else None,
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"{'variant':<24} {'tokens/s':>10} {'seconds':>8}")
+    if args.profile:
+        print(profile(model, prompts, args.profile), flush=True)
+    print(f"{'variant':<24} {'tokens/s':>10} {'seconds':>8} {'agree':>6}")
     for row in rows:
-        print(f"{row['variant']:<24} {row['tokens_per_s']:>10} {row['seconds']:>8}")
+        print(
+            f"{row['variant']:<24} {row['tokens_per_s']:>10} {row['seconds']:>8} {row['agree']:>6}"
+        )
     return 0
 
 

@@ -169,11 +169,14 @@ def make_prompts(recipe: RealRecipe) -> None:
         return
     with Timed(recipe, "prompts"):
         records = build_prompts(recipe.largest, seed=recipe.config.data.seed)
-        if len(records) < recipe.largest:
+        if len(records) < min(recipe.settings.train_prompts):
             raise SystemExit(
                 f"real_recipe: only {len(records)} code prompts on this machine, "
-                f"{recipe.largest} asked for; lower train_prompts in {RECIPES.name}"
+                f"{min(recipe.settings.train_prompts)} asked for; lower train_prompts in "
+                f"{RECIPES.name}"
             )
+        if len(records) < recipe.largest:
+            log(f"prompts: only {len(records)} on this machine; the largest set has them all")
         write_jsonl(records, path)
         stamp_file.write_text(json.dumps(stamp) + "\n")
 
@@ -309,6 +312,10 @@ def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
                 results.setdefault(size, {})[dtype] = result or {
                     "error": f"ringtrain-eval exit {proc.returncode}"
                 }
+                # Each evaluation is kept as it finishes: a recipe stopped later loses none.
+                (recipe.run_dir(size) / f"eval-{dtype}.json").write_text(
+                    json.dumps(results[size][dtype]) + "\n"
+                )
     return results
 
 

@@ -1,0 +1,258 @@
+"""Greedy decoding of one batch of left-padded prompts with a key/value cache of our own.
+
+transformers' ``generate`` spends most of a decode step's time outside the model at
+large batches (mask building, logits processors, a host sync per step) and its caches
+change between releases. Here the model runs with ``use_cache=False`` and an attention
+function of this module (registered with transformers' attention interface) keeps every
+layer's keys and values in preallocated buffers [B, Hkv, L, D], writing each step's one
+position at a device-side index. Masks are given to the model ready-made (a 4-D boolean
+mask is used as it is), so a decode step has no host sync and no shape change: on CUDA it
+is captured once per batch as a CUDA graph and replayed.
+
+The one-token attention reads each key/value head once for the query heads that share
+it (grouped-query attention), either as two batched matmuls or through SDPA with the
+query heads of a group folded into its query length (``KERNELS``).
+
+Only for targets whose layers are all full attention (``supports_cache_rollback``):
+sliding-window and linear-attention layers keep state this cache does not model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+KERNELS = ("matmul", "sdpa")
+BATCH_DECODE = "ringtrain_batch_decode"
+# Decode steps between two checks whether every row has stopped (each check syncs).
+STOP_CHECK_EVERY = 16
+# Eager steps before a CUDA graph is captured (the allocator and kernels settle).
+WARMUP_STEPS = 2
+
+log = logging.getLogger(__name__)
+
+
+def one_token_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor | None,
+    scale: float,
+    kernel: str,
+) -> torch.Tensor:
+    """Attention of one query position: ``query`` [B, Hq, 1, D] over ``key``/``value``
+    [B, Hkv, L, D]; ``keep`` a boolean [B, 1, 1, L] (True: attend) or None. Returns
+    [B, 1, Hq, D]."""
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)
+    if kernel == "sdpa":
+        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=keep, scale=scale)
+    else:
+        scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
+    return out.view(batch, heads, 1, dim).transpose(1, 2)
+
+
+class DecodeCache:
+    """Every layer's keys and values [B, Hkv, L, D], the next position to write (a device
+    tensor, so a CUDA graph replays it) and the one-token kernel."""
+
+    def __init__(
+        self, model: PreTrainedModel, batch: int, length: int, kernel: str, device: torch.device
+    ) -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"decode kernel {kernel!r} is not one of {', '.join(KERNELS)}")
+        config = model.config
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        dtype = next(model.parameters()).dtype
+        shape = (batch, kv_heads, length, dim)
+        layers = int(config.num_hidden_layers)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.kernel = kernel
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this forward's keys/values (a prompt from position 0, or one step at
+        ``position``); return the layer's whole buffers."""
+        keys, values = self.keys[layer], self.values[layer]
+        if key.shape[2] == 1:
+            keys.index_copy_(2, self.position, key)
+            values.index_copy_(2, self.position, value)
+        else:
+            keys[:, :, : key.shape[2]].copy_(key)
+            values[:, :, : key.shape[2]].copy_(value)
+        return keys, values
+
+
+def batch_decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    decode_cache: DecodeCache | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: keys/values go through ``decode_cache``; the
+    prompt's forward is SDPA over the prompt, a step's is ``one_token_attention``."""
+    if decode_cache is None:
+        raise RuntimeError(f"the {BATCH_DECODE} attention runs only inside decode_batch")
+    keys, values = decode_cache.write(module.layer_idx, key, value)
+    if query.shape[2] != 1:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return one_token_attention(
+        query, keys, values, attention_mask, scale, decode_cache.kernel
+    ), None
+
+
+AttentionInterface.register(BATCH_DECODE, batch_decode_attention)
+
+
+@dataclass
+class StepState:
+    """The device tensors one decode step reads and advances (a CUDA graph's inputs)."""
+
+    token: torch.Tensor  # [B, 1] the last token of every row
+    positions: torch.Tensor  # [B, 1] its position id
+    keep: torch.Tensor  # [B, 1, 1, L] cache positions a query may attend
+    out: torch.Tensor  # [B, N] new tokens (pad after a row's stop)
+    column: torch.Tensor  # [1] the next column of ``out``
+    done: torch.Tensor  # [B] rows that produced a stop token
+    stops: torch.Tensor  # stop ids
+    pad_id: int
+
+
+def prompt_mask(valid: torch.Tensor) -> torch.Tensor:
+    """The prompt forward's boolean mask [B, 1, W, W]: causal, padding never attended;
+    a padding query attends itself (a row with nothing to attend would give NaN)."""
+    width = valid.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+    itself = torch.eye(width, dtype=torch.bool, device=valid.device)
+    return (causal[None] & (valid[:, None, :] | itself[None]))[:, None]
+
+
+def _record(state: StepState, logits: torch.Tensor) -> None:
+    """Take the greedy token of ``logits`` [B, V] as every row's next token."""
+    chosen = torch.where(state.done, state.pad_id, logits.argmax(dim=-1))
+    state.out.index_copy_(1, state.column, chosen[:, None])
+    state.done |= torch.isin(chosen, state.stops)
+    state.token.copy_(chosen[:, None])
+    state.column += 1
+
+
+def _step(model: PreTrainedModel, cache: DecodeCache, state: StepState) -> None:
+    """One decode step: the last tokens in, their successors recorded."""
+    state.keep.index_fill_(-1, cache.position, True)
+    logits = model(
+        input_ids=state.token,
+        attention_mask=state.keep,
+        position_ids=state.positions,
+        use_cache=False,
+        logits_to_keep=1,
+        decode_cache=cache,
+    ).logits[:, -1]
+    _record(state, logits)
+    cache.position += 1
+    state.positions += 1
+
+
+def _captured_step(
+    model: PreTrainedModel, cache: DecodeCache, state: StepState
+) -> torch.cuda.CUDAGraph | None:
+    """``_step`` captured as a CUDA graph (not run), or None when capture fails."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            _step(model, cache, state)
+    except RuntimeError as error:
+        log.warning("decode step not captured as a CUDA graph (%s); decoding eagerly", error)
+        return None
+    return graph
+
+
+def decode_batch(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    valid: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    kernel: str = "sdpa",
+    graph: bool = True,
+) -> torch.Tensor:
+    """The greedy new tokens [B, max_new_tokens] of left-padded ``ids`` [B, W] (``valid``
+    marks real tokens); after a row's stop token the row holds ``pad_id``.
+
+    ``graph``: on CUDA, replay the decode step as a CUDA graph.
+    """
+    device = ids.device
+    batch, width = ids.shape
+    cache = DecodeCache(model, batch, width + max_new_tokens, kernel, device)
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    keep = torch.zeros(batch, 1, 1, width + max_new_tokens, dtype=torch.bool, device=device)
+    keep[:, 0, 0, :width] = valid
+    state = StepState(
+        token=torch.zeros(batch, 1, dtype=torch.long, device=device),
+        positions=positions[:, -1:] + 1,
+        keep=keep,
+        out=torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device),
+        column=torch.zeros(1, dtype=torch.long, device=device),
+        done=torch.zeros(batch, dtype=torch.bool, device=device),
+        stops=torch.tensor(stop_ids or [-1], dtype=torch.long, device=device),
+        pad_id=pad_id,
+    )
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids,
+            attention_mask=prompt_mask(valid),
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=1,
+            decode_cache=cache,
+        ).logits[:, -1]
+        _record(state, logits)
+        cache.position.fill_(width)
+        _decode_steps(model, cache, state, max_new_tokens - 1, graph and device.type == "cuda")
+    return state.out
+
+
+def _decode_steps(
+    model: PreTrainedModel, cache: DecodeCache, state: StepState, steps: int, graph: bool
+) -> None:
+    """Run ``steps`` decode steps (captured once and replayed when ``graph``), stopping
+    early once every row has stopped."""
+    captured = None
+    if graph and steps > WARMUP_STEPS:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                _step(model, cache, state)
+        torch.cuda.current_stream().wait_stream(side)
+        steps -= WARMUP_STEPS
+        captured = _captured_step(model, cache, state)
+    for done in range(steps):
+        if done % STOP_CHECK_EVERY == 0 and bool(state.done.all()):
+            return
+        if captured is not None:
+            captured.replay()
+        else:
+            _step(model, cache, state)

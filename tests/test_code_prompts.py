@@ -1,0 +1,96 @@
+"""Code chat prompts from Python sources: what is found, what is kept out, the wording."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+from ringtrain.data.code_prompts import (
+    KINDS,
+    SourceFunction,
+    benchmark_names,
+    functions_in,
+    prompt_records,
+)
+from ringtrain.eval.benchmarks import HUMANEVAL_WORDING
+
+SOURCE = textwrap.dedent(
+    '''
+    def documented(a, b=2):
+        """Add two numbers."""
+        total = a + b
+        return total
+
+    def undocumented(a):
+        total = a + 1
+        return total
+
+    def __dunder__(self):
+        """Kept out: a dunder."""
+        value = 1
+        return value
+
+    def too_short():
+        """Only a docstring and one statement."""
+    '''
+)
+
+
+def make_function(i: int) -> SourceFunction:
+    return SourceFunction(
+        origin=f"f.py:{i}",
+        name=f"fn_{i}",
+        args="(x)",
+        doc="Do it.",
+        stub=f'def fn_{i}(x):\n    """Do it."""',
+        source=f'def fn_{i}(x):\n    """Do it."""\n    return x',
+        bare=f"def fn_{i}(x):\n    return x",
+    )
+
+
+def test_only_documented_functions_of_bounded_length_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "module.py"
+    path.write_text(SOURCE)
+    found = functions_in(path)
+    assert [f.name for f in found] == ["documented"]
+    assert found[0].args == "(a, b=2)"
+    assert found[0].stub == 'def documented(a, b=2):\n    """Add two numbers."""'
+    assert '"""' not in found[0].bare
+
+
+def test_an_unparsable_file_gives_no_functions(tmp_path: Path) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text("def (:\n")
+    assert functions_in(path) == []
+
+
+def test_solve_prompts_use_the_served_benchmark_wording() -> None:
+    records = list(prompt_records(map(make_function, range(900)), seed=0, excluded_names=set()))
+    kinds = Counter(r["kind"] for r in records)
+    assert set(kinds) == set(KINDS)
+    # Drawn three times as often as each of the other kinds: 3/9 of 900 expected.
+    assert 220 <= kinds["solve"] <= 380, kinds
+    solve = next(r for r in records if r["kind"] == "solve")
+    index = int(solve["messages"][0]["content"].split("def fn_")[1].split("(")[0])
+    expected = HUMANEVAL_WORDING.format(prompt=make_function(index).stub)
+    assert solve["messages"] == [{"role": "user", "content": expected}]
+
+
+def test_kinds_are_drawn_from_the_seed() -> None:
+    functions = [make_function(i) for i in range(50)]
+    first = [r["kind"] for r in prompt_records(functions, seed=1, excluded_names=set())]
+    again = [r["kind"] for r in prompt_records(functions, seed=1, excluded_names=set())]
+    other = [r["kind"] for r in prompt_records(functions, seed=2, excluded_names=set())]
+    assert first == again
+    assert first != other
+
+
+def test_benchmark_problems_are_kept_out() -> None:
+    names = benchmark_names()
+    assert "has_close_elements" in names  # HumanEval/0, from the installed package
+    functions = [make_function(0), make_function(1)]
+    excluded = {"fn_0"}
+    records = list(prompt_records(functions, seed=0, excluded_names=excluded))
+    assert len(records) == 1
+    assert "fn_0" not in records[0]["messages"][0]["content"]
