@@ -273,9 +273,10 @@ def held_out(run_dir: Path) -> dict:
 
 
 def train_rate(run_dir: Path) -> float | None:
-    """Mean training tokens/s over the run's logged steps."""
+    """Mean training tokens/s of the run's logged steps (each step's tokens over its time)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    rates = [r["tokens_per_s"] for r in map(json.loads, lines) if "tokens_per_s" in r]
+    steps = [r for r in map(json.loads, lines) if r.get("event") == "step" and r.get("seconds")]
+    rates = [r["tokens"] / r["seconds"] for r in steps]
     return sum(rates) / len(rates) if rates else None
 
 
