@@ -1,7 +1,9 @@
 """Rank roles from the torchrun environment and the [layout] config.
 
 On every node, local ranks 0..T-1 are targets (producers into the node's ring) and local
-ranks T..T+D-1 are drafters (consumers). Role indices are global: target i of node n is
+ranks T..T+D-1 are drafters (consumers): END_OF_ROLE gives the end of the ring, which
+knows nothing of targets and drafters, of each role (the ring repeats the roles as its
+ranks' labels). Role indices are global: target i of node n is
 target n*T + i, likewise for drafters, so data sharding and gradient groups span nodes.
 
 With `[layout] target_tp = k`, consecutive target ranks of a node form groups of k that
@@ -20,9 +22,12 @@ from typing import Literal
 import torch
 
 from ringtrain.config import ConfigError, LayoutConfig
+from ringtrain.ring.spec import CONSUMER, PRODUCER
 
 TARGET = "target"
 DRAFTER = "drafter"
+# The end of the node's ring each role sits at.
+END_OF_ROLE = {TARGET: PRODUCER, DRAFTER: CONSUMER}
 
 
 @dataclass(frozen=True)
