@@ -15,7 +15,7 @@ import time
 import torch
 
 from ringtrain.batch import slot_fields
-from ringtrain.ring import PeerDied, Ring, RingSpec
+from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
 
 MAX_TOKENS = 64
 WIDTH = 8
@@ -29,12 +29,14 @@ def make_spec(
     heartbeat_timeout_s: float = 30.0,
     transport: str = "host",
 ) -> RingSpec:
-    """A small CPU ring: targets first, then drafters; global rank = 10 + local index."""
+    """A small CPU ring: producers first, then consumers, labelled as a run labels its
+    targets and drafters; global rank = 10 + local index."""
     n = producers + consumers
     return RingSpec(
         run_id=run_id,
         generation=3,
-        roles=["target"] * producers + ["drafter"] * consumers,
+        ends=[PRODUCER] * producers + [CONSUMER] * consumers,
+        labels=["target"] * producers + ["drafter"] * consumers,
         global_ranks=[10 + i for i in range(n)],
         slots_per_producer=slots,
         max_tokens=MAX_TOKENS,

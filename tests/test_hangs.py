@@ -69,8 +69,8 @@ def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
         snapshot = drafter.snapshot()
         hung = snapshot.ranks[0]
         assert hung.status == "hung" and hung.doing == "producing batches"
-        assert snapshot.verdict.startswith("rank 10 (target) is hung: no progress for 10 s")
-        assert "ring.progress_timeout_s" in snapshot.verdict
+        assert snapshot.fatal.startswith("rank 10 (target) is hung: no progress for 10 s")
+        assert "ring.progress_timeout_s" in snapshot.fatal
     finally:
         drafter.close()
         target.close()
@@ -142,10 +142,10 @@ def _hang_ends_run(
         _stop_all(launched)
     output = launched.text()
     assert launched.proc.returncode != 0, output[-3000:]
-    named = f"rank {victim.rank} ({victim.role}, pid {victim.pid})"
+    named = f"rank {victim.rank} ({victim.label}, pid {victim.pid})"
     assert named in output, f"the terminal does not name {named}:\n{output[-3000:]}"
     for rank in ranks.values():
-        assert "exiting with code 0" not in _rank_log(launched.run_dir, rank.rank, rank.role)
+        assert "exiting with code 0" not in _rank_log(launched.run_dir, rank.rank, rank.label)
     assert shm_entries(name) == []
     return output
 

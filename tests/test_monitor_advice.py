@@ -1,9 +1,13 @@
-"""Role-split advice on synthetic rate records with a known best split."""
+"""Role-split advice on synthetic rate records with a known best split, and the rate of a
+layout of targets and drafters on GPUs."""
 
 from __future__ import annotations
 
 import itertools
 
+import pytest
+
+from ringtrain.config import ConfigError, LayoutConfig
 from ringtrain.monitor.advice import (
     MeasuredRates,
     advise,
@@ -13,6 +17,7 @@ from ringtrain.monitor.advice import (
     split_rate,
 )
 from ringtrain.monitor.ring_figures import RankFigures, intervals
+from ringtrain.trainer.roles import check_layout, gpu_residents, layout_rate, local_role
 
 ROLES = ("target", "target", "drafter")
 
@@ -146,3 +151,24 @@ def test_a_target_group_counts_once_and_splits_give_it_its_gpus() -> None:
     assert advise(eight)[-1] == (
         "  => 1 target group of 2 GPUs + 6 drafters would be fastest: ~60.0k tok/s"
     )
+
+
+def test_layout_rates_use_the_trainers_roles_and_the_busiest_gpu() -> None:
+    assert [local_role(r, 2) for r in range(4)] == ["target", "target", "drafter", "drafter"]
+    # Each GPU holds one of the two targets and one of the two drafters.
+    crossed = LayoutConfig(targets_per_node=2, drafters_per_node=2, gpu_map=[0, 1, 0, 1])
+    assert gpu_residents(crossed) == [(1, 1), (1, 1)]
+    assert layout_rate(crossed, 3.0, 5.0) == pytest.approx(1 / (0.5 / 3 + 0.5 / 5))
+    # One group of two spans both GPUs: each carries the whole group and half the drafting.
+    grouped = LayoutConfig(
+        targets_per_node=2, drafters_per_node=2, target_tp=2, gpu_map=[0, 1, 0, 1]
+    )
+    assert layout_rate(grouped, 3.0, 5.0) == pytest.approx(1 / (1 / 3 + 0.5 / 5))
+    # One rank per GPU: the slower side, as the split advice counts it.
+    alone = LayoutConfig(targets_per_node=1, drafters_per_node=2, gpu_map=[0, 1, 2])
+    assert gpu_residents(alone) == [(1, 0), (0, 1), (0, 1)]
+    assert layout_rate(alone, 3.0, 5.0) == pytest.approx(3.0)
+    with pytest.raises(ConfigError, match="target_tp = 2 does not divide"):
+        check_layout(LayoutConfig(targets_per_node=3, drafters_per_node=1, target_tp=2))
+    with pytest.raises(ConfigError, match=r"give one GPU per rank \(2 ranks, targets first\)"):
+        gpu_residents(LayoutConfig(targets_per_node=1, drafters_per_node=1, gpu_map=[0]))

@@ -1,11 +1,13 @@
-"""ringtrain-stat's role-split advice from ring snapshots with known rates."""
+"""ringtrain-stat's role-split advice and the ring's verdict line from ring snapshots with
+known rates."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ringtrain.cli.stat import role_split_advice
-from ringtrain.ring import RankSnapshot, RingSnapshot
+from ringtrain.monitor.verdict import ring_verdict
+from ringtrain.ring import CONSUMER, PRODUCER, RankSnapshot, RingSnapshot, with_interval
 
 S = 1_000_000_000  # ns
 
@@ -15,7 +17,8 @@ def _rank(rank: int, role: str, items: int, up_s: float, waited_s: float) -> Ran
     return RankSnapshot(
         rank=rank,
         index=rank,
-        role=role,
+        end=PRODUCER if role == "target" else CONSUMER,
+        label=role,
         pid=1000 + rank,
         device=rank,
         status="attached",
@@ -35,7 +38,9 @@ def _rank(rank: int, role: str, items: int, up_s: float, waited_s: float) -> Ran
     )
 
 
-def _snapshot(ranks: list[RankSnapshot], interval_s: float | None = None) -> RingSnapshot:
+def _snapshot(
+    ranks: list[RankSnapshot], interval_s: float | None = None, taken_s: float = 0.0
+) -> RingSnapshot:
     return RingSnapshot(
         run="t",
         generation=0,
@@ -46,7 +51,7 @@ def _snapshot(ranks: list[RankSnapshot], interval_s: float | None = None) -> Rin
         slot_bytes=1 << 20,
         closing=False,
         age_s=60.0,
-        taken_ns=0,
+        taken_ns=int(taken_s * S),
         slot_states=["ready"] * 8,
         slot_owners=[0] * 8,
         slot_seqs=[0] * 8,
@@ -55,7 +60,6 @@ def _snapshot(ranks: list[RankSnapshot], interval_s: float | None = None) -> Rin
         producers_blocked_pct=0.0,
         consumers_starved_pct=0.0,
         ranks=ranks,
-        verdict="",
         interval_s=interval_s,
     )
 
@@ -92,3 +96,45 @@ def test_no_advice_while_a_rank_is_dead_or_before_both_roles_worked() -> None:
     ranks[3] = replace(ranks[3], alive=False, dead_reason="died", status="dead")
     assert role_split_advice(_snapshot(ranks), None) == []
     assert role_split_advice(_snapshot(_node(items=0, up_s=5.0, blocked_s=0.0)), None) == []
+
+
+def _conclusion(advice: list[str]) -> str:
+    """The split analysis's conclusion: its `=>` line, without the arrow."""
+    (line,) = [line for line in advice if line.startswith("  => ")]
+    return line.removeprefix("  => ")
+
+
+def test_a_one_plus_one_run_with_slow_drafters_hears_one_judgement() -> None:
+    """1 target + 1 drafter, each on a GPU of its own, the target blocked on a full ring 80%
+    of the time: the drafters are the bottleneck, yet 1 + 1 is the only split of two GPUs,
+    so the verdict line must not ask for more drafters while the analysis says this split
+    is the fastest."""
+    before = _snapshot(
+        [_rank(0, "target", 100, 50.0, 40.0), _rank(1, "drafter", 100, 50.0, 0.0)], taken_s=50.0
+    )
+    after = _snapshot(
+        [_rank(0, "target", 120, 60.0, 48.0), _rank(1, "drafter", 120, 60.0, 0.0)], taken_s=60.0
+    )
+    window = with_interval(before, after)
+    assert window.bottleneck == CONSUMER
+    advice = role_split_advice(window, before)
+    assert _conclusion(advice) == "the current split is the fastest"
+    verdict = ring_verdict(window, before)
+    assert verdict == (
+        "drafters are the bottleneck: ring full 80% of the time - the current split is the fastest"
+    )
+
+
+def test_the_verdict_line_names_the_split_that_the_analysis_finds_fastest() -> None:
+    before = _snapshot(_node(items=100, up_s=50.0, blocked_s=10.0), taken_s=50.0)
+    after = _snapshot(_node(items=120, up_s=60.0, blocked_s=18.0), taken_s=60.0)
+    window = with_interval(before, after)
+    conclusion = _conclusion(role_split_advice(window, before))
+    assert conclusion == "2 targets + 2 drafters would be fastest: ~12 batches/s"
+    assert ring_verdict(window, before) == (
+        f"drafters are the bottleneck: ring full 80% of the time - {conclusion}"
+    )
+    # With tokens per batch known (the progress line), the same judgement in tok/s.
+    assert ring_verdict(window, before, tokens_per_item=1000.0).endswith(
+        "2 targets + 2 drafters would be fastest: ~12.0k tok/s"
+    )

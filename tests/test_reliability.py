@@ -172,10 +172,10 @@ def test_killed_rank_stops_every_other_rank(
         _stop_all(launched)
     output = launched.text()
     assert launched.proc.returncode != 0, output[-3000:]
-    named = f"rank {victim_rank} ({victim.role}, pid {victim.pid})"
+    named = f"rank {victim_rank} ({victim.label}, pid {victim.pid})"
     assert named in output, f"the terminal does not name {named} ({took:.1f} s):\n{output[-3000:]}"
     for survivor in survivors:
-        log = _rank_log(run_dir, survivor.rank, survivor.role)
+        log = _rank_log(run_dir, survivor.rank, survivor.label)
         assert named in log, f"rank {survivor.rank}'s log does not name {named}:\n{log[-2000:]}"
         # It failed (exit 1) or its watchdog stopped it (exit 1); it never exited cleanly.
         assert "failed:" in log or "stopping this rank" in log, log[-2000:]

@@ -13,7 +13,7 @@ import ring_workers as rw
 import torch
 
 from ringtrain.batch import HIDDEN, slot_fields
-from ringtrain.ring import Ring, RingError, RingSpec, ShmTooSmall
+from ringtrain.ring import CONSUMER, PRODUCER, Ring, RingError, RingSpec, ShmTooSmall
 from ringtrain.ring.names import check_shm_space
 from ringtrain.ring.spec import SlotLayout
 
@@ -45,9 +45,9 @@ def start_ranks(spec: RingSpec, jobs: dict[int, tuple], first: int = 0):
 def test_spec_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match=r"run_id 'a b'.*\[A-Za-z0-9_-\]"):
         rw.make_spec("a b", 1, 1)
-    with pytest.raises(ValueError, match="at least one target and one drafter"):
+    with pytest.raises(ValueError, match="at least one producer and one consumer"):
         RingSpec(
-            run_id="x", generation=0, roles=["target"], global_ranks=[0], slots_per_producer=1,
+            run_id="x", generation=0, ends=[PRODUCER], global_ranks=[0], slots_per_producer=1,
             max_tokens=1, max_docs=1, fields=slot_fields(1, 1, "float32"),
         )  # fmt: skip
 
@@ -191,7 +191,7 @@ def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
         check_shm_space(1 << 62, str(tmp_path))
     run = run_id()
     huge = RingSpec(
-        run_id=run, generation=0, roles=["target", "drafter"], global_ranks=[0, 1],
+        run_id=run, generation=0, ends=[PRODUCER, CONSUMER], global_ranks=[0, 1],
         slots_per_producer=64, max_tokens=1 << 20, max_docs=1,
         fields=slot_fields(1, 1 << 12, "float32"), transport="host",
     )  # fmt: skip

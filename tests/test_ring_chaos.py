@@ -35,7 +35,7 @@ import ring_workers as rw
 import torch
 
 from ringtrain.batch import slot_fields
-from ringtrain.ring import PeerDied, Ring, RingSpec
+from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
 from ringtrain.ring.names import remove_run
 
 ROUNDS = 200
@@ -154,7 +154,8 @@ def _make_spec(run_id: str, producers: int, consumers: int, slots: int) -> RingS
     return RingSpec(
         run_id=run_id,
         generation=0,
-        roles=["target"] * producers + ["drafter"] * consumers,
+        ends=[PRODUCER] * producers + [CONSUMER] * consumers,
+        labels=["target"] * producers + ["drafter"] * consumers,
         global_ranks=[10 + i for i in range(producers + consumers)],
         slots_per_producer=slots,
         max_tokens=rw.MAX_TOKENS,
@@ -212,7 +213,7 @@ def _check_round(
     assert not duplicates, f"{where}: delivered twice: {duplicates}"
     assert log.corrupted == 0, f"{where}: {log.corrupted} corrupted items"
     unknown = set(log.taken) - log.published
-    if victim is not None and spec.roles[victim] == "target":
+    if victim is not None and spec.ends[victim] == PRODUCER:
         me = spec.producers.index(victim)
         last = max((s for p, s in log.published if p == me), default=-1)
         unknown -= {(me, last + 1)}
@@ -222,7 +223,7 @@ def _check_round(
             continue
         assert outcome in ("ok", "peer_died"), f"{where}: member {index} failed: {message}"
         if outcome == "peer_died":
-            named = f"rank {spec.global_ranks[victim]} ({spec.roles[victim]}, pid {victim_pid})"
+            named = f"rank {spec.global_ranks[victim]} ({spec.label(victim)}, pid {victim_pid})"
             assert named in message, f"{where}: member {index}: {message!r} does not name {named}"
     if victim is None:
         assert all(o == "ok" for o, _ in log.outcomes.values()), f"{where}: {log.outcomes}"
@@ -256,13 +257,13 @@ def test_random_kills_and_restarts_keep_the_ring_invariants() -> None:
             # Each item is reported twice (published, taken): kill anywhere in the stream.
             kill_after = rng.randint(0, 2 * sum(items))
             for index, worker in members.items():
-                if spec.roles[index] == "target":
+                if spec.ends[index] == PRODUCER:
                     job = ("produce", (items[index], rng.randrange(1 << 30)))
                     worker.conn.send(("go", *job))
                 else:
                     worker.conn.send(("go", "consume", ()))
             log = RoundLog()
-            where = f"round {round_no} (seed {seed}, victim {victim}, roles {spec.roles})"
+            where = f"round {round_no} (seed {seed}, victim {victim}, ends {spec.ends})"
             _collect(members, log, victim, kill_after)
             _check_round(log, spec, victim, victim_pid, where)
             outcomes.update(o for i, (o, _) in log.outcomes.items() if i != victim)

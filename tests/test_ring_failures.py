@@ -50,7 +50,7 @@ def test_consumer_killed_mid_read_fails_producer_and_other_consumer() -> None:
         with pytest.raises(PeerDied, match=rf"rank 11 \(drafter, pid {victim.pid}\) died") as info:
             producer.acquire()
         assert time.monotonic() - start < DETECT_S
-        assert info.value.rank == 11 and info.value.role == "drafter"
+        assert info.value.rank == 11 and info.value.label == "drafter"
         tag, index, message = results.get(timeout=JOIN_S)
         assert (tag, index) == ("peer_died", 2)
         assert "rank 11 (drafter" in message
@@ -159,7 +159,7 @@ def test_producer_waiting_on_closed_consumers_raises_ring_closed() -> None:
             slot = producer.acquire()
             producer.publish(slot, 0, 0, {"seq": seq})
         drafter.close(clean=True)
-        with pytest.raises(RingClosed, match="every drafter rank closed"):
+        with pytest.raises(RingClosed, match="every consumer rank closed"):
             producer.acquire()
     finally:
         target.close()

@@ -14,7 +14,8 @@ import ring_workers as rw
 import torch
 
 from ringtrain.cli.stat import format_snapshot
-from ringtrain.ring import Ring, with_interval
+from ringtrain.monitor.verdict import ring_verdict
+from ringtrain.ring import CONSUMER, Ring, with_interval
 from ringtrain.ring.names import ring_id
 
 CTX = mp.get_context("spawn")
@@ -60,10 +61,10 @@ def test_stat_reports_live_ring_and_dead_rank() -> None:
         assert report["occupancy"] == 0.75
         assert report["slot_states"] == ["ready", "ready", "ready", "free"]
         ranks = {r["rank"]: r for r in report["ranks"]}
-        assert ranks[10]["role"] == "target" and ranks[10]["pid"] == os.getpid()
+        assert ranks[10]["label"] == "target" and ranks[10]["pid"] == os.getpid()
         assert ranks[10]["items"] == int(ring.control.rank["items"][0]) == 3
         assert ranks[10]["step"] == 42
-        assert ranks[11]["role"] == "drafter" and ranks[11]["pid"] == drafter.pid
+        assert ranks[11]["label"] == "drafter" and ranks[11]["pid"] == drafter.pid
         assert ranks[10]["alive"] and ranks[11]["alive"]
         assert ranks[11]["status"] == "attached"
 
@@ -97,8 +98,11 @@ def test_interval_and_verdict_over_a_window() -> None:
         windowed = with_interval(before, after)
         assert windowed.ranks[1].interval_items_per_s > 0
         assert windowed.interval_producers_blocked_pct == 100.0
-        assert windowed.verdict.startswith("drafters are the bottleneck: ring full 100%")
-        text = format_snapshot(windowed)
+        assert windowed.bottleneck == CONSUMER
+        assert ring_verdict(windowed, before).startswith(
+            "drafters are the bottleneck: ring full 100%"
+        )
+        text = format_snapshot(windowed, before)
         assert spec.run_id in text and "drafters are the bottleneck" in text
     finally:
         drafter.close()

@@ -29,7 +29,7 @@ from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
 from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, discover
 from ringtrain.trainer.plan import validate_inputs
-from ringtrain.trainer.roles import rank_info_from_env
+from ringtrain.trainer.roles import END_OF_ROLE, rank_info_from_env
 from tests.launcher import (
     POLL_S,
     RUN_TIMEOUT_S,
@@ -185,11 +185,12 @@ def test_groups_are_consecutive_target_ranks_of_one_node(monkeypatch: pytest.Mon
     assert info.target_groups == [[0, 1], [2, 3], [6, 7], [8, 9]]
     assert info.producer_count == 4
     roles = ["target"] * 4 + ["drafter"] * 2
+    ends = [END_OF_ROLE[role] for role in roles]
     fields = slot_fields(1, 8, "float32")
-    spec = RingSpec("r", 0, roles, list(range(6, 12)), 2, 64, 4, fields, target_tp=2)
+    spec = RingSpec("r", 0, ends, list(range(6, 12)), 2, 64, 4, fields, group_size=2, labels=roles)
     assert spec.producers == (0, 2) and spec.num_slots == 4
-    assert spec.role_label(1) == "target, group 2 member 1"
-    assert spec.role_label(4) == "drafter"
+    assert spec.describe(1) == "target, group 2 member 1"
+    assert spec.describe(4) == "drafter"
 
 
 def test_a_family_a_group_cannot_split_is_refused_in_preflight(
@@ -252,7 +253,7 @@ def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
     spec = dataclasses.replace(
         rw.make_spec(f"g{uuid.uuid4().hex[:10]}", producers=2, consumers=1),
         global_ranks=[0, 1, 2],
-        target_tp=2,
+        group_size=2,
         progress_timeout_s=2.0,
     )
     lead = Ring.create(spec, 0, "cpu")
@@ -260,7 +261,7 @@ def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
     try:
         assert (lead.is_producer, member.is_producer, spec.num_slots) == (True, False, 2)
         assert member.payload is None and lead.payload is not None  # no slot memory mapped
-        with pytest.raises(RingError, match="target, group 0 member 1, not a producer"):
+        with pytest.raises(RingError, match=r"\(target, group 0 member 1\) is not a producer"):
             member.producer()
         member.record_progress(1)
         member.control.rank["progress_ns"][1] -= int(10e9)

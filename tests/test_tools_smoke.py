@@ -75,25 +75,19 @@ def test_moe_report_runs_as_a_module_and_reads_the_gpu_check_results(tmp_path: P
     assert json.loads((tmp_path / "moe_report.json").read_text()) == report
 
 
-def test_pipeline_layouts_use_the_trainers_roles_and_the_busiest_gpu() -> None:
-    from tools.bench.pipeline_layout import Layout
-
-    layout = Layout.parse("2+2", "0,1,0,1")
-    assert [layout.role(r) for r in range(4)] == ["target", "target", "drafter", "drafter"]
-    assert layout.name == "2+2@0,1,0,1"
-    # Each GPU holds one of the two targets and one of the two drafters.
-    assert layout.ideal_tokens_per_s(3.0, 5.0) == pytest.approx(1 / (0.5 / 3 + 0.5 / 5))
-    # One group of two spans both GPUs: each carries the whole group and half the drafting.
-    grouped = Layout.parse("2+2", "0,1,0,1", target_tp=2)
-    assert grouped.ideal_tokens_per_s(3.0, 5.0) == pytest.approx(1 / (1 / 3 + 0.5 / 5))
-    # One rank per GPU: the slower side, as the monitor's split advice counts it.
-    assert Layout.parse("1+2", "0,1,2").ideal_tokens_per_s(3.0, 5.0) == pytest.approx(3.0)
-    with pytest.raises(SystemExit, match="target_tp = 2 does not divide"):
-        Layout.parse("3+1", None, target_tp=2)
-    with pytest.raises(SystemExit, match="one GPU per rank"):
-        Layout.parse("1+1", "0")
-    with pytest.raises(SystemExit, match="write targets\\+drafters"):
-        Layout.parse("2", None)
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--layout", "2"], "write targets+drafters"),
+     (["--layout", "1+1", "--gpu-map", "0"], "give one GPU per rank (2 ranks, targets first)")],
+)  # fmt: skip
+def test_bench_pipeline_refuses_a_layout_it_cannot_run(flags: list[str], message: str) -> None:
+    """The layout arithmetic is the library's (test_monitor_advice); the bench refuses a
+    layout with the library's words before it starts any work."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.bench_pipeline", *flags],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bench_regenerate_against_the_chat_server() -> None:

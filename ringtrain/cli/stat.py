@@ -21,6 +21,7 @@ import sys
 import time
 
 from ringtrain.monitor.advice import ring_advice
+from ringtrain.monitor.verdict import ring_verdict
 from ringtrain.ring.names import junk_segments
 from ringtrain.ring.snapshot import RingReader, RingSnapshot, discover, open_ring, with_interval
 
@@ -31,8 +32,9 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:5.1f}%"
 
 
-def format_snapshot(snap: RingSnapshot) -> str:
-    """Human-readable report of one snapshot."""
+def format_snapshot(snap: RingSnapshot, previous: RingSnapshot | None = None) -> str:
+    """Human-readable report of one snapshot, ending with the ring's verdict since `previous`
+    (since start-up without one)."""
     counts = ", ".join(f"{n} {state}" for state, n in snap.slot_counts.items())
     lines = [
         f"ring {snap.run}  generation {snap.generation}  transport {snap.transport} "
@@ -65,22 +67,21 @@ def format_snapshot(snap: RingSnapshot) -> str:
         starved = r.interval_starved_pct if r.interval_starved_pct is not None else r.starved_pct
         status = r.status if r.alive else f"DEAD ({r.dead_reason})"
         lines.append(
-            f"{r.rank:>4} {r.role:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
+            f"{r.rank:>4} {r.label:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
             f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.is_producer else '-':>7} "
-            f"{_pct(starved) if r.role == 'drafter' else '-':>7} "
+            f"{_pct(starved) if r.is_consumer else '-':>7} "
             f"{'-' if r.gpu_busy is None else _pct(100.0 * r.gpu_busy):>6}  {r.last_error[:60]}"
         )
-    lines += ["", snap.verdict]
+    lines += ["", ring_verdict(snap, previous)]
     return "\n".join(lines)
 
 
 def _group_lines(snap: RingSnapshot) -> list[str]:
     """One line naming the target groups and their ranks (none without target groups)."""
-    if not snap.target_groups:
+    if not snap.groups:
         return []
     named = ", ".join(
-        f"target group {g} (ranks {','.join(map(str, ranks))})"
-        for g, ranks in snap.target_groups.items()
+        f"target group {g} (ranks {','.join(map(str, ranks))})" for g, ranks in snap.groups.items()
     )
     return [f"{named}; each group is one producer, its first rank publishes"]
 
@@ -130,10 +131,12 @@ def _watch(reader: RingReader, as_json: bool, interval: float | None) -> int:
         ended = ring_ended(snap)
         advice = [] if ended else role_split_advice(snap, previous)
         if as_json:
-            print(json.dumps({**dataclasses.asdict(snap), "ended": ended, "advice": advice}))
+            report = {**dataclasses.asdict(snap), "verdict": ring_verdict(snap, previous)}
+            print(json.dumps({**report, "ended": ended, "advice": advice}))
         else:
             status = [f"ring {snap.run} has ended: the run is over"] if ended else []
-            print("\n".join([format_snapshot(snap), *advice, *status]), end="\n\n", flush=True)
+            text = format_snapshot(snap, previous)
+            print("\n".join([text, *advice, *status]), end="\n\n", flush=True)
         sys.stdout.flush()
         if interval is None or ended:
             return 0

@@ -7,6 +7,9 @@ the advice tries every split of the node's GPUs, compares with the run as measur
 when a co-located rate is known (one target and one drafter per GPU under MPS, measured per
 GPU), with co-location. A tensor-parallel target group is one target that takes k GPUs:
 splits then give each target k GPUs. The arithmetic is shown so the reader can check it.
+
+`conclusion` is the one judgement of which option is fastest: the split analysis ends with
+it and the ring's one-line verdict (verdict.py) repeats it, so the two never disagree.
 """
 
 from __future__ import annotations
@@ -82,14 +85,23 @@ def measured_rates(
     )
 
 
+def ring_rates(
+    current: RingSnapshot, previous: RingSnapshot | None, tokens_per_item: float | None = None
+) -> MeasuredRates | None:
+    """The rates of the ring's ranks since `previous` (since start-up without one); None
+    while a rank is dead or before both roles have a rate."""
+    group_size = max(map(len, current.groups.values()), default=1)
+    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item, group_size)
+    return None if current.dead else rates
+
+
 def ring_advice(
     current: RingSnapshot, previous: RingSnapshot | None, tokens_per_item: float | None = None
 ) -> list[str]:
     """The advice from the ring's counters since `previous` (since start-up without one);
     nothing while a rank is dead or before both roles have a rate."""
-    group_size = max(map(len, current.target_groups.values()), default=1)
-    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item, group_size)
-    return [] if current.dead or rates is None else advise(rates)
+    rates = ring_rates(current, previous, tokens_per_item)
+    return [] if rates is None else advise(rates)
 
 
 def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
@@ -159,10 +171,10 @@ def _arithmetic(rates: MeasuredRates, targets: int, drafters: int) -> str:
 
 
 def advise(rates: MeasuredRates) -> list[str]:
-    """The advice as lines of text: rates, the split now, the best split, co-location, verdict."""
+    """The advice as lines of text: rates, the split now, the best split, co-location, and
+    the conclusion."""
     unit, gpu = rates.unit, rates.device
-    now = split_rate(rates, rates.targets, rates.drafters)
-    reference = rates.measured if rates.measured else now
+    reference = _reference(rates)
     lines = [
         f"role split over the node's {_plural(rates.gpus, gpu)}: one {_target_word(rates)} makes "
         f"{number(rates.target_rate)} {unit} while not blocked, one drafter takes "
@@ -180,7 +192,6 @@ def advise(rates: MeasuredRates) -> list[str]:
             + _arithmetic(rates, rates.targets, rates.drafters)
             + (f" (measured {number(rates.measured)})" if rates.measured else "")
         )
-    options = []
     best = best_split(rates)
     if best is not None:
         lines.append(
@@ -188,7 +199,6 @@ def advise(rates: MeasuredRates) -> list[str]:
             + _arithmetic(rates, best.targets, best.drafters)
             + _ratio(best.rate, reference)
         )
-        options.append((best.rate, _split_name(rates, best.targets, best.drafters)))
     if rates.colocated_rate:
         colocated = rates.gpus * rates.colocated_rate
         lines.append(
@@ -197,25 +207,46 @@ def advise(rates: MeasuredRates) -> list[str]:
             f"{number(rates.colocated_rate)} = {number(colocated)} {unit}"
             + _ratio(colocated, reference)
         )
-        options.append((colocated, f"co-locating one target and one drafter per {gpu}"))
-    lines.append(_verdict(rates, options, reference))
+    lines.append(f"  => {conclusion(rates)}")
     return lines
+
+
+def _reference(rates: MeasuredRates) -> float:
+    """The rate the options are compared with: the measured one, else the current split's."""
+    return rates.measured or split_rate(rates, rates.targets, rates.drafters)
 
 
 def _ratio(rate: float, reference: float) -> str:
     return f", {rate / reference:.2f}x now" if reference > 0 else ""
 
 
-def _verdict(rates: MeasuredRates, options: list[tuple[float, str]], reference: float) -> str:
-    """Which option is fastest; `options` are (rate, name), the best split first."""
+def _options(rates: MeasuredRates) -> list[tuple[float, str]]:
+    """The options as (rate, name): the best split with one rank per GPU, then co-location."""
+    options = []
+    if (best := best_split(rates)) is not None:
+        options.append((best.rate, _split_name(rates, best.targets, best.drafters)))
+    if rates.colocated_rate:
+        options.append(
+            (
+                rates.gpus * rates.colocated_rate,
+                f"co-locating one target and one drafter per {rates.device}",
+            )
+        )
+    return options
+
+
+def conclusion(rates: MeasuredRates) -> str:
+    """Which option is fastest, in words: the one judgement that both the split analysis and
+    the ring's verdict line show."""
+    options = _options(rates)
     if not options:
-        return f"  => one {rates.device}: no split to choose"
+        return f"one {rates.device}: no split to choose"
     rate, name = max(options, key=lambda option: option[0])
     if name == _split_name(rates, rates.targets, rates.drafters):
-        return "  => the current split is the fastest"
-    if rate <= reference:
-        return f"  => nothing here beats the measured {number(reference)} {rates.unit}"
-    return f"  => {name} would be fastest: ~{number(rate)} {rates.unit}"
+        return "the current split is the fastest"
+    if rate <= (reference := _reference(rates)):
+        return f"nothing here beats the measured {number(reference)} {rates.unit}"
+    return f"{name} would be fastest: ~{number(rate)} {rates.unit}"
 
 
 def _target_word(rates: MeasuredRates) -> str:

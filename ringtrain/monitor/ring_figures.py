@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtrain.ring import RankSnapshot, RingSnapshot
+from ringtrain.ring import PRODUCER, RankSnapshot, RingSnapshot
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,9 @@ class RankFigures:
 
     @classmethod
     def from_snapshot(cls, rank: RankSnapshot) -> RankFigures:
-        waited_ns = rank.blocked_ns if rank.role == "target" else rank.starved_ns
-        return cls(rank.rank, rank.role, rank.device, rank.items, rank.uptime_s, waited_ns / 1e9)
+        """A rank's counters; its role is the label the trainer gave its ring rank."""
+        waited_ns = rank.blocked_ns if rank.end == PRODUCER else rank.starved_ns
+        return cls(rank.rank, rank.label, rank.device, rank.items, rank.uptime_s, waited_ns / 1e9)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,11 @@ from ringtrain.ring.snapshot import (
     open_ring,
     with_interval,
 )
-from ringtrain.ring.spec import RingSpec
+from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec
 
 __all__ = [
+    "CONSUMER",
+    "PRODUCER",
     "Consumer",
     "PeerDied",
     "Producer",

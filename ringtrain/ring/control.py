@@ -18,10 +18,11 @@ import time
 import numpy as np
 
 from ringtrain.ring.liveness import monotonic_ns, own_identity
-from ringtrain.ring.spec import RingSpec, SlotLayout
+from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec, SlotLayout
 
 MAGIC = int.from_bytes(b"RINGTRN1", "little")
-VERSION = 3
+# 4: the spec names each rank's end (producer or consumer) and its label, not a role.
+VERSION = 4
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
@@ -38,7 +39,8 @@ SLOT_STATES = ("free", "writing", "ready", "reading")
 # Rank status.
 EMPTY, ATTACHED, FINISHED, CLOSED, FAILED = 0, 1, 2, 3, 4
 RANK_STATUS = ("empty", "attached", "finished", "closed", "failed")
-ROLE_CODES = {"target": 0, "drafter": 1}
+# Which end of the ring a rank sits at (the rank table's `end`).
+END_CODES = {PRODUCER: 0, CONSUMER: 1}
 
 HEADER = np.dtype(
     [
@@ -85,7 +87,7 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
     """Rank-table entry; its handle field fits one slab handle and one event per slot."""
     return np.dtype(
         [
-            ("role", "<i4"),
+            ("end", "<i4"),
             ("status", "<i4"),
             ("global_rank", "<i4"),
             ("device", "<i4"),
@@ -241,7 +243,7 @@ def init_control(
     ctl.slots["owner"] = [spec.slot_owner(g)[0] for g in range(spec.num_slots)]
     ctl.slots["reader"] = -1
     ctl.slots["seq"] = -1
-    ctl.ranks["role"] = [ROLE_CODES[r] for r in spec.roles]
+    ctl.ranks["end"] = [END_CODES[e] for e in spec.ends]
     ctl.ranks["global_rank"] = spec.global_ranks
     ctl.ranks["device"] = -1
     h["magic"] = MAGIC

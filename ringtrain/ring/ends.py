@@ -1,4 +1,4 @@
-"""The two ends of the ring: a target's Producer and a drafter's Consumer.
+"""The two ends of the ring: the Producer and the Consumer.
 
 They follow the protocol documented in ring.py (slot life cycle, semaphores, FIFO);
 this module holds their side of it: views of a slot, descriptors, and the copies. Slots
@@ -63,7 +63,7 @@ class _ItemCopy:
 
 
 class Producer:
-    """Writes items into this target's own slots (see the module docstring)."""
+    """Writes items into this producer's own slots (see the module docstring)."""
 
     def __init__(self, handoff: HandOff, payload: Payload) -> None:
         self._handoff, self._payload = handoff, payload
@@ -160,7 +160,7 @@ class Consumer:
         self._cuda = device.type == "cuda"
         self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder(tuple[int, int, meta_type]).decode
-        # The global rank of the target that owns each slot.
+        # The global rank of the producer that owns each slot.
         self._owner_rank = [
             spec.global_ranks[spec.producers[spec.slot_owner(g)[0]]] for g in range(spec.num_slots)
         ]

@@ -1,4 +1,4 @@
-"""Exceptions raised by the ring; every message names the rank, role and what to do."""
+"""Exceptions raised by the ring; every message names the rank, its label and what to do."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ class RingError(RuntimeError):
 class PeerDied(RingError):
     """Another rank of the ring died, failed or aborted; the run cannot continue.
 
-    `rank` is the global rank of the dead peer, `role` its role ("target" | "drafter"),
+    `rank` is the global rank of the dead peer, `label` what the run calls it (RingSpec.label),
     `last_error` the error text it recorded before dying (empty when it left none).
     """
 
-    def __init__(self, message: str, rank: int = -1, role: str = "", last_error: str = "") -> None:
+    def __init__(self, message: str, rank: int = -1, label: str = "", last_error: str = "") -> None:
         super().__init__(message)
         self.rank = rank
-        self.role = role
+        self.label = label
         self.last_error = last_error
 
 

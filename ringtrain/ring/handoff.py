@@ -225,6 +225,7 @@ class HandOff:
         status = self.control.ranks["status"]
         if self._is_producer and all(int(status[i]) == cb.CLOSED for i in self.spec.consumers):
             raise RingClosed(
-                f"ring {self.spec.run_id}: every drafter rank closed while target rank "
-                f"{self.spec.global_ranks[self.local_index]} waits for {waits_on}"
+                f"ring {self.spec.run_id}: every consumer rank closed while producer rank "
+                f"{self.spec.global_ranks[self.local_index]} "
+                f"({self.spec.describe(self.local_index)}) waits for {waits_on}"
             )

@@ -22,7 +22,7 @@ from ringtrain.ring.liveness import process_state
 from ringtrain.ring.spec import RingSpec
 
 # A live rank silent for longer than this (or half its allowance, if less) shows up in
-# the lead drafter's progress line.
+# the run's progress line.
 SILENT_AFTER_S = 5.0
 
 

@@ -1,4 +1,4 @@
-"""The ring protocol: slots passed from target ranks (producers) to drafter ranks (consumers).
+"""The ring protocol: slots passed from producer ranks to consumer ranks.
 
 Objects of run R (see names.py): control block `/ringtrain.R.ctl` (layout in
 control.py), host payload `/ringtrain.R.data` (host transport only), one `free`
@@ -47,7 +47,7 @@ and its main thread publishes progress and the phase it is in (phases.py). Every
 blocking wait lasts at most `wait_timeout_s`; then the peers are checked (watch.py): a
 rank whose pid is gone (or reused: kernel start time differs, or is a zombie), whose
 heartbeat is older than `heartbeat_timeout_s`, that recorded an error, or that set
-the ring's closing flag raises PeerDied naming that rank, its role and its last
+the ring's closing flag raises PeerDied naming that rank, its label and its last
 error; one whose main thread made no progress for longer than its phase allows raises
 RankHung, naming what it was doing. A watchdog thread runs the same checks, and checks
 its own rank too. A slot held by a rank that died mid-write or mid-read is not recovered: the
@@ -128,8 +128,7 @@ class Ring:
                 f"local index {local_index} is outside the ring's {spec.num_ranks} ranks"
             )
         self.spec, self.local_index, self.device = spec, local_index, device
-        self.role = spec.roles[local_index]
-        # False for a target group's non-lead members: they attach, own no slots.
+        # False for a producer group's non-lead members: they attach, own no slots.
         self.is_producer = local_index in spec.producers
         self.layout = SlotLayout.of(spec)
         self._shm = posix_ipc.SharedMemory(ctl_name(spec.run_id))
@@ -291,8 +290,8 @@ class Ring:
     def _drain(self, producer: Producer) -> None:
         """Let consumers copy every published slot out of this producer's GPU slab.
 
-        Every drafter closing cleanly ends the wait quietly: that is how a run ends (the
-        drafters finished their steps; nobody reads what is left in the ring). A dead or
+        Every consumer closing cleanly ends the wait quietly: that is how a run ends (the
+        consumers finished their work; nobody reads what is left in the ring). A dead or
         failed consumer ends it with a warning (the slab is freed anyway; the failure is
         reported by the peers).
         """
@@ -300,7 +299,7 @@ class Ring:
             producer.drain()
         except RingClosed:
             log.info(
-                "ring %s: every drafter closed; the items they did not take go with the slab",
+                "ring %s: every consumer closed; the items they did not take go with the slab",
                 self.spec.run_id,
             )
         except RingError as exc:
@@ -308,7 +307,7 @@ class Ring:
 
     def _open_payload(self) -> Payload | None:
         """The slots' memory; none for a rank that is neither producer nor consumer (a
-        target group's non-lead member), which writes no slot (so it neither maps nor pins
+        producer group's non-lead member), which writes no slot (so it neither maps nor pins
         the host segment nor imports device slabs)."""
         if not self.is_producer and self.local_index not in self.spec.consumers:
             return None
@@ -350,8 +349,8 @@ class Ring:
         return {self.spec.global_ranks[i]: float(v) for i, v in enumerate(values) if float(v) >= 0}
 
     def consumer_step(self) -> int:
-        """The highest count any consumer rank has recorded with record_progress() (the
-        drafters' training step)."""
+        """The highest count any consumer rank has recorded with record_progress() (for a
+        trainer, its consumers' training step)."""
         steps = self.control.ranks["step"]
         return max(int(steps[i]) for i in self.spec.consumers)
 
@@ -359,8 +358,8 @@ class Ring:
         """Record how far this rank's main loop got (main thread only): the rank is in
         steady work from now on, its progress and heartbeat are fresh.
 
-        The count is the rank's unit of work: a drafter's completed training steps, a
-        target's published batches (`ringtrain-stat` shows it as `step`)."""
+        The count is the rank's unit of work, e.g. a consumer's completed training steps,
+        a producer's published batches (`ringtrain-stat` shows it as `step`)."""
         if self._closed:
             return
         now = monotonic_ns()
@@ -388,15 +387,15 @@ class Ring:
 
     def waiting(self) -> None:
         """Refresh this rank's progress while its main thread waits on a peer outside the
-        ring (a target group's member waiting for its lead's decision): like a ring wait,
+        ring (a producer group's member waiting for its lead's decision): like a ring wait,
         it waits on its peers and is not stuck; a hung peer is named by its own progress."""
         if not self._closed:
             self._row["progress_ns"] = monotonic_ns()
 
     def phase_marker(self, doing: str) -> Callable[..., None]:
         """A callable (of any arguments) that announces `doing` until the next
-        record_progress: for a rank that waits on another's long phase, e.g. a drafter
-        waiting in the next step's reduction while the lead drafter writes a checkpoint."""
+        record_progress: for a rank that waits on another's long phase, e.g. a consumer
+        waiting in the next step's reduction while another writes a checkpoint."""
 
         def mark(*_args: Any, **_kwargs: Any) -> None:
             self.set_phase(doing)
@@ -452,13 +451,13 @@ class Ring:
         """Statistics of the whole ring as `ringtrain-stat` shows them."""
         return take_snapshot(self.control, self.spec)
 
-    # ---- roles ---------------------------------------------------------------------
+    # ---- ends ----------------------------------------------------------------------
 
     def producer(self) -> Producer:
-        """The producer end (target ranks that lead their group only)."""
+        """The producer end (producer-end ranks that lead their group only)."""
         if not self.is_producer:
             raise RingError(
-                f"ring index {self.local_index} is a {self.spec.role_label(self.local_index)}, "
+                f"ring index {self.local_index} ({self.spec.describe(self.local_index)}) is "
                 "not a producer: no producer()"
             )
         if self._producer is None:
@@ -468,11 +467,12 @@ class Ring:
     def consumer(
         self, device: torch.device | str | None = None, meta_type: Any = dict[str, int]
     ) -> Consumer:
-        """The consumer end (drafter ranks only), with buffers on `device` (default: the
+        """The consumer end (consumer-end ranks only), with buffers on `device` (default: the
         ring's), decoding what producers publish with each item as `meta_type`."""
         if self.local_index not in self.spec.consumers:
             raise RingError(
-                f"ring index {self.local_index} is a {self.role}, not a consumer: no consumer()"
+                f"ring index {self.local_index} ({self.spec.describe(self.local_index)}) is "
+                "not a consumer: no consumer()"
             )
         if self._consumer is None:
             self._consumer = Consumer(

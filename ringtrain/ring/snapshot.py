@@ -1,9 +1,11 @@
-"""Read-only statistics of a ring: discovery of live rings, snapshots, intervals, verdict.
+"""Read-only statistics of a ring: discovery of live rings, snapshots, intervals, and
+which end limits the ring (or which rank ended it).
 
-Used by `ringtrain-stat` (which only formats) and by the trainer's progress line. Never
-disturbs the ring it reads: maps the control block read-only, takes no lock and
-touches no semaphore. Live rings are found through /proc/<pid>/fd links to their
-(already unlinked) control segments, plus any control segment still named in /dev/shm.
+Used by `ringtrain-stat` and by the trainer's progress line, which put it in the run's
+words (ringtrain.monitor.verdict). Never disturbs the ring it reads: maps the control
+block read-only, takes no lock and touches no semaphore. Live rings are found through
+/proc/<pid>/fd links to their (already unlinked) control segments, plus any control
+segment still named in /dev/shm.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from ringtrain.ring.liveness import monotonic_ns, process_alive
 from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
 from ringtrain.ring.payload import transport_name
 from ringtrain.ring.phases import doing, hang_reason, is_silent, progress_age_s
-from ringtrain.ring.spec import RingSpec
+from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec
 
-# A side is the bottleneck once the other side waits at least this share of the time.
+# An end is the bottleneck once the other end waits at least this share of the time.
 BOTTLENECK_PCT = 10.0
 _CTL_LINK = re.compile(
     rf"^{re.escape(SHM_DIR)}/{re.escape(PREFIX)}([A-Za-z0-9_-]+)\.ctl( \(deleted\))?$"
@@ -58,7 +60,8 @@ class RankSnapshot:
 
     rank: int
     index: int
-    role: str
+    end: str  # PRODUCER or CONSUMER
+    label: str  # what the run calls it (RingSpec.label)
     pid: int
     device: int
     status: str
@@ -82,15 +85,20 @@ class RankSnapshot:
     progress_age_s: float = 0.0  # seconds since its main thread last made progress
     hung_reason: str | None = None  # set while it is hung (alive, but no progress)
     silent: bool = False  # silent for a few seconds (phases.SILENT_AFTER_S)
-    # Target groups (layout.target_tp > 1): the rank's group, global over nodes, and its
-    # place in it (0: the lead, the group's producer); -1 for drafters and without groups.
+    # Producer groups (RingSpec.group_size > 1): the rank's group, global over nodes, and
+    # its place in it (0: the lead, the group's producer); -1 for consumers and without groups.
     group: int = -1
     member: int = -1
 
     @property
     def is_producer(self) -> bool:
-        """A rank that publishes slots: a target rank, or with target groups a group's lead."""
-        return self.role == "target" and self.member <= 0
+        """A rank that publishes slots: a producer-end rank, or with groups a group's lead."""
+        return self.end == PRODUCER and self.member <= 0
+
+    @property
+    def is_consumer(self) -> bool:
+        """A rank that takes items out of the ring."""
+        return self.end == CONSUMER
 
 
 @dataclass
@@ -115,15 +123,14 @@ class RingSnapshot:
     producers_blocked_pct: float
     consumers_starved_pct: float
     ranks: list[RankSnapshot]
-    verdict: str
     interval_s: float | None = None
     interval_producers_blocked_pct: float | None = None
     interval_consumers_starved_pct: float | None = None
     interval_items_per_s: float | None = None
 
     @property
-    def target_groups(self) -> dict[int, list[int]]:
-        """Global ranks of each target group, by group index (empty without target groups)."""
+    def groups(self) -> dict[int, list[int]]:
+        """Global ranks of each producer group, by group index (empty without groups)."""
         groups: dict[int, list[int]] = {}
         for r in self.ranks:
             if r.group >= 0:
@@ -135,32 +142,52 @@ class RingSnapshot:
         """Ranks that count as dead."""
         return [r for r in self.ranks if not r.alive]
 
+    @property
+    def fatal(self) -> str | None:
+        """The dead or hung rank that ends the run, in words; None while every rank is well."""
+        return fatal_line(self.ranks)
+
+    @property
+    def waits(self) -> tuple[float, float]:
+        """(% of the time producers were blocked, % consumers starved) over the interval
+        when the snapshot has one (with_interval), else since the ranks attached."""
+        if self.interval_s is None:
+            return self.producers_blocked_pct, self.consumers_starved_pct
+        return (
+            self.interval_producers_blocked_pct or 0.0,
+            self.interval_consumers_starved_pct or 0.0,
+        )
+
+    @property
+    def bottleneck(self) -> str | None:
+        """The end that limits the ring over `waits` (limiting_end)."""
+        return limiting_end(*self.waits)
+
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def verdict(ranks: list[RankSnapshot], blocked_pct: float, starved_pct: float) -> str:
-    """One line saying which side limits the ring (or who is dead or hung)."""
+def fatal_line(ranks: list[RankSnapshot]) -> str | None:
+    """The first dead or hung rank, in words; None while every rank is well."""
     if dead := [r for r in ranks if not r.alive]:
         r = dead[0]
-        return f"rank {r.rank} ({r.role}) is dead: {r.dead_reason} - the run cannot continue"
+        return f"rank {r.rank} ({r.label}) is dead: {r.dead_reason} - the run cannot continue"
     if hung := [r for r in ranks if r.hung_reason]:
         r = hung[0]
-        return f"rank {r.rank} ({r.role}) {r.hung_reason} - the run cannot continue"
+        return f"rank {r.rank} ({r.label}) {r.hung_reason} - the run cannot continue"
+    return None
+
+
+def limiting_end(blocked_pct: float, starved_pct: float) -> str | None:
+    """The end that limits the ring: the consumers when producers are blocked on a full ring
+    at least BOTTLENECK_PCT of the time (and more than consumers starve), the producers when
+    consumers starve that long; None when neither waits that long."""
     if blocked_pct >= BOTTLENECK_PCT and blocked_pct >= starved_pct:
-        return (
-            f"drafters are the bottleneck: ring full {blocked_pct:.0f}% of the time - "
-            f"add drafters or lower targets"
-        )
+        return CONSUMER
     if starved_pct >= BOTTLENECK_PCT:
-        return (
-            f"targets are the bottleneck: drafters starved {starved_pct:.0f}% of the time - "
-            f"add targets or lower drafters"
-        )
-    return (
-        f"balanced: ring full {blocked_pct:.0f}%, drafters starved {starved_pct:.0f}% of the time"
-    )
+        return PRODUCER
+    return None
 
 
 def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -> RankSnapshot:
@@ -172,15 +199,16 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
     uptime_s = (now - attached) / 1e9 if status != cb.EMPTY else 0.0
     waiting = int(row["wait_start_ns"])
     live_wait = now - waiting if waiting and reason is None else 0
-    role = spec.roles[index]
+    end = spec.ends[index]
     blocked = int(row["blocked_ns"]) + (live_wait if index in spec.producers else 0)
-    starved = int(row["starved_ns"]) + (live_wait if role == "drafter" else 0)
+    starved = int(row["starved_ns"]) + (live_wait if end == CONSUMER else 0)
     items = int(row["items"])
     span_ns = max(now - attached, 1)
     return RankSnapshot(
         rank=spec.global_ranks[index],
         index=index,
-        role=role,
+        end=end,
+        label=spec.label(index),
         pid=int(row["pid"]),
         device=int(row["device"]),
         status="dead" if reason else "hung" if hung else cb.RANK_STATUS[status],
@@ -201,7 +229,7 @@ def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -
         progress_age_s=progress_age_s(row, now) if status != cb.EMPTY else 0.0,
         hung_reason=hung,
         silent=reason is None and is_silent(row, now, spec),
-        group=group[0] if (group := spec.target_group(index)) else -1,
+        group=group[0] if (group := spec.group_of(index)) else -1,
         member=group[1] if group else -1,
     )
 
@@ -214,7 +242,7 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
     counts = {name: states.count(name) for name in cb.SLOT_STATES}
     ranks = [_rank_snapshot(ctl, spec, i, now) for i in range(spec.num_ranks)]
     blocked = _mean([r.blocked_pct for r in ranks if r.is_producer])
-    starved = _mean([r.starved_pct for r in ranks if r.role == "drafter"])
+    starved = _mean([r.starved_pct for r in ranks if r.is_consumer])
     transport = transport_name(int(header["transport"]))
     return RingSnapshot(
         run=spec.run_id,
@@ -235,7 +263,6 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
         producers_blocked_pct=blocked,
         consumers_starved_pct=starved,
         ranks=ranks,
-        verdict=verdict(ranks, blocked, starved),
     )
 
 
@@ -255,8 +282,8 @@ def with_interval(previous: RingSnapshot, current: RingSnapshot) -> RingSnapshot
             )
         )
     blocked = _mean([r.interval_blocked_pct for r in ranks if r.is_producer])
-    starved = _mean([r.interval_starved_pct for r in ranks if r.role == "drafter"])
-    consumed = sum(r.interval_items_per_s for r in ranks if r.role == "drafter")
+    starved = _mean([r.interval_starved_pct for r in ranks if r.is_consumer])
+    consumed = sum(r.interval_items_per_s for r in ranks if r.is_consumer)
     return replace(
         current,
         ranks=ranks,
@@ -264,7 +291,6 @@ def with_interval(previous: RingSnapshot, current: RingSnapshot) -> RingSnapshot
         interval_producers_blocked_pct=blocked,
         interval_consumers_starved_pct=starved,
         interval_items_per_s=consumed,
-        verdict=verdict(ranks, blocked, starved),
     )
 
 

@@ -1,7 +1,8 @@
 """What a ring looks like: the run-wide RingSpec and the byte layout of one payload slot.
 
 The spec is written into the control block by the creating rank, so attaching ranks
-only need the run id. A slot holds the arrays its `fields` declare (SlotField: a name,
+only need the run id. Each rank sits at one end of the ring, producer or consumer; what
+the ranks are to the run that made the ring (its labels) the ring only repeats in messages. A slot holds the arrays its `fields` declare (SlotField: a name,
 a dtype, one row per token or per document boundary, values per row); the ring gives
 them no meaning. `SlotLayout` places them at aligned offsets in the given order; the
 same layout is used for host slots and for device slabs.
@@ -11,13 +12,15 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import msgspec
 import torch
 
-ROLES = ("target", "drafter")
+# The two ends of the ring: producers publish items into their own slots, consumers take them.
+PRODUCER, CONSUMER = "producer", "consumer"
+ENDS = (PRODUCER, CONSUMER)
 # More slots than this never help a producer and would make the control block huge.
 MAX_SLOTS_PER_PRODUCER = 1024
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -71,11 +74,12 @@ class SlotField(msgspec.Struct, frozen=True, array_like=True):
 
 @dataclass(frozen=True)
 class RingSpec:
-    """Geometry, roles and limits of one node-local ring (identical in every rank)."""
+    """Geometry, ends and limits of one node-local ring (identical in every rank)."""
 
     run_id: str
     generation: int
-    roles: list[str]
+    # The end of the ring each ring-local rank sits at: PRODUCER or CONSUMER.
+    ends: list[str]
     global_ranks: list[int]
     slots_per_producer: int
     max_tokens: int
@@ -88,42 +92,54 @@ class RingSpec:
     progress_timeout_s: float = 45.0
     startup_timeout_s: float = 600.0
     lock_dir: str = "/dev/shm"
-    # Consecutive target ranks per target group (tensor parallelism): only each group's
-    # first member is a producer; the others attach for liveness and own no slots.
-    target_tp: int = 1
+    # Consecutive producer-end ranks per producer group: only each group's first member
+    # (its lead) publishes; the others attach for liveness and own no slots.
+    group_size: int = 1
+    # What the run calls each rank, for messages and ringtrain-stat (default: its end).
+    labels: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         fields = msgspec.convert(self.fields, tuple[SlotField, ...], from_attributes=True)
         object.__setattr__(self, "fields", fields)
-        problems = self._field_problems()
+        problems = self._field_problems() + self._end_problems()
         if not RUN_ID_PATTERN.match(self.run_id):
             problems.append(f"run_id {self.run_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
-        if len(self.roles) != len(self.global_ranks):
-            problems.append(
-                f"roles ({len(self.roles)}) and global_ranks ({len(self.global_ranks)}) differ in length"
-            )
-        if bad := [r for r in self.roles if r not in ROLES]:
-            problems.append(f"unknown roles {bad}: use {ROLES}")
-        if "target" not in self.roles or "drafter" not in self.roles:
-            problems.append(f"roles {self.roles} need at least one target and one drafter")
-        targets = self.roles.count("target")
-        if self.target_tp < 1 or targets % self.target_tp:
-            problems.append(
-                f"target_tp = {self.target_tp} must be >= 1 and divide the {targets} target ranks"
-            )
         for name in ("slots_per_producer", "max_tokens", "max_docs"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.slots_per_producer > MAX_SLOTS_PER_PRODUCER:
             problems.append(
                 f"slots_per_producer = {self.slots_per_producer} is more than "
-                f"{MAX_SLOTS_PER_PRODUCER}; a few slots per target keep it busy (4 is typical)"
+                f"{MAX_SLOTS_PER_PRODUCER}; a few slots per producer keep it busy (4 is typical)"
             )
         timeouts = ("wait", "heartbeat", "progress", "startup")
         if any(getattr(self, f"{name}_timeout_s") <= 0 for name in timeouts):
             problems.append(", ".join(f"{name}_timeout_s" for name in timeouts) + " must be > 0")
         if problems:
             raise ValueError("invalid ring spec: " + "; ".join(problems))
+
+    def _end_problems(self) -> list[str]:
+        """What is wrong with `ends`, `global_ranks`, `labels` and `group_size` together."""
+        problems = []
+        if len(self.ends) != len(self.global_ranks):
+            problems.append(
+                f"ends ({len(self.ends)}) and global_ranks ({len(self.global_ranks)}) differ in length"
+            )
+        if self.labels and len(self.labels) != len(self.ends):
+            problems.append(
+                f"labels ({len(self.labels)}) must name every rank ({len(self.ends)}) or none"
+            )
+        if bad := [e for e in self.ends if e not in ENDS]:
+            problems.append(f"unknown ends {bad}: use {ENDS}")
+        if PRODUCER not in self.ends or CONSUMER not in self.ends:
+            problems.append(f"ends {self.ends} need at least one producer and one consumer")
+        producers = self.ends.count(PRODUCER)
+        if self.group_size < 1 or producers % self.group_size:
+            problems.append(
+                f"group_size = {self.group_size} must be >= 1 and divide the {producers} "
+                "producer-end ranks"
+            )
+        return problems
 
     def _field_problems(self) -> list[str]:
         """What is wrong with `fields` (see SlotLayout for why the last is per token)."""
@@ -148,43 +164,48 @@ class RingSpec:
 
     @property
     def num_ranks(self) -> int:
-        """Number of ring-local ranks (targets + drafters)."""
-        return len(self.roles)
+        """Number of ring-local ranks (both ends)."""
+        return len(self.ends)
 
     @functools.cached_property
     def producers(self) -> tuple[int, ...]:
-        """Ring-local indices of the producers, in producer order: every target rank, or
-        with target groups (target_tp > 1) each group's lead."""
-        return tuple(g[0] for g in self.target_groups_local)
+        """Ring-local indices of the producers, in producer order: every producer-end rank,
+        or with producer groups (group_size > 1) each group's lead."""
+        return tuple(g[0] for g in self.groups_local)
 
     @functools.cached_property
     def consumers(self) -> tuple[int, ...]:
-        """Ring-local indices of the drafter ranks."""
-        return tuple(i for i, role in enumerate(self.roles) if role == "drafter")
+        """Ring-local indices of the consumer-end ranks."""
+        return tuple(i for i, end in enumerate(self.ends) if end == CONSUMER)
 
     @functools.cached_property
-    def target_groups_local(self) -> tuple[tuple[int, ...], ...]:
-        """Ring-local indices of each target group's ranks, lead first, in producer order."""
-        targets = [i for i, role in enumerate(self.roles) if role == "target"]
-        k = self.target_tp
-        return tuple(tuple(targets[i : i + k]) for i in range(0, len(targets), k))
+    def groups_local(self) -> tuple[tuple[int, ...], ...]:
+        """Ring-local indices of each producer group's ranks, lead first, in producer order."""
+        producers = [i for i, end in enumerate(self.ends) if end == PRODUCER]
+        k = self.group_size
+        return tuple(tuple(producers[i : i + k]) for i in range(0, len(producers), k))
 
-    def target_group(self, index: int) -> tuple[int, int] | None:
+    def group_of(self, index: int) -> tuple[int, int] | None:
         """(group index, global over nodes; member index) of ring-local rank `index` when
-        target groups are on (target_tp > 1); None for a drafter or without groups."""
-        if self.target_tp == 1:
+        producer groups are on (group_size > 1); None for a consumer or without groups."""
+        if self.group_size == 1:
             return None
         node = self.global_ranks[0] // self.num_ranks  # nodes have equal rank counts
-        for producer, members in enumerate(self.target_groups_local):
+        for producer, members in enumerate(self.groups_local):
             if index in members:
-                return node * len(self.target_groups_local) + producer, members.index(index)
+                return node * len(self.groups_local) + producer, members.index(index)
         return None
 
-    def role_label(self, index: int) -> str:
-        """How messages name ring-local rank `index`'s role: "target", "drafter", or with
-        target groups "target, group G member M"."""
-        group = self.target_group(index)
-        return self.roles[index] if group is None else f"target, group {group[0]} member {group[1]}"
+    def label(self, index: int) -> str:
+        """What the run calls ring-local rank `index` (its end when the run named none)."""
+        return self.labels[index] if self.labels else self.ends[index]
+
+    def describe(self, index: int) -> str:
+        """How messages name ring-local rank `index`: its label, and with producer groups
+        its place: "<label>, group G member M"."""
+        group = self.group_of(index)
+        label = self.label(index)
+        return label if group is None else f"{label}, group {group[0]} member {group[1]}"
 
     @property
     def num_slots(self) -> int:

@@ -74,13 +74,13 @@ class Watch:
         if index != self.local_index:
             self._kill_if_frozen(index)
         error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
-        rank, role = self.spec.global_ranks[index], self.spec.roles[index]
+        rank = self.spec.global_ranks[index]
         return kind(
-            f"ring {self.spec.run_id}: rank {rank} ({self.spec.role_label(index)}, "
+            f"ring {self.spec.run_id}: rank {rank} ({self.spec.describe(index)}, "
             f"pid {int(row['pid'])}) {reason}; "
             f"its last error: {error or 'none recorded'}",
             rank=rank,
-            role=role,
+            label=self.spec.label(index),
             last_error=error,
         )
 

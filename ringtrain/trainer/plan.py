@@ -47,7 +47,7 @@ from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.logs import get_logger
-from ringtrain.trainer.roles import RankInfo
+from ringtrain.trainer.roles import END_OF_ROLE, RankInfo, local_role
 from ringtrain.trainer.run_dir import read_run_id
 
 # Errors that mean "the inputs are wrong": reported as such, exit code 2.
@@ -316,12 +316,12 @@ def eval_batches_per_round(config: Config, plan: Plan, info: RankInfo) -> int:
 
 def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> RingSpec:
     """The spec of this node's ring, identical on every local rank."""
-    roles = ["target"] * info.targets_per_node + ["drafter"] * info.drafters_per_node
+    roles = [local_role(i, info.targets_per_node) for i in range(info.local_world_size)]
     first = info.node_rank * info.local_world_size
     return RingSpec(
         run_id=ring_id(config.run.name, str(run_dir), info.node_rank),
         generation=info.restart_count,
-        roles=roles,
+        ends=[END_OF_ROLE[role] for role in roles],
         global_ranks=[first + i for i in range(info.local_world_size)],
         slots_per_producer=config.ring.slots_per_producer,
         max_tokens=config.data.token_budget,
@@ -335,5 +335,6 @@ def ring_spec(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
         progress_timeout_s=config.ring.progress_timeout_s,
         startup_timeout_s=config.ring.startup_timeout_s,
         lock_dir=config.ring.lock_dir,
-        target_tp=info.target_tp,
+        group_size=info.target_tp,
+        labels=roles,
     )

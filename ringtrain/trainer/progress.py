@@ -8,6 +8,7 @@ import time
 from ringtrain.config import Config
 from ringtrain.monitor.advice import ring_advice
 from ringtrain.monitor.ring_figures import ring_figures
+from ringtrain.monitor.verdict import ring_verdict
 from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import MetricsWriter, get_logger
@@ -77,9 +78,10 @@ class Progress:
         """Ring occupancy and who waited on whom since the previous progress line."""
         current = self._ring.snapshot()
         window = with_interval(self._ring_before, current)
+        verdict = ring_verdict(window, self._ring_before, self._tokens / max(self._items, 1))
         self._ring_before = current
         busy = {
-            role: [r.gpu_busy for r in window.ranks if r.role == role and r.gpu_busy is not None]
+            role: [r.gpu_busy for r in window.ranks if r.label == role and r.gpu_busy is not None]
             for role in ("target", "drafter")
         }
         gpu = " ".join(
@@ -88,10 +90,10 @@ class Progress:
         silent = "".join(
             f" | target rank {r.rank} silent {r.progress_age_s:.0f} s"
             for r in window.ranks
-            if r.role == "target" and r.silent
+            if r.label == "target" and r.silent
         )
         return (
-            f"ring {window.occupancy:.0%} occupied | {window.verdict}"
+            f"ring {window.occupancy:.0%} occupied | {verdict}"
             + silent
             + (f" | GPU busy: {gpu}" if gpu else "")
         )

@@ -1,7 +1,9 @@
 """Rank roles from the torchrun environment and the [layout] config.
 
 On every node, local ranks 0..T-1 are targets (producers into the node's ring) and local
-ranks T..T+D-1 are drafters (consumers). Role indices are global: target i of node n is
+ranks T..T+D-1 are drafters (consumers): END_OF_ROLE gives the end of the ring, which
+knows nothing of targets and drafters, of each role (the ring repeats the roles as its
+ranks' labels). Role indices are global: target i of node n is
 target n*T + i, likewise for drafters, so data sharding and gradient groups span nodes.
 
 With `[layout] target_tp = k`, consecutive target ranks of a node form groups of k that
@@ -20,9 +22,13 @@ from typing import Literal
 import torch
 
 from ringtrain.config import ConfigError, LayoutConfig
+from ringtrain.monitor.advice import saturation_rate
+from ringtrain.ring.spec import CONSUMER, PRODUCER
 
 TARGET = "target"
 DRAFTER = "drafter"
+# The end of the node's ring each role sits at.
+END_OF_ROLE = {TARGET: PRODUCER, DRAFTER: CONSUMER}
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,42 @@ def local_target_groups(targets_per_node: int, target_tp: int) -> list[list[int]
     return [
         list(range(first, first + target_tp)) for first in range(0, targets_per_node, target_tp)
     ]
+
+
+def gpu_residents(layout: LayoutConfig) -> list[tuple[int, int]]:
+    """Per GPU that `layout.gpu_map` names, in index order: how many target groups have a
+    rank on it and how many drafters it holds (what advice.saturation_rate weighs).
+
+    The map gives one GPU per local rank, targets first (check_gpu_map)."""
+    check_gpu_map(layout)
+    groups = [
+        {layout.gpu_map[rank] for rank in group}
+        for group in local_target_groups(layout.targets_per_node, layout.target_tp)
+    ]
+    drafter_gpus = layout.gpu_map[layout.targets_per_node :]
+    return [
+        (sum(gpu in group for group in groups), drafter_gpus.count(gpu))
+        for gpu in sorted(set(layout.gpu_map))
+    ]
+
+
+def layout_rate(layout: LayoutConfig, target_rate: float, drafter_rate: float) -> float:
+    """The node rate at which the busiest GPU of `layout` (its gpu_map) saturates, from one
+    target group's standalone rate and one drafter's (advice.saturation_rate)."""
+    producers = layout.targets_per_node // layout.target_tp
+    return saturation_rate(
+        target_rate, drafter_rate, producers, layout.drafters_per_node, gpu_residents(layout)
+    )
+
+
+def check_gpu_map(layout: LayoutConfig) -> None:
+    """Refuse a `layout.gpu_map` that does not name one GPU per local rank."""
+    ranks = layout.targets_per_node + layout.drafters_per_node
+    if len(layout.gpu_map) != ranks:
+        raise ConfigError(
+            f"layout.gpu_map {list(layout.gpu_map)} names {len(layout.gpu_map)} GPUs: give one "
+            f"GPU per rank ({ranks} ranks, targets first)"
+        )
 
 
 def check_layout(layout: LayoutConfig) -> None:

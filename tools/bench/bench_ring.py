@@ -54,7 +54,7 @@ import time
 import torch
 
 from ringtrain.batch import HIDDEN, slot_fields
-from ringtrain.ring import Ring, RingSpec
+from ringtrain.ring import CONSUMER, PRODUCER, Ring, RingSpec
 from ringtrain.ring.spec import dtype_name
 from tools.bench.bench_report import print_report
 from tools.bench.host_profile import profiled
@@ -78,7 +78,7 @@ def _spec(
     return RingSpec(
         run_id=run_id,
         generation=0,
-        roles=["target"] * producers + ["drafter"] * consumers,
+        ends=[PRODUCER] * producers + [CONSUMER] * consumers,
         global_ranks=list(range(producers + consumers)),
         slots_per_producer=slots,
         max_tokens=ROWS,
@@ -117,7 +117,7 @@ def _worker(index: int, spec: RingSpec, items: int, options: dict, barrier, resu
     barrier.wait()
     ring.unlink()
     try:
-        if spec.roles[index] == "target":
+        if spec.ends[index] == PRODUCER:
             synced = options["publish_synced"]
             report = profiled(top, _produce, ring, index, items, synced, barrier, device)
             results.put(("target", index, report))

@@ -5,7 +5,7 @@ A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` n
 (ranks 0..T-1 are the targets, T..T+D-1 the drafters); with `target_tp` = k the targets
 form T / k tensor-parallel groups of k consecutive ranks, each group one producer. Roles
 and groups are the trainer's own (ringtrain.trainer.roles); the ideal rate is the rate at
-which the busiest GPU saturates (ringtrain.monitor.advice.saturation_rate), from the
+which the busiest GPU saturates (ringtrain.trainer.roles.layout_rate), from the
 standalone rates of one target group (one whole GPU when k = 1, its k GPUs together
 otherwise) and of one drafter.
 """
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.config import ConfigError, LayoutConfig
-from ringtrain.monitor.advice import saturation_rate
-from ringtrain.trainer.roles import check_layout, local_role, local_target_groups
+from ringtrain.trainer.roles import check_gpu_map, check_layout, layout_rate, local_role
 
 # Steps whose DDP timings are skipped: the first ones compile and warm the allocator.
 GRAD_SYNC_SKIP_STEPS = 4
@@ -47,22 +46,26 @@ class Layout:
             targets, drafters = (int(part) for part in split.split("+"))
         except ValueError:
             raise SystemExit(f"--layout {split!r}: write targets+drafters, e.g. 2+2") from None
+        gpus = tuple(int(g) for g in gpu_map.split(",")) if gpu_map else (0,) * (targets + drafters)
+        layout = Layout(targets, drafters, gpus, target_tp)
         try:
-            check_layout(
-                LayoutConfig(
-                    targets_per_node=targets, drafters_per_node=drafters, target_tp=target_tp
-                )
-            )
+            check_layout(layout.config)
+            check_gpu_map(layout.config)
         except ConfigError as exc:
-            raise SystemExit(f"--layout {split} --target-tp {target_tp}: {exc}") from None
-        ranks = targets + drafters
-        gpus = tuple(int(g) for g in gpu_map.split(",")) if gpu_map else (0,) * ranks
-        if len(gpus) != ranks:
             raise SystemExit(
-                f"--layout {split} --gpu-map {gpu_map}: give one GPU per rank ({ranks} ranks, "
-                "targets first)"
-            )
-        return Layout(targets, drafters, gpus, target_tp)
+                f"--layout {split} --gpu-map {gpu_map} --target-tp {target_tp}: {exc}"
+            ) from None
+        return layout
+
+    @property
+    def config(self) -> LayoutConfig:
+        """The trainer's [layout] of this layout."""
+        return LayoutConfig(
+            targets_per_node=self.targets,
+            drafters_per_node=self.drafters,
+            target_tp=self.target_tp,
+            gpu_map=list(self.gpu_map),
+        )
 
     @property
     def name(self) -> str:
@@ -75,16 +78,7 @@ class Layout:
     def ideal_tokens_per_s(self, target_rate: float, drafter_rate: float) -> float:
         """The rate at which the busiest GPU saturates; `target_rate` is one target
         group's standalone tokens/s."""
-        groups = [
-            {self.gpu_map[rank] for rank in group}
-            for group in local_target_groups(self.targets, self.target_tp)
-        ]
-        drafter_gpus = self.gpu_map[self.targets :]
-        residents = [
-            (sum(gpu in group for group in groups), drafter_gpus.count(gpu))
-            for gpu in sorted(set(self.gpu_map))
-        ]
-        return saturation_rate(target_rate, drafter_rate, len(groups), self.drafters, residents)
+        return layout_rate(self.config, target_rate, drafter_rate)
 
 
 @contextmanager

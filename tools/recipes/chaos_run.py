@@ -144,7 +144,7 @@ def ring_up(name: str, running: bool = False) -> bool:
         ranks = reader.snapshot().ranks
     finally:
         reader.close()
-    return all(r.doing == WORK[r.role] for r in ranks)
+    return all(r.doing == WORK[r.label] for r in ranks)
 
 
 def wait_until(condition, deadline: float, proc: subprocess.Popen) -> bool:
