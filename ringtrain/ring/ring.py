@@ -359,8 +359,8 @@ class Ring:
         """Record how far this rank's main loop got (main thread only): the rank is in
         steady work from now on, its progress and heartbeat are fresh.
 
-        The count is the rank's unit of work: a drafter's completed training steps, a
-        target's published batches (`ringtrain-stat` shows it as `step`)."""
+        The count is the rank's progress in the run's steps: a drafter's completed
+        training steps, the step a target produces for (`ringtrain-stat` shows it as `step`)."""
         if self._closed:
             return
         now = monotonic_ns()
