@@ -39,6 +39,7 @@ from ringtrain.trainer.report import describe_end
 
 PROGRAM = "ringtrain-launch"
 MODULE = "ringtrain.main"
+ENTRY_MODULE = "ringtrain.rank_entry"  # ringtrain.main, with start-up signals handled
 # torch's launcher's loggers: their lines (worker shutdown notices, failure tables) stay
 # off the console unless the user sets LOGLEVEL.
 TORCH_LAUNCHER_LOGGERS = (
@@ -66,8 +67,8 @@ def torchrun_arguments(argv: Sequence[str]):
     """torch's launcher's parsed arguments for running ringtrain.main with `argv`'s options;
     SystemExit(2) with a message when the torchrun part names a script of its own."""
     launcher_part, main_part = split_arguments(argv)
-    args = torch_run.parse_args([*launcher_part, "-m", MODULE])
-    if args.training_script_args or args.training_script != MODULE:
+    args = torch_run.parse_args([*launcher_part, "-m", ENTRY_MODULE])
+    if args.training_script_args or args.training_script != ENTRY_MODULE:
         given = shlex.join([args.training_script, *args.training_script_args])
         raise SystemExit(
             f"{PROGRAM}: {given!r} is not an option of torchrun or of {MODULE}; "
