@@ -6,4 +6,4 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$("$root/tools/setup_env.sh")
 cd "$root"
-exec "$venv/bin/torchrun" --standalone --nproc-per-node 3 -m ringtrain.main "$@"
+exec "$venv/bin/python" -m ringtrain.launch --standalone --nproc-per-node 3 "$@"

@@ -30,4 +30,4 @@ if [ $mps = 1 ]; then
     nvidia-cuda-mps-control -d
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
-"$python" -m torch.distributed.run --standalone --nproc-per-node "$nproc" -m ringtrain.main --config "$config" ${args[@]+"${args[@]}"}
+"$python" -m ringtrain.launch --standalone --nproc-per-node "$nproc" --config "$config" ${args[@]+"${args[@]}"}

@@ -1,4 +1,5 @@
-"""Entry point: `torchrun --nproc-per-node P -m ringtrain.main [--config FILE] [--resume]`.
+"""Entry point: `ringtrain-launch --nproc-per-node P [--config FILE] [--resume]` (ringtrain/launch.py),
+or `torchrun --nproc-per-node P -m ringtrain.main [--config FILE] [--resume]`.
 
 Every process reads the same config, learns its role from its local rank (targets first,
 then drafters), validates all inputs before touching a GPU, joins the node's ring, and
@@ -17,6 +18,7 @@ from datetime import timedelta
 from importlib import resources
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -29,7 +31,13 @@ from ringtrain.config import (
     parse_config,
 )
 from ringtrain.trainer.groups import RankGroups, new_groups
-from ringtrain.trainer.logs import get_logger, setup_logging, silence_cpu_kernel_fallbacks
+from ringtrain.trainer.logs import (
+    FILE_ONLY,
+    get_logger,
+    setup_logging,
+    silence_cpu_kernel_fallbacks,
+)
+from ringtrain.trainer.outcome import FAILED, REFUSED, Outcome, env_rank, launched, report_outcome
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from ringtrain.trainer.run_dir import claim_run_dir, prepare_run_dir
@@ -40,10 +48,11 @@ from ringtrain.trainer.signals import StopRequest
 REFUSAL_GRACE_S = 30.0
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ringtrain.main (ringtrain-launch passes these options on)."""
     parser = argparse.ArgumentParser(
         prog="python -m ringtrain.main",
-        description="Train a DFlash drafter (start through torchrun).",
+        description="Train a DFlash drafter (start through ringtrain-launch or torchrun).",
     )
     parser.add_argument("--config", help="TOML config (default: the embedded tiny run)")
     add_override_option(parser)
@@ -56,7 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="start afresh in a run directory that holds an earlier run: deletes its "
         "checkpoints and metrics.jsonl first (without it such a start is refused)",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def read_config(args: argparse.Namespace) -> Config:
@@ -114,10 +127,15 @@ def set_compile_caches(config: Config, info: RankInfo) -> None:
 def refuse(exc: Exception, reporter: bool) -> int:
     """Say why start-up is refused, once, and return exit code 2.
 
-    Every rank refuses alike, so only the ``reporter`` prints at once. The others must not
-    exit first: torchrun stops the remaining workers as soon as one fails, which could end
-    the reporter before it has printed. They wait (at most REFUSAL_GRACE_S) for the
-    launcher to stop them; a rank still running after that refused alone and says why."""
+    Under ringtrain-launch every rank reports the refusal as its outcome and the launcher
+    prints it once. Under plain torchrun every rank refuses alike, so only the
+    ``reporter`` prints at once. The others must not exit first: torchrun stops the
+    remaining workers as soon as one fails, which could end the reporter before it has
+    printed. They wait (at most REFUSAL_GRACE_S) for the launcher to stop them; a rank
+    still running after that refused alone and says why."""
+    if launched():
+        report_outcome(Outcome(env_rank(), 2, REFUSED, f"{exc}"))
+        return 2
     if not reporter:
         time.sleep(REFUSAL_GRACE_S)
     print(f"ringtrain: {exc}", file=sys.stderr)
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(config.run.run_dir).expanduser().resolve()
         check_run_dir(run_dir)
     except ConfigError as exc:
-        return refuse(exc, reporter=os.environ.get("RANK", "0") == "0")
+        return refuse(exc, reporter=env_rank() == 0)
     try:
         notes = claim_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite)
     except ConfigError as exc:  # the lock and its refusals are local rank 0's to report
@@ -161,18 +179,22 @@ def main(argv: list[str] | None = None) -> int:
         for note in prepare_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite):
             log.info("%s", note)
     except INPUT_ERRORS as exc:
-        log.error("%s", exc)
+        log.error("%s", exc, extra=FILE_ONLY)  # refuse() says it on the console, once
         return refuse(exc, reporter=info.local_rank == 0)
     if info.rank == 0:
         (run_dir / "config.json").write_bytes(dump_config(config))
     try:
         groups = init_distributed(info)
-        code = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
+        outcome = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
     except Exception as exc:
         log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
+        report_outcome(
+            Outcome(info.rank, 1, FAILED, f"{info.tag} failed: {exc}", log=str(log_path))
+        )
         return 1
-    log.info("%s exiting with code %d", info.tag, code)
-    return code
+    report_outcome(msgspec.structs.replace(outcome, log=str(log_path)))
+    log.info("%s exiting with code %d", info.tag, outcome.code)
+    return outcome.code
 
 
 if __name__ == "__main__":

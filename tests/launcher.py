@@ -162,3 +162,19 @@ def run_gloo_pair(worker: Callable[[int, str, str], None], tmp_path: Path) -> li
         process.join(timeout=120)
         assert process.exitcode == 0, f"the worker of rank {rank} exited with {process.exitcode}"
     return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+
+
+def launch_command(
+    run_dir: Path, targets: int, drafters: int, overrides: list[str], resume: bool = False
+) -> list[str]:
+    """The run of `torchrun_command` started through ringtrain-launch (python -m
+    ringtrain.launch: torchrun's options, then ringtrain.main's)."""
+    command = torchrun_command(run_dir, targets, drafters, overrides, resume)
+    module = command.index("ringtrain.main")
+    return [
+        sys.executable,
+        "-m",
+        "ringtrain.launch",
+        *command[3 : module - 1],
+        *command[module + 1 :],
+    ]

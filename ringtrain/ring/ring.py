@@ -358,8 +358,8 @@ class Ring:
         """Record how far this rank's main loop got (main thread only): the rank is in
         steady work from now on, its progress and heartbeat are fresh.
 
-        The count is the rank's unit of work, e.g. a consumer's completed training steps,
-        a producer's published batches (`ringtrain-stat` shows it as `step`)."""
+        The count is the rank's progress in the run's steps, whatever the trainer counts
+        (e.g. a consumer's completed steps; `ringtrain-stat` shows it as `step`)."""
         if self._closed:
             return
         now = monotonic_ns()

@@ -156,6 +156,7 @@ class DrafterLoop:
         self.eval_batches_per_round = eval_batches_per_round
         self.rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
         self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
+        self._waiting_since: float | None = None  # set while the session's first item is due
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
         )
@@ -173,11 +174,16 @@ class DrafterLoop:
         checkpoint step and at the end (both only on the lead drafter)."""
         run = self.config.run
         tally = EvalTally(self.eval_batches_per_round, self.block_size)
-        last_saved = state.step
-        self._announce_compile()
+        last_saved, first_step = state.step, state.step + 1
+        self._waiting_since = time.perf_counter()
+        get_logger().info(
+            "waiting for the first batch: the target ranks load the target and run its first "
+            "forward (their logs say how far they are)"
+        )
         while state.step < run.max_steps:
             step, started = state.step + 1, time.perf_counter()
             item = self._take_training_item(stop)
+            self._announce_first_item(item)
             loss_sum = None if item is None else self._forward(item, step)
             if loss_sum is None:
                 self.sums.request_stop()
@@ -191,6 +197,12 @@ class DrafterLoop:
             self._mark_skipped(record, grad_norm)
             if reporter is not None:
                 reporter.step(record)
+            if step == first_step:
+                get_logger().info(
+                    "first step done in %.1f s; a progress line every %d steps",
+                    record.seconds,
+                    run.log_every,
+                )
             self._stop_after_nonfinite_run(record.step)
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
                 save(state)
@@ -201,12 +213,21 @@ class DrafterLoop:
             self._finish_rounds(tally, stop, reporter, state)
         return state
 
-    def _announce_compile(self) -> None:
+    def _announce_first_item(self, item: ReadItem | None) -> None:
+        """Once, when the session's first item arrives: how long it took and what the first
+        step does (it compiles the drafter where drafter.compile is on)."""
+        if item is None or self._waiting_since is None:
+            return
+        waited = time.perf_counter() - self._waiting_since
+        self._waiting_since = None
         if self.config.drafter.compile and self.device.type == "cuda":
-            get_logger().info(
-                "the first step compiles the drafter (Inductor, flex_attention); this takes "
-                "a minute or so with empty caches and seconds with warm ones"
+            doing = (
+                "it compiles the drafter (Inductor, flex_attention): a minute or so with "
+                "empty caches, seconds with warm ones"
             )
+        else:
+            doing = "forward, backward and optimizer step"
+        get_logger().info("first batch after %.1f s; the first step runs: %s", waited, doing)
 
     # ---- take ------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ would also read it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -53,6 +54,17 @@ class _WithoutNotice(logging.Filter):
 
 _CPU_KERNEL_FALLBACKS = _WithoutNotice(KERNEL_FALLBACK_NOTICE)
 
+# `extra=` of a record for the rank's log file only: something every rank says alike, or
+# that ringtrain-launch reports once for all of them.
+FILE_ONLY = {"file_only": True}
+
+
+class _NotFileOnly(logging.Filter):
+    """Drops the records logged with FILE_ONLY."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "file_only", False)
+
 
 def silence_cpu_kernel_fallbacks() -> None:
     """Keep transformers' kernel fallback notices off a CPU rank's console (idempotent)."""
@@ -79,6 +91,7 @@ def setup_logging(run_dir: Path, rank: int, role: str, terminal_progress: bool) 
     terminal = logging.StreamHandler(sys.stdout)
     terminal.setLevel(logging.INFO if terminal_progress else logging.WARNING)
     terminal.setFormatter(logging.Formatter(f"[rank{rank} {role}] %(message)s"))
+    terminal.addFilter(_NotFileOnly())
     logger.addHandler(terminal)
     return path
 
@@ -162,3 +175,18 @@ def supersede_records(path: Path, resumed_step: int, evaluated_step: int) -> lis
         temporary.write_bytes(b"".join(kept))
         temporary.replace(path)
     return notes
+
+
+def last_evaluation(path: Path) -> dict[str, Any] | None:
+    """The last held-out evaluation record of metrics.jsonl (a resumed session's progress
+    lines carry its tau_sim until the session's own first round), or None."""
+    if not path.exists():
+        return None
+    for line in reversed(path.read_bytes().splitlines()):
+        if b'"eval"' not in line:
+            continue
+        with contextlib.suppress(msgspec.DecodeError):
+            record = msgspec.json.decode(line)
+            if isinstance(record, dict) and record.get("event") == "eval":
+                return record
+    return None

@@ -20,10 +20,17 @@ class Progress:
     tau_sim (the held-out replay of speculative decoding, from the latest evaluation round)
     leads: it predicts real speed. tau_uniform is the training batches' uniform-anchor
     figure; it overestimates acceptance and is named so nobody mistakes it for it.
+
+    A resumed session starts from `resumed_step`, with `evaluation` (the last held-out
+    round in metrics.jsonl, as its record) until it completes a round of its own; its
+    summary tells this session's figures from the run's.
     """
 
-    def __init__(self, config: Config, ring: Ring) -> None:
+    def __init__(
+        self, config: Config, ring: Ring, resumed_step: int = 0, evaluation: dict | None = None
+    ) -> None:
         self._ring = ring
+        self._resumed_step = resumed_step
         self._max_steps = config.run.max_steps
         self._every = max(config.run.log_every, 1)
         self._started = time.perf_counter()
@@ -36,8 +43,8 @@ class Progress:
         self._ring_before: RingSnapshot = ring.snapshot()
         self._advice_from = self._ring_before  # then the first progress line's: warm-up excluded
         self._warmed = False
-        self._evaluated: dict | None = None
-        self._evaluated_step = 0
+        self._evaluated = evaluation
+        self._evaluated_step = 0 if evaluation is None else int(evaluation["step"])
 
     def step(self, record: StepRecord) -> None:
         self._first = self._first or record
@@ -69,6 +76,13 @@ class Progress:
         if self._evaluated is None:
             return "tau_sim - (no evaluation yet)"
         return f"tau_sim {self._evaluated['tau_sim']:.3f} (step {self._evaluated_step})"
+
+    def _session_steps(self, last_step: int) -> str:
+        """The steps this session trained: all of them, or after a resume which ones."""
+        if not self._resumed_step:
+            return f"{last_step} steps"
+        count = last_step - self._resumed_step
+        return f"this session {count} steps ({self._resumed_step + 1} to {last_step})"
 
     def ring_figures(self) -> dict:
         """The ring's occupancy and per-rank counters now (a step record's `ring` entry)."""
@@ -130,12 +144,13 @@ class Progress:
                 self._evaluated["accuracy"],
             )
         get_logger().info(
-            "done: %d steps, %s tokens in %.1f s (%s tok/s) | loss %.4f -> %.4f | "
+            "done: %s, %s tokens in %.1f s (%s tok/s)%s | loss %.4f -> %.4f | "
             "tau_uniform %.3f -> %.3f (training batches, uniform anchors: not acceptance)",
-            self._last.step,
+            self._session_steps(self._last.step),
             f"{self._tokens:,}",
             seconds,
             f"{self._tokens / max(seconds, 1e-9):,.0f}",
+            f"; run: {self._last.step} steps" if self._resumed_step else "",
             self._first.loss,
             self._last.loss,
             self._first.tau_uniform,

@@ -41,14 +41,25 @@ from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.groups import RankGroups
 from ringtrain.trainer.heldout import EvalRounds, EvalSchedule
 from ringtrain.trainer.ledger import BatchLedger
-from ringtrain.trainer.logs import MetricsWriter, get_logger
+from ringtrain.trainer.logs import FILE_ONLY, MetricsWriter, get_logger, last_evaluation
+from ringtrain.trainer.outcome import (
+    DONE,
+    PEER_FAILED,
+    STOPPED,
+    Outcome,
+    env_rank,
+    launched,
+    report_outcome,
+)
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
 from ringtrain.trainer.progress import LeadReporter, Progress
+from ringtrain.trainer.report import stop_line
 from ringtrain.trainer.roles import RankInfo
 from ringtrain.trainer.run_dir import read_run_id
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import GroupDecisions
 from ringtrain.trainer.target_loop import BatchOrder, run_target_loop
+from ringtrain.trainer.target_progress import TargetProgress
 
 # How long a failed rank looks for a peer's death before reporting its own error, and how
 # often it looks (see _peer_death).
@@ -78,6 +89,7 @@ def _die_on_peer_death(ring: Ring):
         # Ranks that see this one abort then report the original death, not just the abort.
         ring.set_error(str(exc))
         ring.close(clean=False)
+        report_outcome(Outcome(env_rank(), 1, PEER_FAILED, str(exc)))
         os._exit(1)
 
     return on_dead
@@ -91,8 +103,8 @@ def run_session(
     groups: RankGroups,
     stop: StopRequest,
     resume: bool,
-) -> int:
-    """Join the ring and run this rank's role; returns the process exit code."""
+) -> Outcome:
+    """Join the ring and run this rank's role; returns how it ended (exit code 0)."""
     log = get_logger()
     checkpoints = run_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
@@ -100,11 +112,14 @@ def run_session(
         log.warning("--resume: no complete checkpoint under %s; starting fresh", checkpoints)
     ring = join_ring(config, info, run_dir, plan)
     ring.start_watchdog(_die_on_peer_death(ring))
+    step = None
     try:
         if info.is_target:
             _run_target(config, info, plan, ring, resume_from, groups, stop)
         else:
-            _run_drafter(config, info, run_dir, plan, ring, resume_from, groups.drafters, stop)
+            step = _run_drafter(
+                config, info, run_dir, plan, ring, resume_from, groups.drafters, stop
+            )
         if stop.requested:
             # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
             ring.check_peers()
@@ -120,7 +135,33 @@ def run_session(
         ring.close(clean=False)
         raise
     ring.close(clean=True)
-    return 0
+    return _session_end(info, run_dir, stop, step if info.is_lead_drafter else None)
+
+
+def _session_end(info: RankInfo, run_dir: Path, stop: StopRequest, step: int | None) -> Outcome:
+    """How this rank's session ended; `step`: the lead drafter's last step (None on the
+    other ranks). A stop on the lead drafter names the step and the newest checkpoint
+    (ringtrain-launch prints it with the command to resume; under plain torchrun the lead
+    drafter says it)."""
+    if not stop.requested:
+        return Outcome(info.rank, 0, DONE, step=step)
+    checkpoint = None
+    if step is not None:
+        checkpoint = latest_checkpoint(run_dir / "checkpoints", read_run_id(run_dir))
+    outcome = Outcome(
+        info.rank,
+        0,
+        STOPPED,
+        signal=stop.signal_name,
+        step=step,
+        checkpoint=None if checkpoint is None else str(checkpoint),
+    )
+    if step is not None:
+        line = stop_line(
+            step, stop.signal_name, outcome.checkpoint, "the same command and --resume"
+        )
+        get_logger().info("%s", line, extra=FILE_ONLY if launched() else None)
+    return outcome
 
 
 def _peer_death(ring: Ring) -> PeerDied | None:
@@ -151,10 +192,11 @@ def _run_target(
     the group's stream, cursor and evaluation shard are keyed by the group index."""
     log = get_logger()
     producer, producers = info.group_index, info.producer_count
-    cursor, evaluated_step = StreamCursor(), 0
+    cursor, evaluated_step, resumed_step = StreamCursor(), 0, 0
     if resume_from is not None:
         record = read_resume_record(resume_from)
         cursor, evaluated_step = record.cursors.get(producer, cursor), record.evaluated_step
+        resumed_step = record.step
         log.info("resuming at batch %d of this producer's stream", cursor.start)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
@@ -177,7 +219,8 @@ def _run_target(
     runner = TargetRunner(model, info.device)
     decisions = GroupDecisions(ring, groups.target_control, info.group_ranks[0])
     order = BatchOrder(stream, schedule)
-    run_target_loop(ring, runner, order, decisions, config.data.bucket, producer, stop)
+    progress = TargetProgress(ring, config.run.log_every, resumed_step)
+    run_target_loop(ring, runner, order, decisions, config.data.bucket, producer, stop, progress)
 
 
 def _run_drafter(
@@ -189,21 +232,25 @@ def _run_drafter(
     resume_from: Path | None,
     group: dist.ProcessGroup | None,
     stop: StopRequest,
-) -> None:
+) -> int:
+    """Train as one of the drafters (the lead one also reports and checkpoints); returns
+    the run's step reached."""
     ring.set_phase(phases.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
     reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
+        metrics_path = run_dir / "metrics.jsonl"
         metrics = MetricsWriter(
-            run_dir / "metrics.jsonl",
+            metrics_path,
             open_sinks(config, run_dir),
             resumed_step=state.step,
             evaluated_step=state.evaluated_step,
         )
         for note in metrics.notes:
             get_logger().info("%s", note)
-        reporter = LeadReporter(metrics, Progress(config, ring))
+        progress = Progress(config, ring, state.step, last_evaluation(metrics_path))
+        reporter = LeadReporter(metrics, progress)
         identity = ResumeRecord(step=0, run_id=read_run_id(run_dir), stream=plan.stream)
         save = ring.announcing(
             phases.CHECKPOINT,
@@ -230,6 +277,7 @@ def _run_drafter(
     loop.train(state, stop, reporter, save)
     if reporter is not None:
         reporter.close()
+    return state.step
 
 
 def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
@@ -243,6 +291,8 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
     with torch.device(device):  # initialised where it trains: a billion values on CPU take long
         model = build_drafter(plan.spec)
+    count = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    get_logger().info("drafter built on %s: %s trainable parameters", device, f"{count:,}")
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, head, optimizer, scheduler)
 
@@ -256,6 +306,7 @@ def _resumed_state(
     if resume_from is None:
         return DrafterState(step=0, ledger=BatchLedger())
     log = get_logger()
+    log.info("loading checkpoint %s", resume_from)
     checkpoint = load_checkpoint(resume_from, device)
     trainee.model.load_state_dict(checkpoint.model.state_dict())
     checkpoint.restore(trainee.optimizer)

@@ -18,7 +18,8 @@ import threading
 from types import FrameType
 
 from ringtrain.ring import open_rings
-from ringtrain.trainer.logs import get_logger
+from ringtrain.trainer.logs import FILE_ONLY, get_logger
+from ringtrain.trainer.outcome import STOPPED, Outcome, env_rank, launched, report_outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -68,7 +69,12 @@ def leave_now(signum: signal.Signals) -> None:
     """End the process during start-up: close every ring cleanly (peers see a rank that
     left, not one that died; names are unlinked), flush the logs, exit 128 + signum."""
     log = get_logger()
-    log.warning("%s during start-up: leaving now (nothing trained yet to save)", signum.name)
+    report_outcome(Outcome(env_rank(), 128 + signum, STOPPED, "during start-up", signum.name))
+    log.warning(  # ringtrain-launch says it once for every rank
+        "%s during start-up: leaving now (nothing trained yet to save)",
+        signum.name,
+        extra=FILE_ONLY if launched() else None,
+    )
     for ring in open_rings():
         ring.close(clean=True)
     for handler in log.handlers:

@@ -33,6 +33,7 @@ from ringtrain.trainer.heldout import EvalSchedule
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import Decision, GroupDecisions
+from ringtrain.trainer.target_progress import TargetProgress
 
 
 def _fill(view: torch.Tensor, values: np.ndarray) -> None:
@@ -101,9 +102,11 @@ def run_target_loop(
     bucket: int,
     producer_index: int,
     stop: StopRequest,
+    progress: TargetProgress,
 ) -> int:
     """Produce batches until the ring closes or a stop is requested (the lead decides for
-    its group); returns the forward passes run."""
+    its group); returns the forward passes run. `progress` counts them, records the run's
+    step in the ring and logs a line every few steps."""
     log = get_logger()
     producer = ring.producer() if decisions.is_lead else None
     spec = ring.spec
@@ -120,7 +123,6 @@ def run_target_loop(
     )
     batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
-    produced = 0
     busy = GpuBusySampler(runner.device)
     started = time.perf_counter()
     if runner.device.type == "cuda" and is_hybrid(runner.config):
@@ -140,12 +142,11 @@ def run_target_loop(
         runner.prefetch(batch.padded(bucket))
         if slot is not None:
             producer.publish(slot, n, docs, meta)
-        produced += 1
-        ring.record_progress(produced)
+        ring.record_progress(progress.forward_done(n))
         ring.report_gpu_busy(busy.sample())
-        if produced == 1:
+        if progress.produced == 1:
             log.info("first batch %s after %.1f s", done, time.perf_counter() - started)
     if producer is not None:
         producer.finish()
-    log.info("target done: %d batches %s", produced, done)
-    return produced
+    log.info("target done: %d batches %s", progress.produced, done)
+    return progress.produced

@@ -1,0 +1,71 @@
+"""How each rank ended, for ringtrain-launch (ringtrain/launch.py) to report once.
+
+Under ringtrain-launch every rank finds a directory named in RINGTRAIN_OUTCOME_DIR and
+writes one small file there as it ends: its exit code, what kind of end it was and the
+message that goes with it. The launcher reads them after torch's launcher has stopped
+every worker and prints one line: the stop (with the step and checkpoint to resume
+from), or the first refusal or failure, once for the whole node. A rank started by
+plain torchrun (no such directory) prints its own messages instead (`launched()` says
+which).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import msgspec
+
+OUTCOME_DIR_ENV = "RINGTRAIN_OUTCOME_DIR"
+
+DONE = "done"  # trained to run.max_steps
+STOPPED = "stopped"  # SIGTERM/SIGINT: stopped at a safe point (after start-up: checkpointed)
+REFUSED = "refused"  # bad input, found before training: alike on every rank
+FAILED = "failed"  # an error of its own while running
+PEER_FAILED = "peer failed"  # stopped because another rank died or failed
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """One rank's end. `step` and `checkpoint` are the lead drafter's (the step reached
+    and the newest checkpoint); `log` is the rank's log file when it had one."""
+
+    rank: int
+    code: int
+    kind: str
+    message: str = ""
+    signal: str = ""
+    step: int | None = None
+    checkpoint: str | None = None
+    log: str | None = None
+    wall: float = 0.0
+
+
+def launched() -> bool:
+    """Whether ringtrain-launch started this rank (and reports its outcome)."""
+    return bool(os.environ.get(OUTCOME_DIR_ENV))
+
+
+def report_outcome(outcome: Outcome) -> None:
+    """Write this rank's outcome for ringtrain-launch (nothing under plain torchrun). The
+    file appears whole (written aside, then renamed), so the launcher never reads half."""
+    directory = os.environ.get(OUTCOME_DIR_ENV)
+    if not directory:
+        return
+    stamped = msgspec.structs.replace(outcome, wall=outcome.wall or time.time())
+    path = Path(directory) / f"rank{outcome.rank}.json"
+    aside = path.with_name(f".{path.name}.{os.getpid()}")
+    aside.write_bytes(msgspec.json.encode(stamped))
+    aside.replace(path)
+
+
+def env_rank() -> int:
+    """This process's global rank as torch's launcher set it."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def read_outcomes(directory: Path) -> list[Outcome]:
+    """The outcomes the ranks wrote into `directory`, by rank."""
+    decoder = msgspec.json.Decoder(Outcome)
+    found = [decoder.decode(path.read_bytes()) for path in directory.glob("rank*.json")]
+    return sorted(found, key=lambda outcome: outcome.rank)
