@@ -20,8 +20,9 @@ from ringtrain.drafter.checkpoint import (
     save_checkpoint,
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
-from ringtrain.drafter.optim import WarmupCosine, resume_settings, schedule_at
+from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.resume_record import ResumeRecord
+from ringtrain.drafter.schedules import WarmupCosine
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,

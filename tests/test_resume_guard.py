@@ -23,12 +23,12 @@ import torch
 from safetensors.torch import load_file
 
 from ringtrain.drafter.checkpoint import WEIGHTS_FILE, latest_checkpoint
-from ringtrain.drafter.optim import WarmupCosine
 from ringtrain.drafter.resume_record import (
     RESUME_FILE,
     encode_resume_record,
     read_resume_record,
 )
+from ringtrain.drafter.schedules import WarmupCosine
 from ringtrain.trainer.run_dir import read_run_id
 from tests.launcher import (
     RUN_TIMEOUT_S,

@@ -386,6 +386,12 @@ def checkpoint_spec(directory: str | Path) -> DrafterSpec:
     return spec
 
 
+def saved_optimizer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The optimiser state dict in a checkpoint directory, its tensors mapped from the file
+    rather than read (cheap: for checks before a resume)."""
+    return _load_state(Path(checkpoint) / STATE_FILE, mmap=True)["optimizer"]
+
+
 def load_checkpoint(
     path_or_root: str | Path, device: torch.device | str, weights: bool = True
 ) -> LoadedCheckpoint:

@@ -57,9 +57,25 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """AdamW with cosine schedule and warm-up (paper defaults)."""
+    """The optimiser and its learning-rate schedule (defaults: the paper's AdamW, cosine)."""
 
+    # "adamw": AdamW on every trainable parameter. "muon": Muon (torch.optim.Muon) on the
+    # decoder layers' weight matrices (attention and MLP projections) and AdamW, in the
+    # same step, on the rest: the input projection fc (the drafter's first layer, which
+    # the Muon authors leave to AdamW like embeddings and output layers) and the norms.
+    # Muon's step on each matrix is scaled by 0.2 * sqrt(max(rows, cols)) (torch's
+    # adjust_lr_fn = "match_rms_adamw"), which gives it the RMS of a typical AdamW update:
+    # so one lr (and one weight_decay) serves both parts, with their AdamW values. A
+    # checkpoint resumes only under the optimiser that wrote it.
+    name: Literal["adamw", "muon"] = "adamw"
     lr: Annotated[float, msgspec.Meta(gt=0.0)] = 6e-4
+    # Muon's (Nesterov) momentum; the AdamW part uses beta1 and beta2.
+    muon_momentum: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.95
+    # "cosine": linear warm-up, then cosine to min_lr_ratio * lr. "wsd" (warmup-stable-
+    # decay): linear warm-up, lr held, then over the last decay_fraction of the steps a
+    # 1 - sqrt decay to min_lr_ratio * lr (see ringtrain.drafter.schedules).
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    decay_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
     min_lr_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     warmup_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.04
     weight_decay: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0

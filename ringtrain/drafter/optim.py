@@ -1,123 +1,200 @@
-"""AdamW with linear warm-up and cosine decay, the optimiser step, and resuming both.
+"""The optimisers ([optim] name) with their schedule, the optimiser step, and resuming both.
 
-Parameters stay fp32 (master weights); compute runs under bf16 autocast on GPU. Weight
-decay applies to matrices only, never to norm weights. The fused AdamW kernel is used on
-CUDA and the foreach one elsewhere. The step clips the gradients and skips the update
+By config name (`OPTIMIZERS`):
+
+- ``adamw``: AdamW on every trainable parameter, weight decay on matrices only.
+- ``muon``: Muon on the decoder layers' weight matrices (`hidden_matrices`), AdamW (as
+  above) on the rest, in one optimiser (drafter/muon.py). Muon's lr is adjusted per matrix
+  by torch's "match_rms_adamw" rule, so optim.lr and optim.weight_decay mean for it what
+  they mean for AdamW (see OptimConfig).
+
+Every param group names the algorithm that steps it (`ALGORITHM_KEY`), so an optimiser
+state dict says which optimiser wrote it (`saved_optimizer_name`). Parameters stay fp32
+(master weights); compute runs under bf16 autocast on GPU. The fused AdamW kernel is used
+on CUDA and the foreach one elsewhere. The step clips the gradients and skips the update
 when their norm is not finite (one host sync per step for that decision).
 
-On resume the optimiser's moments come from the checkpoint, but its settings and the
-schedule follow the config: `resume_settings` applies lr, betas, eps and weight decay and
-says what changed, `schedule_at` rebuilds the schedule over the configured number of
-steps, continuing from the saved step (a longer run.max_steps stretches the cosine).
+On resume the optimiser's state (moments, momenta) comes from the checkpoint, but its
+settings and the schedule follow the config: `resume_settings` applies lr, betas, eps,
+weight decay and Muon's momentum and says what changed, `schedule_at` rebuilds the
+schedule (drafter/schedules.py) over the configured number of steps, continuing from the
+saved step (a longer run.max_steps stretches it). Another optimiser than the
+checkpoint's is refused before that (trainer/plan.py): its state cannot continue.
 """
 
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 import torch
 from torch import nn
 
 from ringtrain.drafter.config import OptimConfig
+from ringtrain.drafter.muon import MuonAdamW
+from ringtrain.drafter.schedules import saved_schedule_fields, schedule_of
+
+# The param-group key naming the algorithm that steps the group; groups saved before it
+# existed are AdamW's (the only optimiser then).
+ALGORITHM_KEY = "algorithm"
 
 
-class WarmupCosine:
-    """LR multiplier: linear warm-up over warmup_fraction of the steps, then cosine to min_lr_ratio.
+def _adamw_settings(cfg: OptimConfig) -> list[dict[str, Any]]:
+    """AdamW's group settings: matrices (with weight decay), then everything else."""
+    common = {"betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, ALGORITHM_KEY: "adamw"}
+    return [{**common, "weight_decay": cfg.weight_decay}, {**common, "weight_decay": 0.0}]
 
-    Holds plain numbers only, so LambdaLR's state_dict stays a plain dict.
-    """
 
-    def __init__(self, total_steps: int, warmup_fraction: float, min_lr_ratio: float) -> None:
-        self.total_steps = total_steps
-        self.warmup_steps = max(1, round(warmup_fraction * total_steps))
-        self.min_lr_ratio = min_lr_ratio
+def _adamw(cfg: OptimConfig, params: list[nn.Parameter]) -> torch.optim.AdamW:
+    """AdamW over `params`: weight decay on the matrices, none on vectors (norm weights)."""
+    on_cuda = bool(params) and params[0].is_cuda
+    matrices = [p for p in params if p.ndim >= 2]
+    vectors = [p for p in params if p.ndim < 2]
+    groups = zip((matrices, vectors), _adamw_settings(cfg), strict=True)
+    return torch.optim.AdamW(
+        [{"params": group_params, **settings} for group_params, settings in groups],
+        lr=cfg.lr,
+        fused=on_cuda,
+        foreach=None if on_cuda else True,
+    )
 
-    def __call__(self, step: int) -> float:
-        """The learning-rate multiplier at `step` (0-based)."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable weight matrices of the model's decoder layers (`layers.*`): what Muon
+    steps. The input projection, norms and biases are left out (AdamW's)."""
+    return [
+        param
+        for name, param in model.named_parameters()
+        if param.requires_grad and param.ndim == 2 and name.startswith("layers.")
+    ]
+
+
+class AdamWOnAll:
+    """``adamw``: AdamW on every trainable parameter."""
+
+    @staticmethod
+    def group_settings(cfg: OptimConfig) -> list[dict[str, Any]]:
+        """Each param group's settings, in group order."""
+        return _adamw_settings(cfg)
+
+    @staticmethod
+    def build(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+        """The optimiser over `model`'s trainable parameters."""
+        return _adamw(cfg, [p for p in model.parameters() if p.requires_grad])
+
+
+class MuonOnHidden:
+    """``muon``: Muon on the decoder layers' matrices, AdamW on the rest."""
+
+    @staticmethod
+    def group_settings(cfg: OptimConfig) -> list[dict[str, Any]]:
+        """Each param group's settings, in group order: Muon's, then AdamW's."""
+        muon = {"momentum": cfg.muon_momentum, "weight_decay": cfg.weight_decay}
+        return [{**muon, ALGORITHM_KEY: "muon"}, *_adamw_settings(cfg)]
+
+    @staticmethod
+    def build(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+        """The optimiser over `model`'s trainable parameters."""
+        hidden = hidden_matrices(model)
+        if not hidden:
+            raise ValueError(
+                f"optim.name = 'muon' found no decoder-layer weight matrices (layers.*) in "
+                f"the {type(model).__name__} to apply Muon to; use optim.name = 'adamw'"
+            )
+        muon_ids = {id(p) for p in hidden}
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in muon_ids]
+        muon = torch.optim.Muon(
+            [{"params": hidden, **MuonOnHidden.group_settings(cfg)[0]}],
+            lr=cfg.lr,
+            adjust_lr_fn="match_rms_adamw",
+        )
+        return MuonAdamW(muon, _adamw(cfg, rest))
+
+
+OPTIMIZERS: dict[str, type[AdamWOnAll | MuonOnHidden]] = {"adamw": AdamWOnAll, "muon": MuonOnHidden}
+_CONFIG_CHOICES = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
+if set(_CONFIG_CHOICES) != OPTIMIZERS.keys():
+    raise ImportError(
+        f"[optim] name choices {_CONFIG_CHOICES} (drafter/config.py) and the optimisers "
+        f"{sorted(OPTIMIZERS)} (drafter/optim.py) differ: list each optimiser in both"
+    )
 
 
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters and its warm-up + cosine LambdaLR."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    on_cuda = bool(params) and params[0].is_cuda
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=on_cuda,
-        foreach=None if on_cuda else True,
-    )
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The optimiser cfg.name names over the trainable parameters, and cfg's schedule."""
+    optimizer = OPTIMIZERS[cfg.name].build(model, cfg)
     return optimizer, schedule_at(optimizer, cfg, total_steps, 0)
+
+
+def saved_optimizer_name(optimizer_state: dict[str, Any]) -> str:
+    """The optim.name whose optimiser wrote `optimizer_state` (a state_dict)."""
+    algorithms = {group.get(ALGORITHM_KEY, "adamw") for group in optimizer_state["param_groups"]}
+    return "muon" if "muon" in algorithms else "adamw"
 
 
 def schedule_at(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, step: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """The warm-up + cosine schedule over `total_steps` from cfg.lr, positioned after `step`
-    completed steps (every group's lr set to the one of step `step` + 1)."""
+    """cfg's schedule over `total_steps` from cfg.lr, positioned after `step` completed
+    steps (every group's lr set to the one of step `step` + 1)."""
     if total_steps < 1:
         raise ValueError(f"total_steps={total_steps}: the schedule needs at least one step")
     for group in optimizer.param_groups:
         group["initial_lr"] = cfg.lr
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        WarmupCosine(total_steps, cfg.warmup_fraction, cfg.min_lr_ratio),
-        last_epoch=step - 1,
+        optimizer, schedule_of(cfg, total_steps), last_epoch=step - 1
     )
+
+
+def _group_values(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """The [optim] settings as the param groups hold them, by config key (each from the
+    first group holding it; the first group always has weight decay)."""
+    first = groups[0]
+    values = {"optim.lr": first.get("initial_lr", first["lr"])}
+    for group in groups:
+        if group.get(ALGORITHM_KEY, "adamw") == "muon":
+            values.setdefault("optim.muon_momentum", group["momentum"])
+        else:
+            values.setdefault("optim.beta1", group["betas"][0])
+            values.setdefault("optim.beta2", group["betas"][1])
+            values.setdefault("optim.eps", group["eps"])
+    values["optim.weight_decay"] = first["weight_decay"]
+    return values
+
+
+def _schedule_values(fields: dict[str, Any], cfg: OptimConfig) -> dict[str, Any]:
+    """The schedule settings in saved schedule `fields`, by config key (cfg's where the
+    fields do not hold one)."""
+    return {
+        "optim.schedule": fields.get("schedule", cfg.schedule),
+        "optim.min_lr_ratio": fields.get("min_lr_ratio", cfg.min_lr_ratio),
+        "optim.decay_fraction": fields.get("decay_fraction", cfg.decay_fraction),
+    }
 
 
 def resume_settings(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, saved_schedule: dict[str, Any]
 ) -> list[str]:
     """Apply cfg's settings to an optimizer whose state was just loaded from a checkpoint
-    (saved under the schedule `saved_schedule`, a LambdaLR state dict); returns one
-    "key saved -> now" line per setting the config changed."""
-    decay_group = optimizer.param_groups[0]
+    of the same optimiser (saved under the schedule `saved_schedule`, a LambdaLR state
+    dict); returns one "key saved -> now" line per setting the config changed."""
     saved = {
-        "optim.lr": decay_group.get("initial_lr", decay_group["lr"]),
-        "optim.beta1": decay_group["betas"][0],
-        "optim.beta2": decay_group["betas"][1],
-        "optim.eps": decay_group["eps"],
-        "optim.weight_decay": decay_group["weight_decay"],
-        "optim.min_lr_ratio": _saved_lambda(saved_schedule).get("min_lr_ratio", cfg.min_lr_ratio),
+        **_group_values(optimizer.param_groups),
+        **_schedule_values(saved_schedule_fields(saved_schedule), cfg),
     }
-    now = {
-        "optim.lr": cfg.lr,
-        "optim.beta1": cfg.beta1,
-        "optim.beta2": cfg.beta2,
-        "optim.eps": cfg.eps,
-        "optim.weight_decay": cfg.weight_decay,
-        "optim.min_lr_ratio": cfg.min_lr_ratio,
-    }
-    for group, weight_decay in zip(optimizer.param_groups, (cfg.weight_decay, 0.0), strict=True):
-        group.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=weight_decay)
+    settings = OPTIMIZERS[cfg.name].group_settings(cfg)
+    for group, group_settings in zip(optimizer.param_groups, settings, strict=True):
+        group.update(group_settings, initial_lr=cfg.lr)
+    now = {**_group_values(optimizer.param_groups), **_schedule_values({}, cfg)}
     return [f"{key} {saved[key]} -> {now[key]}" for key in now if saved[key] != now[key]]
-
-
-def _saved_lambda(saved_schedule: dict[str, Any]) -> dict[str, Any]:
-    """The WarmupCosine fields a LambdaLR state dict holds (empty when it holds none)."""
-    lambdas = saved_schedule.get("lr_lambdas") or [None]
-    return lambdas[0] or {}
 
 
 def saved_schedule_length(saved_schedule: dict[str, Any]) -> tuple[int | None, int | None]:
     """(total steps, warm-up steps) of the schedule a checkpoint was written under."""
-    fields = _saved_lambda(saved_schedule)
+    fields = saved_schedule_fields(saved_schedule)
     return fields.get("total_steps"), fields.get("warmup_steps")
 
 

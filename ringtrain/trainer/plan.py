@@ -30,9 +30,10 @@ from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.data.batching import max_docs_per_batch
 from ringtrain.data.prepare import load_tokenizer
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
-from ringtrain.drafter.checkpoint import checkpoint_spec
-from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.checkpoint import checkpoint_spec, saved_optimizer_state
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.mask_token import choose_mask_token
+from ringtrain.drafter.optim import saved_optimizer_name
 from ringtrain.drafter.resume_record import (
     CheckpointFormatError,
     StreamIdentity,
@@ -84,6 +85,19 @@ def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
         f"({differences}); resume with the original config and target, or start a new "
         "run directory"
     )
+
+
+def check_resume_optimizer(checkpoint: Path, cfg: OptimConfig) -> None:
+    """Raise ConfigError if `checkpoint` was trained with another optimiser than cfg.name
+    (its state, moments or momenta, cannot continue under another one)."""
+    saved = saved_optimizer_name(saved_optimizer_state(checkpoint))
+    if saved != cfg.name:
+        raise ConfigError(
+            f"--resume: optim.name is {cfg.name!r} but checkpoint {checkpoint} was trained "
+            f"with {saved!r}; its optimiser state does not carry over to another optimiser: "
+            f"resume with optim.name = {saved!r}, or start a new run (--overwrite, or another "
+            "run.run_dir)"
+        )
 
 
 # How messages name each field of StreamIdentity (the setting, or what of the dataset);
@@ -194,6 +208,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     if checkpoint is not None:
         check_resume_spec(checkpoint, spec)
         check_resume_stream(checkpoint, stream, announce=info.rank == 0)
+        check_resume_optimizer(checkpoint, config.optim)
     cuda = info.device.type == "cuda"
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32

@@ -316,12 +316,11 @@ def _resumed_state(
     if saved_total is not None and saved_total != total:
         changes.append(f"run.max_steps {saved_total} -> {total}")
     trainee.scheduler = schedule_at(trainee.optimizer, config.optim, total, checkpoint.step)
-    warmup = trainee.scheduler.lr_lambdas[0].warmup_steps
     log.info(
-        "resumed from %s at step %d; schedule: step %d of %d, lr %.4g (warm-up %d steps, "
-        "cosine from optim.lr %g to %g of it)", resume_from, checkpoint.step, checkpoint.step,
-        total, trainee.scheduler.get_last_lr()[0], warmup, config.optim.lr,
-        config.optim.min_lr_ratio,
+        "resumed from %s at step %d; schedule: step %d of %d, lr %.4g (optim.lr %g; %s)",
+        resume_from, checkpoint.step, checkpoint.step, total,
+        trainee.scheduler.get_last_lr()[0], config.optim.lr,
+        trainee.scheduler.lr_lambdas[0].describe(),
     )  # fmt: skip
     for change in changes:
         log.info("resume applies the config's setting: %s", change)
