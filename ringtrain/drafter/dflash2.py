@@ -173,3 +173,35 @@ class DFlash2Drafter(DFlashDrafter):
         hidden = self.draft_hidden(head, ctx_features, ctx_positions, block_ids, block_positions)
         logits = self.head_logits(head, hidden[1:])
         return self.candidate_selector.walk(hidden[1:], logits, block_ids[0])
+
+
+def selector_loss_sum(
+    selector: CandidateSelector,
+    rows: torch.Tensor,
+    lm_head: torch.Tensor,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
+    """Sum of row_weights * CE of the selector over each scored slot's top-k candidates.
+
+    rows [A * (B-1), H] are the final hidden states of slots 1..B-1, labels [A, B] the true
+    tokens of slots 0..B-1 (slot 0: the anchor) and row_weights [A, B-1]. Slot k is scored
+    after its true predecessor (the label of slot k - 1, as the walk would have it had
+    every earlier slot been right) and labelled with its true token's index among the
+    candidates; a slot whose true token misses the top-k adds nothing. `chunk` rows of
+    logits are formed at a time; the logits keep their gradient, as the unary scores.
+    """
+    predecessors = labels[:, :-1].reshape(-1)
+    targets = labels[:, 1:].reshape(-1)
+    weights = row_weights.reshape(-1)
+    total = rows.new_zeros((), dtype=torch.promote_types(lm_head.dtype, torch.float32))
+    for start in range(0, rows.shape[0], chunk):
+        part = slice(start, start + chunk)
+        logits = rows[part].to(lm_head.dtype) @ lm_head.t()
+        unary, candidates = logits.to(total.dtype).topk(selector.top_k, dim=-1)
+        scores = selector.scores(rows[part], unary, candidates, predecessors[part])
+        hits = candidates == targets[part, None]
+        loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
+        total = total + (loss * weights[part] * hits.any(-1)).sum()
+    return total
