@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from ringtrain.drafter.dflash2 import DFlash2Drafter
 from ringtrain.drafter.model import DFlashDrafter
 from ringtrain.drafter.spec import DrafterSpec
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {"dflash": DFlashDrafter}
+ARCHITECTURES: dict[str, type[nn.Module]] = {"dflash": DFlashDrafter, "dflash2": DFlash2Drafter}
 
 
 def build_drafter(spec: DrafterSpec) -> nn.Module:

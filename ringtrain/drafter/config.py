@@ -13,6 +13,10 @@ import msgspec
 class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Drafter architecture and training-block sampling. Zero means "follow the target"."""
 
+    # The drafter's model class (drafter/architectures.py): "dflash", or "dflash2" (DFlash
+    # plus a two-tap dynamic convolution around every attention and MLP and a top-k path
+    # selector; its checkpoint is what the engines load as DFlash2DraftModel).
+    architecture: Literal["dflash", "dflash2"] = "dflash"
     num_layers: Annotated[int, msgspec.Meta(ge=1)] = 5
     block_size: Annotated[int, msgspec.Meta(ge=2)] = 16
     # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
@@ -46,6 +50,15 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # declare is_causal). Full-attention layers are bidirectional either way; the
     # checkpoint's config.json says which, so every engine computes what was trained.
     sliding_attention: Literal["bidirectional", "causal"] = "bidirectional"
+    # DFlash2 only (the serving engines' defaults): taps of the in-block convolution, channels
+    # sharing one dynamic tap correction, rank of the selector's token codebooks, and the
+    # candidates per slot the selector walks through.
+    conv_kernel_size: Annotated[int, msgspec.Meta(ge=1)] = 2
+    conv_group_size: Annotated[int, msgspec.Meta(ge=1)] = 16
+    selector_rank: Annotated[int, msgspec.Meta(ge=1)] = 256
+    selector_top_k: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # DFlash2 only: weight of the selector's cross-entropy over the top-k candidates.
+    selector_loss_weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     # Most anchors per batch (a static shape); 0: ceil(num_anchors * max_tokens / anchor_ref_len).
     max_anchors: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Rows of the LM head + cross-entropy computed at once.

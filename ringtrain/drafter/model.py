@@ -7,8 +7,8 @@ Parameter names match the DFlash checkpoint layout (`layers.N.self_attn.q_proj.w
 `fc.weight`, `hidden_norm.weight`, `norm.weight`, ...), so state_dict() is saved as is.
 
 Two entry points share one layer stack: `forward` (training: many blocks of a packed batch,
-flex_attention with a BlockMask) and `draft_logits` / `draft_tokens` (speculative decoding
-of one sequence: dense SDPA, the block sees all of the context before it). Sliding layers
+flex_attention with a BlockMask) and `draft_hidden` / `draft_logits` / `propose` (speculative
+decoding of one sequence: dense SDPA, the block sees all of the context before it). Sliding layers
 limit a block token at position q to keys with q - kv < window, and with
 ``spec.sliding_causal`` also to kv <= q (block tokens 0..k for slot k).
 """
@@ -153,10 +153,13 @@ def _dense_attend(
 class DFlashDrafter(nn.Module):
     """The drafter: fc + hidden_norm over the taps, `num_layers` decoder layers, final norm."""
 
+    # The decoder layer of this architecture (a variant swaps in its own, same signature).
+    layer_class: type[nn.Module] = DecoderLayer
+
     def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
         self.spec = spec.validate()
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(spec) for _ in range(spec.num_layers))
         self.fc = nn.Linear(spec.num_taps * spec.hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -222,7 +225,7 @@ class DFlashDrafter(nn.Module):
         return self._run(ctx_features, ctx_positions, block_embeds, block_positions, attends)
 
     @torch.no_grad()
-    def draft_logits(
+    def draft_hidden(
         self,
         head: FrozenHead,
         ctx_features: torch.Tensor,
@@ -230,11 +233,11 @@ class DFlashDrafter(nn.Module):
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
     ) -> torch.Tensor:
-        """Inference entry: logits [B, V] (fp32, or fp64 for an fp64 head) of one block after the context of one sequence.
+        """Inference entry: final hidden states [B, H] of one block after the context of one sequence.
 
         ctx_features [n, K*H] are the tapped target states of the tokens before the block
         (positions ctx_positions [n]); block_ids [B] = [last accepted token, MASK...] at
-        block_positions [B]. Slot k's logits predict the token at block_positions[k].
+        block_positions [B]. Runs under bf16 autocast on CUDA.
         """
         device = block_ids.device
         with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
@@ -250,11 +253,43 @@ class DFlashDrafter(nn.Module):
                     if self.spec.sliding_causal:
                         mask = mask & (distance >= 0)
                 attends.append(partial(_dense_attend, mask=mask, scale=scale))
-            hidden = self._run(
+            return self._run(
                 ctx_features.to(embeds.dtype), ctx_positions, embeds, block_positions, attends
             )
-            logits = hidden.to(head.lm_head.dtype) @ head.lm_head.t()
-            return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    @staticmethod
+    def head_logits(head: FrozenHead, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states [N, H] (fp32, or fp64 for an fp64 head)."""
+        logits = hidden.to(head.lm_head.dtype) @ head.lm_head.t()
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    @torch.no_grad()
+    def draft_logits(
+        self,
+        head: FrozenHead,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [B, V] of one block (arguments as draft_hidden); slot k's logits predict
+        the token at block_positions[k]."""
+        hidden = self.draft_hidden(head, ctx_features, ctx_positions, block_ids, block_positions)
+        return self.head_logits(head, hidden)
+
+    @torch.no_grad()
+    def propose(
+        self,
+        head: FrozenHead,
+        ctx_features: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The B-1 tokens this drafter proposes for block slots 1..B-1 (greedy: each slot's
+        argmax; arguments as draft_hidden)."""
+        logits = self.draft_logits(head, ctx_features, ctx_positions, block_ids, block_positions)
+        return logits[1:].argmax(-1)
 
     @torch.no_grad()
     def draft_tokens(
@@ -271,5 +306,4 @@ class DFlashDrafter(nn.Module):
         block_ids = torch.full((block_size,), self.spec.mask_token_id, device=device)
         block_ids[0] = last_token
         positions = start_position + torch.arange(block_size, device=device)
-        logits = self.draft_logits(head, ctx_features, ctx_positions, block_ids, positions)
-        return logits[1:].argmax(-1)
+        return self.propose(head, ctx_features, ctx_positions, block_ids, positions)

@@ -16,6 +16,7 @@ from ringtrain.batch import PackedRows
 from ringtrain.drafter.architectures import drafter_of
 from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.dflash2 import selector_loss_sum
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
 from ringtrain.drafter.masks import BlockMaskBuilder
@@ -29,6 +30,8 @@ class _Workspace:
     def __init__(self, model: nn.Module, spec, cfg: DrafterConfig, layout, device) -> None:
         ctx_capacity, max_anchors = layout
         self.spec = spec
+        # DFlash2: its path selector, trained beside the block objective.
+        self.selector = getattr(drafter_of(model), "candidate_selector", None)
         self.objective: Objective = objective_of(cfg)
         self.builder = BlockMaskBuilder(
             ctx_capacity,
@@ -141,6 +144,10 @@ def score_blocks(
             cfg.loss_chunk,
             workspace.chunk_fns,
         )
+        if workspace.selector is not None:
+            loss_sum = loss_sum + cfg.selector_loss_weight * selector_loss_sum(
+                workspace.selector, rows, head.lm_head, batch.labels, weights, cfg.loss_chunk
+            )
     hits = correct.view(num_blocks, block - 1) & scored
     accepted = hits.long().cumprod(1).sum(1)
     sums = workspace.objective.sums_type(

@@ -16,6 +16,10 @@ from ringtrain.drafter.config import DrafterConfig
 
 # The paper's loss decay per block size (w_k = exp(-(k-1)/gamma)).
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+# config.json "architectures" entry of each drafter architecture (what the engines load).
+HF_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+# The dflash_config keys only DFlash2 checkpoints carry (engine defaults in DrafterConfig).
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +45,11 @@ class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
     sliding_causal: bool = False
     # The drafter's model class, by its name in drafter/architectures.py.
     architecture: str = "dflash"
+    # DFlash2 only: in-block convolution taps and group size, selector rank and top-k.
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
 
     @property
     def num_taps(self) -> int:
@@ -85,7 +94,26 @@ class DrafterSpec(msgspec.Struct, frozen=True, kw_only=True):
                 f"[drafter] sliding_windows {list(self.sliding_windows)}: all sliding layers "
                 "must share one window (a Qwen3 config.json holds one sliding_window)"
             )
+        if self.architecture == "dflash2":
+            self._validate_dflash2()
         return self
+
+    def _validate_dflash2(self) -> None:
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(
+                f"[drafter] conv_group_size={self.conv_group_size} must divide the hidden size "
+                f"{self.hidden_size}"
+            )
+        if self.conv_kernel_size > self.block_size:
+            raise ValueError(
+                f"[drafter] conv_kernel_size={self.conv_kernel_size} exceeds "
+                f"block_size={self.block_size}; the convolution never reaches past a block"
+            )
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(
+                f"[drafter] selector_top_k={self.selector_top_k} exceeds the vocabulary "
+                f"({self.vocab_size} tokens)"
+            )
 
 
 def text_config_dict(target_config: Any) -> dict[str, Any]:
@@ -136,6 +164,8 @@ def drafter_spec_from_target(
         num_target_layers=int(tc["num_hidden_layers"]),
         sliding_windows=tuple(cfg.sliding_windows) or (0,) * cfg.num_layers,
         sliding_causal=cfg.sliding_attention == "causal" and any(cfg.sliding_windows),
+        architecture=cfg.architecture,
+        **{key: getattr(cfg, key) for key in DFLASH2_KEYS},
     )
     if spec.intermediate_size <= 0:
         raise ValueError("target config has no intermediate_size; set [drafter] intermediate_size")
@@ -176,7 +206,7 @@ def hf_config_dict(spec: DrafterSpec) -> dict[str, Any]:
     window = max(spec.sliding_windows)
     causal = causality_keys(spec)
     return {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [HF_ARCHITECTURES[spec.architecture]],
         "model_type": "qwen3",
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_layers,
@@ -209,8 +239,33 @@ def hf_config_dict(spec: DrafterSpec) -> dict[str, Any]:
             "mask_token_id": spec.mask_token_id,
             "target_layer_ids": list(spec.tap_layers),
             **({"causal": causal["is_causal"]} if causal else {}),
+            **architecture_keys(spec),
         },
     }
+
+
+def architecture_keys(spec: DrafterSpec) -> dict[str, int]:
+    """The dflash_config keys of the spec's architecture beyond DFlash's (DFlash2: its four)."""
+    if spec.architecture != "dflash2":
+        return {}
+    return {key: getattr(spec, key) for key in DFLASH2_KEYS}
+
+
+def architecture_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The DrafterSpec fields naming a config.json's architecture (and DFlash2's keys)."""
+    names = {hf: name for name, hf in HF_ARCHITECTURES.items()}
+    declared = [names[a] for a in config.get("architectures") or [] if a in names]
+    architecture = declared[0] if declared else "dflash"
+    if architecture != "dflash2":
+        return {"architecture": architecture}
+    dflash = config["dflash_config"]
+    missing = [key for key in DFLASH2_KEYS if key not in dflash]
+    if missing:
+        raise ValueError(
+            f"a DFlash2DraftModel config.json needs dflash_config keys {missing}; the engines "
+            "refuse a DFlash2 drafter without them"
+        )
+    return {"architecture": architecture, **{key: int(dflash[key]) for key in DFLASH2_KEYS}}
 
 
 def layer_causality(config: Mapping[str, Any], layer_types: list[str]) -> list[bool]:
@@ -257,6 +312,7 @@ def spec_from_hf_config(config: Mapping[str, Any]) -> DrafterSpec:
             num_target_layers=int(config["num_target_layers"]),
             sliding_windows=tuple(window if t == "sliding_attention" else 0 for t in layer_types),
             sliding_causal=_sliding_causal(config, list(layer_types)),
+            **architecture_of(config),
         ).validate()
     except KeyError as exc:
         raise ValueError(f"drafter config.json lacks the key {exc}; not a DFlash drafter") from None

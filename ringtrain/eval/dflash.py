@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
-from ringtrain.drafter import DFlashDrafter, DrafterSpec, FrozenHead, latest_checkpoint
+from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter, latest_checkpoint
 from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
 from ringtrain.eval.target import VerifyingTarget
 
@@ -57,9 +58,11 @@ def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) ->
 
 
 class DFlashBlockDrafter:
-    """Greedy block proposals of a DFlashDrafter over one sequence's target features."""
+    """Greedy block proposals of a drafter (any of drafter/architectures.py) over one
+    sequence's target features; the drafter's own `propose` picks the tokens (DFlash: each
+    slot's argmax; DFlash2: its path selector's walk), and verification stays a chain."""
 
-    def __init__(self, model: DFlashDrafter, head: FrozenHead, max_positions: int) -> None:
+    def __init__(self, model: nn.Module, head: FrozenHead, max_positions: int) -> None:
         spec = model.spec
         self.model = model
         self.head = head
@@ -76,14 +79,13 @@ class DFlashBlockDrafter:
             self._positions = positions = torch.arange(
                 2 * (start + self.block_size), device=positions.device
             )
-        logits = self.model.draft_logits(
+        return self.model.propose(
             self.head,
             context,
             positions[:start],
             block,
             positions[start : start + self.block_size],
         )
-        return logits[1:].argmax(-1)
 
 
 def load_dflash_drafter(
@@ -99,7 +101,7 @@ def load_dflash_drafter(
             f"loaded with taps {target.tap_layers}; load the target with the drafter's taps"
         )
     with torch.device(target.device):
-        model = DFlashDrafter(spec)
+        model = build_drafter(spec)
     model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(target.device)))
     model.eval().requires_grad_(False)
     if target.device.type != "cuda":

@@ -1,0 +1,278 @@
+"""DFlash2 drafters: the checkpoint an engine loads, its computation, its proposals, training.
+
+`EngineDFlash2` is written here from the engines' published structure (docs/dflash2.md),
+not from ringtrain's modules: it reads config.json the way the engines do, loads
+model.safetensors strictly (no missing, no unexpected tensor), and drafts one block.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from ringtrain.drafter import (
+    FrozenHead,
+    ResumeRecord,
+    build_drafter,
+    build_optimizer,
+    drafter_spec_from_target,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ringtrain.drafter.config import OptimConfig
+from ringtrain.drafter.dflash2 import DFlash2Drafter
+from ringtrain.drafter.model import DFlashDrafter
+from tests.launcher import run_training, step_records
+from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, train
+
+DFLASH2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4}
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [heads, N, D] rotated by the neox pairing of the two halves."""
+    dim = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = positions.double()[:, None] * inv[None, :]
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), -1) * sin
+
+
+class EngineConv(nn.Module):
+    """`prepare` / `finish` of the engines' grouped dynamic convolution."""
+
+    def __init__(self, hidden: int, taps: int, group: int, block: int) -> None:
+        super().__init__()
+        self.taps, self.group, self.block = taps, group, block
+        self.base_kernel = nn.Parameter(torch.empty(2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * (hidden // group), bias=False)
+
+    def conv(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(self.taps):
+                if t % self.block >= j:
+                    coef = self.base_kernel[side, j] + delta[t, j].repeat_interleave(self.group)
+                    out[t] += coef * x[t - j]
+        return out
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        delta = self.kernel_projection(x).view(x.shape[0], 2, self.taps, -1)
+        return self.conv(x, delta[:, 0], 0), delta[:, 1]
+
+    def finish(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return self.conv(x, delta, 1)
+
+
+class EngineLayer(nn.Module):
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        hidden, heads, kv, dim = (c[k] for k in ("hidden_size", "num_attention_heads",
+                                                "num_key_value_heads", "head_dim"))  # fmt: skip
+        self.c = c
+        self.self_attn = nn.Module()
+        for name, rows in (("q_proj", heads * dim), ("k_proj", kv * dim), ("v_proj", kv * dim)):
+            setattr(self.self_attn, name, nn.Linear(hidden, rows, bias=False))
+        self.self_attn.o_proj = nn.Linear(heads * dim, hidden, bias=False)
+        self.self_attn.q_norm = nn.Module()
+        self.self_attn.q_norm.weight = nn.Parameter(torch.empty(dim))
+        self.self_attn.k_norm = nn.Module()
+        self.self_attn.k_norm.weight = nn.Parameter(torch.empty(dim))
+        self.mlp = nn.Module()
+        for name, shape in (("gate_proj", (hidden, c["intermediate_size"])),
+                            ("up_proj", (hidden, c["intermediate_size"])),
+                            ("down_proj", (c["intermediate_size"], hidden))):  # fmt: skip
+            setattr(self.mlp, name, nn.Linear(*shape, bias=False))
+        self.input_layernorm = nn.Module()
+        self.input_layernorm.weight = nn.Parameter(torch.empty(hidden))
+        self.post_attention_layernorm = nn.Module()
+        self.post_attention_layernorm.weight = nn.Parameter(torch.empty(hidden))
+        d = c["dflash_config"]
+        args = (hidden, d["conv_kernel_size"], d["conv_group_size"], d["block_size"])
+        self.attention_conv = EngineConv(*args)
+        self.mlp_conv = EngineConv(*args)
+
+    def attend(self, x: torch.Tensor, ctx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Block queries; keys/values of [context ; block]; no mask (non-causal, full)."""
+        a, c, eps = self.self_attn, self.c, self.c["rms_norm_eps"]
+        heads, kv, dim = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        theta = c["rope_parameters"]["rope_theta"]
+        keys_in = torch.cat((ctx, x))
+        q = rms(a.q_proj(x).view(len(x), heads, dim), a.q_norm.weight, eps).transpose(0, 1)
+        k = rms(a.k_proj(keys_in).view(len(keys_in), kv, dim), a.k_norm.weight, eps)
+        v = a.v_proj(keys_in).view(len(keys_in), kv, dim).transpose(0, 1)
+        q = rope(q, positions[len(ctx) :], theta)
+        k = rope(k.transpose(0, 1), positions, theta)
+        k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+        weights = torch.softmax(q @ k.transpose(1, 2) / dim**0.5, dim=-1)
+        return a.o_proj((weights @ v).transpose(0, 1).reshape(len(x), -1))
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        eps = self.c["rms_norm_eps"]
+        h, d = self.attention_conv.prepare(rms(x, self.input_layernorm.weight, eps))
+        x = x + self.attention_conv.finish(self.attend(h, ctx, positions), d)
+        h, d = self.mlp_conv.prepare(rms(x, self.post_attention_layernorm.weight, eps))
+        m = self.mlp
+        return x + self.mlp_conv.finish(m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h)), d)
+
+
+class EngineDFlash2(nn.Module):
+    """A DFlash2DraftModel as the engines lay it out, built from a config.json dict."""
+
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        self.c = c
+        d, hidden = c["dflash_config"], c["hidden_size"]
+        self.layers = nn.ModuleList(EngineLayer(c) for _ in range(c["num_hidden_layers"]))
+        self.fc = nn.Linear(len(d["target_layer_ids"]) * hidden, hidden, bias=False)
+        self.hidden_norm = nn.Module()
+        self.hidden_norm.weight = nn.Parameter(torch.empty(hidden))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.empty(hidden))
+        self.candidate_selector = nn.Module()
+        vocab, rank = c["vocab_size"], d["selector_rank"]
+        self.candidate_selector.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.candidate_selector.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.candidate_selector.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def hidden(self, taps: torch.Tensor, embeds: torch.Tensor, start: int) -> torch.Tensor:
+        eps = self.c["rms_norm_eps"]
+        ctx = rms(self.fc(taps), self.hidden_norm.weight, eps)
+        positions = torch.arange(start + len(embeds))
+        x = embeds
+        for layer in self.layers:
+            x = layer(x, ctx, positions)
+        return rms(x, self.norm.weight, eps)
+
+    def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int) -> list[int]:
+        """The lattice of every candidate pair, then the greedy walk over it (as vLLM)."""
+        s, k = self.candidate_selector, self.c["dflash_config"]["selector_top_k"]
+        unary, ids = logits.topk(k, dim=-1)
+        before = torch.cat((torch.full((1, k), anchor), ids[:-1]))
+        gate = s.predecessor_codebook[before] * s.hidden_projection(hidden)[:, None]
+        lattice = unary[:, None, :] + torch.einsum("lpr,lcr->lpc", gate, s.successor_codebook[ids])
+        path, row = [], 0
+        for slot in range(len(ids)):
+            row = int(lattice[slot, row].argmax())
+            path.append(int(ids[slot, row]))
+        return path
+
+
+def _randomise(model: nn.Module, seed: int) -> None:
+    """Every parameter random (so no initial identity hides a wrong wiring)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * 0.3)
+            if param.dim() == 1:
+                param.add_(1.0)
+
+
+def _write_checkpoint(tmp_path: Path, model: nn.Module) -> Path:
+    optimizer, scheduler = build_optimizer(model, OptimConfig(), 10)
+    return save_checkpoint(
+        tmp_path, 3, model, model.spec, optimizer, scheduler, ResumeRecord(step=3)
+    )
+
+
+def test_checkpoint_loads_into_the_engine_layout_and_drafts_the_same(tmp_path: Path) -> None:
+    cfg = make_cfg(sliding_windows=[0, 0], **DFLASH2)
+    model = build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    assert isinstance(model, DFlash2Drafter)
+    _randomise(model, 1)
+    path = _write_checkpoint(tmp_path, model)
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
+    dflash = config["dflash_config"]
+    assert {k: dflash[k] for k in ("conv_kernel_size", "conv_group_size")} == {
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+    }
+    assert (dflash["selector_rank"], dflash["selector_top_k"], dflash["block_size"]) == (8, 4, 8)
+
+    engine = EngineDFlash2(config).double()
+    weights = load_file(str(path / "model.safetensors"))
+    result = engine.load_state_dict({k: v.double() for k, v in weights.items()}, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+
+    gen = torch.Generator().manual_seed(5)
+    head = FrozenHead(*torch.randn(2, 64, 32, generator=gen, dtype=torch.float64))
+    taps = torch.randn(11, 96, generator=gen, dtype=torch.float64)
+    block = torch.tensor([9] + [model.spec.mask_token_id] * 7)
+    ours = model.draft_logits(head, taps, torch.arange(11), block, 11 + torch.arange(8))
+    with torch.no_grad():
+        hidden = engine.hidden(taps, head.embed[block], 11)
+        theirs = hidden @ head.lm_head.t()
+        path = engine.walk(hidden[1:], theirs[1:], 9)
+    # fp64 everywhere except the RoPE tables, which ringtrain (as the engines) builds in fp32.
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    proposed = model.propose(head, taps, torch.arange(11), block, 11 + torch.arange(8))
+    assert proposed.tolist() == path
+    assert proposed.tolist() != theirs[1:].argmax(-1).tolist(), "the selector changed nothing"
+
+
+def test_checkpoint_round_trips_as_dflash2(tmp_path: Path) -> None:
+    model = build_drafter(drafter_spec_from_target(TARGET, make_cfg(**DFLASH2), TAPS))
+    loaded = load_checkpoint(_write_checkpoint(tmp_path, model), "cpu")
+    assert isinstance(loaded.model, DFlash2Drafter)
+    assert loaded.spec == model.spec
+
+
+def test_a_fresh_dflash2_drafter_computes_what_dflash_computes() -> None:
+    spec2 = drafter_spec_from_target(TARGET, make_cfg(**DFLASH2), TAPS)
+    spec1 = drafter_spec_from_target(TARGET, make_cfg(), TAPS)
+    torch.manual_seed(0)
+    dflash2 = build_drafter(spec2).double()
+    dflash = DFlashDrafter(spec1).double()
+    shared = {k: v for k, v in dflash2.state_dict().items() if k in dflash.state_dict()}
+    dflash.load_state_dict(shared)
+    gen = torch.Generator().manual_seed(2)
+    head = FrozenHead(*torch.randn(2, 64, 32, generator=gen, dtype=torch.float64))
+    taps = torch.randn(30, 96, generator=gen, dtype=torch.float64)
+    args = (head, taps, torch.arange(30), torch.tensor([4] + [63] * 7), 30 + torch.arange(8))
+    torch.testing.assert_close(dflash2.draft_logits(*args), dflash.draft_logits(*args))
+    assert dflash2.propose(*args).tolist() == dflash.propose(*args).tolist()
+
+
+def test_bad_dflash2_settings_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="conv_group_size=12 must divide"):
+        drafter_spec_from_target(TARGET, make_cfg(conv_group_size=12, **DFLASH2), TAPS)
+    with pytest.raises(ValueError, match="selector_top_k=65 exceeds"):
+        drafter_spec_from_target(TARGET, make_cfg(**{**DFLASH2, "selector_top_k": 65}), TAPS)
+
+
+def test_dflash2_trains_its_convolutions_and_selector() -> None:
+    cfg, _, head, batch = make_setup(0, **DFLASH2)
+    torch.manual_seed(0)
+    model = build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    successor = model.candidate_selector.successor_codebook.detach().clone()
+    projection = model.layers[0].attention_conv.kernel_projection.weight.detach().clone()
+    losses = train(model, head, batch, cfg, range(30))
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
+    assert not torch.equal(model.candidate_selector.successor_codebook, successor)
+    assert not torch.equal(model.layers[0].attention_conv.kernel_projection.weight, projection)
+
+
+@pytest.mark.slow
+def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    overrides = ['drafter.architecture="dflash2"', "run.max_steps=40", "run.eval_every=0",
+                 "run.checkpoint_every=40", "run.name=d2"]  # fmt: skip
+    proc = run_training(run_dir, 1, 1, overrides)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    losses = [r["loss"] for r in step_records(run_dir)]
+    assert len(losses) == 40
+    # The loss holds the selector's CE too; 30 steps took it from 6.6 to 6.1 (5-step means).
+    assert sum(losses[-5:]) < 0.95 * sum(losses[:5])
+    config = json.loads(next((run_dir / "checkpoints").glob("step_*/config.json")).read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
