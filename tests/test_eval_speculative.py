@@ -99,16 +99,17 @@ def test_drafter_sees_the_targets_tapped_features(target_dir: Path) -> None:
     torch.testing.assert_close(last, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_cache_and_recompute_modes_agree(tmp_path: Path) -> None:
+def test_every_verification_mode_agrees(tmp_path: Path) -> None:
     directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    own = load_verifying_target(directory, TAPS)
     cached = load_verifying_target(directory, TAPS, mode="cache")
     recomputed = load_verifying_target(directory, TAPS, mode="recompute")
-    assert (cached.mode, recomputed.mode) == ("cache", "recompute")
+    assert (own.mode, cached.mode, recomputed.mode) == ("own", "cache", "recompute")
     prompt = _prompt(10, seed=1)
     greedy = greedy_generate(cached, prompt, 30)
     sequence = prompt.tolist() + greedy.tokens
     runs = []
-    for target in (cached, recomputed):
+    for target in (own, cached, recomputed):
         drafter = ScriptedDrafter(sequence, 3, target.vocab_size)
         runs.append(speculative_generate(target, drafter, prompt, 30))
         torch.testing.assert_close(
@@ -117,7 +118,12 @@ def test_cache_and_recompute_modes_agree(tmp_path: Path) -> None:
             rtol=1e-4,
             atol=1e-4,
         )
-    assert runs[0].tokens == runs[1].tokens == greedy.tokens
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens == greedy.tokens
+    # The own cache of one target serves a second prompt (its position starts again).
+    second = _prompt(14, seed=3)
+    expected = greedy_generate(cached, second, 20).tokens
+    drafter = ScriptedDrafter(second.tolist() + expected, 3, own.vocab_size)
+    assert speculative_generate(own, drafter, second, 20).tokens == expected
 
 
 def test_stop_token_ends_both_decodings(tmp_path: Path) -> None:
@@ -135,8 +141,9 @@ def test_stop_token_ends_both_decodings(tmp_path: Path) -> None:
 
 def test_cache_mode_is_refused_for_hybrid_targets(tmp_path: Path) -> None:
     directory = build_tiny_target(tmp_path / "hybrid", seed=5, hybrid=True)
-    with pytest.raises(ValueError, match="recompute"):
-        load_verifying_target(directory, TAPS, mode="cache")
+    for mode in ("own", "cache"):
+        with pytest.raises(ValueError, match="recompute"):
+            load_verifying_target(directory, TAPS, mode=mode)
     assert load_verifying_target(directory, TAPS).mode == "recompute"
 
 

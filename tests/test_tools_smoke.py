@@ -208,11 +208,28 @@ def test_bench_generate_on_cpu() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tools.bench.bench_generate", "--device", "cpu",
          "--dtype", "float32", "--prompts", "4", "--prompt-lengths", "4:8",
-         "--max-new-tokens", "4", "--variants", "dynamic:4"],
+         "--max-new-tokens", "4", "--variants", "dynamic:4,own:4"],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=True,
     )  # fmt: skip
-    row = json.loads(proc.stdout.splitlines()[0])
-    assert (row["variant"], row["prompts"], row["new_tokens"]) == ("dynamic:4", 4, 16)
+    rows = [json.loads(line) for line in proc.stdout.splitlines()[:2]]
+    assert [(r["variant"], r["prompts"], r["new_tokens"]) for r in rows] == [
+        ("dynamic:4", 4, 16),
+        ("own:4", 4, 16),
+    ]
+    assert rows[1]["agree"] == 1.0  # float32: the own cache answers as transformers' does
+
+
+@pytest.mark.scripts
+def test_bench_verify_on_cpu() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.bench_verify", "--device", "cpu",
+         "--dtype", "float32", "--prompt-length", "8", "--blocks", "3", "--block-size", "4",
+         "--greedy-tokens", "2"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=True,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in proc.stdout.splitlines()[:2]]
+    assert [r["mode"] for r in rows] == ["own", "cache"]
+    assert rows[1]["agree"] == 1.0  # float32: both caches verify the same choices
 
 
 @pytest.mark.scripts

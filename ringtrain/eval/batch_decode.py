@@ -20,19 +20,19 @@ sliding-window and linear-attention layers keep state this cache does not model.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 KERNELS = ("matmul", "sdpa")
 BATCH_DECODE = "ringtrain_batch_decode"
 # Decode steps between two checks whether every row has stopped (each check syncs).
 STOP_CHECK_EVERY = 16
-# Eager steps before a CUDA graph is captured (the allocator and kernels settle).
-WARMUP_STEPS = 2
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +80,23 @@ class DecodeCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.offsets = torch.arange(length, device=device)
         self.kernel = kernel
+
+    @property
+    def length(self) -> int:
+        """Positions the cache holds."""
+        return int(self.offsets.shape[0])
 
     def write(
         self, layer: int, key: torch.Tensor, value: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this forward's keys/values (a prompt from position 0, or one step at
-        ``position``); return the layer's whole buffers."""
-        keys, values = self.keys[layer], self.values[layer]
-        if key.shape[2] == 1:
-            keys.index_copy_(2, self.position, key)
-            values.index_copy_(2, self.position, value)
-        else:
-            keys[:, :, : key.shape[2]].copy_(key)
-            values[:, :, : key.shape[2]].copy_(value)
-        return keys, values
+        """Store this forward's q positions of keys/values from ``position`` on (the caller
+        advances ``position``); return the layer's whole buffers."""
+        index = self.position + self.offsets[: key.shape[2]]
+        self.keys[layer].index_copy_(2, index, key)
+        self.values[layer].index_copy_(2, index, value)
+        return self.keys[layer], self.values[layer]
 
 
 def batch_decode_attention(
@@ -108,14 +110,26 @@ def batch_decode_attention(
     decode_cache: DecodeCache | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: keys/values go through ``decode_cache``; the
-    prompt's forward is SDPA over the prompt, a step's is ``one_token_attention``."""
+    """transformers' attention interface: keys/values go through ``decode_cache``. A
+    one-token query runs ``one_token_attention`` over the whole cache; a longer one (a
+    prompt, a verified block) SDPA over the cache's first ``mask.shape[-1]`` positions.
+    Without a ``decode_cache`` (a forward with transformers' own cache) it is SDPA's."""
     if decode_cache is None:
-        raise RuntimeError(f"the {BATCH_DECODE} attention runs only inside decode_batch")
-    keys, values = decode_cache.write(module.layer_idx, key, value)
-    if query.shape[2] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    keys, values = decode_cache.write(module.layer_idx, key, value)
+    if query.shape[2] != 1:
+        visible = attention_mask.shape[-1]
+        return sdpa_attention_forward(
+            module,
+            query,
+            keys[:, :, :visible],
+            values[:, :, :visible],
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return one_token_attention(
@@ -124,6 +138,8 @@ def batch_decode_attention(
 
 
 AttentionInterface.register(BATCH_DECODE, batch_decode_attention)
+# Forwards with transformers' own cache (no decode_cache) get SDPA's mask as well.
+AttentionMaskInterface.register(BATCH_DECODE, sdpa_mask)
 
 
 @dataclass
@@ -174,16 +190,21 @@ def _step(model: PreTrainedModel, cache: DecodeCache, state: StepState) -> None:
     state.positions += 1
 
 
-def _captured_step(
-    model: PreTrainedModel, cache: DecodeCache, state: StepState
-) -> torch.cuda.CUDAGraph | None:
-    """``_step`` captured as a CUDA graph (not run), or None when capture fails."""
+def captured(step: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
+    """``step`` captured (not run) as a CUDA graph, after a first run on a side stream
+    (allocator and kernel choices settle there); None, with a warning, when capture fails.
+    The first run is real: ``step`` must be one the caller wanted run anyway."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            _step(model, cache, state)
+            step()
     except RuntimeError as error:
-        log.warning("decode step not captured as a CUDA graph (%s); decoding eagerly", error)
+        log.warning("step not captured as a CUDA graph (%s); running it eagerly", error)
         return None
     return graph
 
@@ -239,20 +260,14 @@ def _decode_steps(
 ) -> None:
     """Run ``steps`` decode steps (captured once and replayed when ``graph``), stopping
     early once every row has stopped."""
-    captured = None
-    if graph and steps > WARMUP_STEPS:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                _step(model, cache, state)
-        torch.cuda.current_stream().wait_stream(side)
-        steps -= WARMUP_STEPS
-        captured = _captured_step(model, cache, state)
+    replayed = None
+    if graph and steps > 1:
+        replayed = captured(lambda: _step(model, cache, state))
+        steps -= 1
     for done in range(steps):
         if done % STOP_CHECK_EVERY == 0 and bool(state.done.all()):
             return
-        if captured is not None:
-            captured.replay()
+        if replayed is not None:
+            replayed.replay()
         else:
             _step(model, cache, state)

@@ -152,6 +152,7 @@ def speculative_generate(
     block_size = drafter.block_size
     prompt_len = int(prompt_ids.shape[0])
     capacity = prompt_len + max_new_tokens + block_size
+    target.reserve(capacity)
     sequence = torch.empty(capacity, dtype=torch.long, device=device)
     features = torch.empty(capacity, target.tap_width, dtype=target.dtype, device=device)
     block = torch.full((block_size,), drafter.mask_token_id, dtype=torch.long, device=device)

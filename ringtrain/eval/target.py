@@ -5,9 +5,12 @@ forward hooks that copy the tapped layers' OUTPUTS of the newest positions into 
 caller-given buffer, and offers the two forwards speculative decoding needs: a prefill
 over the prompt and a verification over one block.
 
-Two verification modes:
-- ``cache``: a KV cache that is cut back to the accepted tokens after every block.
-  Only targets whose every layer is plain full attention can be cut back exactly.
+Three verification modes:
+- ``own``: batch_decode's cache of one row, cut back by setting its position; every
+  verification has the same shapes and is replayed as a CUDA graph on CUDA
+  (ringtrain.eval.own_verify). Only targets whose every layer is plain full attention.
+- ``cache``: transformers' own KV cache, cut back to the accepted tokens after every
+  block (same targets as ``own``; each forward pays the model's Python).
 - ``recompute``: every verification runs over the whole sequence so far plus the block,
   without a cache. Exact for every architecture (hybrid Gated DeltaNet targets keep
   recurrent states that cannot be rolled back), and cheap for short toy sequences.
@@ -23,9 +26,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from ringtrain.eval.batch_decode import BATCH_DECODE
+from ringtrain.eval.own_verify import OwnCacheVerifier
 from ringtrain.target.loader import resolve_dtype
 
-MODES = ("auto", "cache", "recompute")
+MODES = ("auto", "own", "cache", "recompute")
+# Positions an ``own`` verification cache is first made for (grown on demand, by this step).
+CAPACITY_STEP = 1024
 
 
 def supports_cache_rollback(config: object) -> bool:
@@ -66,10 +73,11 @@ class VerifyingTarget:
                     f"(valid 0..{len(layers) - 1}); the drafter belongs to another target"
                 )
         rollback = supports_cache_rollback(config)
-        if mode == "cache" and not rollback:
+        if mode in ("own", "cache") and not rollback:
             raise ValueError(
-                "verification mode 'cache' needs a target whose layers are all full attention; "
-                "this one has linear-attention or sliding-window layers: use 'recompute'"
+                f"verification mode {mode!r} needs a target whose layers are all full "
+                "attention; this one has linear-attention or sliding-window layers: use "
+                "'recompute'"
             )
         self.model = model
         self.tap_layers = list(tap_layers)
@@ -77,10 +85,14 @@ class VerifyingTarget:
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.mode = ("cache" if rollback else "recompute") if mode == "auto" else mode
+        self.mode = ("own" if rollback else "recompute") if mode == "auto" else mode
         self.cache_keyword = _cache_keyword(model)
         self._cache: DynamicCache | None = None
+        self._own: OwnCacheVerifier | None = None
         self._dest: torch.Tensor | None = None
+        if self.mode == "own":
+            # Forwards without batch_decode's cache (the greedy reference) stay SDPA's.
+            model.set_attn_implementation(BATCH_DECODE)
         for k, layer in enumerate(self.tap_layers):
             layers[layer].register_forward_hook(self._tap_hook(k))
 
@@ -89,11 +101,22 @@ class VerifyingTarget:
         """Columns of the context features: K tapped layers of H each."""
         return len(self.tap_layers) * self.hidden_size
 
+    def reserve(self, positions: int) -> None:
+        """Make room for sequences of ``positions`` (``own`` mode; the others grow as they go)."""
+        if self.mode != "own" or (self._own is not None and self._own.capacity >= positions):
+            return
+        capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
+        self._own = OwnCacheVerifier(self.model, capacity, self.tap_width, self._set_sink)
+
     def prefill(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Run the prompt [n]; write its taps into ``features`` [n, K*H]; return the next token.
 
         Starts a new sequence (a fresh cache in ``cache`` mode).
         """
+        if self.mode == "own":
+            self.reserve(int(prompt_ids.shape[0]) + 1)
+            with torch.inference_mode():
+                return self._own.prefill(prompt_ids, features)[-1].argmax()
         if self.mode == "cache":
             self._cache = DynamicCache(config=self.model.config)
         logits = self._forward(prompt_ids, features, keep=1)
@@ -107,9 +130,13 @@ class VerifyingTarget:
         ``sequence`` holds the ``committed`` tokens whose taps are known, followed by the
         block [anchor, drafts...] of ``block_size`` tokens. The block's taps go into
         ``features`` [block_size, K*H]. Returns [block_size] token ids: entry k is the
-        target's greedy choice for the position after block position k. In ``cache`` mode
-        the cache then holds all block tokens: call ``rollback`` with the kept count.
+        target's greedy choice for the position after block position k. In the cache
+        modes the cache then holds all block tokens: call ``rollback`` with the kept count.
         """
+        if self.mode == "own":
+            block = sequence[committed : committed + block_size]
+            with torch.inference_mode():
+                return self._own.verify(block, committed, features)
         if self.mode == "cache":
             tokens = sequence[committed : committed + block_size]
         else:
@@ -119,11 +146,18 @@ class VerifyingTarget:
 
     def rollback(self, length: int) -> None:
         """Cut the cache back to its first ``length`` positions (no-op in ``recompute`` mode)."""
+        if self.mode == "own":
+            self._own.rollback(length)
+            return
         if self._cache is None:
             return
         remove = self._cache.get_seq_length() - length
         if remove > 0:
             self._cache.crop(-remove)
+
+    def _set_sink(self, features: torch.Tensor | None) -> None:
+        """Point the tap hooks at ``features`` (None: taps off)."""
+        self._dest = features
 
     def _forward(self, tokens: torch.Tensor, features: torch.Tensor, keep: int) -> torch.Tensor:
         """One forward of ``tokens`` [L]; taps of the last ``features.shape[0]`` positions go
