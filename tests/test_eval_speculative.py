@@ -46,7 +46,7 @@ class ScriptedDrafter:
         truth = self.sequence[start + 1 : start + self.block_size]
         truth = truth + [0] * (self.block_size - 1 - len(truth))
         drafts = [t if k < self.correct else (t + 1) % self.vocab_size for k, t in enumerate(truth)]
-        return torch.tensor(drafts, dtype=torch.long)
+        return torch.tensor(drafts, dtype=torch.long, device=context.device)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["dense", "hybrid"])
@@ -61,7 +61,8 @@ def _prompt(length: int, seed: int) -> torch.Tensor:
 
 def _tapped_features(target: VerifyingTarget, tokens: list[int]) -> torch.Tensor:
     with torch.inference_mode():
-        out = target.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+        ids = torch.tensor([tokens], device=target.device)
+        out = target.model(input_ids=ids, output_hidden_states=True)
     return torch.cat([out.hidden_states[layer + 1][0] for layer in TAPS], dim=-1)
 
 
@@ -155,3 +156,27 @@ def test_mismatch_is_reported() -> None:
     assert not report.lossless
     assert report.mismatches[0]["prompt"] == 3
     assert report.mismatches[0]["position"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_own_mode_replays_verification_as_a_cuda_graph(tmp_path: Path) -> None:
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    own = load_verifying_target(directory, TAPS, device="cuda", dtype="float32")
+    cached = load_verifying_target(directory, TAPS, device="cuda", dtype="float32", mode="cache")
+    for seed in (1, 2):
+        prompt = _prompt(10 + seed, seed=seed)
+        greedy = greedy_generate(cached, prompt, 30)
+        sequence = prompt.tolist() + greedy.tokens
+        runs = []
+        for target in (own, cached):
+            drafter = ScriptedDrafter(sequence, 3, target.vocab_size)
+            runs.append(speculative_generate(target, drafter, prompt, 30))
+            torch.testing.assert_close(
+                drafter.contexts[-1].cpu(),
+                _tapped_features(target, sequence[: drafter.contexts[-1].shape[0]]).cpu(),
+                rtol=1e-4,
+                atol=1e-4,
+            )
+        assert runs[0].tokens == runs[1].tokens == greedy.tokens
+    assert own._own.graph is not None  # captured on the first prompt, replayed after
