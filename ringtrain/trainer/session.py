@@ -293,6 +293,8 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
         model = build_drafter(plan.spec)
     count = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     get_logger().info("drafter built on %s: %s trainable parameters", device, f"{count:,}")
+    scale = model.fit_output_scale(head)
+    get_logger().info("a fresh drafter's output norm: %.4g (fitted to the LM head)", scale)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, head, optimizer, scheduler)
 
