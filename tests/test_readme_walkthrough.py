@@ -69,10 +69,10 @@ def run(root: Path, *command: str) -> str:
 
 
 def train_command(*flags: str) -> list[str]:
-    """README step 3's command by hand (torchrun, here as `python -m torch.distributed.run`)."""
+    """README step 3's command by hand (`ringtrain-launch`, as `python -m ringtrain.launch`)."""
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "ringtrain.main", "--config", "walk.toml", *flags,
+        sys.executable, "-m", "ringtrain.launch", "--standalone", "--nproc-per-node", "2",
+        "--config", "walk.toml", *flags,
     ]  # fmt: skip
 
 
@@ -112,14 +112,15 @@ def trained_stopped_and_resumed(root: Path) -> Path:
         )  # fmt: skip
     try:
         wait_for_step(proc, run_dir, 2, output.read_text)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(RUN_TIMEOUT_S)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(RUN_TIMEOUT_S) == 0, output.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     out = output.read_text()
     assert "tok/s" in out and "loss" in out, out[-3000:]
     stopped = step_records(run_dir)[-1]["step"]
+    assert f"stopped at step {stopped} (SIGTERM), checkpoint" in out and "resume with" in out
     assert stopped < 30 and any((run_dir / "checkpoints").iterdir())
     drafter_log = run_dir / "logs" / "rank1-drafter.log"
     assert "exiting with code 0" in drafter_log.read_text()
