@@ -176,6 +176,24 @@ class DFlashDrafter(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
+    @torch.no_grad()
+    def fit_output_scale(self, head: FrozenHead) -> float:
+        """Start the final norm at the scale where `head` gives logits of unit spread.
+
+        A fresh drafter's block slots carry the mask token's embedding in the residual
+        stream, and the final norm brings it to RMS 1; a trained target's head (tied to
+        its embedding, as in SmolLM2) scores that direction with logits in the tens, so
+        the first loss was far above ln(vocab) and the first gradients huge. The norm's
+        weight starts at 1 / (spread of the head's logits for that state), capped at 1
+        (a head of small weights keeps the Qwen3 initialisation). Returns the scale.
+        """
+        mask_embed = head.embed[self.spec.mask_token_id].float()
+        unit_rms = mask_embed * mask_embed.pow(2).mean().clamp_min(1e-12).rsqrt()
+        spread = float((head.lm_head.float() @ unit_rms).std())
+        scale = min(1.0, 1.0 / spread) if spread > 0 else 1.0
+        self.norm.weight.fill_(scale)
+        return scale
+
     def rope(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ leaves the ring cleanly, or marks it failed so every peer stops within seconds.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from functools import partial
@@ -275,9 +276,19 @@ def _run_drafter(
     )
     ring.set_phase(phases.FIRST_STEP)
     loop.train(state, stop, reporter, save)
+    get_logger().info("drafter weights digest: %s", _weights_digest(trainee.model))
     if reporter is not None:
         reporter.close()
     return state.step
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes, in order: the same on every drafter rank while
+    their gradients are reduced together (the logs show it; a difference is a desync)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for parameter in model.parameters():
+        digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
@@ -293,6 +304,8 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
         model = build_drafter(plan.spec)
     count = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     get_logger().info("drafter built on %s: %s trainable parameters", device, f"{count:,}")
+    scale = model.fit_output_scale(head)
+    get_logger().info("a fresh drafter's output norm: %.4g (fitted to the LM head)", scale)
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, head, optimizer, scheduler)
 

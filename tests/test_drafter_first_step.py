@@ -1,0 +1,62 @@
+"""A fresh drafter's first step against a trained target's tied head: the loss starts near
+ln(vocab), not far above it, and the first gradient is modest.
+
+A trained chat model's embedding rows have norms of a few units (SmolLM2-135M: 3.2 on
+average) and its LM head is the same matrix. The drafter's block slots start as the mask
+token's embedding brought to RMS 1 by the final norm, which such a head scores with a
+logit of row norm x sqrt(hidden) (tens) for the mask token itself."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target
+from tests.tiny_drafter import TAPS, TARGET, make_cfg, objective
+from tools.shared.packed_batch import random_packed_batch
+
+TRAINED_ROW_NORM = 3.2
+VOCAB = TARGET["vocab_size"]
+
+
+def trained_tied_head(seed: int = 0) -> FrozenHead:
+    """A tied embedding/head whose rows have the norm of a trained model's."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(VOCAB, TARGET["hidden_size"], generator=gen, dtype=torch.float64)
+    embed = rows * (TRAINED_ROW_NORM / rows.norm(dim=1, keepdim=True))
+    return FrozenHead(embed, embed)
+
+
+def first_step(fit: bool) -> tuple[float, float]:
+    """(loss, gradient norm) of a fresh drafter's first step, its output scale fitted or not."""
+    cfg = make_cfg()
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    head = trained_tied_head()
+    if fit:
+        model.fit_output_scale(head)
+    batch = random_packed_batch([70, 45, 30], 3 * 32, VOCAB, "cpu", torch.float64, 0)
+    sums = objective(model, head, batch, cfg, seed=0)
+    loss = sums.loss_sum / sums.weight_sum
+    loss.backward()
+    grads = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+    return float(loss.detach()), float(torch.stack(grads).norm())
+
+
+def test_the_first_loss_is_bounded_by_twice_ln_vocab() -> None:
+    unfitted_loss, unfitted_grad = first_step(fit=False)
+    loss, grad = first_step(fit=True)
+    assert unfitted_loss > 2 * math.log(VOCAB), "the head no longer shows the problem"
+    assert loss < 2 * math.log(VOCAB), (
+        f"first-step loss {loss:.2f}, ln(vocab) {math.log(VOCAB):.2f}"
+    )
+    assert grad < unfitted_grad, f"first gradient norm {grad:.2f} (unfitted {unfitted_grad:.2f})"
+
+
+def test_a_head_of_small_weights_keeps_the_unit_norm() -> None:
+    cfg = make_cfg()
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS))
+    small = FrozenHead.random(VOCAB, TARGET["hidden_size"], "cpu", torch.float32)
+    assert model.fit_output_scale(small) == 1.0
+    assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))

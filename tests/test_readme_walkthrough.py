@@ -1,0 +1,145 @@
+"""The README's "Training your own drafter", walked on a tiny chat model written with
+save_pretrained: regenerate --local, prepare, inspect (and --row), train, stop, resume,
+eval and plot, each a real command that exits 0 and prints what the README says."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringtrain.target.tiny import build_tiny_target
+from tests.launcher import RUN_TIMEOUT_S, run_env, step_records, wait_for_step
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+CHATS = [
+    {"messages": [{"role": "user", "content": f"question {i}: tell me about rings"}]}
+    for i in range(6)
+]
+CONFIG = """
+[run]
+name = "walk{pid}"
+run_dir = "{root}/runs/walk"
+device = "cpu"
+max_steps = 30
+log_every = 1
+eval_every = 30
+checkpoint_every = 30
+
+[layout]
+targets_per_node = 1
+drafters_per_node = 1
+
+[data]
+path = "{root}/data/train"
+eval_path = "{root}/data/train"
+token_budget = 256
+max_len = 128
+bucket = 16
+
+[target]
+path = "{root}/models/chat"
+num_taps = 2
+
+[drafter]
+num_layers = 1
+block_size = 8
+num_anchors = 8
+anchor_ref_len = 64
+compile = false
+"""
+
+
+def run(root: Path, *command: str) -> str:
+    """A README command, run from `root`; its output, after checking it exited 0."""
+    proc = subprocess.run(
+        command, cwd=root, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert proc.returncode == 0, (
+        f"{command} exited {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )
+    return proc.stdout + proc.stderr
+
+
+def train_command(*flags: str) -> list[str]:
+    """README step 3's command by hand (`ringtrain-launch`, as `python -m ringtrain.launch`)."""
+    return [
+        sys.executable, "-m", "ringtrain.launch", "--standalone", "--nproc-per-node", "2",
+        "--config", "walk.toml", *flags,
+    ]  # fmt: skip
+
+
+def prepared_dataset(root: Path) -> None:
+    """README step 1: regenerate the chats with the target, prepare and inspect."""
+    build_tiny_target(root / "models" / "chat", hybrid=False, num_layers=6, hidden_size=32)
+    (root / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CHATS))
+    out = run(
+        root, str(BIN / "ringtrain-data"), "regenerate", "--local", "models/chat",
+        "--input", "chats.jsonl", "--output", "data/regenerated.jsonl", "--max-tokens", "40",
+        "--no-progress",
+    )  # fmt: skip
+    assert "6 records regenerated" in out and "answers cut at --max-tokens" in out
+    out = run(
+        root, str(BIN / "ringtrain-data"), "prepare", "--tokenizer", "models/chat",
+        "--input", "data/regenerated.jsonl", "--output", "data/train", "--block-size", "8",
+    )  # fmt: skip
+    assert "6 samples" in out and "training will drop them" in out
+    out = run(root, str(BIN / "ringtrain-data"), "inspect", "data/train", "--block-size", "8")
+    assert "rows" in out
+    out = run(
+        root, str(BIN / "ringtrain-data"), "inspect", "data/train", "--row", "0",
+        "--tokenizer", "models/chat",
+    )  # fmt: skip
+    assert "question 0: tell me about rings" in out and "⟦" in out and "⟧" in out
+
+
+def trained_stopped_and_resumed(root: Path) -> Path:
+    """README steps 2-4: a config, a launch stopped with SIGTERM, then --resume."""
+    (root / "walk.toml").write_text(CONFIG.format(root=root, pid=os.getpid()))
+    run_dir = root / "runs" / "walk"
+    output = root / "train.out"
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            train_command(), cwd=root, env=run_env(), stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for_step(proc, run_dir, 2, output.read_text)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(RUN_TIMEOUT_S) == 0, output.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = output.read_text()
+    assert "tok/s" in out and "loss" in out, out[-3000:]
+    stopped = step_records(run_dir)[-1]["step"]
+    assert f"stopped at step {stopped} (SIGTERM), checkpoint" in out and "resume with" in out
+    assert stopped < 30 and any((run_dir / "checkpoints").iterdir())
+    drafter_log = run_dir / "logs" / "rank1-drafter.log"
+    assert "exiting with code 0" in drafter_log.read_text()
+    run(root, *train_command("--resume"))
+    assert f"resumed from {run_dir / 'checkpoints'}" in drafter_log.read_text()
+    assert f"at step {stopped}; schedule: step {stopped} of 30" in drafter_log.read_text()
+    assert [r["step"] for r in step_records(run_dir)] == list(range(1, 31))
+    return run_dir
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    prepared_dataset(tmp_path)
+    run_dir = trained_stopped_and_resumed(tmp_path)
+    out = run(
+        tmp_path, str(BIN / "ringtrain-eval"), "--target", "models/chat", "--drafter",
+        "runs/walk", "--prompts", "chats.jsonl", "--limit", "2", "--max-new-tokens", "16",
+        "--device", "cpu", "--json",
+    )  # fmt: skip
+    report = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
+    assert "tau_real" in out and report["tau_real"] >= 1.0
+    run(tmp_path, str(BIN / "ringtrain-plot"), str(run_dir), "-o", "run.png")
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"

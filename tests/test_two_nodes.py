@@ -1,0 +1,119 @@
+"""Two nodes on one host: two torchrun agents (`--nnodes 2`, c10d rendezvous on 127.0.0.1)
+run the embedded default, 1 target + 2 drafters each. Each node has a ring of its own,
+the four drafters share one gradient, and a stop and resume of both agents trains what an
+unbroken run trains: the same batches, step by step (the weights themselves differ run to
+run: a fresh drafter's initialisation is not seeded, and which drafter of a node takes
+which batch, and so its anchors, follows timing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from ringtrain.drafter import latest_checkpoint, load_checkpoint
+from tests.launcher import RUN_TIMEOUT_S, run_env, shm_entries, step_records, wait_for_step
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+DRAFTER_RANKS = {1: "drafter", 2: "drafter", 4: "drafter", 5: "drafter"}
+DIGEST = re.compile(r"drafter weights digest: ([0-9a-f]+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_node(
+    run_dir: Path, node: int, port: int, overrides: Sequence[str], resume: bool
+) -> subprocess.Popen:
+    """One node's torchrun agent, in a process group of its own, its output in a file."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+        "--node-rank", str(node), "--nproc-per-node", "3", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"two-nodes-{port}",
+        "-m", "ringtrain.main", "--set", f"run.run_dir={json.dumps(str(run_dir))}",
+        "--set", 'run.device="cpu"', *(a for o in overrides for a in ("--set", o)),
+    ] + (["--resume"] if resume else [])  # fmt: skip
+    output = (run_dir.parent / f"{run_dir.name}.node{node}.out").open("ab")
+    return subprocess.Popen(
+        command, env=run_env(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def run_nodes(
+    run_dir: Path, overrides: Sequence[str], stop_after: int = 0, resume: bool = False
+) -> list[int]:
+    """Both agents to the end (or SIGTERM to both agents' process groups once step
+    `stop_after` is recorded); returns their exit codes."""
+    port = free_port()
+    nodes = [start_node(run_dir, node, port, overrides, resume) for node in (0, 1)]
+    try:
+        if stop_after:
+            wait_for_step(nodes[0], run_dir, stop_after)
+            for proc in nodes:
+                os.killpg(proc.pid, signal.SIGTERM)
+        return [proc.wait(RUN_TIMEOUT_S) for proc in nodes]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(RUN_TIMEOUT_S)
+
+
+def rank_log(run_dir: Path, rank: int, role: str) -> str:
+    return (run_dir / "logs" / f"rank{rank}-{role}.log").read_text()
+
+
+def digests(run_dir: Path) -> set[str]:
+    """The last weights digest each drafter rank of both nodes logged."""
+    return {DIGEST.findall(rank_log(run_dir, r, role))[-1] for r, role in DRAFTER_RANKS.items()}
+
+
+def batches_per_step(run_dir: Path) -> list[list[tuple[int, int, int]]]:
+    """(producer, seq, batch_id) of the batches each step trained, in a fixed order."""
+    return [sorted(tuple(b) for b in r["batches"]) for r in step_records(run_dir)]
+
+
+def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path) -> None:
+    name = f"nodes{os.getpid()}"
+    overrides = [
+        f"run.max_steps={STEPS}", "run.eval_every=0", "run.checkpoint_every=0",
+        "run.log_every=1", f"run.name={name}",
+    ]  # fmt: skip
+    reference = tmp_path / "reference"
+    assert run_nodes(reference, overrides) == [0, 0], (tmp_path / "reference.node0.out").read_text()
+    for node, ranks in ((0, (0, 1, 2)), (1, (3, 4, 5))):
+        for rank in ranks:
+            role = DRAFTER_RANKS.get(rank, "target")
+            assert f"ring {name}-" in rank_log(reference, rank, role)
+            assert re.search(rf"ring {name}-[0-9a-f]+-n{node}\b", rank_log(reference, rank, role))
+    steps = batches_per_step(reference)
+    assert len(steps) == STEPS and all(len(batches) == 4 for batches in steps)
+    assert all({p for p, _, _ in batches} == {0, 1} for batches in steps), "each node's target"
+    assert len(digests(reference)) == 1, "the drafters of the two nodes drifted apart"
+
+    interrupted = tmp_path / "interrupted"
+    run_nodes(interrupted, overrides, stop_after=2)  # the agents exit 1 on SIGTERM
+    for rank in range(6):
+        log = rank_log(interrupted, rank, DRAFTER_RANKS.get(rank, "target"))
+        assert "exiting with code 0" in log, f"rank {rank} did not stop cleanly:\n{log[-2000:]}"
+    stopped = len(step_records(interrupted))
+    assert 2 <= stopped < STEPS
+    checkpoint = latest_checkpoint(interrupted / "checkpoints")
+    assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step == stopped
+    assert run_nodes(interrupted, overrides, resume=True) == [0, 0]
+    assert batches_per_step(interrupted) == steps
+    assert len(digests(interrupted)) == 1
+    assert shm_entries(name) == []
