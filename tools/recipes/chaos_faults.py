@@ -28,9 +28,8 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ringtrain.data.regen_lock import lock_path
 from ringtrain.drafter import read_resume_record
@@ -39,8 +38,23 @@ from ringtrain.drafter.resume_record import RESUME_FILE
 from tests.regenerate_chats import MODEL, assert_all_regenerated, write_chats
 from tools.servers.chat_server import ChatServer, Faults
 
-if TYPE_CHECKING:
-    from tools.recipes.chaos_run import Round
+
+@dataclass
+class Round:
+    """What one round did and found."""
+
+    index: int
+    fault: str
+    planned_s: float  # fault time after launch, as drawn
+    injected_s: float | None = None  # actual fault time after launch (None: never)
+    victim_rank: int | None = None
+    victim_pid: int | None = None
+    stop_s: float | None = None  # fault to launcher exit
+    exit_code: int | None = None
+    named: bool | None = None
+    detail: str | None = None  # corrupt: the damage; regen: what the first client did
+    violations: list[str] = field(default_factory=list)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DAMAGES = ("truncate-weights", "empty-weights", "nan-weights", "truncate-state", "bad-record")

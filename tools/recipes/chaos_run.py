@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -58,6 +58,7 @@ from ringtrain.ring.liveness import process_state
 from ringtrain.trainer.phases import WORK
 from tools.recipes.chaos_faults import (
     Damage,
+    Round,
     check_fallback,
     damage_newest,
     metric_records,
@@ -72,23 +73,6 @@ GENTLE = ("term", "corrupt")  # rounds whose run ends by the launcher's SIGTERM:
 STOP_LIMIT_S = 60.0  # the promise: a fault ends the whole run within this
 GIVE_UP_S = 180.0  # a run still alive this long after its fault is killed (a violation)
 POLL_S = 0.1
-
-
-@dataclass
-class Round:
-    """What one round did and found."""
-
-    index: int
-    fault: str
-    planned_s: float  # fault time after launch, as drawn
-    injected_s: float | None = None  # actual fault time after launch (None: never)
-    victim_rank: int | None = None
-    victim_pid: int | None = None
-    stop_s: float | None = None  # fault to launcher exit
-    exit_code: int | None = None
-    named: bool | None = None
-    detail: str | None = None  # corrupt: the damage; regen: what the first client did
-    violations: list[str] = field(default_factory=list)
 
 
 def torchrun_command(run_dir: Path, name: str, resume: bool, max_steps: int, every: int) -> list:
