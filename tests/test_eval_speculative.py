@@ -108,6 +108,8 @@ def test_every_verification_mode_agrees(tmp_path: Path) -> None:
     assert (own.mode, cached.mode, recomputed.mode) == ("own", "cache", "recompute")
     prompt = _prompt(10, seed=1)
     greedy = greedy_generate(cached, prompt, 30)
+    # The own mode's reference (its cache's one-token step) answers as transformers' does.
+    assert greedy_generate(own, prompt, 30).tokens == greedy.tokens
     sequence = prompt.tolist() + greedy.tokens
     runs = []
     for target in (own, cached, recomputed):
@@ -167,6 +169,7 @@ def test_own_mode_replays_verification_as_a_cuda_graph(tmp_path: Path) -> None:
     for seed in (1, 2):
         prompt = _prompt(10 + seed, seed=seed)
         greedy = greedy_generate(cached, prompt, 30)
+        assert greedy_generate(own, prompt, 30).tokens == greedy.tokens
         sequence = prompt.tolist() + greedy.tokens
         runs = []
         for target in (own, cached):
@@ -179,4 +182,6 @@ def test_own_mode_replays_verification_as_a_cuda_graph(tmp_path: Path) -> None:
                 atol=1e-4,
             )
         assert runs[0].tokens == runs[1].tokens == greedy.tokens
-    assert own._own.graph is not None  # captured on the first prompt, replayed after
+    # Captured on the first prompt, replayed after: verification and the greedy reference.
+    assert own._own.graph is not None
+    assert own._stepper.graph is not None

@@ -119,9 +119,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mode",
         default="auto",
-        choices=["auto", "cache", "recompute"],
-        help="verification with a KV cache cut back after each block (attention-only "
-        "targets) or recomputed over the whole sequence (any target)",
+        choices=["auto", "own", "cache", "recompute"],
+        help="own: ringtrain's cache, verification and the greedy reference replayed as CUDA "
+        "graphs (attention-only targets; the default for them); cache: transformers' cache "
+        "cut back after each block, the reference independent of ringtrain's cache; "
+        "recompute: the whole sequence each block (any target; the default for hybrids)",
     )
     parser.add_argument(
         "--tie-ulps",

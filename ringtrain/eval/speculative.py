@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
+from ringtrain.eval.batch_decode import STOP_CHECK_EVERY
 from ringtrain.eval.target import VerifyingTarget
 from ringtrain.eval.ties import Divergence, TieJudge
 
@@ -197,11 +198,16 @@ def greedy_generate(
     max_new_tokens: int,
     stop_ids: Sequence[int] = (),
 ) -> Generation:
-    """The reference: plain greedy decoding, one token per forward, with the model's own cache.
+    """The reference: plain greedy decoding, one token per forward.
 
-    The cache only ever grows here, so it is exact for every architecture (recurrent
-    states included); it shares nothing with the speculative path.
+    In ``own`` mode on the target's greedy stepper (the own cache's one-token step, a CUDA
+    graph on CUDA: the fair baseline for speed; its equality with transformers' greedy is
+    tested). Otherwise with the model's own cache, which only ever grows here, so it is
+    exact for every architecture (recurrent states included) and shares nothing with
+    the speculative path (``--mode cache`` checks against it).
     """
+    if target.mode == "own":
+        return _greedy_on_stepper(target, prompt_ids, max_new_tokens, stop_ids)
     model = target.model
     device = target.device
     tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
@@ -227,3 +233,36 @@ def greedy_generate(
     _sync(device)
     seconds = time.perf_counter() - started
     return Generation(tokens[:produced].tolist(), [], seconds)
+
+
+def _greedy_on_stepper(
+    target: VerifyingTarget,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+) -> Generation:
+    """Greedy decoding on the target's own-cache stepper; stop tokens are looked for every
+    ``STOP_CHECK_EVERY`` tokens (one host sync each), the answer cut after the first."""
+    device = target.device
+    prompt_len = int(prompt_ids.shape[0])
+    stepper = target.stepper(prompt_len + max_new_tokens + 1)
+    scratch = torch.empty(prompt_len, target.tap_width, dtype=target.dtype, device=device)
+    tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
+    stops = torch.tensor(list(stop_ids) or [-1], dtype=torch.long, device=device)
+    produced = 1
+    _sync(device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        tokens[0] = stepper.prefill(prompt_ids.to(device), scratch)[-1].argmax()
+        while produced < max_new_tokens:
+            if produced % STOP_CHECK_EVERY == 0 and bool(
+                torch.isin(tokens[:produced], stops).any()
+            ):
+                break
+            last = tokens[produced - 1 : produced]
+            tokens[produced] = stepper.verify(last, prompt_len + produced - 1, scratch[:1])[0]
+            produced += 1
+    _sync(device)
+    seconds = time.perf_counter() - started
+    answer = _truncate(tokens[:produced].tolist(), max_new_tokens, stop_ids)
+    return Generation(answer, [], seconds)

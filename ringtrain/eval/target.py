@@ -89,6 +89,7 @@ class VerifyingTarget:
         self.cache_keyword = _cache_keyword(model)
         self._cache: DynamicCache | None = None
         self._own: OwnCacheVerifier | None = None
+        self._stepper: OwnCacheVerifier | None = None
         self._dest: torch.Tensor | None = None
         if self.mode == "own":
             # Forwards without batch_decode's cache (the greedy reference) stay SDPA's.
@@ -107,6 +108,16 @@ class VerifyingTarget:
             return
         capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
         self._own = OwnCacheVerifier(self.model, capacity, self.tap_width, self._set_sink)
+
+    def stepper(self, positions: int) -> OwnCacheVerifier:
+        """``own`` mode: a second cache of one row for plain greedy decoding (verifications
+        of one token, graphed apart from the block verification), of ``positions`` at least."""
+        if self.mode != "own":
+            raise ValueError(f"a greedy stepper needs verification mode 'own', not {self.mode!r}")
+        if self._stepper is None or self._stepper.capacity < positions:
+            capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
+            self._stepper = OwnCacheVerifier(self.model, capacity, self.tap_width, self._set_sink)
+        return self._stepper
 
     def prefill(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Run the prompt [n]; write its taps into ``features`` [n, K*H]; return the next token.
