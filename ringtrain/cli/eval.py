@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -132,7 +133,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="bf16/fp16 only: the largest float32 margin, in units in the last place of the "
         "top logit, for which a divergence from greedy is a numerical tie (0: none)",
     )
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads per process (0: torch's default; with --workers, the CPUs shared "
+        "out: more threads than cores slowed 12 workers several times over)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -182,8 +189,11 @@ def decode_share(
 
     ``prepared``: what ``_prompt_sets`` returned, where this process already read it (a
     worker process reads the prompts itself)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or (
+        max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
+    )
+    if threads:
+        torch.set_num_threads(threads)
     device = _device(args)
     sets, renderer, spec = prepared or _prompt_sets(args)
     first = first_prompt(sets[0].conversations[0], renderer)
