@@ -110,36 +110,36 @@ def batch_decode_attention(
     decode_cache: DecodeCache | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: keys/values go through ``decode_cache``. A
-    one-token query runs ``one_token_attention`` over the whole cache; a longer one (a
-    prompt, a verified block) SDPA over the cache's first ``mask.shape[-1]`` positions.
-    Without a ``decode_cache`` (a forward with transformers' own cache) it is SDPA's."""
-    if decode_cache is None:
+    """transformers' attention interface. With a ``decode_cache`` keys/values go through it
+    and a longer query (a prompt, a verified block) sees its first ``mask.shape[-1]``
+    positions; without one (transformers' own cache) they are the cache's. A one-token
+    query runs ``one_token_attention`` (the cache's kernel, else matmul), a longer one SDPA."""
+    if decode_cache is not None:
+        key, value = decode_cache.write(module.layer_idx, key, value)
+        if query.shape[2] != 1:
+            key, value = (
+                key[:, :, : attention_mask.shape[-1]],
+                value[:, :, : attention_mask.shape[-1]],
+            )
+    if query.shape[2] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    keys, values = decode_cache.write(module.layer_idx, key, value)
-    if query.shape[2] != 1:
-        visible = attention_mask.shape[-1]
-        return sdpa_attention_forward(
-            module,
-            query,
-            keys[:, :, :visible],
-            values[:, :, :visible],
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            **kwargs,
-        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return one_token_attention(
-        query, keys, values, attention_mask, scale, decode_cache.kernel
-    ), None
+    keep = None if attention_mask is None else attention_mask[:, :, -1:, : key.shape[2]]
+    kernel = decode_cache.kernel if decode_cache is not None else "matmul"
+    return one_token_attention(query, key, value, keep, scale, kernel), None
+
+
+def batch_decode_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
+    """SDPA's boolean mask, never skipped, for forwards with transformers' cache: a static
+    cache's unwritten slots must be masked (with a decode_cache the mask is given whole)."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
 
 
 AttentionInterface.register(BATCH_DECODE, batch_decode_attention)
-# Forwards with transformers' own cache (no decode_cache) get SDPA's mask as well.
-AttentionMaskInterface.register(BATCH_DECODE, sdpa_mask)
+AttentionMaskInterface.register(BATCH_DECODE, batch_decode_mask)
 
 
 @dataclass

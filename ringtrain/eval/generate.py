@@ -26,11 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import PreTrainedModel
 
-from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, decode_batch, one_token_attention
+from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, decode_batch
 from ringtrain.eval.target import supports_cache_rollback
 
 # "own": batch_decode's cache and loop; "static"/"dynamic": transformers' generate with
@@ -40,41 +38,6 @@ WIDTH_BUCKET = 64
 # Rows x (longest prompt + new tokens) of one batch: bounds the prefill's attention
 # scores (transformers' masked SDPA materialises them) and the cache.
 MAX_BATCH_TOKENS = 1 << 19
-GROUPED_DECODE = "ringtrain_grouped_decode"
-
-
-def grouped_decode_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, None]:
-    """Attention for transformers' attention interface; one-token queries read K/V once.
-
-    ``query`` [B, Hq, q, D], ``key``/``value`` [B, Hkv, L, D]; returns [B, q, Hq, D] as
-    every attention function of the interface does. Prefill (q > 1) is SDPA's.
-    """
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    keep = None if attention_mask is None else attention_mask[:, :, -1:, : key.shape[2]]
-    return one_token_attention(query, key, value, keep, scale, "matmul"), None
-
-
-def grouped_decode_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
-    """SDPA's boolean mask, never skipped: a static cache's unwritten slots must be masked."""
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
-
-AttentionInterface.register(GROUPED_DECODE, grouped_decode_attention)
-AttentionMaskInterface.register(GROUPED_DECODE, grouped_decode_mask)
 
 
 @contextmanager
@@ -219,9 +182,7 @@ class DecodeOptions:
 
     def attention(self) -> str | None:
         """The attention implementation decoding runs with (None: the model's own)."""
-        if self.cache == "own":
-            return BATCH_DECODE
-        return GROUPED_DECODE if self.grouped_attention else None
+        return BATCH_DECODE if self.cache == "own" or self.grouped_attention else None
 
 
 def greedy_answers(
