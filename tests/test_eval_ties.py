@@ -37,10 +37,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class NudgedTarget(VerifyingTarget):
-    """Verification forwards (keep > 1) add ``nudge`` to the float logit of ``token``."""
+    """Verification forwards (keep > 1) add ``nudge`` to the float logit of ``token``
+    (transformers' cache: the nudge is added where its forward returns the logits)."""
 
     def __init__(self, model, token: int, nudge: float) -> None:
-        super().__init__(model, TAPS)
+        super().__init__(model, TAPS, mode="cache")
         self.token, self.nudge = token, nudge
 
     def _forward(self, tokens: torch.Tensor, features: torch.Tensor, keep: int) -> torch.Tensor:
