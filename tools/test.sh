@@ -16,6 +16,11 @@ fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$("$root/tools/setup_env.sh")
 cd "$root"
+# Compiled bytecode is kept in the venv, also where PYTHONDONTWRITEBYTECODE is set: without
+# it every process the multi-process tests start (hundreds in a run) compiled torch's and
+# transformers' sources again, 10-30 s each on a busy 2-core machine.
+export PYTHONPYCACHEPREFIX="$venv/pycache"
+unset PYTHONDONTWRITEBYTECODE
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 exec "$venv/bin/python" -m pytest ${quick[@]+"${quick[@]}"} "$@"
