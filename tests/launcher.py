@@ -9,7 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import resources
 from pathlib import Path
+
+from ringtrain.config import Config, parse_config
+from ringtrain.data import BatchStream, open_dataset
 
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
@@ -77,12 +81,12 @@ def run_training(
 
 
 def start_training(
-    run_dir: Path, targets: int, drafters: int, overrides: list[str]
+    run_dir: Path, targets: int, drafters: int, overrides: list[str], resume: bool = False
 ) -> subprocess.Popen[str]:
     """Start a training job in a process group of its own (so a test can signal the whole
     launch) with its output merged on one pipe; returns the running launcher."""
     return subprocess.Popen(
-        torchrun_command(run_dir, targets, drafters, overrides),
+        torchrun_command(run_dir, targets, drafters, overrides, resume),
         env=run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -178,3 +182,34 @@ def launch_command(
         *command[3 : module - 1],
         *command[module + 1 :],
     ]
+
+
+def tiny_config(overrides: list[str]) -> Config:
+    """The embedded default config (ringtrain/tiny.toml) with `overrides` applied."""
+    text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
+    return parse_config(text, "<tiny.toml>", overrides)
+
+
+def expected_batch_ids(run_dir: Path, targets: int, upto: dict[int, int]) -> dict[int, list[int]]:
+    """The batch ids each target's deterministic stream of the embedded default run in
+    `run_dir` yields for seq 0..upto[target]-1."""
+    config = tiny_config([])
+    data = config.data
+    dataset = open_dataset(
+        run_dir / "builtin" / "data",
+        max_len=data.max_len,
+        truncate=data.truncate,
+        block_size=config.drafter.block_size,
+    )
+    expected = {}
+    for target, count in upto.items():
+        stream = BatchStream(
+            dataset,
+            token_budget=data.token_budget,
+            bucket=data.bucket,
+            seed=data.seed,
+            rank=target,
+            world=targets,
+        )
+        expected[target] = [next(stream).batch_id for _ in range(count)]
+    return expected

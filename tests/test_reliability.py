@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,7 @@ import pytest
 import torch
 
 from ringtrain.cli.stat import format_snapshot
-from ringtrain.config import parse_config
-from ringtrain.data import BatchStream, open_dataset, write_synthetic_dataset
+from ringtrain.data import write_synthetic_dataset
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -45,10 +43,12 @@ from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.target.taps import default_tap_layers
 from tests.launcher import (
     RUN_TIMEOUT_S,
+    expected_batch_ids,
     run_env,
     run_training,
     shm_entries,
     step_records,
+    tiny_config,
     torchrun_command,
     trained_batches,
     wait_for_step,
@@ -194,35 +194,6 @@ def test_killed_rank_stops_every_other_rank(
 # ---- SIGTERM to the launcher, then an exact resume ------------------------------------------
 
 
-def _tiny_config(overrides: list[str]):
-    text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
-    return parse_config(text, "<tiny.toml>", overrides)
-
-
-def _expected_batch_ids(run_dir: Path, targets: int, upto: dict[int, int]) -> dict[int, list[int]]:
-    """The batch ids each target's deterministic stream yields for seq 0..upto[target]-1."""
-    config = _tiny_config([])
-    data = config.data
-    dataset = open_dataset(
-        run_dir / "builtin" / "data",
-        max_len=data.max_len,
-        truncate=data.truncate,
-        block_size=config.drafter.block_size,
-    )
-    expected = {}
-    for target, count in upto.items():
-        stream = BatchStream(
-            dataset,
-            token_budget=data.token_budget,
-            bucket=data.bucket,
-            seed=data.seed,
-            rank=target,
-            world=targets,
-        )
-        expected[target] = [next(stream).batch_id for _ in range(count)]
-    return expected
-
-
 def _plant_torn_checkpoints(root: Path, complete: Path) -> None:
     """What a crash mid-save can leave: a temporary copy and a step dir missing a file."""
     shutil.copytree(complete, root / ".tmp-step_99999990-12345")
@@ -278,7 +249,7 @@ def test_sigterm_to_launcher_checkpoints_and_resume_is_exact(tmp_path: Path) -> 
     seqs = {p: sorted(s for q, s, _ in batches if q == p) for p in (0, 1)}
     for target, got in seqs.items():
         assert got == list(range(len(got))), f"target {target} trained seqs {got}"
-    expected = _expected_batch_ids(run_dir, 2, {p: len(s) for p, s in seqs.items()})
+    expected = expected_batch_ids(run_dir, 2, {p: len(s) for p, s in seqs.items()})
     for target in (0, 1):
         got_ids = [b for q, s, b in sorted(batches) if q == target]
         assert got_ids == expected[target], f"target {target} trained other batches"
@@ -348,7 +319,7 @@ def _case_setup(root: Path, inputs: Inputs, case: str) -> list[str]:
         return ["--set", "drafter.hidden_size=128"]
     if case == "resume-other-target":
         other = build_tiny_target(root / "other-target", hidden_size=32, vocab_size=640)
-        cfg = _tiny_config([])
+        cfg = tiny_config([])
         taps = default_tap_layers(8, cfg.target.num_taps)
         spec = drafter_spec_from_target(read_target_config(other), cfg.drafter, taps)
         model = DFlashDrafter(spec)

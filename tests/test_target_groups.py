@@ -34,6 +34,7 @@ from tests.launcher import (
     POLL_S,
     RUN_TIMEOUT_S,
     eval_records,
+    expected_batch_ids,
     run_training,
     shm_entries,
     start_training,
@@ -41,7 +42,7 @@ from tests.launcher import (
     trained_batches,
     wait_for_step,
 )
-from tests.test_reliability import _expected_batch_ids, _pid_alive
+from tests.test_reliability import _pid_alive
 from tests.tiny_families import COMMON, TEXT_FAMILIES, build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
@@ -151,7 +152,7 @@ def test_the_resumed_group_trains_its_stream_exactly_once_and_the_drafter_learns
     # first batches, each once, none skipped.
     batches = trained_batches(records)
     assert sorted((producer, seq) for producer, seq, _ in batches) == [(0, s) for s in range(STEPS)]
-    assert [b for _, _, b in sorted(batches)] == _expected_batch_ids(run_dir, 1, {0: STEPS})[0]
+    assert [b for _, _, b in sorted(batches)] == expected_batch_ids(run_dir, 1, {0: STEPS})[0]
     assert [e["round"] for e in eval_records(run_dir)] == [1]
     assert "split over a tensor-parallel group of 2" in logs["rank1-target.log"]
     assert "batches published" in logs["rank0-target.log"]

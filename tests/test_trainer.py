@@ -14,6 +14,7 @@ from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from tests.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
+    expected_batch_ids,
     run_training,
     shm_entries,
     start_training,
@@ -92,35 +93,6 @@ def test_one_target_two_drafters(tmp_path: Path) -> None:
     assert _mean(losses[-4:]) < _mean(losses[:4])
 
 
-def test_sigterm_then_resume_trains_the_same_batches(tmp_path: Path) -> None:
-    overrides = [
-        "run.max_steps=20",
-        "run.checkpoint_every=0",
-        "run.eval_every=0",
-        "run.name=resume",
-    ]
-    reference_dir = tmp_path / "reference"
-    _assert_ok(run_training(reference_dir, 1, 1, overrides))
-    reference = trained_batches(step_records(reference_dir))
-    assert len(reference) == 20
-
-    run_dir = tmp_path / "interrupted"
-    proc = start_training(run_dir, 1, 1, overrides)
-    wait_for_step(proc, run_dir, 5)
-    os.killpg(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    interrupted = trained_batches(step_records(run_dir))
-    assert 5 <= len(interrupted) < 20, out[-3000:]
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None
-    assert load_checkpoint(checkpoint, "cpu").step == len(interrupted)
-
-    _assert_ok(run_training(run_dir, 1, 1, overrides, resume=True))
-    resumed = trained_batches(step_records(run_dir))
-    assert resumed == reference
-    assert shm_entries("resume") == []
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_clean_run_over_device_slabs_ends_quietly(tmp_path: Path) -> None:
@@ -156,11 +128,15 @@ def test_two_targets_two_drafters_share_gradients_and_evaluate(tmp_path: Path) -
     assert _warnings(run_dir) == []
 
 
-def test_evaluation_rounds_survive_a_kill_and_resume(tmp_path: Path) -> None:
+def test_a_kill_and_a_sigterm_resume_to_the_stream_and_every_evaluation_round_once(
+    tmp_path: Path,
+) -> None:
     """Round k is evaluated after step k * eval_every and reported so, a run whose
-    max_steps is no multiple of eval_every gets a last round after it, and a SIGKILL then a
-    resume from the last checkpoint leaves every round in metrics.jsonl exactly once: the
-    round due at the resumed step (which completes steps after its checkpoint) runs again."""
+    max_steps is no multiple of eval_every gets a last round after it. A SIGKILL then a
+    resume from the last checkpoint, then a SIGTERM to the whole launch (which checkpoints
+    the step it stopped at) and a second resume train the target's stream batch by batch as
+    an unbroken run would, and leave every round in metrics.jsonl exactly once: the round
+    due at the resumed step (which completes steps after its checkpoint) runs again."""
     run_dir = tmp_path / "run"
     overrides = ["run.max_steps=28", "run.eval_every=6", "run.checkpoint_every=6"]
     overrides += ["run.log_every=1", "run.name=evalresume"]
@@ -173,9 +149,22 @@ def test_evaluation_rounds_survive_a_kill_and_resume(tmp_path: Path) -> None:
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step < 28
 
+    proc = start_training(run_dir, 1, 1, overrides, resume=True)
+    wait_for_step(proc, run_dir, 14)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    stopped = step_records(run_dir)[-1]["step"]
+    assert 14 <= stopped < 28, out[-3000:]
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None
+    assert load_checkpoint(checkpoint, "cpu").step == stopped, out[-3000:]
+
     resumed = run_training(run_dir, 1, 1, overrides, resume=True)
     _assert_ok(resumed)
-    assert [r["step"] for r in step_records(run_dir)] == list(range(1, 29))
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 29))
+    stream = expected_batch_ids(run_dir, 1, {0: 28})[0]
+    assert trained_batches(records) == [(0, seq, stream[seq]) for seq in range(28)]
     evals = [(e["round"], e["step"]) for e in eval_records(run_dir)]
     assert evals == [(1, 6), (2, 12), (3, 18), (4, 24), (5, 28)]
     assert "eval round 5 after step 28 |" in resumed.stdout
