@@ -18,16 +18,21 @@ from pathlib import Path
 
 import pytest
 
+from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from ringtrain.trainer.outcome import FAILED, PEER_FAILED, REFUSED, STOPPED, Outcome
 from ringtrain.trainer.report import describe_end
 from tests.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
+    expected_batch_ids,
     launch_command,
     run_env,
+    shm_entries,
     step_records,
+    trained_batches,
     wait_for_step,
 )
+from tests.test_reliability import _plant_torn_checkpoints, _rank_log
 
 POLL_S = 0.1
 TORCH_NOISE = ("Traceback", "SignalException", "ChildFailedError", "Logging error")
@@ -98,10 +103,18 @@ def test_ctrl_c_during_start_up_ends_with_one_line_and_130(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_sigterm_stops_cleanly_and_the_resumed_session_reports_the_run(tmp_path: Path) -> None:
+def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path: Path) -> None:
+    """SIGTERM to the launcher only (as a scheduler sends it), after a held-out round: every
+    rank finishes its step and exits 0, the console has one line naming the step and its
+    checkpoint, and nothing is left in /dev/shm. A resume past planted torn checkpoints
+    starts from the complete one, carries the run's held-out figure, tells its own steps
+    from the run's, has its target log the run's step, and trains each target's stream on
+    from where it stopped, no batch skipped or trained twice."""
+    name = f"term{os.getpid()}"
     run_dir = tmp_path / "run"
-    overrides = ["run.max_steps=8", "run.eval_every=2", "run.log_every=1", "run.checkpoint_every=0"]
-    proc, output = _launch(run_dir, 1, 1, overrides)
+    overrides = ["run.max_steps=10", "run.eval_every=2", "run.log_every=1"]
+    overrides += ["run.checkpoint_every=0", f"run.name={name}"]
+    proc, output = _launch(run_dir, 2, 1, overrides)
     try:
         wait_for_step(proc, run_dir, 3, output.read_text)
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -113,25 +126,58 @@ def test_sigterm_stops_cleanly_and_the_resumed_session_reports_the_run(tmp_path:
         text = _finish(proc, output)
     assert proc.returncode == 0, text[-4000:]
     _assert_quiet(text)
+    for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
+        log = _rank_log(run_dir, rank, role)
+        assert "exiting with code 0" in log, f"rank {rank} did not exit cleanly:\n{log[-2000:]}"
+    assert "stopping before step" in _rank_log(run_dir, 2, "drafter")
     stopped = step_records(run_dir)[-1]["step"]
-    checkpoint = run_dir / "checkpoints" / f"step_{stopped:08d}"
+    assert 3 <= stopped < 10 and len(step_records(run_dir)) == stopped, text[-4000:]
+    root = run_dir / "checkpoints"
+    checkpoint = root / f"step_{stopped:08d}"
+    assert (
+        latest_checkpoint(root) == checkpoint and load_checkpoint(checkpoint, "cpu").step == stopped
+    )
     [line] = _launcher_lines(text)
     assert line.startswith(f"ringtrain: stopped at step {stopped} (SIGTERM), checkpoint {checkpoint}: "
                            "resume with ringtrain-launch "), line  # fmt: skip
     assert line.endswith(" --resume"), line
+    assert shm_entries(name) == []
     evaluated = eval_records(run_dir)[-1]
 
-    resumed, resumed_output = _launch(run_dir, 1, 1, overrides, resume=True)
+    _plant_torn_checkpoints(root, checkpoint)
+    assert latest_checkpoint(root) == checkpoint
+    resumed, resumed_output = _launch(run_dir, 2, 1, overrides, resume=True)
     text = _finish(resumed, resumed_output)
     assert resumed.returncode == 0, text[-4000:]
     _assert_quiet(text)
-    progress = [line for line in text.splitlines() if re.search(r"\] step \d+/8 \|", line)]
+    assert f"resumed from {checkpoint} at step {stopped}" in _rank_log(run_dir, 2, "drafter")
+    progress = [line for line in text.splitlines() if re.search(r"\] step \d+/10 \|", line)]
     assert f"tau_sim {evaluated['tau_sim']:.3f} (step {evaluated['step']})" in progress[0], text
-    done = f"done: this session {8 - stopped} steps ({stopped + 1} to 8), "
-    assert done in text and "; run: 8 steps |" in text, text[-4000:]
-    session = (run_dir / "logs" / "rank0-target.log").read_text().split("exiting with code")[1]
+    done = f"done: this session {10 - stopped} steps ({stopped + 1} to 10), "
+    assert done in text and "; run: 10 steps |" in text, text[-4000:]
+    session = _rank_log(run_dir, 0, "target").split("exiting with code")[1]
     steps = [int(s) for s in re.findall(r"INFO step (\d+) \| \d+ batches produced", session)]
     assert steps and min(steps) > stopped, session  # the run's step, not this session's count
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 11))
+    _assert_each_stream_trained_in_order(run_dir, trained_batches(records))
+    assert shm_entries(name) == []
+
+
+def _assert_each_stream_trained_in_order(
+    run_dir: Path, batches: list[tuple[int, int, int]]
+) -> None:
+    """One drafter takes each target's slots in publication order, so each of the two
+    targets' trained sequence numbers must be a gapless prefix of its stream (nothing
+    skipped, nothing twice) and their batch ids the stream's."""
+    assert len(set((p, s) for p, s, _ in batches)) == len(batches), "a batch trained twice"
+    seqs = {p: sorted(s for q, s, _ in batches if q == p) for p in (0, 1)}
+    for target, got in seqs.items():
+        assert got == list(range(len(got))), f"target {target} trained seqs {got}"
+    expected = expected_batch_ids(run_dir, 2, {p: len(s) for p, s in seqs.items()})
+    for target in (0, 1):
+        got_ids = [b for q, s, b in sorted(batches) if q == target]
+        assert got_ids == expected[target], f"target {target} trained other batches"
 
 
 def _outcome(rank: int, kind: str, code: int = 0, wall: float = 0.0, **fields) -> Outcome:
