@@ -135,32 +135,6 @@ def test_resume_follows_the_configured_schedule_and_optimizer_settings(run_dir: 
 
 
 @pytest.mark.slow
-def test_a_second_run_in_a_live_run_directory_is_refused_naming_host_and_pid(
-    run_dir: Path, tmp_path: Path
-) -> None:
-    output = tmp_path / "live.out"
-    live = start_background(run_dir, ["run.max_steps=100000", "run.checkpoint_every=0"], output)
-    try:
-        wait_for_step(live, run_dir, 5, output.read_text)
-        holder = worker_pid(live.pid, 0)
-        # Two processes are enough to be refused (the lock comes before the layout matters).
-        second = run_training(run_dir, 1, 1, [*BASE, "run.max_steps=100000"], resume=True)
-        assert live.poll() is None, output.read_text()[-3000:]
-        os.kill(live.pid, signal.SIGTERM)  # the launcher: the live run checkpoints and ends
-        live.wait(RUN_TIMEOUT_S)
-    finally:
-        stop(live)
-    assert "rank2-drafter0 exiting with code 0" in drafter_log(run_dir)
-    assert second.returncode != 0 and refused_in_preflight(second)
-    named = f"is in use by another run (host {socket.gethostname()}, pid {holder}, since "
-    assert second.stderr.count(named) == 1, second.stderr[-3000:]
-    # The refused run wrote nothing: one session started, each step recorded once.
-    assert [r["event"] for r in metrics_lines(run_dir)].count("start") == 2
-    steps = [r["step"] for r in step_records(run_dir)]
-    assert steps == list(range(1, len(steps) + 1))
-
-
-@pytest.mark.slow
 def test_a_fresh_start_over_checkpoints_needs_overwrite(run_dir: Path) -> None:
     old_run_id = read_run_id(run_dir)
     refused = run_training(run_dir, 1, 1, BASE)
@@ -228,22 +202,42 @@ def test_after_a_crash_resume_supersedes_later_steps_and_cleans_up(run_dir: Path
 
 
 @pytest.mark.slow
-def test_a_checkpoint_the_disk_cannot_hold_fails_naming_path_space_and_need(
+def test_a_second_run_in_a_live_run_directory_is_refused_and_a_full_disk_is_named(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    output = tmp_path / "full.out"
-    proc = start_background(run_dir, ["run.max_steps=100000", "run.checkpoint_every=20"], output)
+    """A second run in the directory of a live one is refused naming the holder's host and
+    pid, and writes nothing; the live run trains on until a checkpoint its disk cannot
+    hold ends it, naming the path, the free space and the need."""
+    output = tmp_path / "live.out"
+    live = start_background(run_dir, ["run.max_steps=100000", "run.checkpoint_every=20"], output)
     try:
-        wait_for_step(proc, run_dir, 6, output.read_text)
+        wait_for_step(live, run_dir, 6, output.read_text)
+        holder = worker_pid(live.pid, 0)
+        # Two processes are enough to be refused (the lock comes before the layout matters).
+        second = run_training(run_dir, 1, 1, [*BASE, "run.max_steps=100000"], resume=True)
+        assert live.poll() is None, output.read_text()[-3000:]
         # The drafter's files may now grow to 400 kB: its next optimiser state cannot.
         limit = 400 * 1024
-        resource.prlimit(worker_pid(proc.pid, 2), resource.RLIMIT_FSIZE, (limit, limit))
-        assert proc.wait(RUN_TIMEOUT_S) != 0
+        resource.prlimit(worker_pid(live.pid, 2), resource.RLIMIT_FSIZE, (limit, limit))
+        assert live.wait(RUN_TIMEOUT_S) != 0
     finally:
-        stop(proc)
+        stop(live)
+    assert second.returncode != 0 and refused_in_preflight(second)
+    named = f"is in use by another run (host {socket.gethostname()}, pid {holder}, since "
+    assert second.stderr.count(named) == 1, second.stderr[-3000:]
+    # The refused run wrote nothing: one session started, each step recorded once.
+    assert [r["event"] for r in metrics_lines(run_dir)].count("start") == 2
+    steps = [r["step"] for r in step_records(run_dir)]
+    assert steps == list(range(1, len(steps) + 1))
+    # The first checkpoint due after the limit fails (step 20 unless the live run passed it
+    # while the second run was refused); the one before it stays the newest.
     text = output.read_text()
-    assert f"writing checkpoint {checkpoint_dir(run_dir, 20)} failed" in text, text[-3000:]
+    failed = re.search(r"writing checkpoint \S*/step_(\d+) failed", text)
+    assert failed is not None, text[-3000:]
+    step = int(failed[1])
+    assert step % 20 == 0, text[-3000:]
+    assert f"writing checkpoint {checkpoint_dir(run_dir, step)} failed" in text
     assert "MiB free and the checkpoint needs about" in text
     root = run_dir / "checkpoints"
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
-    assert latest_checkpoint(root) == checkpoint_dir(run_dir, 4)
+    assert latest_checkpoint(root) == checkpoint_dir(run_dir, max(step - 20, 4))
