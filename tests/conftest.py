@@ -11,9 +11,10 @@ import torch
 from tests.chat_data import write_chats, write_tokenizer
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
-    """One CPU thread: tiny models run fastest so, also when other processes share the cores."""
+    """One CPU thread for a whole module (so also for its module-scoped fixtures): tiny
+    models run fastest so, also when other processes share the cores."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

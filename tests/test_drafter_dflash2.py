@@ -31,6 +31,8 @@ from ringtrain.drafter.model import DFlashDrafter
 from tests.launcher import run_training, step_records
 from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 DFLASH2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4}
 
 

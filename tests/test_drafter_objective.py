@@ -15,6 +15,8 @@ from ringtrain.drafter import ObjectiveSums
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.objective import prepare_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def reference_weights(ces: dict[int, float], gamma: float, alpha: float | None) -> dict[int, float]:
     """Slot weights of one block from its scored slots' CE: decayed, or D-PACE with alpha."""
