@@ -16,7 +16,7 @@ import pytest
 
 from ringtrain.config import Config, ConfigError, parse_config
 from ringtrain.main import embedded_split, main
-from tests.launcher import RUN_TIMEOUT_S, run_env
+from tests.launcher import RUN_TIMEOUT_S, run_env, step_records, trained_batches
 
 
 def embedded_run(processes: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -128,19 +128,28 @@ def test_unwritable_run_dir_is_refused_naming_the_key(
     assert "run.run_dir = " in err and "cannot be written (Not a directory)" in err
 
 
-def test_embedded_default_runs_one_target_two_drafters_without_kernel_notices(
+def test_embedded_default_of_three_processes_trains_one_target_stream_quietly(
     tmp_path: Path,
 ) -> None:
-    """The quickstart's command: 1 target + 2 drafters, and a console free of transformers'
+    """The quickstart's command: 1 target + 2 drafters train the target's stream in full,
+    each batch once, two a step, the loss falls, and the console is free of transformers'
     notices that the Gated DeltaNet and conv1d kernels fall back to torch (on CPU there is
     no other kernel)."""
-    finished = embedded_run(3, tmp_path / "run", "run.max_steps=2", "run.eval_every=0")
+    run_dir = tmp_path / "run"
+    finished = embedded_run(3, run_dir, "run.max_steps=16", "run.eval_every=0")
     assert finished.returncode == 0, finished.stderr[-3000:]
-    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
     assert logs == ["rank0-target.log", "rank1-drafter.log", "rank2-drafter.log"]
-    assert "done: 2 steps" in finished.stdout
+    assert "done: 16 steps" in finished.stdout
     console = finished.stdout + finished.stderr
     assert "falling back to its reference PyTorch implementation" not in console
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 17))
+    assert all(len(r["batches"]) == 2 for r in records)
+    seqs = sorted(seq for _, seq, _ in trained_batches(records))
+    assert seqs == list(range(32)), "one target's stream is trained in full, once"
+    losses = [r["loss"] for r in records]
+    assert sum(losses[-4:]) < sum(losses[:4])
 
 
 def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:

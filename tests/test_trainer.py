@@ -80,19 +80,6 @@ def test_two_targets_one_drafter_learn_and_checkpoint(tmp_path: Path) -> None:
     assert _warnings(run_dir) == []
 
 
-def test_one_target_two_drafters(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_training(run_dir, 1, 2, ["run.max_steps=16", "run.eval_every=0", "run.name=t1d2"])
-    _assert_ok(proc)
-    records = step_records(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 17))
-    assert all(len(r["batches"]) == 2 for r in records)
-    seqs = sorted(seq for _, seq, _ in trained_batches(records))
-    assert seqs == list(range(32)), "one target's stream is trained in full, once"
-    losses = [r["loss"] for r in records]
-    assert _mean(losses[-4:]) < _mean(losses[:4])
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_clean_run_over_device_slabs_ends_quietly(tmp_path: Path) -> None:
