@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -119,14 +120,15 @@ def test_a_kill_and_a_sigterm_resume_to_the_stream_and_every_evaluation_round_on
     tmp_path: Path,
 ) -> None:
     """Round k is evaluated after step k * eval_every and reported so, a run whose
-    max_steps is no multiple of eval_every gets a last round after it. A SIGKILL then a
+    max_steps is no multiple of eval_every gets a last round after it (and a last
+    checkpoint, the newest of the two kept). A SIGKILL then a
     resume from the last checkpoint, then a SIGTERM to the whole launch (which checkpoints
     the step it stopped at) and a second resume train the target's stream batch by batch as
     an unbroken run would, and leave every round in metrics.jsonl exactly once: the round
     due at the resumed step (which completes steps after its checkpoint) runs again."""
     run_dir = tmp_path / "run"
     overrides = ["run.max_steps=28", "run.eval_every=6", "run.checkpoint_every=6"]
-    overrides += ["run.log_every=1", "run.name=evalresume"]
+    overrides += ["run.keep_checkpoints=2", "run.log_every=1", "run.name=evalresume"]
     proc = start_training(run_dir, 1, 1, overrides)
     wait_for_step(proc, run_dir, 7)
     for local_rank in (0, 1):  # the workers outlive a killed torchrun: kill them first
@@ -156,3 +158,13 @@ def test_a_kill_and_a_sigterm_resume_to_the_stream_and_every_evaluation_round_on
     assert evals == [(1, 6), (2, 12), (3, 18), (4, 24), (5, 28)]
     assert "eval round 5 after step 28 |" in resumed.stdout
     assert shm_entries("evalresume") == []
+    # run.keep_checkpoints: only the newest two are kept, over all three sessions, and every
+    # file of a checkpoint has the same mode.
+    root = run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000024", "step_00000028"]
+    assert load_checkpoint(root, "cpu", weights=False).step == 28
+    umask = os.umask(0)
+    os.umask(umask)
+    for checkpoint in root.iterdir():
+        modes = {stat.S_IMODE(file.stat().st_mode) for file in checkpoint.iterdir()}
+        assert modes == {0o666 & ~umask}, checkpoint
