@@ -419,13 +419,13 @@ def table(report: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def save_report(report: dict, recipe: RealRecipe) -> None:
-    """Write the results to $OUT/real_recipe.json (when set) and the run directory."""
+def save_json(report: dict, filename: str, run_dir: Path) -> None:
+    """Write a recipe's results as `filename` into $OUT (when set) and `run_dir`."""
     text = json.dumps(report, indent=2) + "\n"
-    for directory in (os.environ.get("OUT"), recipe.run_dir(recipe.largest)):
+    for directory in (os.environ.get("OUT"), run_dir):
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            (Path(directory) / "real_recipe.json").write_text(text)
+            (Path(directory) / filename).write_text(text)
 
 
 def recipe_parser(description: str) -> argparse.ArgumentParser:
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     args = recipe_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     recipe = load_recipe(args)
     report = run_recipe(recipe)
-    save_report(report, recipe)
+    save_json(report, "real_recipe.json", recipe.run_dir(recipe.largest))
     command = "launch/real_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)
     print(table(report, command.strip()), flush=True)
     evals = report["sizes"][max(report["sizes"])]["eval"].values()

@@ -18,8 +18,6 @@ BENCHMARKS.md lines is printed last.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import sys
@@ -44,6 +42,7 @@ from tools.recipes.real_recipe import (
     recipe_parser,
     recipe_tables,
     run_all,
+    save_json,
     train_command,
     train_rate,
 )
@@ -137,16 +136,6 @@ def run_variant(
     return entry
 
 
-def save_report(report: dict, recipe: RealRecipe) -> None:
-    """Write the results so far to $OUT/real_variants.json (when set) and the variants'
-    directory."""
-    text = json.dumps(report, indent=2) + "\n"
-    for directory in (os.environ.get("OUT"), variants_dir(recipe)):
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            (Path(directory) / "real_variants.json").write_text(text)
-
-
 def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]) -> dict:
     """Data (real_recipe's steps), then every chosen variant; the report is saved after
     each one."""
@@ -169,7 +158,7 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
         }
         report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
         report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
-        save_report(report, recipe)
+        save_json(report, "real_variants.json", variants_dir(recipe))
     return report
 
 
