@@ -259,7 +259,7 @@ def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
          "--only", "decayed_ce", "best",
          *[arg for assignment in sets for arg in ("--set", assignment)]],
         cwd=ROOT, env={**_env(), "OUT": str(tmp_path / "out")}, capture_output=True,
-        text=True, timeout=6 * RUN_TIMEOUT_S, check=False,
+        text=True, timeout=8 * RUN_TIMEOUT_S, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "real_variants.json").read_text())
