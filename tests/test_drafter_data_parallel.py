@@ -4,10 +4,13 @@ One step of two drafters, each on its own batch, must give the weights and Adam 
 that one drafter gives when its loss is the sum over both batches (the same anchors)
 normalised by the total weight; the bf16 reduction is refused on CPU with the fix; and
 a drafter that finds no batch must stop both without anyone waiting in a reduction.
+Both architectures: DFlash2's selector loss is computed outside the wrapped module's
+forward, and its gradients must be averaged all the same.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,9 @@ from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
-    DFlashDrafter,
     FrozenHead,
     block_objective,
+    build_drafter,
     build_optimizer,
     drafter_spec_from_target,
     optimizer_step,
@@ -34,21 +37,25 @@ from ringtrain.trainer.signals import StopRequest
 from tests.launcher import run_gloo_pair
 
 SEED = 0
+ARCHITECTURES = {
+    "dflash": {},
+    "dflash2": {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4},
+}
 
 
-def make_config() -> Config:
+def make_config(architecture: str) -> Config:
     """One step; no clipping, so Adam's first moment keeps the gradient's scale."""
     return Config(
         run=RunConfig(max_steps=1, eval_every=0, checkpoint_every=0, seed=SEED),
         data=DataConfig(token_budget=MAX_TOKENS),
-        drafter=make_cfg(),
+        drafter=make_cfg(**ARCHITECTURES[architecture]),
         optim=OptimConfig(lr=1e-2, warmup_fraction=0.0, grad_clip=0.0),
     )
 
 
 def make_trainee(config: Config) -> Trainee:
     torch.manual_seed(0)
-    model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
+    model = build_drafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
     embed, lm_head = torch.randn(2, 64, TARGET["hidden_size"]) * 0.5
     optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
     return Trainee(model, FrozenHead(embed, lm_head), optimizer, scheduler)
@@ -63,22 +70,22 @@ def trained(trainee: Trainee) -> dict[str, list[torch.Tensor]]:
     }
 
 
-def drafter_worker(rank: int, store: str, out: str) -> None:
+def drafter_worker(architecture: str, rank: int, store: str, out: str) -> None:
     """Drafter `rank` of two: one step, then a run where rank 1 has no batch; what it
     trained is saved to `out`/rank.pt."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     group = dist.new_group([0, 1])
     with pytest.raises(ValueError, match=r"bfloat16.* needs drafters on CUDA"):
-        wrap_data_parallel(make_trainee(make_config()).model, group, "bfloat16")
-    trainee = make_trainee(make_config())
+        wrap_data_parallel(make_trainee(make_config(architecture)).model, group, "bfloat16")
+    trainee = make_trainee(make_config(architecture))
     ring = RingStandIn([item(rank)])
-    loop = DrafterLoop(make_config(), ring.take, ring, trainee, rank, 2, group, 0)
+    loop = DrafterLoop(make_config(architecture), ring.take, ring, trainee, rank, 2, group, 0)
     state = loop.train(DrafterState(0, BatchLedger()), StopRequest())
     results = {"trained": {**trained(trainee), "step": state.step}}
-    trainee = make_trainee(make_config())
+    trainee = make_trainee(make_config(architecture))
     before = [p.detach().clone() for p in trainee.model.parameters()]
     ring = RingStandIn([item(0)] if rank == 0 else [])
-    loop = DrafterLoop(make_config(), ring.take, ring, trainee, rank, 2, group, 0)
+    loop = DrafterLoop(make_config(architecture), ring.take, ring, trainee, rank, 2, group, 0)
     state = loop.train(DrafterState(0, BatchLedger()), StopRequest())
     unchanged = all(
         torch.equal(a, b) for a, b in zip(before, trainee.model.parameters(), strict=True)
@@ -88,10 +95,10 @@ def drafter_worker(rank: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def one_drafter_on_both_batches() -> dict[str, list[torch.Tensor]]:
+def one_drafter_on_both_batches(architecture: str) -> dict[str, list[torch.Tensor]]:
     """One drafter, one optimizer step on the sum of both batches' objectives (anchors
     drawn as drafters 0 and 1 draw them) over their total weight."""
-    config = make_config()
+    config = make_config(architecture)
     trainee = make_trainee(config)
     loss, weight = 0.0, 0.0
     for index in (0, 1):
@@ -111,9 +118,12 @@ def assert_close_lists(got: list[torch.Tensor], want: list[torch.Tensor], **tol)
 
 
 @pytest.mark.slow
-def test_two_drafters_step_as_one_drafter_on_both_batches(tmp_path: Path) -> None:
-    ranks = run_gloo_pair(drafter_worker, tmp_path)
-    want = one_drafter_on_both_batches()
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_two_drafters_step_as_one_drafter_on_both_batches(
+    architecture: str, tmp_path: Path
+) -> None:
+    ranks = run_gloo_pair(partial(drafter_worker, architecture), tmp_path)
+    want = one_drafter_on_both_batches(architecture)
     for result in ranks:
         got = result["trained"]
         assert got["step"] == 1

@@ -16,6 +16,7 @@ from ringtrain.drafter import (
     EvalSums,
     FrozenHead,
     block_objective,
+    build_drafter,
     build_optimizer,
     compiled_graph_count,
     drafter_spec_from_target,
@@ -33,6 +34,8 @@ from ringtrain.target.tiny import build_tiny_target
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+DFLASH2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4}
 
 
 def spans_of(mask: list[int], bounds: list[int]) -> list[tuple[int, int]]:
@@ -188,7 +191,8 @@ def test_evaluation_equals_the_objective_over_every_anchor(trained) -> None:
 
 
 def accepted_by_inference(model, head, batch: PackedBatch, block: int) -> dict[int, int]:
-    """a(p) at every decoding anchor p from the inference entry, one block at a time."""
+    """a(p) at every decoding anchor p from the inference entry (the drafter's own
+    `propose`), one block at a time."""
     ids, mask = batch.input_ids.tolist(), batch.loss_mask.tolist()
     accepted = {}
     for start, end in itertools.pairwise(batch.cu_seqlens.tolist()):
@@ -196,11 +200,10 @@ def accepted_by_inference(model, head, batch: PackedBatch, block: int) -> dict[i
             if not (mask[p] and mask[p + 1]):
                 continue
             block_ids = torch.tensor([ids[p]] + [model.spec.mask_token_id] * (block - 1))
-            logits = model.draft_logits(
+            drafts = model.propose(
                 head, batch.hidden[start:p], batch.position_ids[start:p].long(), block_ids,
                 batch.position_ids[p].long() + torch.arange(block),
-            )  # fmt: skip
-            drafts = logits[1:].argmax(-1).tolist()
+            ).tolist()  # fmt: skip
             accepted[p] = 0
             for k in range(1, block):
                 if p + k >= end or not mask[p + k] or drafts[k - 1] != ids[p + k]:
@@ -219,6 +222,31 @@ def test_tau_sim_equals_a_replay_of_inference_drafts(trained) -> None:
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
     assert int(sums.accepted_sum) == sum(accepted.values())
     assert int(sums.block_count) == len(accepted)
+
+
+def test_dflash2_tau_sim_replays_the_selector_walk_not_the_argmax() -> None:
+    """A DFlash2 drafter whose successor codebook makes its walk leave the argmax path:
+    tau_sim is the replay of what `propose` (the walk) drafts, and differs from the
+    replay of each slot's argmax."""
+    cfg, _, head, batch = make_setup(0, **DFLASH2)
+    torch.manual_seed(0)
+    model = build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    train(model, head, batch, cfg, seeds=range(25))
+    selector = model.candidate_selector
+    with torch.no_grad():
+        selector.successor_codebook.normal_(std=3.0, generator=torch.Generator().manual_seed(1))
+    mask, bounds = batch.loss_mask.tolist(), batch.cu_seqlens.tolist()
+    walked = accepted_by_inference(model, head, batch, cfg.block_size)
+    selector.top_k = 1  # a walk over one candidate is each slot's argmax
+    argmax = accepted_by_inference(model, head, batch, cfg.block_size)
+    selector.top_k = DFLASH2["selector_top_k"]
+    want = walk(mask, bounds, [walked.get(p, 0) for p in range(batch.num_tokens)])
+    by_argmax = walk(mask, bounds, [argmax.get(p, 0) for p in range(batch.num_tokens)])
+    assert want[0] > want[1], "the check needs accepted drafts on the walk"
+    assert want[:2] != by_argmax[:2], "the check needs a walk that leaves the argmax"
+    sums = evaluate(model, head, batch, make_cfg(max_anchors=16, **DFLASH2))
+    assert (int(sums.replay_tokens), int(sums.replay_steps)) == want[:2]
+    assert int(sums.accepted_sum) == sum(walked.values())
 
 
 def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None:

@@ -126,7 +126,8 @@ def test_bench_ipc_copy_on_a_gpu() -> None:
 @pytest.mark.parametrize(
     "module",
     ["tools.recipes.toy_recipe", "tools.recipes.toy_sweep", "tools.recipes.chaos_run",
-     "tools.recipes.make_toy_target", "tools.recipes.regenerate", "tools.recipes.real_recipe"],
+     "tools.recipes.make_toy_target", "tools.recipes.regenerate", "tools.recipes.real_recipe",
+     "tools.recipes.real_variants"],
 )  # fmt: skip
 def test_recipe_scripts_parse_their_arguments(module: str) -> None:
     proc = subprocess.run(
@@ -243,3 +244,44 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
     run = report["shapes"]["tiny"]["cold"]
     assert "error" not in run, run
     assert run["steps"] == 6 and run["tokens_per_s"] > 0
+
+
+@pytest.mark.scripts
+def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
+    """The default and `best` (all four changes at once) of the [variants.cpu] settings
+    train on the real model's data with their overrides and are evaluated losslessly;
+    the report is complete and the table names each variant."""
+    paths = {"target.path": "model", "data.path": "train", "data.eval_path": "eval",
+             "run.run_dir": "runs/smollm2"}  # fmt: skip
+    sets = [f"{key}={json.dumps(str(tmp_path / value))}" for key, value in paths.items()]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.recipes.real_variants", "--device", "cpu",
+         "--only", "decayed_ce", "best",
+         *[arg for assignment in sets for arg in ("--set", assignment)]],
+        cwd=ROOT, env={**_env(), "OUT": str(tmp_path / "out")}, capture_output=True,
+        text=True, timeout=8 * RUN_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "real_variants.json").read_text())
+    assert list(report["variants"]) == ["decayed_ce", "best"]
+    for name, entry in report["variants"].items():
+        assert entry["eval"]["lossless"] and entry["eval"]["exit"] == 0, name
+        assert entry["eval"]["tau_real"] >= 1.0 and entry["held_out"]["tau_sim"] >= 1.0, name
+        assert entry["train_tokens_per_s"] > 0, name
+        assert f"- tau_real_humaneval_{name}: " in proc.stdout
+    trained = {
+        name: json.loads(
+            (tmp_path / "runs" / "smollm2-variants" / name / "config.json").read_text()
+        )
+        for name in report["variants"]
+    }
+    chosen = {
+        name: (c["drafter"]["architecture"], c["drafter"]["objective"], c["optim"]["name"],
+               c["optim"]["schedule"], c["run"]["max_steps"])
+        for name, c in trained.items()
+    }  # fmt: skip
+    steps = report["settings"]["steps"]
+    assert chosen == {
+        "decayed_ce": ("dflash", "decayed_ce", "adamw", "cosine", steps),
+        "best": ("dflash2", "dpace", "muon", "wsd", steps),
+    }

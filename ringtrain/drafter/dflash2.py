@@ -182,20 +182,25 @@ def selector_loss_sum(
     labels: torch.Tensor,
     row_weights: torch.Tensor,
     chunk: int,
-) -> torch.Tensor:
-    """Sum of row_weights * CE of the selector over each scored slot's top-k candidates.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of row_weights * CE of the selector over each scored slot's top-k candidates,
+    whether the walk picks each slot's true token).
 
     rows [A * (B-1), H] are the final hidden states of slots 1..B-1, labels [A, B] the true
     tokens of slots 0..B-1 (slot 0: the anchor) and row_weights [A, B-1]. Slot k is scored
     after its true predecessor (the label of slot k - 1, as the walk would have it had
     every earlier slot been right) and labelled with its true token's index among the
-    candidates; a slot whose true token misses the top-k adds nothing. `chunk` rows of
-    logits are formed at a time; the logits keep their gradient, as the unary scores.
+    candidates; a slot whose true token misses the top-k adds nothing. The second result
+    [A * (B-1)] is the walk's proposal rule under the same teacher forcing: slot k's best
+    scored candidate is its true token. A block's leading run of those is exactly the
+    prefix `walk` gets accepted. `chunk` rows of logits are formed at a time; the logits
+    keep their gradient, as the unary scores.
     """
     predecessors = labels[:, :-1].reshape(-1)
     targets = labels[:, 1:].reshape(-1)
     weights = row_weights.reshape(-1)
     total = rows.new_zeros((), dtype=torch.promote_types(lm_head.dtype, torch.float32))
+    picked = []
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
         logits = rows[part].to(lm_head.dtype) @ lm_head.t()
@@ -204,4 +209,5 @@ def selector_loss_sum(
         hits = candidates == targets[part, None]
         loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
         total = total + (loss * weights[part] * hits.any(-1)).sum()
-    return total
+        picked.append(candidates.gather(-1, scores.detach().argmax(-1, keepdim=True)))
+    return total, torch.cat(picked).squeeze(-1) == targets

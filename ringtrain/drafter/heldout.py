@@ -7,8 +7,10 @@ overestimates speculative decoding: decoding walks through a response in strides
 place an anchor (loss_mask[p] == loss_mask[p + 1] == 1, p + 1 in the document: the token
 at p is already generated and the next one is still to come), with the training blocks,
 masks and model code, and computes the accepted prefix a(p) of each block: the leading
-slots k = 1 .. B - 1 whose argmax is the token at p + k, stopping at the first miss, the
-document end or the response end.
+slots k = 1 .. B - 1 whose proposal is the token at p + k, stopping at the first miss,
+the document end or the response end. The proposal is the architecture's own rule (each
+slot's argmax for DFlash, the selector's walk for DFlash2: drafter/objective.py's
+score_blocks), so tau_sim predicts tau_real for either.
 
 Replay: a response span is a maximal run q .. r of loss_mask == 1 rows of a document.
 Greedy DFlash decoding of it (ringtrain.eval.speculative) gets the token at q from the

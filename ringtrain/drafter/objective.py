@@ -122,7 +122,10 @@ def score_blocks(
     """Run the drafter on prepared blocks: the objective's sums, and accepted [A].
 
     accepted[a] is block a's correct prefix: the leading scored slots k = 1 .. B - 1
-    whose argmax is the label (0 for padding blocks).
+    whose proposal is the label (0 for padding blocks). The proposal is the drafter's
+    own rule: each slot's argmax (DFlash), or the selector's walk (DFlash2), so the
+    per-slot hits, tau_uniform and the held-out replay's tau_sim follow what decoding
+    would propose.
     """
     device = batch.ctx_features.device
     block = cfg.block_size
@@ -145,9 +148,11 @@ def score_blocks(
             workspace.chunk_fns,
         )
         if workspace.selector is not None:
-            loss_sum = loss_sum + cfg.selector_loss_weight * selector_loss_sum(
+            # DFlash2 proposes the selector's walk, not each slot's argmax: its hits count.
+            selector_sum, correct = selector_loss_sum(
                 workspace.selector, rows, head.lm_head, batch.labels, weights, cfg.loss_chunk
             )
+            loss_sum = loss_sum + cfg.selector_loss_weight * selector_sum
     hits = correct.view(num_blocks, block - 1) & scored
     accepted = hits.long().cumprod(1).sum(1)
     sums = workspace.objective.sums_type(

