@@ -50,7 +50,7 @@ def one_token_attention(
     [B, 1, Hq, D]."""
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     if kernel == "sdpa":
         out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=keep, scale=scale)
     else:
@@ -58,7 +58,8 @@ def one_token_attention(
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
-    return out.view(batch, heads, 1, dim).transpose(1, 2)
+    # SDPA's float32 kernels may return another memory layout than bf16's: reshape, not view.
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2)
 
 
 class DecodeCache:
