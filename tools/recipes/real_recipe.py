@@ -42,6 +42,7 @@ import pyarrow as pa
 from ringtrain.config import Config, add_override_option, load_config
 from ringtrain.data.arrow_files import list_data_files
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
+from tools.recipes.mps import mps_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes" / "smollm2.toml"
@@ -57,6 +58,8 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_max_new_tokens: int = 256
     # ringtrain-eval --workers: processes sharing the device, each decoding a share.
     eval_workers: int = 1
+    # Run them under the CUDA MPS daemon (kernels side by side instead of time-sliced).
+    eval_mps: bool = False
     regen_dtype: str = "auto"
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
     # Training-config overrides of this device (section.key=value), before --set's.
@@ -303,7 +306,9 @@ def evaluate_drafter(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) 
     """ringtrain-eval's JSON for one drafter and dtype (its exit status beside, or an
     error), also kept as `drafter`/eval-<dtype>.json: a recipe stopped later loses none."""
     name = f"eval_{drafter.name}_{dtype}"
-    proc = run_all({name: eval_command(recipe, drafter, dtype, limit)})[name]
+    settings = recipe.settings
+    with mps_daemon(settings.eval_mps and recipe.device == "cuda" and settings.eval_workers > 1):
+        proc = run_all({name: eval_command(recipe, drafter, dtype, limit)})[name]
     lines = proc.stdout.strip().splitlines()
     ok = proc.returncode in (0, 1) and lines
     result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
