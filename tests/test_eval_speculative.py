@@ -11,6 +11,7 @@ from ringtrain.eval import (
     PromptOutcome,
     VerifyingTarget,
     greedy_generate,
+    load_causal_lm,
     load_verifying_target,
     speculative_generate,
     summarize,
@@ -127,6 +128,20 @@ def test_every_verification_mode_agrees(tmp_path: Path) -> None:
     expected = greedy_generate(cached, second, 20).tokens
     drafter = ScriptedDrafter(second.tolist() + expected, 3, own.vocab_size)
     assert speculative_generate(own, drafter, second, 20).tokens == expected
+
+
+def test_own_mode_leaves_the_models_attention_to_other_users(tmp_path: Path) -> None:
+    model = load_causal_lm(build_tiny_target(tmp_path / "dense", seed=5, hybrid=False))
+    implementation = model.config._attn_implementation
+    own = VerifyingTarget(model, TAPS)
+    assert own.mode == "own"
+    prompt = _prompt(10, seed=1)
+    greedy = greedy_generate(own, prompt, 12)
+    assert own.model.config._attn_implementation == implementation
+    # A second target on the same model object runs transformers' cache as it would alone.
+    shared = VerifyingTarget(own.model, TAPS, mode="cache")
+    assert greedy_generate(shared, prompt, 12).tokens == greedy.tokens
+    assert own.model.config._attn_implementation == implementation
 
 
 def test_stop_token_ends_both_decodings(tmp_path: Path) -> None:

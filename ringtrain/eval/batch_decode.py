@@ -20,7 +20,8 @@ sliding-window and linear-attention layers keep state this cache does not model.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +142,20 @@ def batch_decode_mask(*args: object, **kwargs: object) -> torch.Tensor | None:
 
 AttentionInterface.register(BATCH_DECODE, batch_decode_attention)
 AttentionMaskInterface.register(BATCH_DECODE, batch_decode_mask)
+
+
+@contextmanager
+def attention_for_decoding(model: PreTrainedModel, implementation: str | None) -> Iterator[None]:
+    """Within the block, ``model`` uses the named attention implementation (None: its own)."""
+    if implementation is None:
+        yield
+        return
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 @dataclass

@@ -21,14 +21,13 @@ latter is reported as truncated.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
 
-from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, decode_batch
+from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, attention_for_decoding, decode_batch
 from ringtrain.eval.target import supports_cache_rollback
 
 # "own": batch_decode's cache and loop; "static"/"dynamic": transformers' generate with
@@ -38,20 +37,6 @@ WIDTH_BUCKET = 64
 # Rows x (longest prompt + new tokens) of one batch: bounds the prefill's attention
 # scores (transformers' masked SDPA materialises them) and the cache.
 MAX_BATCH_TOKENS = 1 << 19
-
-
-@contextmanager
-def attention_for_decoding(model: PreTrainedModel, implementation: str | None) -> Iterator[None]:
-    """Within the block, ``model`` uses the named attention implementation (None: its own)."""
-    if implementation is None:
-        yield
-        return
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(implementation)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ writes the block at the cache's device-side position, attends to every position 
 each block token (a mask made on the device from that position), and leaves the position
 after the block; cutting back to the accepted tokens is setting the position. Every
 verification has the same shapes, so on CUDA it is captured once as a CUDA graph (after
-one eager run) and replayed. The tapped layers' outputs go to a buffer of the graph and
+one eager run) and replayed. The model uses batch_decode's attention only within these
+forwards (set and restored around each; a replayed graph runs no Python), so other users
+of the same model object keep their own. The tapped layers' outputs go to a buffer of the graph and
 are copied out after each replay.
 
 Only for targets whose layers are all full attention (``supports_cache_rollback``).
@@ -22,7 +24,13 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from ringtrain.eval.batch_decode import DecodeCache, captured, prompt_mask
+from ringtrain.eval.batch_decode import (
+    BATCH_DECODE,
+    DecodeCache,
+    attention_for_decoding,
+    captured,
+    prompt_mask,
+)
 
 TapSink = Callable[[torch.Tensor | None], None]
 
@@ -72,14 +80,15 @@ class OwnCacheVerifier:
         valid = torch.ones(1, n, dtype=torch.bool, device=tokens.device)
         self.set_tap_sink(features)
         try:
-            logits = self.model(
-                input_ids=tokens[None],
-                attention_mask=prompt_mask(valid),
-                position_ids=self.cache.offsets[:n][None],
-                use_cache=False,
-                logits_to_keep=1,
-                decode_cache=self.cache,
-            ).logits[0]
+            with attention_for_decoding(self.model, BATCH_DECODE):
+                logits = self.model(
+                    input_ids=tokens[None],
+                    attention_mask=prompt_mask(valid),
+                    position_ids=self.cache.offsets[:n][None],
+                    use_cache=False,
+                    logits_to_keep=1,
+                    decode_cache=self.cache,
+                ).logits[0]
         finally:
             self.set_tap_sink(None)
         self.cache.position.fill_(n)
@@ -117,14 +126,15 @@ class OwnCacheVerifier:
         visible = self.cache.offsets[None, :] <= positions[:, None]
         self.set_tap_sink(self.taps)
         try:
-            logits = self.model(
-                input_ids=self.block,
-                attention_mask=visible[None, None],
-                position_ids=positions[None],
-                use_cache=False,
-                logits_to_keep=self.block_size,
-                decode_cache=self.cache,
-            ).logits[0]
+            with attention_for_decoding(self.model, BATCH_DECODE):
+                logits = self.model(
+                    input_ids=self.block,
+                    attention_mask=visible[None, None],
+                    position_ids=positions[None],
+                    use_cache=False,
+                    logits_to_keep=self.block_size,
+                    decode_cache=self.cache,
+                ).logits[0]
         finally:
             self.set_tap_sink(None)
         self.choices.copy_(logits.argmax(dim=-1))

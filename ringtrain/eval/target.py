@@ -26,7 +26,6 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from ringtrain.eval.batch_decode import BATCH_DECODE
 from ringtrain.eval.own_verify import OwnCacheVerifier
 from ringtrain.target.loader import resolve_dtype
 
@@ -91,9 +90,6 @@ class VerifyingTarget:
         self._own: OwnCacheVerifier | None = None
         self._stepper: OwnCacheVerifier | None = None
         self._dest: torch.Tensor | None = None
-        if self.mode == "own":
-            # Forwards without batch_decode's cache (the greedy reference) stay SDPA's.
-            model.set_attn_implementation(BATCH_DECODE)
         for k, layer in enumerate(self.tap_layers):
             layers[layer].register_forward_hook(self._tap_hook(k))
 
