@@ -42,6 +42,7 @@ import pyarrow as pa
 from ringtrain.config import Config, add_override_option, load_config
 from ringtrain.data.arrow_files import list_data_files
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
+from tools.recipes.children import run_all, stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,19 +127,9 @@ def reusable(stamp_file: Path, stamp: dict, fresh: bool) -> bool:
     return not fresh and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
 
 
-def run_all(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
-    """Run the commands at once (outputs to stderr, stdout kept); wait for every one."""
-    procs = {}
-    for name, command in commands.items():
-        log(f"{name}: {' '.join(command)}")
-        procs[name] = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
-        )
-    done = {}
-    for name, proc in procs.items():
-        stdout, _ = proc.communicate()
-        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
-    return done
+def run_children(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """``children.run_all`` from the project root."""
+    return run_all(commands, ROOT)
 
 
 def checked(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
@@ -215,7 +206,7 @@ def make_data(recipe: RealRecipe) -> dict:
         shutil.rmtree(recipe.dataset(split), ignore_errors=True)
         commands[split] = command
     with Timed(recipe, "data"):
-        for split, proc in run_all(commands).items():
+        for split, proc in run_children(commands).items():
             checked(proc, f"regenerating the {split} split")
             stamp = {"command": commands[split][3:]}
             (recipe.dataset(split) / "recipe.json").write_text(json.dumps(stamp) + "\n")
@@ -268,7 +259,7 @@ def train(recipe: RealRecipe) -> None:
             recipe, recipe.run_dir(size), recipe.train_set(size), recipe.overrides, recipe.config
         )
     with Timed(recipe, "train"):
-        for name, proc in run_all(commands).items():
+        for name, proc in run_children(commands).items():
             checked(proc, name)
 
 
@@ -308,7 +299,7 @@ def evaluate_drafter(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) 
     name = f"eval_{drafter.name}_{dtype}"
     settings = recipe.settings
     with mps_daemon(settings.eval_mps and recipe.device == "cuda" and settings.eval_workers > 1):
-        proc = run_all({name: eval_command(recipe, drafter, dtype, limit)})[name]
+        proc = run_children({name: eval_command(recipe, drafter, dtype, limit)})[name]
     lines = proc.stdout.strip().splitlines()
     ok = proc.returncode in (0, 1) and lines
     result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
@@ -469,6 +460,7 @@ def make_data_steps(recipe: RealRecipe) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = recipe_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    stop_children_on_sigterm()
     recipe = load_recipe(args)
     report = run_recipe(recipe)
     save_json(report, "real_recipe.json", recipe.run_dir(recipe.largest))

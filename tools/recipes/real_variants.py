@@ -29,6 +29,7 @@ from typing import Annotated
 import msgspec
 
 from ringtrain.config import Config, ConfigError, load_config
+from tools.recipes.children import stop_children_on_sigterm
 from tools.recipes.real_recipe import (
     ROOT,
     RealRecipe,
@@ -41,7 +42,7 @@ from tools.recipes.real_recipe import (
     make_data_steps,
     recipe_parser,
     recipe_tables,
-    run_all,
+    run_children,
     save_json,
     train_command,
     train_rate,
@@ -121,7 +122,7 @@ def run_variant(
     shutil.rmtree(run_dir, ignore_errors=True)
     command = train_command(recipe, run_dir, recipe.train_set(recipe.largest), overrides, config)
     with Timed(recipe, f"train_{name}"):
-        proc = run_all({f"train_{name}": command})[f"train_{name}"]
+        proc = run_children({f"train_{name}": command})[f"train_{name}"]
     entry: dict = {"run_dir": str(run_dir), "train_s": round(recipe.timings[f"train_{name}"], 1)}
     if proc.returncode != 0:
         log(f"train_{name} failed (exit {proc.returncode}); the next variant runs")
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", default=[], help="run these variants only")
     parser.add_argument("--steps", type=int, help="steps per variant (default: the settings')")
     args = parser.parse_args(argv)
+    stop_children_on_sigterm()
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: give one step or more")
     recipe = load_recipe(args)
