@@ -7,6 +7,7 @@ seq + row, cu_seqlens = [0, n], meta = {"producer", "seq"}.
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import signal
@@ -178,3 +179,11 @@ def crash_after_create(spec: RingSpec, created) -> None:
     Ring.create(spec, 0, "cpu")
     created.set()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold_mapped(path: str, mapped, release) -> None:
+    """Keep the file at ``path`` mapped (as a rank keeps its control segment) until
+    ``release`` is set."""
+    with open(path, "r+b") as segment, mmap.mmap(segment.fileno(), 0) as _view:
+        mapped.set()
+        release.wait()

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import uuid
 
+import numpy as np
 import ring_workers as rw
 import torch
 
 from ringtrain.cli.stat import format_snapshot
 from ringtrain.monitor.verdict import ring_verdict
 from ringtrain.ring import CONSUMER, Ring, with_interval
+from ringtrain.ring.control import HEADER, MAGIC, VERSION
 from ringtrain.ring.names import ring_id
 
 CTX = mp.get_context("spawn")
@@ -202,3 +204,40 @@ def test_junk_control_segments_are_named_not_listed_and_removed_at_a_start() -> 
         for path in junk:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_mapped_control_segment_of_another_layout_is_left_alone() -> None:
+    """A ring of another installed version's layout is not this version's junk while a
+    live process maps it; once none does, a ring's start removes it."""
+    path = f"/dev/shm/ringtrain.other{uuid.uuid4().hex[:8]}.ctl"
+    header = np.zeros((), dtype=HEADER)
+    header["magic"], header["version"] = MAGIC, VERSION + 1
+    with open(path, "wb") as segment:
+        segment.write(header.tobytes() + bytes(4096))
+    mapped, release = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=rw.hold_mapped, args=(path, mapped, release))
+    holder.start()
+    try:
+        assert mapped.wait(JOIN_S)
+        listing = subprocess.run(
+            [sys.executable, "-m", "ringtrain.cli.stat", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=JOIN_S,
+        )
+        assert f"mapped by live pid {holder.pid}: left alone" in listing.stderr
+        target, drafter = _open_pair(f"t{uuid.uuid4().hex[:10]}")
+        drafter.close()
+        target.close()
+        assert os.path.exists(path)
+        release.set()
+        holder.join(JOIN_S)
+        target, drafter = _open_pair(f"t{uuid.uuid4().hex[:10]}")
+        drafter.close()
+        target.close()
+        assert not os.path.exists(path)
+    finally:
+        release.set()
+        holder.join(JOIN_S)
+        if os.path.exists(path):
+            os.unlink(path)

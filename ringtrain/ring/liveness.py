@@ -41,6 +41,21 @@ def process_alive(pid: int, start_time: int) -> bool:
     return int(fields[19]) == start_time
 
 
+def mapping_pid(path: str) -> int | None:
+    """A live process that has the file at ``path`` mapped into its memory (from
+    /proc/<pid>/maps; processes whose maps this user may not read are not seen), or None."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps", encoding="utf-8", errors="replace") as maps:
+                if any(line.rstrip("\n").endswith(" " + path) for line in maps):
+                    return int(entry)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return None
+
+
 def monotonic_ns() -> int:
     """System-wide monotonic clock in ns (comparable between processes of one host)."""
     return time.monotonic_ns()

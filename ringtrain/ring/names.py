@@ -7,7 +7,8 @@ and `/ringtrain.R.data`, semaphores `/ringtrain.R.ready` and `/ringtrain.R.free<
 last, so a run whose control segment is gone owns nothing that is still needed. A
 control segment that is not a ring's (no magic number and layout version, and not being
 initialised) is junk: `ringtrain-stat` names and skips it, and a ring's start removes it
-with the run's other objects, as it removes those of dead runs.
+with the run's other objects, as it removes those of dead runs, unless a live process
+has it mapped (a ring of another installed ringtrain version's layout is left alone).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import posix_ipc
 
 from ringtrain.ring.control import HEADER, header_problem, read_header
 from ringtrain.ring.errors import RingError, ShmTooSmall
-from ringtrain.ring.liveness import process_alive
+from ringtrain.ring.liveness import mapping_pid, process_alive
 
 SHM_DIR = "/dev/shm"
 PREFIX = "ringtrain."
@@ -118,7 +119,12 @@ def _ctl_state(run_id: str) -> tuple[bool, int, str | None]:
         return False, 0, None
     problem = header_problem(head)
     if problem is not None and any(head[:8]):
-        return False, 0, problem  # bytes where the magic number goes, but not it
+        # Not this layout (another version's ring, or not a ring at all): junk, unless a
+        # live process has it mapped, e.g. a run of another installed ringtrain version.
+        user = mapping_pid(path)
+        if user is not None:
+            return True, user, f"{problem}; mapped by live pid {user}: left alone"
+        return False, 0, problem
     if len(head) < HEADER.itemsize:
         return (True, 0, None) if not head and age < INIT_GRACE_S else (False, 0, problem)
     header = np.frombuffer(head, dtype=HEADER)[0]
