@@ -18,6 +18,7 @@ from ringtrain.target.compiled import compile_units, resolve_compile
 from ringtrain.target.loader import load_target
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.tiny import build_tiny_target
+from tests.tiny_families import build_model, write_model
 
 TAPS = [1, 3, 6]
 # Warm-up shapes (rows, length): several rows, one row, and a length equal to the head
@@ -128,7 +129,7 @@ def test_hybrid_compiles_attention_layers_whole_and_linear_layers_in_parts(
     assert backend.graphs == graphs
 
 
-def test_mixture_of_experts_blocks_stay_eager() -> None:
+def test_mixture_of_experts_blocks_stay_eager_unless_compile_moe() -> None:
     config = CONFIG_MAPPING["qwen3_moe"](
         hidden_size=32,
         intermediate_size=64,
@@ -140,9 +141,41 @@ def test_mixture_of_experts_blocks_stay_eager() -> None:
         num_hidden_layers=2,
         mlp_only_layers=[1],
     )
+    config._experts_implementation = "grouped_mm"
     routed, dense = (Qwen3MoeDecoderLayer(config, i) for i in range(2))
     assert compile_units(routed) == ["input_layernorm", "post_attention_layernorm", "self_attn"]
     assert compile_units(dense) == [""]
+    assert compile_units(routed, moe=True) == [""]
+    # The experts loop over the experts a batch hit (data-dependent shapes): stays eager.
+    config._experts_implementation = "eager"
+    assert compile_units(routed, moe=True) == [
+        "input_layernorm",
+        "post_attention_layernorm",
+        "self_attn",
+    ]
+
+
+def test_compile_moe_compiles_routed_layers_whole_once_and_matches_eager(
+    tmp_path: Path, fresh_dynamo: None
+) -> None:
+    path = write_model(tmp_path / "qwen3_moe", build_model("qwen3_moe", seed=3))
+    eager = load_target(path, num_taps=3, compile="off")
+    compiled = load_target(path, num_taps=3, compile="off")
+    assert eager.module.config._experts_implementation == "grouped_mm"
+    backend = CountingInductor()
+    compiled.compile_layers(backend, moe=True)
+    layers = len(compiled.module.layers)
+    assert compiled.compiled_units == [str(i) for i in range(layers)]
+
+    for shape in WARM_UP:
+        torch.testing.assert_close(taps(compiled, *shape), taps(eager, *shape))
+    # Dense layer 0 and the routed layers: a graph each for several rows and for one row.
+    assert backend.graphs == 4
+    for shape in FURTHER:
+        runs = backend.runs
+        torch.testing.assert_close(taps(compiled, *shape), taps(eager, *shape))
+        assert backend.runs - runs == layers, f"a layer ran eagerly or in pieces at {shape}"
+    assert backend.graphs == 4
 
 
 def test_compile_setting() -> None:

@@ -14,9 +14,19 @@ What is compiled, per decoder layer:
   ``post_attention_layernorm``), ``self_attn`` where it has one and ``mlp`` where it is
   dense. Gated DeltaNet mixers (``linear_attn``) stay eager because on GPU they call
   flash-linear-attention's autograd functions and autotuned Triton kernels, which Dynamo
-  does not reliably trace; mixture-of-experts blocks (an ``mlp`` with ``experts``) stay
-  eager because their routing has data-dependent shapes that break graphs and recompile.
-  The residual adds of such layers stay eager too.
+  does not reliably trace. A mixture-of-experts block (an ``mlp`` with ``experts``)
+  stays eager by default: transformers' "eager" experts loop over the experts a batch hit,
+  with data-dependent shapes that break graphs and recompile. The residual adds of such
+  layers stay eager too.
+
+Mixture-of-experts layers with ``moe=True``: where the experts run by an implementation
+without data-dependent shapes (`STATIC_SHAPE_EXPERTS`: transformers' "grouped_mm" sorts
+the token-expert pairs and runs every expert in grouped GEMMs over fixed-size buffers),
+the block compiles like a dense MLP, and with it the whole layer: routing (router GEMM,
+softmax, top-k, renormalisation), the gather by expert, the grouped GEMMs, SiLU*mul,
+the routing-weight products and the sum over the top-k experts run in one graph, so
+Inductor fuses the glue around the GEMMs instead of running it as separate eager kernels.
+Its sizes (tokens x top-k) follow the batch like every other dynamic size here.
 
 Shapes: every layer is an instance of one class and shares one code object, so all
 layers share one set of compiled graphs (Dynamo guards on the module's structure, not
@@ -43,6 +53,9 @@ from torch import nn
 COMPILE_SETTINGS = ("auto", "on", "off")
 # Sub-modules compiled on their own in a layer that is not compiled whole.
 SAFE_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+# Experts implementations (transformers' ``config._experts_implementation``) whose
+# tensors' shapes follow only the token count: compilable with dynamic sizes.
+STATIC_SHAPE_EXPERTS = ("grouped_mm", "batched_mm")
 
 
 def resolve_compile(setting: str, device: torch.device) -> bool:
@@ -62,13 +75,24 @@ def is_mixture_of_experts(mlp: nn.Module) -> bool:
     return hasattr(mlp, "experts")
 
 
-def compile_units(layer: nn.Module) -> list[str]:
-    """Names of the sub-modules of ``layer`` to compile (``""``: the whole layer)."""
-    dense_mlp = hasattr(layer, "mlp") and not is_mixture_of_experts(layer.mlp)
-    if hasattr(layer, "self_attn") and not hasattr(layer, "linear_attn") and dense_mlp:
+def has_static_shape_experts(mlp: nn.Module) -> bool:
+    """Whether a mixture-of-experts block's experts run by an implementation without
+    data-dependent shapes (transformers 5 records it in the experts' config)."""
+    config = getattr(mlp.experts, "config", None)
+    return getattr(config, "_experts_implementation", None) in STATIC_SHAPE_EXPERTS
+
+
+def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:
+    """Names of the sub-modules of ``layer`` to compile (``""``: the whole layer); ``moe``:
+    a mixture-of-experts block with static-shape experts counts as a compilable MLP."""
+    mlp = getattr(layer, "mlp", None)
+    compiled_mlp = mlp is not None and (
+        not is_mixture_of_experts(mlp) or (moe and has_static_shape_experts(mlp))
+    )
+    if hasattr(layer, "self_attn") and not hasattr(layer, "linear_attn") and compiled_mlp:
         return [""]
     parts = [name for name in SAFE_PARTS if hasattr(layer, name)]
-    return parts if dense_mlp else [name for name in parts if name != "mlp"]
+    return parts if compiled_mlp else [name for name in parts if name != "mlp"]
 
 
 def compiled_forward(forward: Callable[..., Any], backend: str | Callable) -> Callable[..., Any]:
@@ -84,16 +108,17 @@ def compiled_forward(forward: Callable[..., Any], backend: str | Callable) -> Ca
 
 
 def compile_decoder_layers(
-    layers: nn.ModuleList, backend: str | Callable = "inductor"
+    layers: nn.ModuleList, backend: str | Callable = "inductor", moe: bool = False
 ) -> list[str]:
-    """Replace the ``forward`` of each layer's compile units by a compiled one.
+    """Replace the ``forward`` of each layer's compile units by a compiled one (``moe``:
+    mixture-of-experts blocks with static-shape experts too, see `compile_units`).
 
     Returns the compiled units' names relative to ``layers`` (``"3"`` a whole layer,
     ``"0.mlp"`` a part). Compilation itself happens on the first forward.
     """
     compiled = []
     for index, layer in enumerate(layers):
-        for name in compile_units(layer):
+        for name in compile_units(layer, moe):
             unit = layer.get_submodule(name)
             unit.forward = compiled_forward(unit.forward, backend)
             compiled.append(f"{index}.{name}" if name else str(index))

@@ -24,6 +24,10 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # torch.compile the decoder layers (fused norms, rotary, SiLU*mul, residual adds):
     # "auto" (on when the target runs on CUDA, off on CPU) | "on" | "off".
     compile: Literal["auto", "on", "off"] = "auto"
+    # With compile: compile mixture-of-experts blocks too (routing, grouped expert GEMMs
+    # and the weighted sum over the top-k experts in one graph per layer), where the
+    # experts run by transformers' "grouped_mm" or "batched_mm" implementation.
+    compile_moe: bool = False
     # Attention kernels: "auto" (SDPA where the model allows it, else flex_attention on
     # CUDA and eager on CPU, e.g. gpt-oss's attention sinks) | "sdpa" | "eager" |
     # "flex_attention".

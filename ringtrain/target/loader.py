@@ -88,6 +88,7 @@ def load_target(
     attn_implementation: str = "auto",
     random_weights: bool = False,
     compile: str = "auto",
+    compile_moe: bool = False,
     group: torch.distributed.ProcessGroup | None = None,
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
@@ -95,7 +96,8 @@ def load_target(
     ``random_weights`` draws the weights at random instead of reading them (benchmarks
     of large shapes from a config-only directory). ``compile`` (``target.compile``):
     ``"auto"`` compiles the decoder layers with torch.compile on CUDA and runs them
-    eagerly on CPU; ``"on"`` / ``"off"`` force it. ``attn_implementation``
+    eagerly on CPU; ``"on"`` / ``"off"`` force it; ``compile_moe`` (``target.compile_moe``)
+    compiles mixture-of-experts blocks with them. ``attn_implementation``
     (``target.attn_implementation``): ``"auto"`` picks SDPA where the model allows it.
     ``group``: the process group of a tensor-parallel target group (every member calls
     ``load_target`` with the same arguments and later ``forward_into`` with the same
@@ -126,7 +128,7 @@ def load_target(
     module = _truncated_module(checkpoint, kept, final_norm, place, random_weights)
     target = TappedTarget(module, full_config, taps, device, dtype)
     if compiled:
-        target.compile_layers()
+        target.compile_layers(moe=compile_moe)
         target.precompile()
     log.info("target loaded in %.1f s", time.perf_counter() - started)
     return target

@@ -72,15 +72,17 @@ class TappedTarget:
         """Columns of the packed output: K tapped layers of H each."""
         return len(self.tap_layers) * self.hidden_size
 
-    def compile_layers(self, backend: str | Callable = "inductor") -> None:
-        """Compile the decoder layers (or their safe parts) with a torch.compile backend.
+    def compile_layers(self, backend: str | Callable = "inductor", moe: bool = False) -> None:
+        """Compile the decoder layers (or their safe parts) with a torch.compile backend;
+        ``moe`` (``target.compile_moe``): mixture-of-experts blocks too, where their experts
+        allow it (``ringtrain.target.compiled.compile_units``).
 
         Compilation happens on the next forward; `precompile()` does it at once, logged.
         Call once.
         """
         if self.compiled_units:
             raise RuntimeError("the target's layers are already compiled; compile them once")
-        self.compiled_units = compile_decoder_layers(self.module.layers, backend)
+        self.compiled_units = compile_decoder_layers(self.module.layers, backend, moe)
 
     def precompile(self, length: int = 64) -> None:
         """Compile now, on two small dummy batches: the graphs for several rows and for

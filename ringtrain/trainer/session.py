@@ -215,6 +215,7 @@ def _run_target(
         attn_implementation=config.target.attn_implementation,
         random_weights=config.target.random_weights,
         compile=config.target.compile,
+        compile_moe=config.target.compile_moe,
         group=groups.target,
     )
     runner = TargetRunner(model, info.device)

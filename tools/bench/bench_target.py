@@ -24,8 +24,11 @@ v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 98
 (H200 dense bf16). Random router weights spread tokens about evenly over the experts.
 
 Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, as
-``target.compile`` does: ringtrain.target.compiled; mixture-of-experts blocks stay
-eager there); the first call of a compiled variant includes compilation. Recompiles: after the measured shapes and a warm-up on a
+``target.compile`` does: ringtrain.target.compiled); ``--moe-compile`` says whether the
+compiled variants compile mixture-of-experts blocks too (``target.compile_moe``: "off"
+keeps them eager, "both" times the two side by side, a "moe_compile" column and
+field); the first call of a compiled variant includes compilation. ``graph_breaks``
+counts Dynamo's graph breaks over the variant. Recompiles: after the measured shapes and a warm-up on a
 single row and on more rows of other lengths, the graphs compiled while running three
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
 each variant's first measurement.
@@ -33,6 +36,7 @@ each variant's first measurement.
     python tools/bench/bench_target.py --json                     # every shape, 8192 and 16384 tokens
     python tools/bench/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
     python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
+    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
     python tools/bench/bench_target.py --device cpu --small --json  # smoke run without a GPU
 """
 
@@ -71,6 +75,8 @@ NUM_TAPS = 5
 GDN_CHUNK = 64
 # --compile: which variants run, eager (False) and/or compiled (True).
 COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
+# --moe-compile: for compiled variants, whether mixture-of-experts blocks compile too.
+MOE_COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
 SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
     "qwen3-30b-a3b": ("qwen3_moe", {**QWEN3_30B_A3B, "max_position_embeddings": 40960}),
@@ -235,9 +241,10 @@ def recompiles_over_shapes(
 
 
 def build_target(
-    config: PretrainedConfig, taps: list[int], device: torch.device, compiled: bool
+    config: PretrainedConfig, taps: list[int], device: torch.device, compiled: bool, moe: bool
 ) -> tuple[TappedTarget, float]:
-    """A random-weight target truncated after its deepest tap, and its build seconds."""
+    """A random-weight target truncated after its deepest tap (layers compiled: with
+    mixture-of-experts blocks where ``moe``), and its build seconds."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     truncated = CONFIG_MAPPING[config.model_type].from_dict(
         truncated_config_values(config.to_dict(), max(taps) + 1)
@@ -250,12 +257,12 @@ def build_target(
     target = TappedTarget(module, config, taps, device, dtype)
     if compiled:
         torch._dynamo.reset()
-        target.compile_layers()
+        target.compile_layers(moe=moe)
     return target, time.perf_counter() - started
 
 
 def describe_target(
-    shape: str, config: PretrainedConfig, target: TappedTarget, backend: str | None
+    shape: str, config: PretrainedConfig, target: TappedTarget, backend: str | None, moe: bool
 ) -> dict:
     """The facts of a built target that every result row of its variant repeats."""
     module = target.module
@@ -263,6 +270,7 @@ def describe_target(
     return {
         "shape": shape,
         "compile": "on" if target.compiled_units else "off",
+        "moe_compile": "on" if target.compiled_units and moe else "off",
         "model_type": config.model_type,
         "layers_kept": len(module.layers),
         "layers_total": config.num_hidden_layers,
@@ -312,16 +320,17 @@ def measure_placement(
 
 
 def bench_variant(
-    args: argparse.Namespace, shape: str, device: torch.device, compiled: bool
+    args: argparse.Namespace, shape: str, device: torch.device, compiled: bool, moe: bool
 ) -> list[dict]:
-    """All token counts and output placements of one shape, eager or compiled."""
+    """All token counts and output placements of one shape, eager or compiled (with
+    mixture-of-experts blocks where ``moe``)."""
     config = build_config(shape, args.small)
     taps = default_tap_layers(config.num_hidden_layers, NUM_TAPS)
     backend = linear_attention_backend(config, device)
-    target, build_s = build_target(config, taps, device, compiled)
+    target, build_s = build_target(config, taps, device, compiled, moe)
     runner = TargetRunner(target)
-    facts = {**describe_target(shape, config, target, backend), "build_s": round(build_s, 2)}
-    graphs_before = compiled_graph_count()
+    facts = {**describe_target(shape, config, target, backend, moe), "build_s": round(build_s, 2)}
+    graphs_before, breaks_before = compiled_graph_count(), graph_break_count()
     results = []
     for tokens in args.tokens:
         rows = max(1, tokens // args.seq_len)
@@ -343,10 +352,18 @@ def bench_variant(
     for row in results:
         row["graphs"] = compiled_graph_count() - graphs_before
         row["recompiles"] = recompiles
+        row["graph_breaks"] = graph_break_count() - breaks_before
     del runner, target
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return results
+
+
+def graph_break_count() -> int:
+    """Graph breaks Dynamo has taken so far in this process (each splits a compiled unit)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def versions() -> dict[str, str | None]:
@@ -373,6 +390,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=sorted(COMPILE_VARIANTS),
         help="compile the decoder layers: off, on or both (default: both on CUDA, off on CPU)",
     )
+    parser.add_argument(
+        "--moe-compile",
+        choices=sorted(MOE_COMPILE_VARIANTS),
+        default="off",
+        help="compiled variants: compile mixture-of-experts blocks too: off, on or both",
+    )
     parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -382,19 +405,26 @@ def main(argv: list[str] | None = None) -> None:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    variants = COMPILE_VARIANTS[args.compile or ("both" if device.type == "cuda" else "off")]
+    compile_variants = COMPILE_VARIANTS[
+        args.compile or ("both" if device.type == "cuda" else "off")
+    ]
+    variants = [
+        (compiled, moe)
+        for compiled in compile_variants
+        for moe in (MOE_COMPILE_VARIANTS[args.moe_compile] if compiled else (False,))
+    ]
     results = []
     for shape in args.shape or sorted(SHAPES):
-        for compiled in variants:
-            results.extend(bench_variant(args, shape, device, compiled))
+        for compiled, moe in variants:
+            results.extend(bench_variant(args, shape, device, compiled, moe))
 
     print(
-        f"{'shape':<15} {'compile':<7} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
+        f"{'shape':<15} {'compile':<7} {'moe':<3} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
         f"{'first s':>8} {'recomp':>6} {'peak GiB':>8} experts"
     )
     for r in results:
         print(
-            f"{r['shape']:<15} {r['compile']:<7} {r['tokens']:>6} {r['out']:<6} "
+            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<3} {r['tokens']:>6} {r['out']:<6} "
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
             f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )
