@@ -12,7 +12,8 @@ Every param group names the algorithm that steps it (`ALGORITHM_KEY`), so an opt
 state dict says which optimiser wrote it (`saved_optimizer_name`). Parameters stay fp32
 (master weights); compute runs under bf16 autocast on GPU. The fused AdamW kernel is used
 on CUDA and the foreach one elsewhere. The step clips the gradients and skips the update
-when their norm is not finite (one host sync per step for that decision).
+when their norm is not finite: the fused AdamW inside its kernel (no host sync before the
+step), the others after reading the norm (one host sync per step for that decision).
 
 On resume the optimiser's state (moments, momenta) comes from the checkpoint, but its
 settings and the schedule follow the config: `resume_settings` applies lr, betas, eps,
@@ -198,23 +199,59 @@ def saved_schedule_length(saved_schedule: dict[str, Any]) -> tuple[int | None, i
     return fields.get("total_steps"), fields.get("warmup_steps")
 
 
+def is_fused_adamw(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is AdamW running its fused kernel (the CUDA choice here)."""
+    return isinstance(optimizer, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+
+
+def _fused_clipped_step(
+    optimizer: torch.optim.AdamW, params: list[nn.Parameter], max_norm: float
+) -> float:
+    """Clip and step in fused AdamW's kernel; returns the gradient norm.
+
+    The kernel divides each gradient by ``grad_scale`` and leaves weights, moments and
+    step counts alone where ``found_inf`` is 1 (the hooks torch's mixed-precision
+    scaler uses), so the clip needs no pass of its own over the gradients and the
+    non-finite decision no host sync before the step is queued; the norm is read after."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True).float()
+    # clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), at most 1, as a divisor.
+    optimizer.grad_scale = ((norm + 1e-6) / max_norm).clamp(min=1.0)
+    optimizer.found_inf = (~norm.isfinite()).float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+    return float(norm)
+
+
 def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     cfg: OptimConfig,
+    *,
+    grads_to_none: bool = False,
+    clip_in_step: bool = False,
 ) -> float:
     """Clip gradients to cfg.grad_clip, step unless their norm is not finite, advance the
-    schedule, zero grads; returns the norm (not finite: the weights were left alone).
+    schedule, clear grads; returns the norm (not finite: the weights were left alone).
+
+    ``clip_in_step``: a fused AdamW clips and skips inside its kernel
+    (`_fused_clipped_step`); other optimisers clip, read the norm, then step.
+    ``grads_to_none``: free the gradients instead of zeroing them, so the next backward
+    writes them rather than adding them to zeros (no memset, no add per parameter). Only
+    for a model trained alone: under DDP the .grad tensors are views into its buckets.
 
     Under DDP every rank holds the same reduced gradients, so every rank computes the same
     norm and takes the same decision."""
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
-    if math.isfinite(norm):
-        optimizer.step()
+    if clip_in_step and params and is_fused_adamw(optimizer):
+        norm = _fused_clipped_step(optimizer, params, max_norm)
+    else:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        if math.isfinite(norm):
+            optimizer.step()
     scheduler.step()
-    # In place, not set_to_none: under DDP the .grad tensors are views into its buckets.
-    optimizer.zero_grad(set_to_none=False)
+    optimizer.zero_grad(set_to_none=grads_to_none)
     return norm

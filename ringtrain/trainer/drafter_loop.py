@@ -291,7 +291,12 @@ class DrafterLoop:
             return summary, None
         scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
         norm = optimizer_step(
-            trainee.model, trainee.optimizer, trainee.scheduler, self.config.optim
+            trainee.model,
+            trainee.optimizer,
+            trainee.scheduler,
+            self.config.optim,
+            grads_to_none=self.network is trainee.model,
+            clip_in_step=True,
         )
         return summary, norm
 

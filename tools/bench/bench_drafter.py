@@ -19,9 +19,15 @@ mask allows, and the LM head over slots 1..B-1. Trainable matmuls count 3x their
 (forward, input grad, weight grad); fc and the frozen LM head count 2x (one of the two
 gradients is not needed); attention counts 3x.
 
+Optimiser-step variants (drafter/optim.py's optimizer_step switches, otherwise "base"):
+"grads_none" frees the gradients after the step instead of zeroing them, "clip_in_step"
+clips and skips inside the fused AdamW kernel, "fast_step" does both; "final_loss" shows
+they train alike.
+
     python tools/bench/bench_drafter.py --json                         # H200, default variant
     python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
     python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
+    python tools/bench/bench_drafter.py --json --variants base,fast_step --steps 10  # optimiser step paths
     python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -79,12 +85,23 @@ TINY = {
 }
 PACKED = (0.97, 1.0)  # batch fill of the data pipeline's packing
 VARIED = (0.6, 1.0)
+# Drafter settings of each variant, and how it steps the optimiser (optimizer_step's
+# switches; "base": clip then step, gradients zeroed in place).
 VARIANTS = {
     "base": {"loss_chunk": 4096, "compile_mode": "default"},
     "chunk2048": {"loss_chunk": 2048, "compile_mode": "default"},
     "chunk8192": {"loss_chunk": 8192, "compile_mode": "default"},
     "autotune": {"loss_chunk": 4096, "compile_mode": "max-autotune-no-cudagraphs"},
+    "grads_none": {"loss_chunk": 4096, "compile_mode": "default", "grads_to_none": True},
+    "clip_in_step": {"loss_chunk": 4096, "compile_mode": "default", "clip_in_step": True},
+    "fast_step": {
+        "loss_chunk": 4096,
+        "compile_mode": "default",
+        "grads_to_none": True,
+        "clip_in_step": True,
+    },
 }
+STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
 
 def log(message: str) -> None:
@@ -170,6 +187,8 @@ class VariantRun:
 
     def __init__(self, overrides: dict, args: argparse.Namespace, device: torch.device) -> None:
         target = TINY if args.small else TARGETS[args.target_shape]
+        self.step_switches = {k: v for k, v in overrides.items() if k in STEP_SWITCHES}
+        overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES}
         self.cfg = DrafterConfig(
             num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
             anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
@@ -196,7 +215,9 @@ class VariantRun:
             self.model, self.head, batch, self.generator, self.cfg, max_tokens=self.max_tokens
         )
         (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()
-        optimizer_step(self.model, self.optimizer, self.scheduler, self.optim_cfg)
+        optimizer_step(
+            self.model, self.optimizer, self.scheduler, self.optim_cfg, **self.step_switches
+        )
         return sums.loss_sum.detach() / sums.weight_sum
 
     def sync(self) -> None:
@@ -316,14 +337,14 @@ def main(argv: list[str] | None = None) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(
-        f"{'variant':<10} {'step_s':>8} {'tok/s':>10} {'TFLOP/s':>8} {'mfu':>6} {'mem GiB':>8} {'recomp':>6}"
+        f"{'variant':<12} {'step_s':>8} {'tok/s':>10} {'TFLOP/s':>8} {'mfu':>6} {'mem GiB':>8} {'recomp':>6}"
     )
     for r in results:
         if "step_s" not in r:
-            print(f"{r['variant']:<10} {r.get('error') or r.get('skipped')}")
+            print(f"{r['variant']:<12} {r.get('error') or r.get('skipped')}")
             continue
         mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
-        print(f"{r['variant']:<10} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
+        print(f"{r['variant']:<12} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
               f"{r['tflops_per_s']:>8.1f} {r['mfu'] or 0:>6.3f} {mem:>8} {r['recompiles']:>6}")  # fmt: skip
     report = {
         "benchmark": "bench_drafter",
