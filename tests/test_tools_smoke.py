@@ -75,6 +75,37 @@ def test_moe_report_runs_as_a_module_and_reads_the_gpu_check_results(tmp_path: P
     assert json.loads((tmp_path / "moe_report.json").read_text()) == report
 
 
+def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) -> None:
+    (tmp_path / "speed_drafter.json").write_text(
+        json.dumps({"results": [
+            {"variant": "base", "step_s": 0.4, "mfu": 0.5, "final_loss": 9.0, "recompiles": 0},
+            {"variant": "fast_step", "step_s": 0.3, "mfu": 0.6, "final_loss": 9.0, "recompiles": 0},
+        ]})
+    )  # fmt: skip
+    (tmp_path / "speed_moe.json").write_text(
+        json.dumps({"results": [
+            {"moe_compile": "off", "out": "device", "step_ms": 200.0, "graph_breaks": 0},
+            {"moe_compile": "off", "out": "host", "step_ms": 210.0},
+            {"moe_compile": "on", "out": "device", "step_ms": 150.0, "graph_breaks": 0},
+        ]})
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.speed_report"], cwd=ROOT,
+        env={**_env(), "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    report = json.loads(lines[0])
+    rows = {e["metric"]: e for e in report["comparison"]}
+    assert rows["drafter.step_s"]["ratio"] == pytest.approx(0.75)
+    assert rows["drafter.final_loss"]["ratio"] == 1.0
+    assert (rows["moe_target.step_ms"]["old"], rows["moe_target.step_ms"]["new"]) == (200.0, 150.0)
+    assert rows["moe_target.step_ms"]["ratio"] == pytest.approx(0.75)
+    assert rows["moe_target.peak_mem_gib"]["ratio"] is None  # not in the results
+    assert lines[-1].split() == ["moe_target.graphs", "-", "-", "-"]
+    assert json.loads((tmp_path / "speed_report.json").read_text()) == report
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--layout", "2"], "write targets+drafters"),

@@ -4,6 +4,7 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
+#        [speed]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -12,6 +13,9 @@
 # [multigpu] (2 targets + 2 drafters under MPS against 1 + 1 on one GPU; multigpu_bf16:
 # bf16 gradient reduction) [split] (1 target on GPU 0, 1 drafter on GPU 1).
 # One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens).
+# [speed] (about 4 minutes): old and new step paths side by side in one process each,
+# the drafter's optimiser step (bench_drafter base / fast_step) and the Qwen3-30B-A3B
+# target's mixture-of-experts blocks eager / compiled; a table with ratios last.
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -98,6 +102,14 @@ for step in $steps; do
                     --cold-shapes none --skip-standalone --json
                 mv "$out/bench_pipeline.json" "$out/longdocs_$len.json" 2>/dev/null
             done ;;
+        speed)
+            run speed_drafter 150 python -m tools.bench.bench_drafter --variants base,fast_step \
+                --steps 10 --json
+            mv "$out/bench_drafter.json" "$out/speed_drafter.json" 2>/dev/null
+            run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
+                --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
+            mv "$out/bench_target.json" "$out/speed_moe.json" 2>/dev/null
+            OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
         *) echo "unknown step $step" ;;
     esac
 done

@@ -1,0 +1,77 @@
+"""Old against new step paths, side by side, from the JSON of ``tools/gpu_checks.sh speed``.
+
+That check leaves ``speed_drafter.json`` (bench_drafter, variants "base": today's
+optimiser step, and "fast_step": the clip inside fused AdamW's kernel and gradients freed
+instead of zeroed) and ``speed_moe.json`` (bench_target on the Qwen3-30B-A3B shape,
+compiled, with the mixture-of-experts blocks eager and compiled: ``--moe-compile both``)
+in ``$OUT``. This writes ``$OUT/speed_report.json``, prints it as one JSON line, then a
+table of each metric old and new with the ratio new / old, last. A benchmark that did
+not finish shows as None.
+
+    OUT=gpu-results python -m tools.bench.speed_report
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tools.bench.moe_report import read
+
+DRAFTER_METRICS = ("step_s", "mfu", "peak_mem_gib", "recompiles", "final_loss")
+MOE_METRICS = ("step_ms", "mfu", "peak_mem_gib", "recompiles", "graph_breaks", "graphs")
+
+
+def drafter_rows(report: dict) -> dict[str, dict]:
+    """bench_drafter's "base" (old) and "fast_step" (new) results."""
+    by_variant = {r.get("variant"): r for r in report.get("results", [])}
+    return {"old": by_variant.get("base", {}), "new": by_variant.get("fast_step", {})}
+
+
+def moe_rows(report: dict) -> dict[str, dict]:
+    """bench_target's GPU-output rows with the MoE blocks eager (old) and compiled (new)."""
+    device_rows = [r for r in report.get("results", []) if r.get("out") == "device"]
+    by_moe = {r.get("moe_compile"): r for r in device_rows}
+    return {"old": by_moe.get("off", {}), "new": by_moe.get("on", {})}
+
+
+def compare(prefix: str, rows: dict[str, dict], metrics: tuple[str, ...]) -> list[dict]:
+    """One {metric, old, new, ratio} entry per metric (ratio new / old, None without both)."""
+    entries = []
+    for metric in metrics:
+        old, new = rows["old"].get(metric), rows["new"].get(metric)
+        ratio = new / old if isinstance(old, int | float) and old and new is not None else None
+        entries.append({"metric": f"{prefix}.{metric}", "old": old, "new": new, "ratio": ratio})
+    return entries
+
+
+def cell(value: object) -> str:
+    """A table cell: floats to 4 significant digits, None as '-'."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main() -> dict:
+    out = Path(os.environ.get("OUT", "gpu-results"))
+    entries = [
+        *compare("drafter", drafter_rows(read(out, "speed_drafter.json")), DRAFTER_METRICS),
+        *compare("moe_target", moe_rows(read(out, "speed_moe.json")), MOE_METRICS),
+    ]
+    report = {"old": "base / MoE blocks eager", "new": "fast_step / MoE blocks compiled"}
+    report["comparison"] = entries
+    line = json.dumps(report)
+    (out / "speed_report.json").write_text(line + "\n")
+    print(line)
+    width = max(len(e["metric"]) for e in entries)
+    print(f"{'metric':<{width}} {'old':>10} {'new':>10} {'new/old':>8}")
+    for e in entries:
+        print(
+            f"{e['metric']:<{width}} {cell(e['old']):>10} {cell(e['new']):>10} {cell(e['ratio']):>8}"
+        )
+    return report
+
+
+if __name__ == "__main__":
+    main()
