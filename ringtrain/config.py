@@ -53,6 +53,11 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: str = "run"
     run_dir: str = "runs/run"
+    # Seeds a fresh drafter's initialisation (every drafter rank builds the same initial
+    # weights from it, and a run with the same seed on the same kind of device starts
+    # from the same weights) and the anchors of each training batch (drawn from this
+    # seed and the batch's place in its target's stream, whichever drafter takes it).
+    # The batch order has its own seed, data.seed.
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
     max_steps: Annotated[int, msgspec.Meta(ge=1)] = 100
     log_every: Annotated[int, msgspec.Meta(ge=1)] = 10

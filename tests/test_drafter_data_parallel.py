@@ -31,7 +31,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.config import OptimConfig
 from ringtrain.trainer.data_parallel import wrap_data_parallel
-from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee, anchor_seed
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from tests.launcher import run_gloo_pair
@@ -97,12 +97,12 @@ def drafter_worker(architecture: str, rank: int, store: str, out: str) -> None:
 
 def one_drafter_on_both_batches(architecture: str) -> dict[str, list[torch.Tensor]]:
     """One drafter, one optimizer step on the sum of both batches' objectives (anchors
-    drawn as drafters 0 and 1 draw them) over their total weight."""
+    drawn as the drafters draw them for these batches) over their total weight."""
     config = make_config(architecture)
     trainee = make_trainee(config)
     loss, weight = 0.0, 0.0
     for index in (0, 1):
-        generator = torch.Generator().manual_seed(SEED * 1_000_003 + 1 * 1009 + index)
+        generator = torch.Generator().manual_seed(anchor_seed(SEED, item(index).meta))
         sums = block_objective(
             trainee.model, trainee.head, item(index), generator, config.drafter, MAX_TOKENS
         )

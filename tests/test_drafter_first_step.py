@@ -4,15 +4,19 @@ ln(vocab), not far above it, and the first gradient is modest.
 A trained chat model's embedding rows have norms of a few units (SmolLM2-135M: 3.2 on
 average) and its LM head is the same matrix. The drafter's block slots start as the mask
 token's embedding brought to RMS 1 by the final norm, which such a head scores with a
-logit of row norm x sqrt(hidden) (tens) for the mask token itself."""
+logit of row norm x sqrt(hidden) (tens) for the mask token itself.
+
+A fresh drafter's initial weights come from run.seed alone (seeded_drafter): the same
+on every drafter rank and in every run with that seed, whatever the global random state."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target
+from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target, seeded_drafter
 from tests.tiny_drafter import TAPS, TARGET, make_cfg, objective
 from tools.shared.packed_batch import random_packed_batch
 
@@ -60,3 +64,21 @@ def test_a_head_of_small_weights_keeps_the_unit_norm() -> None:
     small = FrozenHead.random(VOCAB, TARGET["hidden_size"], "cpu", torch.float32)
     assert model.fit_output_scale(small) == 1.0
     assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
+
+
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_a_fresh_drafter_is_initialised_from_the_seed_alone(architecture: str) -> None:
+    extra = {"selector_rank": 8, "selector_top_k": 4} if architecture == "dflash2" else {}
+    spec = drafter_spec_from_target(TARGET, make_cfg(architecture=architecture, **extra), TAPS)
+    cpu = torch.device("cpu")
+    torch.manual_seed(1)
+    first = seeded_drafter(spec, cpu, seed=7).state_dict()
+    after_first = torch.rand(4)
+    torch.manual_seed(2)  # another global random state: the drafter must not see it
+    second = seeded_drafter(spec, cpu, seed=7).state_dict()
+    other = seeded_drafter(spec, cpu, seed=8).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert not torch.equal(first["fc.weight"], other["fc.weight"])
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(4), after_first), "building a drafter moved the global RNG"

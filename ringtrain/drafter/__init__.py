@@ -1,6 +1,6 @@
 """The drafter: architectures, block objective, held-out evaluation, optimiser, checkpoints."""
 
-from ringtrain.drafter.architectures import build_drafter
+from ringtrain.drafter.architectures import build_drafter, seeded_drafter
 from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
@@ -37,4 +37,5 @@ __all__ = [
     "optimizer_step",
     "read_resume_record",
     "save_checkpoint",
+    "seeded_drafter",
 ]

@@ -42,7 +42,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.objectives import objective_of
 from ringtrain.ring import ReadItem
-from ringtrain.trainer.batch_meta import BatchKind
+from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.data_parallel import (
     GradSyncProbe,
     data_parallel_ranks,
@@ -55,6 +55,13 @@ from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import ReducedSums, StepSums
+
+
+def anchor_seed(run_seed: int, meta: BatchMeta) -> int:
+    """The seed of a training batch's anchors: the run seed and the batch's place in its
+    target's stream, not the drafter that takes it (which follows timing), so a batch
+    gives the same gradient on any drafter rank, in a resumed run as in an unbroken one."""
+    return ((run_seed * 1_000_003 + meta.producer) * 1_000_000_007 + meta.seq) % (1 << 63)
 
 
 @dataclass
@@ -184,7 +191,7 @@ class DrafterLoop:
             step, started = state.step + 1, time.perf_counter()
             item = self._take_training_item(stop)
             self._announce_first_item(item)
-            loss_sum = None if item is None else self._forward(item, step)
+            loss_sum = None if item is None else self._forward(item)
             if loss_sum is None:
                 self.sums.request_stop()
             reduced = self.sums.reduce(self.group)
@@ -254,11 +261,11 @@ class DrafterLoop:
 
     # ---- forward ---------------------------------------------------------------------
 
-    def _forward(self, item: ReadItem, step: int) -> torch.Tensor:
-        """The objective on this drafter's batch (anchors seeded by run seed, step and
-        drafter): its sums are added to the step's, its loss sum is returned."""
+    def _forward(self, item: ReadItem) -> torch.Tensor:
+        """The objective on this drafter's batch (anchors seeded by the run seed and the
+        batch: see anchor_seed): its sums are added to the step's, its loss sum is returned."""
         config = self.config
-        self.generator.manual_seed(config.run.seed * 1_000_003 + step * 1009 + self.drafter_index)
+        self.generator.manual_seed(anchor_seed(config.run.seed, item.meta))
         with self.autocast:
             objective = block_objective(
                 self.network,

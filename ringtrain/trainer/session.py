@@ -23,13 +23,13 @@ from ringtrain.drafter import (
     FrozenHead,
     ResumeRecord,
     StreamCursor,
-    build_drafter,
     build_optimizer,
     latest_checkpoint,
     load_checkpoint,
     load_frozen_head,
     read_resume_record,
     save_checkpoint,
+    seeded_drafter,
 )
 from ringtrain.drafter.optim import resume_settings, saved_schedule_length, schedule_at
 from ringtrain.drafter.retention import prune_checkpoints
@@ -293,7 +293,8 @@ def _weights_digest(model: torch.nn.Module) -> str:
 
 
 def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
-    """A fresh drafter on `device`, the target's frozen head, the optimizer and schedule."""
+    """A fresh drafter on `device` (initialised from run.seed: alike on every drafter rank),
+    the target's frozen head, the optimizer and schedule."""
     if config.target.random_weights:
         head = FrozenHead.random(
             plan.spec.vocab_size, plan.spec.hidden_size, device, plan.hidden_dtype
@@ -301,8 +302,7 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
     else:
         get_logger().info("loading frozen embedding and LM head from %s", plan.target_path)
         head = load_frozen_head(plan.target_path, device, plan.hidden_dtype)
-    with torch.device(device):  # initialised where it trains: a billion values on CPU take long
-        model = build_drafter(plan.spec)
+    model = seeded_drafter(plan.spec, device, config.run.seed)
     count = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     get_logger().info("drafter built on %s: %s trainable parameters", device, f"{count:,}")
     scale = model.fit_output_scale(head)
