@@ -1,11 +1,14 @@
 """The README's "Training your own drafter", walked on a tiny chat model written with
 save_pretrained: regenerate --local, prepare, inspect (and --row), train, stop, resume,
-eval and plot, each a real command that exits 0 and prints what the README says."""
+eval and plot, each a real command that exits 0 and prints what the README says; and
+launch/single_node.sh as the README runs it, in a shell whose python3 is not the project's
+(the launch scripts find the project's environment themselves)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from tests.launcher import RUN_TIMEOUT_S, run_env, step_records, wait_for_step
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+PROJECT = Path(__file__).resolve().parents[1]
 CHATS = [
     {"messages": [{"role": "user", "content": f"question {i}: tell me about rings"}]}
     for i in range(6)
@@ -100,9 +104,18 @@ def prepared_dataset(root: Path) -> None:
     assert "question 0: tell me about rings" in out and "⟦" in out and "⟧" in out
 
 
-def trained_stopped_and_resumed(root: Path) -> Path:
-    """README steps 2-4: a config, a launch stopped with SIGTERM, then --resume."""
+@pytest.fixture(scope="module")
+def walk_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with README step 1 done (the tiny chat model, its chats, the prepared
+    dataset) and step 2's config, walk.toml."""
+    root = tmp_path_factory.mktemp("walk")
+    prepared_dataset(root)
     (root / "walk.toml").write_text(CONFIG.format(root=root, pid=os.getpid()))
+    return root
+
+
+def trained_stopped_and_resumed(root: Path) -> Path:
+    """README steps 3-4: a launch stopped with SIGTERM, then --resume."""
     run_dir = root / "runs" / "walk"
     output = root / "train.out"
     with output.open("wb") as sink:
@@ -131,15 +144,59 @@ def trained_stopped_and_resumed(root: Path) -> Path:
     return run_dir
 
 
-def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    prepared_dataset(tmp_path)
-    run_dir = trained_stopped_and_resumed(tmp_path)
+def test_the_readme_walkthrough_runs_as_written(walk_root: Path) -> None:
+    run_dir = trained_stopped_and_resumed(walk_root)
     out = run(
-        tmp_path, str(BIN / "ringtrain-eval"), "--target", "models/chat", "--drafter",
+        walk_root, str(BIN / "ringtrain-eval"), "--target", "models/chat", "--drafter",
         "runs/walk", "--prompts", "chats.jsonl", "--limit", "2", "--max-new-tokens", "16",
         "--device", "cpu", "--json",
     )  # fmt: skip
     report = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
     assert "tau_real" in out and report["tau_real"] >= 1.0
-    run(tmp_path, str(BIN / "ringtrain-plot"), str(run_dir), "-o", "run.png")
-    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    run(walk_root, str(BIN / "ringtrain-plot"), str(run_dir), "-o", "run.png")
+    assert (walk_root / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def as_a_set_up_clone(root: Path) -> None:
+    """Make `root` look like the project's root after tools/setup_env.sh, by symlinks:
+    its launch/ scripts and package, and .venv (the environment running this suite)."""
+    for name in ("launch", "ringtrain"):
+        (root / name).symlink_to(PROJECT / name, target_is_directory=True)
+    (root / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+
+
+def shell_without_the_project() -> dict[str, str]:
+    """A shell's environment in which neither python3 nor PYTHONPATH is the project's:
+    the venv's bin/ off PATH, no VIRTUAL_ENV, PYTHONPATH or PYTHONHOME."""
+    env = {
+        k: v for k, v in run_env().items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+    }
+    env["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != BIN.resolve()
+    )
+    python3 = shutil.which("python3", path=env["PATH"])
+    assert python3 is None or Path(python3).resolve() != Path(sys.executable).resolve()
+    return env
+
+
+def test_single_node_sh_runs_as_written_in_a_shell_without_the_project(walk_root: Path) -> None:
+    """README step 3's `launch/single_node.sh CONFIG`: launch/python.sh finds .venv at the
+    project root, single_node.sh takes --nproc-per-node from [layout] (1 target + 1
+    drafter), and the run prints step 4's progress lines and end-of-run role split."""
+    as_a_set_up_clone(walk_root)
+    command = ["launch/single_node.sh", "walk.toml", "--set", "run.max_steps=3"]
+    command += ["--set", "run.run_dir=runs/single", "--set", "run.eval_every=0"]
+    proc = subprocess.run(
+        command, cwd=walk_root, env=shell_without_the_project(), capture_output=True,
+        text=True, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    progress = next(line for line in out.splitlines() if "step 3/3 |" in line)
+    for figure in ("tau_sim", "tok/s", "loss", "tau_uniform", "ring", "occupied"):
+        assert figure in progress, progress
+    assert "role split over the node's 2 processes" in out and "min(1 x " in out, out[-3000:]
+    run_dir = walk_root / "runs" / "single"
+    assert [r["step"] for r in step_records(run_dir)] == [1, 2, 3]
+    logs = sorted(log.name for log in (run_dir / "logs").glob("rank*.log"))
+    assert logs == ["rank0-target.log", "rank1-drafter.log"]
