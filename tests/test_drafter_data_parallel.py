@@ -2,8 +2,9 @@
 
 One step of two drafters, each on its own batch, must give the weights and Adam moments
 that one drafter gives when its loss is the sum over both batches (the same anchors)
-normalised by the total weight; the bf16 reduction is refused on CPU with the fix; and
-a drafter that finds no batch must stop both without anyone waiting in a reduction.
+normalised by the total weight, and exactly those of the step with the batches swapped;
+the bf16 reduction is refused on CPU with the fix; and a drafter that finds no batch
+must stop both without anyone waiting in a reduction.
 Both architectures: DFlash2's selector loss is computed outside the wrapped module's
 forward, and its gradients must be averaged all the same.
 """
@@ -71,8 +72,9 @@ def trained(trainee: Trainee) -> dict[str, list[torch.Tensor]]:
 
 
 def drafter_worker(architecture: str, rank: int, store: str, out: str) -> None:
-    """Drafter `rank` of two: one step, then a run where rank 1 has no batch; what it
-    trained is saved to `out`/rank.pt."""
+    """Drafter `rank` of two: one step, the same step with the batches swapped between
+    the drafters, then a run where rank 1 has no batch; what it trained is saved to
+    `out`/rank.pt."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     group = dist.new_group([0, 1])
     with pytest.raises(ValueError, match=r"bfloat16.* needs drafters on CUDA"):
@@ -82,6 +84,12 @@ def drafter_worker(architecture: str, rank: int, store: str, out: str) -> None:
     loop = DrafterLoop(make_config(architecture), ring.take, ring, trainee, rank, 2, group, 0)
     state = loop.train(DrafterState(0, BatchLedger()), StopRequest())
     results = {"trained": {**trained(trainee), "step": state.step}}
+    trainee = make_trainee(make_config(architecture))
+    ring = RingStandIn([item(1 - rank)])  # each batch on the other drafter
+    DrafterLoop(make_config(architecture), ring.take, ring, trainee, rank, 2, group, 0).train(
+        DrafterState(0, BatchLedger()), StopRequest()
+    )
+    results["swapped"] = trained(trainee)
     trainee = make_trainee(make_config(architecture))
     before = [p.detach().clone() for p in trainee.model.parameters()]
     ring = RingStandIn([item(0)] if rank == 0 else [])
@@ -133,3 +141,7 @@ def test_two_drafters_step_as_one_drafter_on_both_batches(
     assert_close_lists(
         ranks[0]["trained"]["weights"], ranks[1]["trained"]["weights"], rtol=0, atol=0
     )
+    # Which drafter takes which batch changes nothing, bit for bit: a batch's anchors
+    # follow the batch, and the reduction of two gradients is one (commutative) addition.
+    for key in ("weights", "moments"):
+        assert_close_lists(ranks[0]["swapped"][key], ranks[0]["trained"][key], rtol=0, atol=0)
