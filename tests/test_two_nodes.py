@@ -33,7 +33,7 @@ DIGEST = re.compile(r"drafter weights digest: ([0-9a-f]+)")
 # which gradient (bitwise invariant over two ranks, not over four: measured on a
 # permuted all-reduce), and which drafter of a node takes which batch follows timing.
 # That rounding (an ulp of a step's gradient sum) reaches the weights through AdamW:
-# measured at most 8.4e-7 in four comparisons (unbroken or resumed runs against an
+# measured at most 8.4e-7 in six comparisons (unbroken or resumed runs against an
 # unbroken one), while one step moves the weights by 1.0e-3 (median) to 2.5e-3. 1e-5 is
 # 12x the former and a hundredth of the latter, well below what a batch trained twice,
 # skipped or given other anchors changes.
