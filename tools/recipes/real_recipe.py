@@ -234,12 +234,13 @@ def train_command(
     recipe: RealRecipe, run_dir: Path, train_set: Path, overrides: list[str], config: Config
 ) -> list[str]:
     """torchrun ringtrain.main for one drafter: trained on `train_set` into `run_dir` with
-    `overrides` (after the recipe's paths), on the layout of `config` (their result)."""
+    `overrides`, on the layout of `config` (their result). The paths come last: they are
+    derived from the overrides' run directory and data path, and must win over them."""
     sets = [
+        *overrides,
         f"run.run_dir={json.dumps(str(run_dir))}",
         f"run.name={json.dumps(run_dir.name)}",
         f"data.path={json.dumps(str(train_set))}",
-        *overrides,
     ]
     layout = config.layout
     return [
