@@ -11,8 +11,8 @@ after the block; cutting back to the accepted tokens is setting the position. Ev
 verification has the same shapes, so on CUDA it is captured once as a CUDA graph (after
 one eager run) and replayed. The model uses batch_decode's attention only within these
 forwards (set and restored around each; a replayed graph runs no Python), so other users
-of the same model object keep their own. The tapped layers' outputs go to a buffer of the graph and
-are copied out after each replay.
+of the same model object keep their own. The tapped layers' outputs go to a buffer of
+the graph and are copied out after each replay.
 
 Only for targets whose layers are all full attention (``supports_cache_rollback``).
 """

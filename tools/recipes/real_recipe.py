@@ -408,12 +408,17 @@ def size_rows(report: dict) -> list[str]:
     return rows
 
 
+def summary(report: dict, title: str, rows: list[str], benchmarks: list[str]) -> str:
+    """A real-model recipe's closing summary: its title, machine and date, the timings,
+    its table ``rows`` and its BENCHMARKS.md lines."""
+    lines = [f"{title} on {report['machine']} ({report['device']}), {report['date']}"]
+    lines += [f"{name:<24}{seconds:>10.1f}" for name, seconds in report["timings_s"].items()]
+    return "\n".join([*lines, "", *rows, "", "BENCHMARKS.md lines:", *benchmarks])
+
+
 def table(report: dict, command: str) -> str:
     """The closing summary: timings, tau per training-set size, BENCHMARKS lines."""
-    lines = [f"real-model recipe on {report['machine']} ({report['device']}), {report['date']}"]
-    lines += [f"{name:<24}{seconds:>10.1f}" for name, seconds in report["timings_s"].items()]
-    lines += ["", *size_rows(report), "", "BENCHMARKS.md lines:", *benchmark_lines(report, command)]
-    return "\n".join(lines)
+    return summary(report, "real-model recipe", size_rows(report), benchmark_lines(report, command))
 
 
 def save_json(report: dict, filename: str, run_dir: Path) -> None:

@@ -44,6 +44,7 @@ from tools.recipes.real_recipe import (
     recipe_tables,
     run_children,
     save_json,
+    summary,
     train_command,
     train_rate,
 )
@@ -211,10 +212,9 @@ def benchmark_lines(report: dict, command: str) -> list[str]:
 
 def table(report: dict, command: str) -> str:
     """The closing summary: timings, the variants' table, BENCHMARKS lines."""
-    lines = [f"real-model variants on {report['machine']} ({report['device']}), {report['date']}"]
-    lines += [f"{name:<24}{seconds:>10.1f}" for name, seconds in report["timings_s"].items()]
-    lines += ["", *variant_rows(report), "", "BENCHMARKS.md lines:"]
-    return "\n".join([*lines, *benchmark_lines(report, command)])
+    return summary(
+        report, "real-model variants", variant_rows(report), benchmark_lines(report, command)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
