@@ -279,7 +279,7 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
 
 @pytest.mark.scripts
 def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
-    """The default and `best` (all four changes at once) of the [variants.cpu] settings
+    """The paper's recipe and `best` (all four changes at once) of the [variants.cpu] settings
     train on the real model's data with their overrides and are evaluated losslessly;
     the report is complete and the table names each variant."""
     paths = {"target.path": "model", "data.path": "train", "data.eval_path": "eval",

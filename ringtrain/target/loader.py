@@ -88,7 +88,7 @@ def load_target(
     attn_implementation: str = "auto",
     random_weights: bool = False,
     compile: str = "auto",
-    compile_moe: bool = False,
+    compile_moe: bool = True,
     group: torch.distributed.ProcessGroup | None = None,
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
