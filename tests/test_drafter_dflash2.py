@@ -26,7 +26,7 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.config import OptimConfig
-from ringtrain.drafter.dflash2 import DFlash2Drafter
+from ringtrain.drafter.dflash2 import DFlash2Drafter, selector_loss_sum
 from ringtrain.drafter.model import DFlashDrafter
 from tests.launcher import run_training, step_records
 from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, train
@@ -263,6 +263,49 @@ def test_dflash2_trains_its_convolutions_and_selector() -> None:
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
     assert not torch.equal(model.candidate_selector.successor_codebook, successor)
     assert not torch.equal(model.layers[0].attention_conv.kernel_projection.weight, projection)
+
+
+def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> None:
+    """The selector's loss forms its unary scores from the candidates' LM-head rows only;
+    loss, hits and every gradient equal the definition over vocabulary-wide logits (the
+    candidates' logits taken from them, with their gradient)."""
+    torch.manual_seed(0)
+    cfg, _, head, _ = make_setup(0, **{**DFLASH2, "selector_top_k": 6})
+    selector = build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).candidate_selector
+    selector = selector.double()
+    nn.init.normal_(selector.successor_codebook, std=0.05)
+    anchors, block, hidden = 5, 4, head.lm_head.shape[1]
+    lm_head = head.lm_head.double()
+    rows = torch.randn(anchors * (block - 1), hidden, dtype=torch.float64, requires_grad=True)
+    # Labels: each slot's best logit (hits the walk takes), its second (hits it may miss)
+    # or a random token (misses the top-k).
+    logits = (rows @ lm_head.t()).detach()
+    labels = torch.randint(0, lm_head.shape[0], (anchors, block))
+    ranked = logits.topk(2, dim=-1).indices.view(anchors, block - 1, 2)
+    draw = torch.rand(anchors, block - 1)
+    labels[:, 1:] = torch.where(draw < 0.5, ranked[..., 0], labels[:, 1:])
+    labels[:, 1:] = torch.where((draw >= 0.5) & (draw < 0.75), ranked[..., 1], labels[:, 1:])
+    weights = torch.rand(anchors, block - 1, dtype=torch.float64)
+
+    def definition() -> tuple[torch.Tensor, torch.Tensor]:
+        unary, candidates = (rows @ lm_head.t()).topk(selector.top_k, dim=-1)
+        targets = labels[:, 1:].reshape(-1)
+        scores = selector.scores(rows, unary, candidates, labels[:, :-1].reshape(-1))
+        hits = candidates == targets[:, None]
+        loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
+        picked = candidates.gather(-1, scores.detach().argmax(-1, keepdim=True)).squeeze(-1)
+        return (loss * weights.reshape(-1) * hits.any(-1)).sum(), picked == targets
+
+    parameters = [rows, *selector.parameters()]
+    expected, expected_hits = definition()
+    expected_grads = torch.autograd.grad(expected, parameters)
+    total, hits = selector_loss_sum(selector, rows, lm_head, labels, weights, chunk=4)
+    grads = torch.autograd.grad(total, parameters)
+    assert expected > 0 and 0 < int(expected_hits.sum()) < len(expected_hits)
+    torch.testing.assert_close(total, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(hits, expected_hits)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.slow

@@ -193,8 +193,10 @@ def selector_loss_sum(
     candidates; a slot whose true token misses the top-k adds nothing. The second result
     [A * (B-1)] is the walk's proposal rule under the same teacher forcing: slot k's best
     scored candidate is its true token. A block's leading run of those is exactly the
-    prefix `walk` gets accepted. `chunk` rows of logits are formed at a time; the logits
-    keep their gradient, as the unary scores.
+    prefix `walk` gets accepted. `chunk` rows of logits are formed at a time, without
+    gradient: they only pick the candidates; the unary scores (the candidates' logits) are
+    formed again, with gradient, from the candidates' LM-head rows alone, so the backward
+    pass never sees a vocabulary-wide logit matrix.
     """
     predecessors = labels[:, :-1].reshape(-1)
     targets = labels[:, 1:].reshape(-1)
@@ -203,8 +205,11 @@ def selector_loss_sum(
     picked = []
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
-        logits = rows[part].to(lm_head.dtype) @ lm_head.t()
-        unary, candidates = logits.to(total.dtype).topk(selector.top_k, dim=-1)
+        with torch.no_grad():
+            logits = rows[part].to(lm_head.dtype) @ lm_head.t()
+            candidates = logits.to(total.dtype).topk(selector.top_k, dim=-1).indices
+        # A product and a sum (not a matmul, which autocast would run in bf16): float32.
+        unary = (rows[part, None].to(total.dtype) * lm_head[candidates].to(total.dtype)).sum(-1)
         scores = selector.scores(rows[part], unary, candidates, predecessors[part])
         hits = candidates == targets[part, None]
         loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
