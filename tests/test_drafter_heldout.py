@@ -29,6 +29,7 @@ from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.heldout import replay_sums
 from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
 from ringtrain.eval.dflash import DFlashBlockDrafter
+from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.eval.target import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
@@ -280,7 +281,9 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
     head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
     train(model, head, batch, cfg, seeds=range(30), max_tokens=batch.num_tokens)
 
-    drafter = DFlashBlockDrafter(model.eval().requires_grad_(False), head, doc_len)
+    model.eval().requires_grad_(False)
+    proposals = FixedShapeProposals(model, head, doc_len, target.tap_width, target.dtype, False)
+    drafter = DFlashBlockDrafter(model, head, proposals)
     tokens = steps = 0
     for prompt, doc in zip(prompts, docs, strict=True):
         decoded = speculative_generate(target, drafter, prompt, new_tokens)

@@ -168,9 +168,13 @@ class DFlash2Drafter(DFlashDrafter):
         ctx_positions: torch.Tensor,
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
+        ctx_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The selector's greedy path through slots 1..B-1, starting after block_ids[0]."""
-        hidden = self.draft_hidden(head, ctx_features, ctx_positions, block_ids, block_positions)
+        """The selector's greedy path through slots 1..B-1, starting after block_ids[0]
+        (arguments as draft_hidden)."""
+        hidden = self.draft_hidden(
+            head, ctx_features, ctx_positions, block_ids, block_positions, ctx_valid
+        )
         logits = self.head_logits(head, hidden[1:])
         return self.candidate_selector.walk(hidden[1:], logits, block_ids[0])
 

@@ -250,26 +250,35 @@ class DFlashDrafter(nn.Module):
         ctx_positions: torch.Tensor,
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
+        ctx_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Inference entry: final hidden states [B, H] of one block after the context of one sequence.
 
         ctx_features [n, K*H] are the tapped target states of the tokens before the block
         (positions ctx_positions [n]); block_ids [B] = [last accepted token, MASK...] at
-        block_positions [B]. Runs under bf16 autocast on CUDA.
+        block_positions [B]. ``ctx_valid`` [n] (bool), where given, marks the context rows
+        the block may attend; the others are padding (a fixed-size context, as a CUDA
+        graph replays it). Runs under bf16 autocast on CUDA.
         """
         device = block_ids.device
         with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
             embeds = head.embed[block_ids]
             scale = self.spec.head_dim**-0.5
             key_positions = torch.cat((ctx_positions, block_positions))
+            visible = None
+            if ctx_valid is not None:
+                in_block = torch.ones_like(block_positions, dtype=torch.bool)
+                visible = torch.cat((ctx_valid, in_block))[None, :]
             attends = []
             for window in self.spec.sliding_windows:
-                mask = None
+                mask = visible
                 if window:
                     distance = block_positions[:, None] - key_positions[None, :]
                     mask = distance < window
                     if self.spec.sliding_causal:
                         mask = mask & (distance >= 0)
+                    if visible is not None:
+                        mask = mask & visible
                 attends.append(partial(_dense_attend, mask=mask, scale=scale))
             return self._run(
                 ctx_features.to(embeds.dtype), ctx_positions, embeds, block_positions, attends
@@ -289,10 +298,13 @@ class DFlashDrafter(nn.Module):
         ctx_positions: torch.Tensor,
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
+        ctx_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [B, V] of one block (arguments as draft_hidden); slot k's logits predict
         the token at block_positions[k]."""
-        hidden = self.draft_hidden(head, ctx_features, ctx_positions, block_ids, block_positions)
+        hidden = self.draft_hidden(
+            head, ctx_features, ctx_positions, block_ids, block_positions, ctx_valid
+        )
         return self.head_logits(head, hidden)
 
     @torch.no_grad()
@@ -303,10 +315,13 @@ class DFlashDrafter(nn.Module):
         ctx_positions: torch.Tensor,
         block_ids: torch.Tensor,
         block_positions: torch.Tensor,
+        ctx_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The B-1 tokens this drafter proposes for block slots 1..B-1 (greedy: each slot's
         argmax; arguments as draft_hidden)."""
-        logits = self.draft_logits(head, ctx_features, ctx_positions, block_ids, block_positions)
+        logits = self.draft_logits(
+            head, ctx_features, ctx_positions, block_ids, block_positions, ctx_valid
+        )
         return logits[1:].argmax(-1)
 
     @torch.no_grad()

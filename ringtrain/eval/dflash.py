@@ -17,6 +17,7 @@ from torch import nn
 
 from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter, latest_checkpoint
 from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
+from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.eval.target import VerifyingTarget
 
 
@@ -60,32 +61,22 @@ def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) ->
 class DFlashBlockDrafter:
     """Greedy block proposals of a drafter (any of drafter/architectures.py) over one
     sequence's target features; the drafter's own `propose` picks the tokens (DFlash: each
-    slot's argmax; DFlash2: its path selector's walk), and verification stays a chain."""
+    slot's argmax; DFlash2: its path selector's walk), and verification stays a chain.
+    Proposals run over a fixed-size context, as CUDA graphs on CUDA
+    (ringtrain.eval.graphed_drafts)."""
 
-    def __init__(self, model: nn.Module, head: FrozenHead, max_positions: int) -> None:
+    def __init__(self, model: nn.Module, head: FrozenHead, proposals: FixedShapeProposals) -> None:
         spec = model.spec
         self.model = model
         self.head = head
         self.block_size = spec.block_size
         self.mask_token_id = spec.mask_token_id
         self.tap_layers = list(spec.tap_layers)
-        device = head.embed.device
-        self._positions = torch.arange(max_positions + spec.block_size, device=device)
+        self.proposals = proposals
 
     def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
         """Draft tokens [B-1] for block positions 1..B-1 (see BlockDrafter)."""
-        positions = self._positions
-        if start + self.block_size > len(positions):
-            self._positions = positions = torch.arange(
-                2 * (start + self.block_size), device=positions.device
-            )
-        return self.model.propose(
-            self.head,
-            context,
-            positions[:start],
-            block,
-            positions[start : start + self.block_size],
-        )
+        return self.proposals.propose(context, block, start)
 
 
 def load_dflash_drafter(
@@ -108,4 +99,8 @@ def load_dflash_drafter(
         model.to(target.dtype)  # CUDA runs it under bf16 autocast; elsewhere in the target's dtype
     lm = target.model
     head = FrozenHead(lm.get_input_embeddings().weight, lm.get_output_embeddings().weight)
-    return DFlashBlockDrafter(model, head, max_positions)
+    graphed = target.device.type == "cuda"
+    proposals = FixedShapeProposals(
+        model, head, max_positions, target.tap_width, target.dtype, graphed
+    )
+    return DFlashBlockDrafter(model, head, proposals)
