@@ -80,6 +80,7 @@ def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) 
         json.dumps({"results": [
             {"variant": "base", "step_s": 0.4, "mfu": 0.5, "final_loss": 9.0, "recompiles": 0},
             {"variant": "fast_step", "step_s": 0.3, "mfu": 0.6, "final_loss": 9.0, "recompiles": 0},
+            {"variant": "muon", "error": "RuntimeError: out of memory"},
         ]})
     )  # fmt: skip
     (tmp_path / "speed_moe.json").write_text(
@@ -97,8 +98,9 @@ def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) 
     lines = proc.stdout.strip().splitlines()
     report = json.loads(lines[0])
     rows = {e["metric"]: e for e in report["comparison"]}
-    assert rows["drafter.step_s"]["ratio"] == pytest.approx(0.75)
-    assert rows["drafter.final_loss"]["ratio"] == 1.0
+    assert rows["drafter.fast_step.step_s"]["ratio"] == pytest.approx(0.75)
+    assert rows["drafter.fast_step.final_loss"]["ratio"] == 1.0
+    assert (rows["drafter.muon.step_s"]["old"], rows["drafter.muon.step_s"]["new"]) == (0.4, None)
     assert (rows["moe_target.step_ms"]["old"], rows["moe_target.step_ms"]["new"]) == (200.0, 150.0)
     assert rows["moe_target.step_ms"]["ratio"] == pytest.approx(0.75)
     assert rows["moe_target.peak_mem_gib"]["ratio"] is None  # not in the results

@@ -4,7 +4,7 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
-#        [speed]
+#        [speed] [speed_moe]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -13,9 +13,10 @@
 # [multigpu] (2 targets + 2 drafters under MPS against 1 + 1 on one GPU; multigpu_bf16:
 # bf16 gradient reduction) [split] (1 target on GPU 0, 1 drafter on GPU 1).
 # One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens).
-# [speed] (about 4 minutes): old and new step paths side by side in one process each,
-# the drafter's optimiser step (bench_drafter base / fast_step) and the Qwen3-30B-A3B
-# target's mixture-of-experts blocks eager / compiled; a table with ratios last.
+# [speed] (about 4 minutes): the drafter's step paths side by side in one process
+# (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
+# minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
+# ends with a table with ratios (tools/bench/speed_report.py).
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -103,9 +104,11 @@ for step in $steps; do
                 mv "$out/bench_pipeline.json" "$out/longdocs_$len.json" 2>/dev/null
             done ;;
         speed)
-            run speed_drafter 150 python -m tools.bench.bench_drafter --variants base,fast_step \
-                --steps 10 --json
+            run speed_drafter 300 python -m tools.bench.bench_drafter \
+                --variants base,fast_step,cudagraphs,muon --steps 10 --json
             mv "$out/bench_drafter.json" "$out/speed_drafter.json" 2>/dev/null
+            OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
+        speed_moe)
             run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
             mv "$out/bench_target.json" "$out/speed_moe.json" 2>/dev/null

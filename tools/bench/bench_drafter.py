@@ -22,12 +22,14 @@ gradients is not needed); attention counts 3x.
 Optimiser-step variants (drafter/optim.py's optimizer_step switches, otherwise "base"):
 "grads_none" frees the gradients after the step instead of zeroing them, "clip_in_step"
 clips and skips inside the fused AdamW kernel, "fast_step" does both; "final_loss" shows
-they train alike.
+they train alike. "cudagraphs" is fast_step with the compiled parts replayed as CUDA
+graphs (compile mode "reduce-overhead"); "muon" is fast_step's switches with Muon on the
+layers' matrices.
 
     python tools/bench/bench_drafter.py --json                         # H200, default variant
     python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
     python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
-    python tools/bench/bench_drafter.py --json --variants base,fast_step --steps 10  # optimiser step paths
+    python tools/bench/bench_drafter.py --json --variants base,fast_step,cudagraphs,muon --steps 10
     python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -99,6 +101,23 @@ VARIANTS = {
         "compile_mode": "default",
         "grads_to_none": True,
         "clip_in_step": True,
+    },
+    # fast_step with the compiled drafter and loss replayed as CUDA graphs (the layout is
+    # static per token budget): no host launch gaps.
+    "cudagraphs": {
+        "loss_chunk": 4096,
+        "compile_mode": "reduce-overhead",
+        "grads_to_none": True,
+        "clip_in_step": True,
+    },
+    # fast_step's switches with Muon on the layers' matrices (optim.name = "muon"; the
+    # clip is then a pass of its own, its norm read before the step).
+    "muon": {
+        "loss_chunk": 4096,
+        "compile_mode": "default",
+        "grads_to_none": True,
+        "clip_in_step": True,
+        "optim": "muon",
     },
 }
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
@@ -188,7 +207,8 @@ class VariantRun:
     def __init__(self, overrides: dict, args: argparse.Namespace, device: torch.device) -> None:
         target = TINY if args.small else TARGETS[args.target_shape]
         self.step_switches = {k: v for k, v in overrides.items() if k in STEP_SWITCHES}
-        overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES}
+        optimizer = overrides.get("optim", "adamw")
+        overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES and k != "optim"}
         self.cfg = DrafterConfig(
             num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
             anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
@@ -203,7 +223,7 @@ class VariantRun:
         self.head = FrozenHead.random(
             self.spec.vocab_size, self.spec.hidden_size, device, self.dtype
         )
-        self.optim_cfg = OptimConfig()
+        self.optim_cfg = OptimConfig(name=optimizer)
         self.optimizer, self.scheduler = build_optimizer(
             self.model, self.optim_cfg, total_steps=10_000
         )

@@ -1,12 +1,15 @@
-"""Old against new step paths, side by side, from the JSON of ``tools/gpu_checks.sh speed``.
+"""Old against new step paths, side by side, from the JSON of ``tools/gpu_checks.sh speed``
+(and ``speed_moe``).
 
-That check leaves ``speed_drafter.json`` (bench_drafter, variants "base": today's
-optimiser step, and "fast_step": the clip inside fused AdamW's kernel and gradients freed
-instead of zeroed) and ``speed_moe.json`` (bench_target on the Qwen3-30B-A3B shape,
-compiled, with the mixture-of-experts blocks eager and compiled: ``--moe-compile both``)
-in ``$OUT``. This writes ``$OUT/speed_report.json``, prints it as one JSON line, then a
-table of each metric old and new with the ratio new / old, last. A benchmark that did
-not finish shows as None.
+``speed`` leaves ``speed_drafter.json`` (bench_drafter: the variant "base", today's
+optimiser step, and the variants compared with it: "fast_step", the clip inside fused
+AdamW's kernel and gradients freed instead of zeroed; "cudagraphs", fast_step replayed
+as CUDA graphs; "muon", fast_step's switches with Muon) and ``speed_moe`` leaves
+``speed_moe.json`` (bench_target on the Qwen3-30B-A3B shape, compiled, with the
+mixture-of-experts blocks eager and compiled: ``--moe-compile both``) in ``$OUT``. This
+writes ``$OUT/speed_report.json``, prints it as one JSON line, then a table of each
+metric old and new with the ratio new / old, last (``drafter.<variant>.<metric>``
+against base). A benchmark that did not run or finish shows as None.
 
     OUT=gpu-results python -m tools.bench.speed_report
 """
@@ -23,10 +26,11 @@ DRAFTER_METRICS = ("step_s", "mfu", "peak_mem_gib", "recompiles", "final_loss")
 MOE_METRICS = ("step_ms", "mfu", "peak_mem_gib", "recompiles", "graph_breaks", "graphs")
 
 
-def drafter_rows(report: dict) -> dict[str, dict]:
-    """bench_drafter's "base" (old) and "fast_step" (new) results."""
+def drafter_rows(report: dict) -> dict[str, dict[str, dict]]:
+    """bench_drafter's "base" (old) against each other variant (new), by variant name."""
     by_variant = {r.get("variant"): r for r in report.get("results", [])}
-    return {"old": by_variant.get("base", {}), "new": by_variant.get("fast_step", {})}
+    base = by_variant.pop("base", {})
+    return {name: {"old": base, "new": result} for name, result in by_variant.items()}
 
 
 def moe_rows(report: dict) -> dict[str, dict]:
@@ -55,11 +59,17 @@ def cell(value: object) -> str:
 
 def main() -> dict:
     out = Path(os.environ.get("OUT", "gpu-results"))
+    drafters = drafter_rows(read(out, "speed_drafter.json"))
     entries = [
-        *compare("drafter", drafter_rows(read(out, "speed_drafter.json")), DRAFTER_METRICS),
-        *compare("moe_target", moe_rows(read(out, "speed_moe.json")), MOE_METRICS),
+        entry
+        for name, rows in drafters.items()
+        for entry in compare(f"drafter.{name}", rows, DRAFTER_METRICS)
     ]
-    report = {"old": "base / MoE blocks eager", "new": "fast_step / MoE blocks compiled"}
+    entries += compare("moe_target", moe_rows(read(out, "speed_moe.json")), MOE_METRICS)
+    report = {
+        "old": "drafter base / MoE blocks eager",
+        "new": "drafter variant / MoE blocks compiled",
+    }
     report["comparison"] = entries
     line = json.dumps(report)
     (out / "speed_report.json").write_text(line + "\n")
