@@ -282,14 +282,14 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
 @pytest.mark.scripts
 def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
     """The paper's recipe and `best` (all four changes at once) of the [variants.cpu] settings
-    train on the real model's data with their overrides and are evaluated losslessly;
-    the report is complete and the table names each variant."""
+    train at once (--parallel 2) on the real model's data with their overrides and are
+    evaluated losslessly; the report is complete and the table names each variant."""
     paths = {"target.path": "model", "data.path": "train", "data.eval_path": "eval",
              "run.run_dir": "runs/smollm2"}  # fmt: skip
     sets = [f"{key}={json.dumps(str(tmp_path / value))}" for key, value in paths.items()]
     proc = subprocess.run(
         [sys.executable, "-m", "tools.recipes.real_variants", "--device", "cpu",
-         "--only", "decayed_ce", "best",
+         "--only", "decayed_ce", "best", "--parallel", "2",
          *[arg for assignment in sets for arg in ("--set", assignment)]],
         cwd=ROOT, env={**_env(), "OUT": str(tmp_path / "out")}, capture_output=True,
         text=True, timeout=8 * RUN_TIMEOUT_S, check=False,
@@ -302,6 +302,8 @@ def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
         assert entry["eval"]["tau_real"] >= 1.0 and entry["held_out"]["tau_sim"] >= 1.0, name
         assert entry["train_tokens_per_s"] > 0, name
         assert f"- tau_real_humaneval_{name}: " in proc.stdout
+    assert report["variants"]["best"]["trained_with"] == ["decayed_ce"]
+    assert "train_decayed_ce+best" in report["timings_s"]
     trained = {
         name: json.loads(
             (tmp_path / "runs" / "smollm2-variants" / name / "config.json").read_text()

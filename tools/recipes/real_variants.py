@@ -11,9 +11,15 @@ largest training set with the same number of steps, each into its own run direct
 its last step (metrics.jsonl), tau_real from ringtrain-eval on HumanEval in the recipe's
 first eval dtype (the first ``eval_limit`` problems; 0: all), with its lossless check.
 
+``--parallel N`` (or ``parallel`` in the settings) trains N variants at once on the one
+GPU, under the CUDA MPS daemon on CUDA, then evaluates them one after another: a drafter
+of a 135M target leaves most of an H200 idle, so the variants take about the time of
+one. Their training tokens/s are then shares of the GPU, comparable among variants
+trained together only; the report says which trained together.
+
 The results go to $OUT/real_variants.json (when $OUT is set) and to the variants'
-directory after every variant, so a stopped run keeps what it finished; a table with the
-BENCHMARKS.md lines is printed last.
+directory after every group of variants, so a stopped run keeps what it finished; a
+table with the BENCHMARKS.md lines is printed last.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import msgspec
 
 from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
+from tools.recipes.mps import mps_daemon
 from tools.recipes.real_recipe import (
     ROOT,
     RealRecipe,
@@ -59,6 +66,8 @@ class VariantsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     steps: Annotated[int, msgspec.Meta(ge=1)]
     # ringtrain-eval's HumanEval problems per variant (the first N; 0: all 164).
     eval_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Variants trained at once on the one device (under the CUDA MPS daemon on CUDA).
+    parallel: Annotated[int, msgspec.Meta(ge=1)] = 1
     # name -> training-config overrides (section.key=value), after the recipe's own.
     variants: dict[str, list[str]]
 
@@ -115,32 +124,47 @@ def variants_dir(recipe: RealRecipe) -> Path:
     return base.with_name(f"{base.name}-variants")
 
 
-def run_variant(
-    recipe: RealRecipe, limit: int, name: str, overrides: list[str], config: Config
-) -> dict:
-    """Train one variant in a fresh run directory, then evaluate it (see the module)."""
-    run_dir = variants_dir(recipe) / name
-    shutil.rmtree(run_dir, ignore_errors=True)
-    command = train_command(recipe, run_dir, recipe.train_set(recipe.largest), overrides, config)
-    with Timed(recipe, f"train_{name}"):
-        proc = run_children({f"train_{name}": command})[f"train_{name}"]
-    entry: dict = {"run_dir": str(run_dir), "train_s": round(recipe.timings[f"train_{name}"], 1)}
-    if proc.returncode != 0:
-        log(f"train_{name} failed (exit {proc.returncode}); the next variant runs")
-        sys.stderr.write(proc.stdout[-4000:])
-        return {**entry, "error": f"training exit {proc.returncode}"}
-    entry["held_out"] = held_out(run_dir)
-    entry["train_tokens_per_s"] = train_rate(run_dir)
+def train_group(recipe: RealRecipe, group: dict[str, tuple[list[str], Config]]) -> dict[str, dict]:
+    """Train the ``group``'s variants at once (under MPS on CUDA when more than one), each
+    in a fresh run directory (see the module); each one's training facts, or its error."""
+    commands = {}
+    for name, (overrides, config) in group.items():
+        run_dir = variants_dir(recipe) / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        train_set = recipe.train_set(recipe.largest)
+        commands[f"train_{name}"] = train_command(recipe, run_dir, train_set, overrides, config)
+    label = f"train_{'+'.join(group)}"
+    shared = len(group) > 1 and recipe.device == "cuda"
+    with mps_daemon(shared), Timed(recipe, label):
+        procs = run_children(commands)
+    entries = {}
+    for name in group:
+        proc, run_dir = procs[f"train_{name}"], variants_dir(recipe) / name
+        entry = {"run_dir": str(run_dir), "train_s": round(recipe.timings[label], 1)}
+        if len(group) > 1:
+            entry["trained_with"] = [other for other in group if other != name]
+        if proc.returncode != 0:
+            log(f"train_{name} failed (exit {proc.returncode}); the other variants go on")
+            sys.stderr.write(proc.stdout[-4000:])
+            entry["error"] = f"training exit {proc.returncode}"
+        else:
+            entry.update(held_out=held_out(run_dir), train_tokens_per_s=train_rate(run_dir))
+        entries[name] = entry
+    return entries
+
+
+def evaluate_variant(recipe: RealRecipe, limit: int, name: str, entry: dict) -> dict:
+    """ringtrain-eval of one trained variant in the recipe's first eval dtype, timed."""
     dtype = recipe.settings.eval_dtypes[0]
     with Timed(recipe, f"eval_{name}"):
-        entry["eval"] = evaluate_drafter(recipe, run_dir, dtype, limit)
-    entry.update(eval_dtype=dtype, eval_s=round(recipe.timings[f"eval_{name}"], 1))
-    return entry
+        result = evaluate_drafter(recipe, Path(entry["run_dir"]), dtype, limit)
+    return {"eval": result, "eval_dtype": dtype, "eval_s": round(recipe.timings[f"eval_{name}"], 1)}
 
 
 def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]) -> dict:
-    """Data (real_recipe's steps), then every chosen variant; the report is saved after
-    each one."""
+    """Data (real_recipe's steps), then the chosen variants ``settings.parallel`` at a
+    time: trained together, evaluated one after another; the report is saved after each
+    group."""
     configs = variant_configs(recipe, settings, chosen)
     started = time.perf_counter()
     report = {
@@ -153,11 +177,13 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
         "regenerate": make_data_steps(recipe),
         "variants": {},
     }
-    for name, (overrides, config) in configs.items():
-        report["variants"][name] = {
-            "overrides": settings.variants[name],
-            **run_variant(recipe, settings.eval_limit, name, overrides, config),
-        }
+    names = list(configs)
+    for first in range(0, len(names), settings.parallel):
+        group = {name: configs[name] for name in names[first : first + settings.parallel]}
+        for name, entry in train_group(recipe, group).items():
+            if "error" not in entry:
+                entry.update(evaluate_variant(recipe, settings.eval_limit, name, entry))
+            report["variants"][name] = {"overrides": settings.variants[name], **entry}
         report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
         report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
         save_json(report, "real_variants.json", variants_dir(recipe))
@@ -201,11 +227,14 @@ def benchmark_lines(report: dict, command: str) -> list[str]:
         if "tau_real" not in result:
             continue
         tau_sim = entry["held_out"].get("tau_sim")
+        together = entry.get("trained_with")
+        shared = f"; trained at once with {', '.join(together)}" if together else ""
         lines.append(
             f"- tau_real_humaneval_{name}: {result['tau_real']:.3f} ({where}; "
-            f"{' '.join(entry['overrides']) or 'the defaults'}; {steps} steps; "
+            f"{' '.join(entry['overrides']) or 'the defaults'}; {steps} steps{shared}; "
             f"{entry['eval_dtype']}, {result['prompts']} prompts, {result['numerical_ties']} "
-            f"ties, {len(result['mismatches'])} mismatches; tau_sim {cell(tau_sim, '.3f')})"
+            f"ties, {len(result['mismatches'])} mismatches; tau_sim {cell(tau_sim, '.3f')}; "
+            f"training {cell(entry.get('train_tokens_per_s'), ',.0f')} tokens/s)"
         )
     return lines
 
@@ -221,14 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = recipe_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", default=[], help="run these variants only")
     parser.add_argument("--steps", type=int, help="steps per variant (default: the settings')")
+    parser.add_argument(
+        "--parallel", type=int, help="variants trained at once (default: the settings')"
+    )
     args = parser.parse_args(argv)
     stop_children_on_sigterm()
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps {args.steps}: give one step or more")
+    for flag in ("steps", "parallel"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag} {value}: give 1 or more")
     recipe = load_recipe(args)
     settings = load_settings(recipe_tables(args), args.device, args.recipes)
-    if args.steps is not None:
-        settings = msgspec.structs.replace(settings, steps=args.steps)
+    chosen = {flag: getattr(args, flag) for flag in ("steps", "parallel")}
+    settings = msgspec.structs.replace(
+        settings, **{flag: value for flag, value in chosen.items() if value is not None}
+    )
     report = run_variants(recipe, settings, args.only or list(settings.variants))
     command = "launch/real_variants.sh " + " ".join(sys.argv[1:] if argv is None else argv)
     print(table(report, command.strip()), flush=True)
