@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -61,6 +62,8 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_workers: int = 1
     # Run them under the CUDA MPS daemon (kernels side by side instead of time-sliced).
     eval_mps: bool = False
+    # Train under the CUDA MPS daemon too: the target and drafter ranks share the one GPU.
+    train_mps: bool = False
     regen_dtype: str = "auto"
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
     # Training-config overrides of this device (section.key=value), before --set's.
@@ -259,9 +262,15 @@ def train(recipe: RealRecipe) -> None:
         commands[f"train_{size}"] = train_command(
             recipe, recipe.run_dir(size), recipe.train_set(size), recipe.overrides, recipe.config
         )
-    with Timed(recipe, "train"):
+    with training_mps(recipe, shared=len(commands) > 1), Timed(recipe, "train"):
         for name, proc in run_children(commands).items():
             checked(proc, name)
+
+
+def training_mps(recipe: RealRecipe, shared: bool) -> AbstractContextManager[bool]:
+    """The MPS daemon around a training step on CUDA, where the settings ask for it
+    (``train_mps``) or several trainings share the GPU (``shared``)."""
+    return mps_daemon(recipe.device == "cuda" and (recipe.settings.train_mps or shared))
 
 
 def held_out(run_dir: Path) -> dict:

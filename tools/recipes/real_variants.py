@@ -36,7 +36,6 @@ import msgspec
 
 from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
-from tools.recipes.mps import mps_daemon
 from tools.recipes.real_recipe import (
     ROOT,
     RealRecipe,
@@ -54,6 +53,7 @@ from tools.recipes.real_recipe import (
     summary,
     train_command,
     train_rate,
+    training_mps,
 )
 
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
@@ -134,8 +134,7 @@ def train_group(recipe: RealRecipe, group: dict[str, tuple[list[str], Config]]) 
         train_set = recipe.train_set(recipe.largest)
         commands[f"train_{name}"] = train_command(recipe, run_dir, train_set, overrides, config)
     label = f"train_{'+'.join(group)}"
-    shared = len(group) > 1 and recipe.device == "cuda"
-    with mps_daemon(shared), Timed(recipe, label):
+    with training_mps(recipe, shared=len(group) > 1), Timed(recipe, label):
         procs = run_children(commands)
     entries = {}
     for name in group:
