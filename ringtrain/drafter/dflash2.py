@@ -210,8 +210,9 @@ def selector_loss_sum(
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
         with torch.no_grad():
+            # In the head's dtype: a float32 copy of [chunk, vocab] would only cost traffic.
             logits = rows[part].to(lm_head.dtype) @ lm_head.t()
-            candidates = logits.to(total.dtype).topk(selector.top_k, dim=-1).indices
+            candidates = logits.topk(selector.top_k, dim=-1).indices
         # A product and a sum (not a matmul, which autocast would run in bf16): float32.
         unary = (rows[part, None].to(total.dtype) * lm_head[candidates].to(total.dtype)).sum(-1)
         scores = selector.scores(rows[part], unary, candidates, predecessors[part])
