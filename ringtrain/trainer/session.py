@@ -297,7 +297,11 @@ def _build_trainee(config: Config, device: torch.device, plan: Plan) -> Trainee:
     the target's frozen head, the optimizer and schedule."""
     if config.target.random_weights:
         head = FrozenHead.random(
-            plan.spec.vocab_size, plan.spec.hidden_size, device, plan.hidden_dtype
+            plan.spec.vocab_size,
+            plan.spec.hidden_size,
+            device,
+            plan.hidden_dtype,
+            seed=config.run.seed,
         )
     else:
         get_logger().info("loading frozen embedding and LM head from %s", plan.target_path)
