@@ -283,7 +283,7 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
 
     model.eval().requires_grad_(False)
     proposals = FixedShapeProposals(model, head, doc_len, target.tap_width, target.dtype, False)
-    drafter = DFlashBlockDrafter(model, head, proposals)
+    drafter = DFlashBlockDrafter(proposals)
     tokens = steps = 0
     for prompt, doc in zip(prompts, docs, strict=True):
         decoded = speculative_generate(target, drafter, prompt, new_tokens)

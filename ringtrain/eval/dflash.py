@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter, latest_checkpoint
 from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
@@ -65,10 +64,8 @@ class DFlashBlockDrafter:
     Proposals run over a fixed-size context, as CUDA graphs on CUDA
     (ringtrain.eval.graphed_drafts)."""
 
-    def __init__(self, model: nn.Module, head: FrozenHead, proposals: FixedShapeProposals) -> None:
-        spec = model.spec
-        self.model = model
-        self.head = head
+    def __init__(self, proposals: FixedShapeProposals) -> None:
+        spec = proposals.model.spec
         self.block_size = spec.block_size
         self.mask_token_id = spec.mask_token_id
         self.tap_layers = list(spec.tap_layers)
@@ -103,4 +100,4 @@ def load_dflash_drafter(
     proposals = FixedShapeProposals(
         model, head, max_positions, target.tap_width, target.dtype, graphed
     )
-    return DFlashBlockDrafter(model, head, proposals)
+    return DFlashBlockDrafter(proposals)
