@@ -18,7 +18,7 @@ one. Their training tokens/s are then shares of the GPU, comparable among varian
 trained together only; the report says which trained together.
 
 The results go to $OUT/real_variants.json (when $OUT is set) and to the variants'
-directory after every group of variants, so a stopped run keeps what it finished; a
+directory after every variant's evaluation, so a stopped run keeps what it finished; a
 table with the BENCHMARKS.md lines is printed last.
 """
 
@@ -163,7 +163,7 @@ def evaluate_variant(recipe: RealRecipe, limit: int, name: str, entry: dict) -> 
 def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]) -> dict:
     """Data (real_recipe's steps), then the chosen variants ``settings.parallel`` at a
     time: trained together, evaluated one after another; the report is saved after each
-    group."""
+    variant's evaluation."""
     configs = variant_configs(recipe, settings, chosen)
     started = time.perf_counter()
     report = {
@@ -183,9 +183,9 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
             if "error" not in entry:
                 entry.update(evaluate_variant(recipe, settings.eval_limit, name, entry))
             report["variants"][name] = {"overrides": settings.variants[name], **entry}
-        report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
-        report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
-        save_json(report, "real_variants.json", variants_dir(recipe))
+            report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
+            report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
+            save_json(report, "real_variants.json", variants_dir(recipe))
     return report
 
 
