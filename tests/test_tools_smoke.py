@@ -75,6 +75,47 @@ def test_moe_report_runs_as_a_module_and_reads_the_gpu_check_results(tmp_path: P
     assert json.loads((tmp_path / "moe_report.json").read_text()) == report
 
 
+MPS_STEPS = """
+from tools.recipes.mps import mps_daemon
+with mps_daemon(True) as outer:
+    with mps_daemon(True) as inner, mps_daemon(False) as unwanted:
+        print("inside", outer, inner, unwanted, flush=True)
+    print("between", flush=True)
+    with mps_daemon(True) as again:
+        print("again", again, flush=True)
+with mps_daemon(True) as fresh:
+    print("fresh", fresh, flush=True)
+"""
+
+
+@pytest.mark.parametrize("starts", [True, False])
+def test_mps_daemon_is_held_across_nested_steps(tmp_path: Path, starts: bool) -> None:
+    """Steps inside a step under the MPS daemon keep its daemon (no stop and start
+    between them); a daemon that does not start is said and the steps run without."""
+    calls = tmp_path / "calls"
+    control = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    control.parent.mkdir()
+    control.write_text(
+        f'#!/bin/sh\necho "${{1:-$(cat)}}" >> {calls}\n'
+        + ("exit 0\n" if starts else 'echo "permission denied" >&2; exit 1\n')
+    )
+    control.chmod(0o755)
+    env = {**_env(), "PATH": f"{control.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", MPS_STEPS], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    if starts:
+        assert proc.stdout.splitlines() == [
+            "inside True True False", "between", "again True", "fresh True"
+        ]  # fmt: skip
+        assert calls.read_text().split() == ["-d", "quit", "-d", "quit"]
+    else:
+        assert proc.stdout.splitlines()[0] == "inside False False False"
+        assert "daemon not started here (permission denied): running without" in proc.stderr
+        assert calls.read_text().split() == ["-d"] * 4  # each step tried, none stopped
+
+
 def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) -> None:
     (tmp_path / "speed_drafter.json").write_text(
         json.dumps({"results": [

@@ -16,14 +16,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 CONTROL = "nvidia-cuda-mps-control"
+# How deep this process is inside a daemon it started (0: none): a step inside another
+# runs under the outer daemon, so no daemon is stopped and started again between steps.
+_depth = 0
 
 
 @contextmanager
 def mps_daemon(wanted: bool) -> Iterator[bool]:
     """Run the MPS daemon for the ``with`` block when ``wanted``; yields whether it runs.
-    A daemon started here is stopped at the end; one that was running already is left."""
+    A daemon started here is stopped at the end; one that was running already is left,
+    and a block inside another's keeps the outer daemon."""
+    global _depth
     if not wanted:
         yield False
+        return
+    if _depth:
+        _depth += 1
+        try:
+            yield True
+        finally:
+            _depth -= 1
         return
     if shutil.which(CONTROL) is None:
         print(f"[mps] {CONTROL} not found: processes share the GPU time-sliced", file=sys.stderr)
@@ -35,7 +47,9 @@ def mps_daemon(wanted: bool) -> Iterator[bool]:
         print(f"[mps] daemon not started here ({reason}): running without", file=sys.stderr)
         yield False
         return
+    _depth = 1
     try:
         yield True
     finally:
+        _depth = 0
         subprocess.run([CONTROL], input="quit\n", capture_output=True, text=True)

@@ -267,6 +267,14 @@ def train(recipe: RealRecipe) -> None:
             checked(proc, name)
 
 
+def steps_mps(recipe: RealRecipe, trains_under_mps: bool) -> AbstractContextManager[bool]:
+    """One MPS daemon across training and evaluation when both run under it (CUDA): it
+    is not stopped and started again between them."""
+    settings = recipe.settings
+    both = trains_under_mps and settings.eval_mps and settings.eval_workers > 1
+    return mps_daemon(recipe.device == "cuda" and both)
+
+
 def training_mps(recipe: RealRecipe, shared: bool) -> AbstractContextManager[bool]:
     """The MPS daemon around a training step on CUDA, where the settings ask for it
     (``train_mps``) or several trainings share the GPU (``shared``)."""
@@ -339,8 +347,9 @@ def run_recipe(recipe: RealRecipe) -> dict:
     """Every step; returns the results (timings included)."""
     started = time.perf_counter()
     regen = make_data_steps(recipe)
-    train(recipe)
-    evals = evaluate(recipe)
+    with steps_mps(recipe, recipe.settings.train_mps):
+        train(recipe)
+        evals = evaluate(recipe)
     sizes = {
         size: {
             "run_dir": str(recipe.run_dir(size)),

@@ -50,6 +50,7 @@ from tools.recipes.real_recipe import (
     recipe_tables,
     run_children,
     save_json,
+    steps_mps,
     summary,
     train_command,
     train_rate,
@@ -176,6 +177,21 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
         "regenerate": make_data_steps(recipe),
         "variants": {},
     }
+    trains_under_mps = settings.parallel > 1 or recipe.settings.train_mps
+    with steps_mps(recipe, trains_under_mps):
+        run_groups(recipe, settings, configs, report, started)
+    return report
+
+
+def run_groups(
+    recipe: RealRecipe,
+    settings: VariantsSettings,
+    configs: dict[str, tuple[list[str], Config]],
+    report: dict,
+    started: float,
+) -> None:
+    """Train and evaluate the variants ``settings.parallel`` at a time, into ``report``
+    (saved after each evaluation; its total time counted from ``started``)."""
     names = list(configs)
     for first in range(0, len(names), settings.parallel):
         group = {name: configs[name] for name in names[first : first + settings.parallel]}
@@ -186,7 +202,6 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
             report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
             report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
             save_json(report, "real_variants.json", variants_dir(recipe))
-    return report
 
 
 def cell(value: float | None, spec: str) -> str:
