@@ -262,23 +262,26 @@ def train(recipe: RealRecipe) -> None:
         commands[f"train_{size}"] = train_command(
             recipe, recipe.run_dir(size), recipe.train_set(size), recipe.overrides, recipe.config
         )
-    with training_mps(recipe, shared=len(commands) > 1), Timed(recipe, "train"):
+    with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, "train"):
         for name, proc in run_children(commands).items():
             checked(proc, name)
 
 
-def steps_mps(recipe: RealRecipe, trains_under_mps: bool) -> AbstractContextManager[bool]:
-    """One MPS daemon across training and evaluation when both run under it (CUDA): it
-    is not stopped and started again between them."""
+def trains_under_mps(recipe: RealRecipe, shared: bool) -> bool:
+    """On CUDA, where ``train_mps`` asks for it or several trainings share the GPU."""
+    return recipe.device == "cuda" and (recipe.settings.train_mps or shared)
+
+
+def evaluates_under_mps(recipe: RealRecipe) -> bool:
+    """On CUDA, with ``eval_mps`` and more than one worker process."""
     settings = recipe.settings
-    both = trains_under_mps and settings.eval_mps and settings.eval_workers > 1
-    return mps_daemon(recipe.device == "cuda" and both)
+    return recipe.device == "cuda" and settings.eval_mps and settings.eval_workers > 1
 
 
-def training_mps(recipe: RealRecipe, shared: bool) -> AbstractContextManager[bool]:
-    """The MPS daemon around a training step on CUDA, where the settings ask for it
-    (``train_mps``) or several trainings share the GPU (``shared``)."""
-    return mps_daemon(recipe.device == "cuda" and (recipe.settings.train_mps or shared))
+def steps_mps(recipe: RealRecipe, shared: bool) -> AbstractContextManager[bool]:
+    """One MPS daemon held across training and evaluation when both run under it: it is
+    not stopped and started again between them (the steps' own daemons nest inside)."""
+    return mps_daemon(trains_under_mps(recipe, shared) and evaluates_under_mps(recipe))
 
 
 def held_out(run_dir: Path) -> dict:
@@ -315,8 +318,7 @@ def evaluate_drafter(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) 
     """ringtrain-eval's JSON for one drafter and dtype (its exit status beside, or an
     error), also kept as `drafter`/eval-<dtype>.json: a recipe stopped later loses none."""
     name = f"eval_{drafter.name}_{dtype}"
-    settings = recipe.settings
-    with mps_daemon(settings.eval_mps and recipe.device == "cuda" and settings.eval_workers > 1):
+    with mps_daemon(evaluates_under_mps(recipe)):
         proc = run_children({name: eval_command(recipe, drafter, dtype, limit)})[name]
     lines = proc.stdout.strip().splitlines()
     ok = proc.returncode in (0, 1) and lines
@@ -347,7 +349,7 @@ def run_recipe(recipe: RealRecipe) -> dict:
     """Every step; returns the results (timings included)."""
     started = time.perf_counter()
     regen = make_data_steps(recipe)
-    with steps_mps(recipe, recipe.settings.train_mps):
+    with steps_mps(recipe, shared=len(recipe.settings.train_prompts) > 1):
         train(recipe)
         evals = evaluate(recipe)
     sizes = {

@@ -36,6 +36,7 @@ import msgspec
 
 from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
+from tools.recipes.mps import mps_daemon
 from tools.recipes.real_recipe import (
     ROOT,
     RealRecipe,
@@ -54,7 +55,7 @@ from tools.recipes.real_recipe import (
     summary,
     train_command,
     train_rate,
-    training_mps,
+    trains_under_mps,
 )
 
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
@@ -128,18 +129,20 @@ def variants_dir(recipe: RealRecipe) -> Path:
 def train_group(recipe: RealRecipe, group: dict[str, tuple[list[str], Config]]) -> dict[str, dict]:
     """Train the ``group``'s variants at once (under MPS on CUDA when more than one), each
     in a fresh run directory (see the module); each one's training facts, or its error."""
+    run_dirs = {name: variants_dir(recipe) / name for name in group}
+    train_set = recipe.train_set(recipe.largest)
     commands = {}
     for name, (overrides, config) in group.items():
-        run_dir = variants_dir(recipe) / name
-        shutil.rmtree(run_dir, ignore_errors=True)
-        train_set = recipe.train_set(recipe.largest)
-        commands[f"train_{name}"] = train_command(recipe, run_dir, train_set, overrides, config)
+        shutil.rmtree(run_dirs[name], ignore_errors=True)
+        commands[f"train_{name}"] = train_command(
+            recipe, run_dirs[name], train_set, overrides, config
+        )
     label = f"train_{'+'.join(group)}"
-    with training_mps(recipe, shared=len(group) > 1), Timed(recipe, label):
+    with mps_daemon(trains_under_mps(recipe, len(group) > 1)), Timed(recipe, label):
         procs = run_children(commands)
     entries = {}
-    for name in group:
-        proc, run_dir = procs[f"train_{name}"], variants_dir(recipe) / name
+    for name, run_dir in run_dirs.items():
+        proc = procs[f"train_{name}"]
         entry = {"run_dir": str(run_dir), "train_s": round(recipe.timings[label], 1)}
         if len(group) > 1:
             entry["trained_with"] = [other for other in group if other != name]
@@ -177,8 +180,7 @@ def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[st
         "regenerate": make_data_steps(recipe),
         "variants": {},
     }
-    trains_under_mps = settings.parallel > 1 or recipe.settings.train_mps
-    with steps_mps(recipe, trains_under_mps):
+    with steps_mps(recipe, shared=settings.parallel > 1):
         run_groups(recipe, settings, configs, report, started)
     return report
 
