@@ -3,8 +3,11 @@ drafter's proposals over the context itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ringtrain.drafter import FrozenHead, build_drafter, drafter_spec_from_target
 from ringtrain.eval.graphed_drafts import BUCKET_ROWS, FixedShapeProposals, bucket
@@ -80,6 +83,36 @@ def test_padded_masked_proposals_equal_proposals_over_the_context(name: str) -> 
         expected = model.draft_logits(*args)
         torch.testing.assert_close(recorder.logits[-1], expected, rtol=1e-12, atol=1e-12)
     assert proposals.context.shape[0] >= 300 and not proposals.graphs
+
+
+class HostReads(TorchDispatchMode):
+    """Records every operator that reads a tensor's value on the host (a sync on CUDA,
+    where it breaks a CUDA graph's capture)."""
+
+    READS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(
+        self, func: Callable, types: tuple, args: tuple = (), kwargs: dict | None = None
+    ) -> object:
+        if func.__name__.split(".")[0] in self.READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_proposals_never_read_a_device_value_on_the_host(name: str) -> None:
+    """What a CUDA graph captures must not sync: a proposal (DFlash2's selector walk
+    included) keeps every index on the device."""
+    model, head = _drafter(ARCHITECTURES[name], "cpu", torch.float32)
+    proposals = FixedShapeProposals(model, head, 128, 96, torch.float32, graphed=False)
+    context, block = _inputs(70, model.spec.block_size, "cpu", torch.float32)
+    with HostReads() as mode:
+        proposals.propose(context, block, 70)
+    assert mode.reads == []
 
 
 @pytest.mark.gpu

@@ -128,15 +128,19 @@ class CandidateSelector(nn.Module):
     def walk(
         self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor
     ) -> torch.Tensor:
-        """Greedy path [S] through slots hidden [S, H] / logits [S, V] after token `anchor`."""
+        """Greedy path [S] through slots hidden [S, H] / logits [S, V] after token `anchor`.
+
+        Every index stays a one-element device tensor (a 0-d tensor index is read on the
+        host), so the walk runs without a host sync and a CUDA graph can hold it."""
         unary, candidates = logits.topk(self.top_k, dim=-1)
         path = []
-        predecessor = anchor
+        predecessor = anchor.reshape(1)
         for slot in range(hidden.shape[0]):
-            slot_scores = self.scores(hidden[slot], unary[slot], candidates[slot], predecessor)
-            predecessor = candidates[slot, slot_scores.argmax()]
+            row = slice(slot, slot + 1)
+            slot_scores = self.scores(hidden[row], unary[row], candidates[row], predecessor)
+            predecessor = candidates[row].gather(-1, slot_scores.argmax(-1, keepdim=True))[:, 0]
             path.append(predecessor)
-        return torch.stack(path)
+        return torch.cat(path)
 
 
 class DFlash2Drafter(DFlashDrafter):
