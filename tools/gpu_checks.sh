@@ -4,7 +4,7 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
-#        [speed] [speed_moe]
+#        [speed] [speed_moe] [speed_dflash2]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -16,7 +16,8 @@
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
-# ends with a table with ratios (tools/bench/speed_report.py).
+# ends with a table with ratios (tools/bench/speed_report.py). [speed_dflash2] (about 3
+# minutes): the DFlash2 drafter's step against DFlash's (fast_step), both profiled.
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -108,6 +109,10 @@ for step in $steps; do
                 --variants base,fast_step,cudagraphs,muon --steps 10 --json
             mv "$out/bench_drafter.json" "$out/speed_drafter.json" 2>/dev/null
             OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
+        speed_dflash2)
+            run speed_dflash2 300 python -m tools.bench.bench_drafter \
+                --variants fast_step,dflash2 --steps 10 --profile --json
+            mv "$out/bench_drafter.json" "$out/speed_dflash2.json" 2>/dev/null ;;
         speed_moe)
             run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json

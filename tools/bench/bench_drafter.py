@@ -24,12 +24,15 @@ Optimiser-step variants (drafter/optim.py's optimizer_step switches, otherwise "
 clips and skips inside the fused AdamW kernel, "fast_step" does both; "final_loss" shows
 they train alike. "cudagraphs" is fast_step with the compiled parts replayed as CUDA
 graphs (compile mode "reduce-overhead"); "muon" is fast_step's switches with Muon on the
-layers' matrices.
+layers' matrices; "dflash2" is fast_step's switches with the DFlash2 drafter (its
+dynamic convolutions and candidate selector: work the model FLOPs above do not count, so
+its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost).
 
     python tools/bench/bench_drafter.py --json                         # H200, default variant
     python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
     python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
     python tools/bench/bench_drafter.py --json --variants base,fast_step,cudagraphs,muon --steps 10
+    python tools/bench/bench_drafter.py --json --variants fast_step,dflash2 --profile
     python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -47,9 +50,9 @@ from dataclasses import replace
 import torch
 
 from ringtrain.drafter import (
-    DFlashDrafter,
     FrozenHead,
     block_objective,
+    build_drafter,
     build_optimizer,
     compiled_graph_count,
     drafter_spec_from_target,
@@ -118,6 +121,14 @@ VARIANTS = {
         "grads_to_none": True,
         "clip_in_step": True,
         "optim": "muon",
+    },
+    # fast_step's switches with the DFlash2 drafter (drafter.architecture = "dflash2").
+    "dflash2": {
+        "loss_chunk": 4096,
+        "compile_mode": "default",
+        "grads_to_none": True,
+        "clip_in_step": True,
+        "architecture": "dflash2",
     },
 }
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
@@ -219,7 +230,7 @@ class VariantRun:
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         self.device, self.max_tokens = device, args.max_tokens
         torch.manual_seed(0)
-        self.model = DFlashDrafter(self.spec).to(device)
+        self.model = build_drafter(self.spec).to(device)
         self.head = FrozenHead.random(
             self.spec.vocab_size, self.spec.hidden_size, device, self.dtype
         )
