@@ -90,6 +90,13 @@ TINY = {
 }
 PACKED = (0.97, 1.0)  # batch fill of the data pipeline's packing
 VARIED = (0.6, 1.0)
+# The optimiser-step switches of "fast_step", which the variants after it start from.
+FAST_STEP = {
+    "loss_chunk": 4096,
+    "compile_mode": "default",
+    "grads_to_none": True,
+    "clip_in_step": True,
+}
 # Drafter settings of each variant, and how it steps the optimiser (optimizer_step's
 # switches; "base": clip then step, gradients zeroed in place).
 VARIANTS = {
@@ -99,37 +106,15 @@ VARIANTS = {
     "autotune": {"loss_chunk": 4096, "compile_mode": "max-autotune-no-cudagraphs"},
     "grads_none": {"loss_chunk": 4096, "compile_mode": "default", "grads_to_none": True},
     "clip_in_step": {"loss_chunk": 4096, "compile_mode": "default", "clip_in_step": True},
-    "fast_step": {
-        "loss_chunk": 4096,
-        "compile_mode": "default",
-        "grads_to_none": True,
-        "clip_in_step": True,
-    },
+    "fast_step": FAST_STEP,
     # fast_step with the compiled drafter and loss replayed as CUDA graphs (the layout is
     # static per token budget): no host launch gaps.
-    "cudagraphs": {
-        "loss_chunk": 4096,
-        "compile_mode": "reduce-overhead",
-        "grads_to_none": True,
-        "clip_in_step": True,
-    },
+    "cudagraphs": {**FAST_STEP, "compile_mode": "reduce-overhead"},
     # fast_step's switches with Muon on the layers' matrices (optim.name = "muon"; the
     # clip is then a pass of its own, its norm read before the step).
-    "muon": {
-        "loss_chunk": 4096,
-        "compile_mode": "default",
-        "grads_to_none": True,
-        "clip_in_step": True,
-        "optim": "muon",
-    },
+    "muon": {**FAST_STEP, "optim": "muon"},
     # fast_step's switches with the DFlash2 drafter (drafter.architecture = "dflash2").
-    "dflash2": {
-        "loss_chunk": 4096,
-        "compile_mode": "default",
-        "grads_to_none": True,
-        "clip_in_step": True,
-        "architecture": "dflash2",
-    },
+    "dflash2": {**FAST_STEP, "architecture": "dflash2"},
 }
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 

@@ -28,9 +28,9 @@ Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, 
 compiled variants compile mixture-of-experts blocks too (``target.compile_moe``: "on",
 the default, as the trainer does; "off" keeps them eager; "both" times the two side by
 side, a "moe_compile" column and field); the first call of a compiled variant includes
-compilation. ``graph_breaks`` counts Dynamo's graph breaks over the variant. Recompiles: after the measured shapes and a warm-up on a
-single row and on more rows of other lengths, the graphs compiled while running three
-further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
+compilation. ``graph_breaks`` counts Dynamo's graph breaks over the variant. Recompiles:
+after the measured shapes and a warm-up on a single row and on more rows of other
+lengths, the graphs compiled while running three further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
 each variant's first measurement.
 
     python tools/bench/bench_target.py --json                     # every shape, 8192 and 16384 tokens
