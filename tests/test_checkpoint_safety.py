@@ -23,6 +23,7 @@ from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupCosine
+from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -39,9 +40,11 @@ class Parts(NamedTuple):
 
 def parts(cfg: OptimConfig | None = None, total_steps: int = 10) -> Parts:
     torch.manual_seed(0)
-    spec = drafter_spec_from_target(TARGET, DrafterConfig(num_layers=1, block_size=4), [1, 2])
+    spec = drafter_spec_from_target(
+        TARGET, DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=4), [1, 2]
+    )
     model = DFlashDrafter(spec)
-    optimizer, scheduler = build_optimizer(model, cfg or OptimConfig(), total_steps)
+    optimizer, scheduler = build_optimizer(model, cfg or paper_optim(), total_steps)
     return Parts(model, spec, optimizer, scheduler)
 
 
@@ -101,13 +104,13 @@ def test_latest_checkpoint_of_this_run_only(tmp_path: Path) -> None:
 
 
 def test_resumed_schedule_and_settings_follow_the_config(tmp_path: Path) -> None:
-    p = parts(OptimConfig(lr=1e-2, min_lr_ratio=0.0, warmup_fraction=0.1), total_steps=4)
+    p = parts(paper_optim(lr=1e-2, min_lr_ratio=0.0, warmup_fraction=0.1), total_steps=4)
     for _ in range(4):
         p.optimizer.step()
         p.scheduler.step()
     assert p.scheduler.get_last_lr() == [0.0, 0.0]  # the old schedule ended
     loaded = load_checkpoint(save(tmp_path, 4, p), "cpu")
-    changed = OptimConfig(lr=2e-2, beta2=0.99, weight_decay=0.1, warmup_fraction=0.1)
+    changed = paper_optim(lr=2e-2, beta2=0.99, weight_decay=0.1, warmup_fraction=0.1)
     fresh = parts(changed, total_steps=8)
     loaded.restore(fresh.optimizer)
     assert resume_settings(fresh.optimizer, changed, loaded.saved_schedule) == [

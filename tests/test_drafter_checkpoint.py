@@ -20,10 +20,11 @@ from ringtrain.drafter import (
     optimizer_step,
     save_checkpoint,
 )
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor
 from ringtrain.drafter.spec import hf_config_dict, spec_from_hf_config
+from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
 
 TARGET = {
     "hidden_size": 16,
@@ -35,7 +36,9 @@ TARGET = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 5e5,
 }
-CFG = DrafterConfig(num_layers=2, block_size=4, sliding_windows=[0, 8], mask_token_id=39)
+CFG = DrafterConfig(
+    **PAPER_DRAFTER, num_layers=2, block_size=4, sliding_windows=[0, 8], mask_token_id=39
+)
 LAYER_WEIGHTS = (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
@@ -50,13 +53,13 @@ def trained_state(steps: int):
     torch.manual_seed(0)
     spec = drafter_spec_from_target(TARGET, CFG, [1, 2, 4])
     model = DFlashDrafter(spec)
-    optimizer, scheduler = build_optimizer(model, OptimConfig(), total_steps=10)
+    optimizer, scheduler = build_optimizer(model, paper_optim(), total_steps=10)
     for _ in range(steps):
         model(
             torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
             [torch.ones(8, 13, dtype=torch.bool)] * 2,
         ).square().mean().backward()  # fmt: skip
-        optimizer_step(model, optimizer, scheduler, OptimConfig())
+        optimizer_step(model, optimizer, scheduler, paper_optim())
     return spec, model, optimizer, scheduler
 
 
@@ -96,17 +99,17 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     _, uninterrupted, _, _ = trained_state(steps=4)
 
     loaded = load_checkpoint(tmp_path, "cpu")
-    opt_b, _ = build_optimizer(loaded.model, OptimConfig(), total_steps=10)
+    opt_b, _ = build_optimizer(loaded.model, paper_optim(), total_steps=10)
     loaded.restore(opt_b)
-    assert resume_settings(opt_b, OptimConfig(), loaded.saved_schedule) == []
-    sched_b = schedule_at(opt_b, OptimConfig(), 10, loaded.step)
+    assert resume_settings(opt_b, paper_optim(), loaded.saved_schedule) == []
+    sched_b = schedule_at(opt_b, paper_optim(), 10, loaded.step)
     assert sched_b.last_epoch == 2 and sched_b.get_last_lr() == scheduler_after_2.get_last_lr()
     for _ in range(2):
         loaded.model(
             torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
             [torch.ones(8, 13, dtype=torch.bool)] * 2,
         ).square().mean().backward()  # fmt: skip
-        optimizer_step(loaded.model, opt_b, sched_b, OptimConfig())
+        optimizer_step(loaded.model, opt_b, sched_b, paper_optim())
     # restore() put the torch RNG back where it was after step 2, so steps 3-4 drew the
     # same random inputs as the uninterrupted run.
     for name, tensor in uninterrupted.state_dict().items():

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from test_trainer_loop import RingStandIn, item
-from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg
+from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
@@ -30,7 +30,6 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
     optimizer_step,
 )
-from ringtrain.drafter.config import OptimConfig
 from ringtrain.trainer.data_parallel import wrap_data_parallel
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee, anchor_seed
 from ringtrain.trainer.ledger import BatchLedger
@@ -50,7 +49,7 @@ def make_config(architecture: str) -> Config:
         run=RunConfig(max_steps=1, eval_every=0, checkpoint_every=0, seed=SEED),
         data=DataConfig(token_budget=MAX_TOKENS),
         drafter=make_cfg(**ARCHITECTURES[architecture]),
-        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0, grad_clip=0.0),
+        optim=paper_optim(lr=1e-2, warmup_fraction=0.0, grad_clip=0.0),
     )
 
 

@@ -14,8 +14,9 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
     optimizer_step,
 )
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.objective import prepare_batch
+from tests.tiny_drafter import paper_optim
 from tools.shared.packed_batch import random_packed_batch
 
 pytestmark = [
@@ -72,7 +73,7 @@ def test_flex_attention_matches_dense_attention_on_gpu() -> None:
 
 def test_compiled_training_never_recompiles_across_document_layouts() -> None:
     cfg, model, head = setup([0, 0])
-    optim_cfg = OptimConfig(warmup_fraction=0.0)
+    optim_cfg = paper_optim(warmup_fraction=0.0)
     optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=20)
     generator = torch.Generator("cuda").manual_seed(0)
     layouts = [[512, 512], [1000], [100, 200, 300, 400], [7, 900], [333, 333, 333], [64] * 16]

@@ -9,7 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg, make_setup, objective, train
+from tiny_drafter import (
+    MAX_TOKENS,
+    TAPS,
+    TARGET,
+    make_cfg,
+    make_setup,
+    objective,
+    paper_optim,
+    train,
+)
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -25,8 +34,9 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter import objective as objective_module
 from ringtrain.drafter.blocks import pack_context
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.heldout import replay_sums
+from ringtrain.drafter.loss import HeadLoss
 from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
@@ -138,7 +148,7 @@ def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -
 
     def scripted_loss(hidden, weight, labels, row_weights, chunk, fns):
         slot = torch.arange(hidden.shape[0]) % (block - 1) + 1
-        return row_weights.sum() * 0.0, slot <= j
+        return HeadLoss(row_weights.sum() * 0.0, slot <= j, labels.new_empty((len(slot), 0)))
 
     monkeypatch.setattr(objective_module, "chunked_head_loss", scripted_loss)
     sums = evaluate(model, head, batch, cfg, max_tokens=2 * doc)
@@ -312,7 +322,7 @@ def test_compiled_evaluation_between_training_steps_never_recompiles() -> None:
     torch.manual_seed(0)
     model = DFlashDrafter(drafter_spec_from_target(target, cfg, TAPS)).cuda()
     head = FrozenHead.random(1024, 256, "cuda", torch.bfloat16)
-    optim_cfg = OptimConfig(warmup_fraction=0.0)
+    optim_cfg = paper_optim(warmup_fraction=0.0)
     optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=20)
     generator = torch.Generator("cuda").manual_seed(0)
     layouts = [[512, 512], [1000], [100, 200, 300, 400], [7, 900], [64] * 16]

@@ -29,13 +29,22 @@ def test_chunked_loss_and_gradient_match_the_reference() -> None:
     ref_loss, ref_correct = naive_loss(ref_hidden, weight, labels, row_weights)
     (ref_loss * upstream).backward()
 
+    ref_top = (hidden @ weight.t()).topk(4, dim=-1).indices
     for chunk in (1, 8, 10, 37, 100):
         test_hidden = hidden.clone().requires_grad_()
-        loss, correct = chunked_head_loss(test_hidden, weight, labels, row_weights, chunk)
+        loss, correct, top_ids = chunked_head_loss(
+            test_hidden, weight, labels, row_weights, chunk, ChunkFns(top_k=4)
+        )
         (loss * upstream).backward()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
         torch.testing.assert_close(test_hidden.grad, ref_hidden.grad, rtol=1e-6, atol=1e-12)
         assert torch.equal(correct, ref_correct)
+        assert torch.equal(top_ids, ref_top)
+        with torch.no_grad():
+            _, _, top_ids = chunked_head_loss(
+                hidden, weight, labels, row_weights, chunk, ChunkFns(top_k=4)
+            )
+        assert torch.equal(top_ids, ref_top)
 
 
 def test_zero_weight_rows_get_no_gradient() -> None:
@@ -43,7 +52,7 @@ def test_zero_weight_rows_get_no_gradient() -> None:
     weight = torch.randn(20, 8, generator=gen, dtype=torch.float64)
     hidden = torch.randn(6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     row_weights = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
-    loss, _ = chunked_head_loss(hidden, weight, torch.arange(6), row_weights, 4)
+    loss, *_ = chunked_head_loss(hidden, weight, torch.arange(6), row_weights, 4)
     loss.backward()
     assert hidden.grad[row_weights == 0].abs().max() == 0
     assert hidden.grad[row_weights == 1].abs().min() > 0
@@ -79,7 +88,7 @@ def test_dpace_loss_and_gradient_match_autograd_with_detached_weights() -> None:
     for chunk in (1, 6, 11, rows):
         fns = ChunkFns(reweight=reweight, group=slots)
         test_hidden = hidden.clone().requires_grad_()
-        loss, _ = chunked_head_loss(test_hidden, weight, labels, scored, chunk, fns)
+        loss, *_ = chunked_head_loss(test_hidden, weight, labels, scored, chunk, fns)
         loss.backward()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-9, atol=0)
         torch.testing.assert_close(test_hidden.grad, ref_hidden.grad, rtol=1e-9, atol=1e-12)

@@ -16,11 +16,10 @@ import torch
 import torch.distributed as dist
 from test_drafter_data_parallel import make_trainee
 from test_trainer_loop import ReporterStandIn, RingStandIn, item
-from tiny_drafter import MAX_TOKENS, make_cfg
+from tiny_drafter import MAX_TOKENS, make_cfg, paper_optim
 
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
-from ringtrain.drafter.config import OptimConfig
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
@@ -38,7 +37,7 @@ def worker(rank: int, store: str, out: str) -> None:
         run=RunConfig(max_steps=STEPS, eval_every=0, checkpoint_every=0),
         data=DataConfig(token_budget=MAX_TOKENS),
         drafter=make_cfg(),
-        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0),
+        optim=paper_optim(lr=1e-2, warmup_fraction=0.0),
     )
     trainee = make_trainee(config)
     items = [item(2 * step + rank, poison=rank == 0 and step == 1) for step in range(STEPS)]

@@ -15,6 +15,7 @@ from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.spec import hf_config_dict
 from ringtrain.target import read_target_config
 from ringtrain.target.tiny import build_tiny_target
+from tests.tiny_drafter import PAPER_DRAFTER
 
 TAPS = [1, 3, 5]
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:
     spec = drafter_spec_from_target(
-        read_target_config(target_dir), DrafterConfig(num_layers=1, block_size=block_size), TAPS
+        read_target_config(target_dir),
+        DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=block_size),
+        TAPS,
     )
     torch.manual_seed(0)
     model = DFlashDrafter(spec)

@@ -41,6 +41,7 @@ from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupStableDecay
 from ringtrain.trainer.plan import check_resume_optimizer
 from tests.launcher import run_training, step_records, trained_batches
+from tests.tiny_drafter import PAPER_DRAFTER
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -48,14 +49,16 @@ TARGET = {
 }  # fmt: skip
 MUON_WSD = OptimConfig(name="muon", schedule="wsd", lr=1e-2, warmup_fraction=0.1)
 VARIANTS = [
-    pytest.param(OptimConfig(lr=1e-2), id="adamw-cosine"),
+    pytest.param(OptimConfig(name="adamw", schedule="cosine", lr=1e-2), id="adamw-cosine"),
     pytest.param(MUON_WSD, id="muon-wsd"),
 ]
 
 
 def tiny_drafter() -> tuple[DFlashDrafter, DrafterSpec]:
     torch.manual_seed(0)
-    spec = drafter_spec_from_target(TARGET, DrafterConfig(num_layers=1, block_size=4), [1, 2])
+    spec = drafter_spec_from_target(
+        TARGET, DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=4), [1, 2]
+    )
     return DFlashDrafter(spec), spec
 
 
@@ -146,19 +149,21 @@ def test_a_checkpoint_of_another_optimizer_is_refused_naming_both(
 
 def test_a_checkpoint_from_before_the_choice_reads_as_adamw(tmp_path: Path) -> None:
     model, spec = tiny_drafter()
-    optimizer, scheduler = build_optimizer(model, OptimConfig(), total_steps=10)
+    optimizer, scheduler = build_optimizer(model, OptimConfig(name="adamw"), total_steps=10)
     for group in optimizer.param_groups:  # what AdamW's groups held before the key existed
         del group[ALGORITHM_KEY]
     path = save_checkpoint(tmp_path, 1, model, spec, optimizer, scheduler, ResumeRecord(step=1))
     assert saved_optimizer_name(saved_optimizer_state(path)) == "adamw"
-    check_resume_optimizer(path, OptimConfig())
+    check_resume_optimizer(path, OptimConfig(name="adamw"))
 
 
 def test_resume_reports_a_changed_schedule_and_muon_momentum() -> None:
     model, _ = tiny_drafter()
     optimizer, scheduler = build_optimizer(model, MUON_WSD, total_steps=10)
     saved_schedule = scheduler.state_dict()
-    changed = OptimConfig(name="muon", lr=1e-2, muon_momentum=0.9, warmup_fraction=0.1)
+    changed = OptimConfig(
+        name="muon", schedule="cosine", lr=1e-2, muon_momentum=0.9, warmup_fraction=0.1
+    )
     assert resume_settings(optimizer, changed, saved_schedule) == [
         "optim.muon_momentum 0.95 -> 0.9",
         "optim.schedule wsd -> cosine",

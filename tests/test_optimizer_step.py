@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from ringtrain.drafter import build_optimizer, optimizer_step
-from ringtrain.drafter.config import OptimConfig
 from ringtrain.drafter.optim import is_fused_adamw
-from tests.tiny_drafter import make_setup, objective
+from tests.tiny_drafter import make_setup, objective, paper_optim
 
 # A clip low enough that every step of the tiny drafter is clipped.
-OPTIM = OptimConfig(lr=1e-2, warmup_fraction=0.0, grad_clip=0.05)
+OPTIM = paper_optim(lr=1e-2, warmup_fraction=0.0, grad_clip=0.05)
 STEPS = 6
 
 

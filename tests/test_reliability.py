@@ -35,7 +35,7 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.checkpoint import WEIGHTS_FILE, CheckpointError
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.ring import RingReader, discover
 from ringtrain.target import build_tiny_target, read_target_config
@@ -48,6 +48,7 @@ from tests.launcher import (
     torchrun_command,
     wait_for_step,
 )
+from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
 
 # Every surviving rank must be gone this long after a peer was killed.
 EXIT_AFTER_KILL_S = 30.0
@@ -202,9 +203,11 @@ def test_crash_mid_checkpoint_never_leaves_a_complete_looking_one(
 ) -> None:
     target = build_tiny_target(tmp_path / "target", num_layers=4)
     config = read_target_config(target)
-    spec = drafter_spec_from_target(config, DrafterConfig(num_layers=1, block_size=4), [1, 2])
+    spec = drafter_spec_from_target(
+        config, DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=4), [1, 2]
+    )
     model = DFlashDrafter(spec)
-    optimizer, scheduler = build_optimizer(model, OptimConfig(), 10)
+    optimizer, scheduler = build_optimizer(model, paper_optim(), 10)
     root = tmp_path / "checkpoints"
     good = save_checkpoint(root, 1, model, spec, optimizer, scheduler, ResumeRecord(step=1))
 

@@ -39,8 +39,13 @@ from tests.launcher import (
     wait_for_step,
     worker_pid,
 )
+from tests.tiny_drafter import PAPER_SETS
 
-BASE = ["run.max_steps=4", "run.checkpoint_every=2", "run.eval_every=0", "run.log_every=1"]
+# The paper's recipe (AdamW, cosine): the schedule and the checkpoint sizes checked below.
+BASE = [
+    "run.max_steps=4", "run.checkpoint_every=2", "run.eval_every=0", "run.log_every=1",
+    *PAPER_SETS,
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections import deque
 import msgspec
 import pytest
 import torch
-from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg
+from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
 from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.config import Config, RunConfig
@@ -25,7 +25,6 @@ from ringtrain.drafter import (
     build_optimizer,
     drafter_spec_from_target,
 )
-from ringtrain.drafter.config import OptimConfig
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_resume_record
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
@@ -96,7 +95,7 @@ def make_loop(
         run=RunConfig(max_steps=max_steps, eval_every=eval_every, checkpoint_every=2),
         data=DataConfig(token_budget=MAX_TOKENS),
         drafter=make_cfg(),
-        optim=OptimConfig(lr=1e-2, warmup_fraction=0.0, max_nonfinite_steps=max_nonfinite_steps),
+        optim=paper_optim(lr=1e-2, warmup_fraction=0.0, max_nonfinite_steps=max_nonfinite_steps),
     )
     torch.manual_seed(0)
     model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))

@@ -21,6 +21,7 @@ import torch
 
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from tests.launcher import RUN_TIMEOUT_S, run_env, shm_entries, step_records, wait_for_step
+from tests.tiny_drafter import PAPER_SETS
 
 pytestmark = pytest.mark.slow
 
@@ -106,9 +107,11 @@ def batches_per_step(run_dir: Path) -> list[list[tuple[int, int, int]]]:
 
 def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path) -> None:
     name = f"nodes{os.getpid()}"
+    # The paper's recipe: WEIGHTS_ATOL is the rounding of AdamW's steps (Muon's exact
+    # resume is checked on one node, tests/test_optim_choices.py).
     overrides = [
         f"run.max_steps={STEPS}", "run.eval_every=0", "run.checkpoint_every=0",
-        "run.log_every=1", f"run.name={name}",
+        "run.log_every=1", f"run.name={name}", *PAPER_SETS,
     ]  # fmt: skip
     reference = tmp_path / "reference"
     assert run_nodes(reference, overrides) == [0, 0], (tmp_path / "reference.node0.out").read_text()

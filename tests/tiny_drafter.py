@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 import torch
@@ -34,11 +35,30 @@ MAX_TOKENS = 160
 DOCS = [70, 45, 30]
 
 
+# The paper's drafter and objective, and its optimiser and schedule: what the tests of
+# DFlash's and AdamW's mechanics check (the configs' defaults are DFlash2, D-PACE, Muon and
+# warmup-stable-decay; their own tests name them).
+PAPER_DRAFTER = {"architecture": "dflash", "objective": "decayed_ce"}
+PAPER_OPTIM = {"name": "adamw", "schedule": "cosine"}
+# The same as a training run's --set overrides.
+PAPER_SETS = [
+    f"{section}.{key}={json.dumps(value)}"
+    for section, values in (("drafter", PAPER_DRAFTER), ("optim", PAPER_OPTIM))
+    for key, value in values.items()
+]
+
+
+def paper_optim(**overrides) -> OptimConfig:
+    """The paper's AdamW with a cosine schedule, with ``overrides``."""
+    return OptimConfig(**{**PAPER_OPTIM, **overrides})
+
+
 def make_cfg(**overrides) -> DrafterConfig:
-    """Two layers (full and 24-token window), blocks of 8, 6 anchors per 40 tokens, eager."""
+    """The paper's drafter: two layers (full and 24-token window), blocks of 8, 6 anchors
+    per 40 tokens, eager."""
     values = {
-        "num_layers": 2, "block_size": 8, "num_anchors": 6, "anchor_ref_len": 40,
-        "sliding_windows": [0, 24], "loss_chunk": 40, "compile": False,
+        **PAPER_DRAFTER, "num_layers": 2, "block_size": 8, "num_anchors": 6,
+        "anchor_ref_len": 40, "sliding_windows": [0, 24], "loss_chunk": 40, "compile": False,
     }  # fmt: skip
     return DrafterConfig(**{**values, **overrides})
 
@@ -81,7 +101,7 @@ def train(
 ) -> list[float]:
     """One optimizer step (lr 1e-2, no warm-up) per anchor seed; returns the step losses."""
     seeds = list(seeds)
-    optim_cfg = OptimConfig(lr=1e-2, warmup_fraction=0.0)
+    optim_cfg = paper_optim(lr=1e-2, warmup_fraction=0.0)
     optimizer, scheduler = build_optimizer(model, optim_cfg, len(seeds))
     losses = []
     for seed in seeds:

@@ -13,10 +13,14 @@ import msgspec
 class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Drafter architecture and training-block sampling. Zero means "follow the target"."""
 
-    # The drafter's model class (drafter/architectures.py): "dflash", or "dflash2" (DFlash
-    # plus a two-tap dynamic convolution around every attention and MLP and a top-k path
-    # selector; its checkpoint is what the engines load as DFlash2DraftModel).
-    architecture: Literal["dflash", "dflash2"] = "dflash"
+    # The drafter's model class (drafter/architectures.py): "dflash2" (DFlash plus a
+    # two-tap dynamic convolution around every attention and MLP and a top-k path
+    # selector; its checkpoint is what the engines load as DFlash2DraftModel), or "dflash"
+    # (the paper's drafter). The defaults of architecture, objective, [optim] name and
+    # schedule are the combination that accepted most on the real-model recipe for the
+    # same data and steps (BENCHMARKS.md, the recipe variants); the paper's recipe is
+    # architecture "dflash", objective "decayed_ce", [optim] name "adamw", schedule "cosine".
+    architecture: Literal["dflash", "dflash2"] = "dflash2"
     num_layers: Annotated[int, msgspec.Meta(ge=1)] = 5
     block_size: Annotated[int, msgspec.Meta(ge=2)] = 16
     # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
@@ -28,11 +32,11 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # first id past the tokenizer's tokens, else a reserved/unused special token, else the
     # last id of the vocabulary with a warning (see ringtrain.drafter.mask_token).
     mask_token_id: Annotated[int, msgspec.Meta(ge=-1)] = -1
-    # Training objective: "decayed_ce" (the paper's cross-entropy, slot k weighted
-    # exp(-(k-1)/gamma)) or "dpace" (D-PACE: each slot weighted by the expected number of
+    # Training objective: "dpace" (D-PACE: each slot weighted by the expected number of
     # slots decoding reaches from it, from the drafter's own confidences; see
-    # ringtrain.drafter.loss.dpace_weights).
-    objective: Literal["decayed_ce", "dpace"] = "decayed_ce"
+    # ringtrain.drafter.loss.dpace_weights) or "decayed_ce" (the paper's cross-entropy,
+    # slot k weighted exp(-(k-1)/gamma)).
+    objective: Literal["decayed_ce", "dpace"] = "dpace"
     # Loss decay gamma; 0 picks the paper's value for the block size (16: 7, 10: 5, 8: 4).
     gamma: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     # D-PACE confidence smoothing: s_k = alpha + (1 - alpha) * q_k (1: uniform weights).
@@ -70,7 +74,8 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The optimiser and its learning-rate schedule (defaults: the paper's AdamW, cosine)."""
+    """The optimiser and its learning-rate schedule (defaults: Muon, warmup-stable-decay;
+    the paper's are AdamW, cosine: see DrafterConfig.architecture)."""
 
     # "adamw": AdamW on every trainable parameter. "muon": Muon (torch.optim.Muon) on the
     # decoder layers' weight matrices (attention and MLP projections) and AdamW, in the
@@ -80,14 +85,14 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # adjust_lr_fn = "match_rms_adamw"), which gives it the RMS of a typical AdamW update:
     # so one lr (and one weight_decay) serves both parts, with their AdamW values. A
     # checkpoint resumes only under the optimiser that wrote it.
-    name: Literal["adamw", "muon"] = "adamw"
+    name: Literal["adamw", "muon"] = "muon"
     lr: Annotated[float, msgspec.Meta(gt=0.0)] = 6e-4
     # Muon's (Nesterov) momentum; the AdamW part uses beta1 and beta2.
     muon_momentum: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.95
     # "cosine": linear warm-up, then cosine to min_lr_ratio * lr. "wsd" (warmup-stable-
     # decay): linear warm-up, lr held, then over the last decay_fraction of the steps a
     # 1 - sqrt decay to min_lr_ratio * lr (see ringtrain.drafter.schedules).
-    schedule: Literal["cosine", "wsd"] = "cosine"
+    schedule: Literal["cosine", "wsd"] = "wsd"
     decay_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
     min_lr_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     warmup_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.04

@@ -121,8 +121,12 @@ class CandidateSelector(nn.Module):
     ) -> torch.Tensor:
         """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
-        gate = self.predecessor_codebook[predecessors] * projected
-        pair = torch.einsum("...r,...kr->...k", gate, self.successor_codebook[candidates])
+        # Codebook rows by F.embedding: its backward sums a token's many repeats by segment,
+        # where the backward of an index (one atomic-free pass per repeat) is several times
+        # slower for the few common tokens that fill most candidate lists.
+        gate = F.embedding(predecessors, self.predecessor_codebook) * projected
+        successors = F.embedding(candidates, self.successor_codebook)
+        pair = torch.einsum("...r,...kr->...k", gate, successors)
         return unary + pair.to(unary.dtype)
 
     def walk(
@@ -189,22 +193,24 @@ def selector_loss_sum(
     lm_head: torch.Tensor,
     labels: torch.Tensor,
     row_weights: torch.Tensor,
+    candidates: torch.Tensor,
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of row_weights * CE of the selector over each scored slot's top-k candidates,
     whether the walk picks each slot's true token).
 
     rows [A * (B-1), H] are the final hidden states of slots 1..B-1, labels [A, B] the true
-    tokens of slots 0..B-1 (slot 0: the anchor) and row_weights [A, B-1]. Slot k is scored
+    tokens of slots 0..B-1 (slot 0: the anchor), row_weights [A, B-1] and candidates
+    [A * (B-1), top_k] each row's top-k tokens by logit (chunked_head_loss hands them over
+    from the logits it forms for the cross-entropy). Slot k is scored
     after its true predecessor (the label of slot k - 1, as the walk would have it had
     every earlier slot been right) and labelled with its true token's index among the
     candidates; a slot whose true token misses the top-k adds nothing. The second result
     [A * (B-1)] is the walk's proposal rule under the same teacher forcing: slot k's best
     scored candidate is its true token. A block's leading run of those is exactly the
-    prefix `walk` gets accepted. `chunk` rows of logits are formed at a time, without
-    gradient: they only pick the candidates; the unary scores (the candidates' logits) are
-    formed again, with gradient, from the candidates' LM-head rows alone, so the backward
-    pass never sees a vocabulary-wide logit matrix.
+    prefix `walk` gets accepted. `chunk` rows are scored at a time; the unary scores (the
+    candidates' logits) are formed again, with gradient, from the candidates' LM-head rows
+    alone, so the backward pass never sees a vocabulary-wide logit matrix.
     """
     predecessors = labels[:, :-1].reshape(-1)
     targets = labels[:, 1:].reshape(-1)
@@ -213,15 +219,12 @@ def selector_loss_sum(
     picked = []
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
-        with torch.no_grad():
-            # In the head's dtype: a float32 copy of [chunk, vocab] would only cost traffic.
-            logits = rows[part].to(lm_head.dtype) @ lm_head.t()
-            candidates = logits.topk(selector.top_k, dim=-1).indices
+        top = candidates[part]
         # A product and a sum (not a matmul, which autocast would run in bf16): float32.
-        unary = (rows[part, None].to(total.dtype) * lm_head[candidates].to(total.dtype)).sum(-1)
-        scores = selector.scores(rows[part], unary, candidates, predecessors[part])
-        hits = candidates == targets[part, None]
+        unary = (rows[part, None].to(total.dtype) * lm_head[top].to(total.dtype)).sum(-1)
+        scores = selector.scores(rows[part], unary, top, predecessors[part])
+        hits = top == targets[part, None]
         loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
         total = total + (loss * weights[part] * hits.any(-1)).sum()
-        picked.append(candidates.gather(-1, scores.detach().argmax(-1, keepdim=True)))
+        picked.append(top.gather(-1, scores.detach().argmax(-1, keepdim=True)))
     return total, torch.cat(picked).squeeze(-1) == targets

@@ -11,12 +11,17 @@ vocabulary, and the LM head matmul is never recomputed. When no gradient is need
 Row weights are either given (the decayed cross-entropy: fixed per block slot) or made
 from the chunk's own cross-entropy by a `Reweight` (D-PACE, see `dpace_weights`); made
 weights are detached, so G keeps its form. Then every chunk holds whole blocks.
+
+With ``top_k`` set, each chunk also hands over its rows' top-k token ids, taken from the
+logits it forms anyway (DFlash2's candidate selector trains on them), so no caller forms
+vocabulary-wide logits a second time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -65,16 +70,24 @@ def _weighted_ce(
     return logits, lse, scale, (ce * scale).sum()
 
 
+def _top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The rows' top_k token ids ([rows, 0] when top_k is 0)."""
+    if top_k:
+        return logits.topk(top_k, dim=-1).indices
+    return logits.new_empty((logits.shape[0], 0), dtype=torch.long)
+
+
 def chunk_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
     row_weights: torch.Tensor,
     reweight: Reweight = given_weights,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk: (sum of weights * CE, per-row argmax == label)."""
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk: (sum of weights * CE, per-row argmax == label, top_k ids per row)."""
     logits, _, _, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
-    return loss, logits.argmax(-1) == labels
+    return loss, logits.argmax(-1) == labels, _top_ids(logits, top_k)
 
 
 def chunk_loss_and_grad(
@@ -83,20 +96,23 @@ def chunk_loss_and_grad(
     labels: torch.Tensor,
     row_weights: torch.Tensor,
     reweight: Reweight = given_weights,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """chunk_loss plus the gradient of the chunk's loss with respect to its hidden rows."""
     logits, lse, scale, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
     vocab = torch.arange(logits.shape[1], device=logits.device)
     one_hot = vocab[None, :] == labels[:, None]
     grad_logits = (torch.exp(logits - lse[:, None]) - one_hot.to(lse.dtype)) * scale[:, None]
-    return loss, logits.argmax(-1) == labels, grad_logits.to(hidden.dtype) @ weight
+    correct = logits.argmax(-1) == labels
+    return loss, correct, _top_ids(logits, top_k), grad_logits.to(hidden.dtype) @ weight
 
 
 class ChunkFns:
     """The per-chunk kernels (eager, or compiled once for their static shapes).
 
     ``reweight`` makes the row weights from the chunk's cross-entropy (default: the given
-    weights); ``group`` rows (one block's scored slots) always share a chunk.
+    weights); ``group`` rows (one block's scored slots) always share a chunk; ``top_k``
+    (0: none) token ids per row are handed over beside the loss.
     """
 
     def __init__(
@@ -104,10 +120,12 @@ class ChunkFns:
         compile_mode: str | None = None,
         reweight: Reweight = given_weights,
         group: int = 1,
+        top_k: int = 0,
     ) -> None:
         self.group = group
-        self.loss: Callable = partial(chunk_loss, reweight=reweight)
-        self.loss_and_grad: Callable = partial(chunk_loss_and_grad, reweight=reweight)
+        self.top_k = top_k
+        self.loss: Callable = partial(chunk_loss, reweight=reweight, top_k=top_k)
+        self.loss_and_grad: Callable = partial(chunk_loss_and_grad, reweight=reweight, top_k=top_k)
         if compile_mode is not None:
             self.loss = torch.compile(self.loss, mode=compile_mode, dynamic=False)
             self.loss_and_grad = torch.compile(self.loss_and_grad, mode=compile_mode, dynamic=False)
@@ -118,25 +136,37 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels, row_weights, chunk, fns):
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        top_ids = labels.new_empty((hidden.shape[0], fns.top_k))
         need_grad = ctx.needs_input_grad[0]
         grad = torch.empty_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
             args = (hidden[part], weight, labels[part], row_weights[part])
             if need_grad:
-                loss_c, correct[part], grad[part] = fns.loss_and_grad(*args)
+                loss_c, correct[part], top_ids[part], grad[part] = fns.loss_and_grad(*args)
             else:
-                loss_c, correct[part] = fns.loss(*args)
+                loss_c, correct[part], top_ids[part] = fns.loss(*args)
             loss = loss + loss_c
         if need_grad:
             ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(correct)
-        return loss, correct
+        ctx.mark_non_differentiable(correct, top_ids)
+        return loss, correct, top_ids
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_correct):
+    def backward(ctx, grad_loss, _grad_correct, _grad_top_ids):
         (grad,) = ctx.saved_tensors
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None
+
+
+class HeadLoss(NamedTuple):
+    """chunked_head_loss's result."""
+
+    # sum over rows of row_weights * CE(hidden @ weight.T, labels)
+    loss: torch.Tensor
+    # argmax == label, per row
+    correct: torch.Tensor
+    # [rows, fns.top_k] token ids of each row's largest logits ([rows, 0] without top_k)
+    top_ids: torch.Tensor
 
 
 def chunked_head_loss(
@@ -146,8 +176,8 @@ def chunked_head_loss(
     row_weights: torch.Tensor,
     chunk: int,
     fns: ChunkFns | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum over rows of row_weights * CE(hidden @ weight.T, labels), argmax == label per row).
+) -> HeadLoss:
+    """The weighted cross-entropy of the rows through the head, chunk by chunk (HeadLoss).
 
     Rows are split into equal chunks of about `chunk` rows, each a whole number of
     ``fns.group`` rows (the tail is padded with zero-weight rows), so a compiled chunk
@@ -164,5 +194,5 @@ def chunked_head_loss(
         hidden = torch.cat((hidden, hidden.new_zeros(pad, hidden.shape[1])))
         labels = torch.cat((labels, labels.new_zeros(pad)))
         row_weights = torch.cat((row_weights, row_weights.new_zeros(pad)))
-    loss, correct = _ChunkedHeadLoss.apply(hidden, weight, labels, row_weights, chunk, fns)
-    return loss, correct[:rows]
+    loss, correct, top_ids = _ChunkedHeadLoss.apply(hidden, weight, labels, row_weights, chunk, fns)
+    return HeadLoss(loss, correct[:rows], top_ids[:rows])

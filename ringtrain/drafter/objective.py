@@ -46,7 +46,10 @@ class _Workspace:
             torch.compile(model, mode=cfg.compile_mode, dynamic=False) if compiled else model
         )
         self.chunk_fns = ChunkFns(
-            cfg.compile_mode if compiled else None, self.objective.reweight, spec.block_size - 1
+            cfg.compile_mode if compiled else None,
+            self.objective.reweight,
+            spec.block_size - 1,
+            self.selector.top_k if self.selector is not None else 0,
         )
 
 
@@ -139,7 +142,7 @@ def score_blocks(
         scored = batch.scored[:, 1:]
         loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
         weights = workspace.objective.row_weights(scored, loss_dtype)
-        loss_sum, correct = chunked_head_loss(
+        loss_sum, correct, candidates = chunked_head_loss(
             rows.to(head.lm_head.dtype),
             head.lm_head,
             batch.labels[:, 1:].reshape(-1),
@@ -150,7 +153,13 @@ def score_blocks(
         if workspace.selector is not None:
             # DFlash2 proposes the selector's walk, not each slot's argmax: its hits count.
             selector_sum, correct = selector_loss_sum(
-                workspace.selector, rows, head.lm_head, batch.labels, weights, cfg.loss_chunk
+                workspace.selector,
+                rows,
+                head.lm_head,
+                batch.labels,
+                weights,
+                candidates,
+                cfg.loss_chunk,
             )
             loss_sum = loss_sum + cfg.selector_loss_weight * selector_sum
     hits = correct.view(num_blocks, block - 1) & scored

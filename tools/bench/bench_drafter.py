@@ -5,7 +5,9 @@ Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV
 3 x 3072-token documents with 512 anchors per 3072 tokens and blocks of 16
 (``--target-shape qwen3-30b-a3b``: the drafter of Qwen3-30B-A3B, hidden 2048, 32 query /
 4 KV heads of 128, MLP 6144; ``qwen3-32b``: hidden 5120, 64 query / 8 KV heads, MLP
-25600). After warm-up, two timed sets of 20 steps each, with 1-6
+25600; ``smollm2-135m``: the real-model recipe's drafter, 4 layers of hidden 576, 9 query
+/ 3 KV heads of 64, MLP 1536, vocabulary 49152, on 32 x 512-token documents with 128
+anchors per 512 tokens, as configs/smollm2-135m.toml trains it). After warm-up, two timed sets of 20 steps each, with 1-6
 documents of random lengths per batch:
 "packed" batches filled to 97-100% of the token budget, as the data pipeline packs them
 (padding fraction about 1.5%), give tokens/s (context tokens) and MFU; "varied" batches
@@ -26,13 +28,16 @@ they train alike. "cudagraphs" is fast_step with the compiled parts replayed as 
 graphs (compile mode "reduce-overhead"); "muon" is fast_step's switches with Muon on the
 layers' matrices; "dflash2" is fast_step's switches with the DFlash2 drafter (its
 dynamic convolutions and candidate selector: work the model FLOPs above do not count, so
-its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost).
+its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost);
+"default" is what the config's defaults train (DFlash2, D-PACE, Muon). Every other
+variant trains the paper's drafter and objective (DFlash, decayed cross-entropy).
 
     python tools/bench/bench_drafter.py --json                         # H200, default variant
     python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
     python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
     python tools/bench/bench_drafter.py --json --variants base,fast_step,cudagraphs,muon --steps 10
     python tools/bench/bench_drafter.py --json --variants fast_step,dflash2 --profile
+    python tools/bench/bench_drafter.py --json --target-shape smollm2-135m --variants fast_step,dflash2,default
     python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -63,7 +68,14 @@ from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.kernel_profile import print_top, top_kernels
-from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
+from tools.bench.model_shapes import (
+    QWEN3_8B,
+    QWEN3_30B_A3B,
+    QWEN3_32B,
+    QWEN3_MASK_TOKEN_ID,
+    SMOLLM2_135M,
+    SMOLLM2_MASK_TOKEN_ID,
+)
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
@@ -75,8 +87,15 @@ TARGETS = {
         ("qwen3-8b", QWEN3_8B),
         ("qwen3-30b-a3b", QWEN3_30B_A3B),
         ("qwen3-32b", QWEN3_32B),
+        ("smollm2-135m", SMOLLM2_135M),
     )
 }
+MASK_TOKEN_IDS = {"smollm2-135m": SMOLLM2_MASK_TOKEN_ID}
+# The batch layout per target shape where it is not the default (5 layers; 3 documents
+# of 3072 tokens, 512 anchors each): the real-model recipe's.
+LAYOUTS = {"smollm2-135m": {"layers": 4, "docs": 32, "doc_len": 512, "anchors": 128}}
+# The paper's drafter and objective, which every variant trains unless it names others.
+PAPER = {"architecture": "dflash", "objective": "decayed_ce"}
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -115,6 +134,8 @@ VARIANTS = {
     "muon": {**FAST_STEP, "optim": "muon"},
     # fast_step's switches with the DFlash2 drafter (drafter.architecture = "dflash2").
     "dflash2": {**FAST_STEP, "architecture": "dflash2"},
+    # fast_step's switches with the config's defaults: DFlash2, D-PACE and Muon.
+    "default": {**FAST_STEP, "architecture": "dflash2", "objective": "dpace", "optim": "muon"},
 }
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
@@ -205,10 +226,11 @@ class VariantRun:
         self.step_switches = {k: v for k, v in overrides.items() if k in STEP_SWITCHES}
         optimizer = overrides.get("optim", "adamw")
         overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES and k != "optim"}
+        mask_token_id = MASK_TOKEN_IDS.get(args.target_shape, QWEN3_MASK_TOKEN_ID)
         self.cfg = DrafterConfig(
             num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
-            anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else QWEN3_MASK_TOKEN_ID,
-            compile=device.type == "cuda", **overrides,
+            anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else mask_token_id,
+            compile=device.type == "cuda", **{**PAPER, **overrides},
         )  # fmt: skip
         taps = default_tap_layers(target["num_hidden_layers"], 5)
         self.spec = drafter_spec_from_target(target, self.cfg, taps)
@@ -323,6 +345,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.layers = 2 if args.small else 5
     args.doc_len = 96 if args.small else 3072
     args.anchors = 16 if args.small else 512
+    if not args.small:
+        vars(args).update(LAYOUTS.get(args.target_shape, {}))
     args.max_tokens = args.docs * args.doc_len
     if args.small:
         args.steps = min(args.steps, 5)

@@ -6,6 +6,8 @@
 8 per token, no shared expert, every layer sparse); each benchmark adds the config values
 its consumer needs (model type, norm epsilon, RoPE base, context length).
 ``QWEN3_MASK_TOKEN_ID`` is the DFlash mask token of Qwen3 (both share the vocabulary).
+``SMOLLM2_135M`` holds those of SmolLM2-135M-Instruct, the real-model recipe's target
+(``SMOLLM2_MASK_TOKEN_ID``: the recipe's mask token, configs/smollm2-135m.toml).
 """
 
 from __future__ import annotations
@@ -43,3 +45,13 @@ QWEN3_32B: dict[str, int] = {
     "num_key_value_heads": 8,
     "head_dim": 128,
 }
+SMOLLM2_135M: dict[str, int] = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+}
+SMOLLM2_MASK_TOKEN_ID = 16
