@@ -18,6 +18,7 @@ from torch import nn
 
 from ringtrain.drafter import (
     FrozenHead,
+    ObjectiveSums,
     ResumeRecord,
     build_drafter,
     build_optimizer,
@@ -29,7 +30,7 @@ from ringtrain.drafter.config import OptimConfig
 from ringtrain.drafter.dflash2 import DFlash2Drafter, selector_loss_sum
 from ringtrain.drafter.model import DFlashDrafter
 from tests.launcher import run_training, step_records
-from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, train
+from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -263,6 +264,24 @@ def test_dflash2_trains_its_convolutions_and_selector() -> None:
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
     assert not torch.equal(model.candidate_selector.successor_codebook, successor)
     assert not torch.equal(model.layers[0].attention_conv.kernel_projection.weight, projection)
+
+
+def test_the_selector_loss_is_reported_apart_and_is_part_of_the_loss() -> None:
+    cfg, dflash, head, batch = make_setup(0)
+    dflash2 = build_drafter(drafter_spec_from_target(TARGET, make_cfg(**DFLASH2), TAPS)).double()
+    dflash2.load_state_dict(dflash.state_dict(), strict=False)  # a fresh DFlash2 is DFlash
+    plain = objective(dflash, head, batch, cfg, seed=3)
+    with_selector = objective(dflash2, head, batch, make_cfg(**DFLASH2), seed=3)
+    assert float(plain.selector_loss_sum) == 0.0
+    assert "selector_loss" not in ObjectiveSums.summarise(plain.as_vector(), cfg.block_size)
+    assert float(with_selector.selector_loss_sum) > 0.0
+    torch.testing.assert_close(
+        with_selector.loss_sum, plain.loss_sum + with_selector.selector_loss_sum
+    )
+    metrics = ObjectiveSums.summarise(with_selector.as_vector(), cfg.block_size)
+    assert metrics["selector_loss"] == pytest.approx(
+        float(with_selector.selector_loss_sum / with_selector.weight_sum)
+    )
 
 
 def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> None:

@@ -224,7 +224,7 @@ def objective_sums(scale: float, block_size: int = BLOCK) -> ObjectiveSums:
         loss_sum=torch.tensor(2.0 * scale), weight_sum=torch.tensor(4.0 * scale),
         correct=torch.arange(slots, dtype=torch.float64) * scale,
         counted=torch.full((slots,), 10.0 * scale), accepted_sum=torch.tensor(6.0 * scale),
-        block_count=torch.tensor(3.0 * scale),
+        block_count=torch.tensor(3.0 * scale), selector_loss_sum=torch.tensor(0.5 * scale),
     )  # fmt: skip
 
 
@@ -248,6 +248,7 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
     assert reduced.batches == [[0, 0, 0], [2, 4, 7], [0, 0, 0]]
     assert torch.equal(reduced.objective, objective_sums(1.0).as_vector())
     assert reduced.summary()["loss"] == 0.5 and reduced.summary()["tau_uniform"] == 3.0
+    assert reduced.summary()["selector_loss"] == 0.125
     assert reduced.eval_batches == 2
     assert torch.equal(reduced.eval, eval_sums(3.0).as_vector())
     assert not sums.vector.any()

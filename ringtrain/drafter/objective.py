@@ -150,6 +150,7 @@ def score_blocks(
             cfg.loss_chunk,
             workspace.chunk_fns,
         )
+        selector_sum = loss_sum.new_zeros(())
         if workspace.selector is not None:
             # DFlash2 proposes the selector's walk, not each slot's argmax: its hits count.
             selector_sum, correct = selector_loss_sum(
@@ -161,7 +162,8 @@ def score_blocks(
                 candidates,
                 cfg.loss_chunk,
             )
-            loss_sum = loss_sum + cfg.selector_loss_weight * selector_sum
+            selector_sum = cfg.selector_loss_weight * selector_sum
+            loss_sum = loss_sum + selector_sum
     hits = correct.view(num_blocks, block - 1) & scored
     accepted = hits.long().cumprod(1).sum(1)
     sums = workspace.objective.sums_type(
@@ -171,6 +173,7 @@ def score_blocks(
         counted=scored.sum(0),
         accepted_sum=accepted.sum(),
         block_count=batch.valid.sum(),
+        selector_loss_sum=selector_sum.detach(),
     )
     return sums, accepted
 

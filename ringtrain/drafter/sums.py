@@ -30,6 +30,9 @@ class ObjectiveSums:
     counted: torch.Tensor = field(metadata=PER_SLOT)  # [B - 1] scored labels per slot
     accepted_sum: torch.Tensor  # sum over blocks of the correct prefix length of slots 1..B-1
     block_count: torch.Tensor  # real (non-padding) blocks
+    # DFlash2: the candidate selector's share of loss_sum (0 for DFlash), reported apart
+    # because it grows as more true tokens reach the candidates.
+    selector_loss_sum: torch.Tensor
 
     @classmethod
     def layout(cls, block_size: int) -> dict[str, slice]:
@@ -69,12 +72,16 @@ class ObjectiveSums:
     def summarise(cls, vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
         """Metrics from a (possibly all-reduced) as_vector(): loss, accuracy per slot and
         tau_uniform (1 + mean accepted prefix over the sampled anchors: uniform anchors,
-        so it overestimates decoding's acceptance; tau_sim replays decoding)."""
+        so it overestimates decoding's acceptance; tau_sim replays decoding). A DFlash2
+        drafter's selector_loss (its part of loss) is reported beside them."""
         sums = cls.unpack(vector, block_size)
         correct, counted = sums["correct"], sums["counted"]
         blocks = sums["block_count"]
+        weight_sum = max(sums["weight_sum"], 1e-12)
+        selector = {"selector_loss": sums["selector_loss_sum"] / weight_sum}
         return {
-            "loss": sums["loss_sum"] / max(sums["weight_sum"], 1e-12),
+            "loss": sums["loss_sum"] / weight_sum,
+            **(selector if sums["selector_loss_sum"] else {}),
             "weight_sum": sums["weight_sum"],
             "accuracy": sum(correct) / max(sum(counted), 1.0),
             "accuracy_per_slot": [c / max(n, 1.0) for c, n in zip(correct, counted, strict=True)],
