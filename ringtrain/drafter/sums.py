@@ -31,7 +31,7 @@ class ObjectiveSums:
     accepted_sum: torch.Tensor  # sum over blocks of the correct prefix length of slots 1..B-1
     block_count: torch.Tensor  # real (non-padding) blocks
     # DFlash2: the candidate selector's share of loss_sum (0 for DFlash), reported apart
-    # because it grows as more true tokens reach the candidates.
+    # because it can grow as more true tokens reach the candidates.
     selector_loss_sum: torch.Tensor
 
     @classmethod
