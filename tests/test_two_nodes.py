@@ -110,8 +110,7 @@ def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path
     # The paper's recipe: WEIGHTS_ATOL is the rounding of AdamW's steps. Muon's
     # orthogonalised step turns the same last-bit differences into differences of a
     # step's size (measured 5.3e-3 here, and 9.9e-3 between two unbroken runs), so its
-    # exact resume is checked on one drafter
-    # (tests/test_optim_choices.py).
+    # exact resume is checked on one drafter (tests/test_optim_choices.py).
     overrides = [
         f"run.max_steps={STEPS}", "run.eval_every=0", "run.checkpoint_every=0",
         "run.log_every=1", f"run.name={name}", *PAPER_SETS,
