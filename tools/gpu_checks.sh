@@ -16,8 +16,9 @@
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
-# ends with a table with ratios (tools/bench/speed_report.py). [speed_dflash2] (about 3
-# minutes): the DFlash2 drafter's step against DFlash's (fast_step), both profiled.
+# ends with a table with ratios (tools/bench/speed_report.py). [speed_dflash2] (about 4
+# minutes): the DFlash2 drafter's step against DFlash's (fast_step), both profiled, then
+# on the real-model recipe's drafter shape with the defaults' step (default).
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -112,7 +113,10 @@ for step in $steps; do
         speed_dflash2)
             run speed_dflash2 300 python -m tools.bench.bench_drafter \
                 --variants fast_step,dflash2 --steps 10 --profile --json
-            mv "$out/bench_drafter.json" "$out/speed_dflash2.json" 2>/dev/null ;;
+            mv "$out/bench_drafter.json" "$out/speed_dflash2.json" 2>/dev/null
+            run speed_dflash2_smollm2 200 python -m tools.bench.bench_drafter \
+                --target-shape smollm2-135m --variants fast_step,dflash2,default --steps 10 --json
+            mv "$out/bench_drafter.json" "$out/speed_dflash2_smollm2.json" 2>/dev/null ;;
         speed_moe)
             run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json

@@ -7,8 +7,8 @@ Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV
 4 KV heads of 128, MLP 6144; ``qwen3-32b``: hidden 5120, 64 query / 8 KV heads, MLP
 25600; ``smollm2-135m``: the real-model recipe's drafter, 4 layers of hidden 576, 9 query
 / 3 KV heads of 64, MLP 1536, vocabulary 49152, on 32 x 512-token documents with 128
-anchors per 512 tokens, as configs/smollm2-135m.toml trains it). After warm-up, two timed sets of 20 steps each, with 1-6
-documents of random lengths per batch:
+anchors per 512 tokens, as configs/smollm2-135m.toml trains it). After warm-up, two timed
+sets of 20 steps each, with 1-6 documents of random lengths per batch:
 "packed" batches filled to 97-100% of the token budget, as the data pipeline packs them
 (padding fraction about 1.5%), give tokens/s (context tokens) and MFU; "varied" batches
 filled to only 60-100% give `mfu_varied_fill` (the drafter runs at a static layout, so
