@@ -105,7 +105,9 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # A step whose loss or gradient norm is not finite is skipped (the weights keep their
     # values); this many such steps in a row stop the run.
     max_nonfinite_steps: Annotated[int, msgspec.Meta(ge=1)] = 10
-    # Precision of the drafters' gradient reduction: "float32", or "bfloat16" (half the
+    # Precision of the drafters' gradient reduction: "float32", "bfloat16" (half the
     # bytes on the wire, each bucket rounded to bf16 before the sum; the optimizer still
-    # sees fp32 gradients). Only matters with more than one drafter.
-    grad_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    # sees fp32 gradients) or "float64" (twice the bytes; the sum no longer depends on
+    # which drafter took which batch, so runs repeat weight for weight, also with Muon:
+    # see ringtrain.trainer.data_parallel). Only matters with more than one drafter.
+    grad_reduce_dtype: Literal["float32", "bfloat16", "float64"] = "float32"

@@ -7,6 +7,12 @@ forward: the drafter's only buffer (RoPE frequencies) is the same on every rank,
 forward with a collective would deadlock the held-out evaluations, which ranks run in
 different numbers. With `grad_reduce_dtype = "bfloat16"` the buckets travel in bf16
 (DDP's bf16 compression hook) and are restored to fp32 before the optimizer sees them.
+With "float64" they travel in fp64 (`float64_reduce_hook`): a sum of a few fp32 values is
+then exact, or rounded once, so it no longer depends on the order in which the ranks'
+gradients are added, which follows which drafter took which batch; the fp32 result is the
+same in every run. Muon, whose orthogonalised step turns a last-bit difference of a
+gradient into one of a step's size, needs this for runs of several drafters to repeat
+(and to resume) weight for weight.
 
 On CUDA the objective compiles the DDP-wrapped module (DDP first, then torch.compile:
 the combination PyTorch documents for DDP, where Dynamo's DDPOptimizer splits the
@@ -26,6 +32,7 @@ one in a hundred): how long the reduction ran, and how much of it backward did n
 from __future__ import annotations
 
 import inspect
+import typing
 
 import torch
 import torch.distributed as dist
@@ -42,6 +49,26 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
     if "forward_sync_buffers" in parameters:
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}
+
+
+def float64_reduce_hook(
+    group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: the bucket's mean over `group`, summed in fp64, written back in the
+    bucket's own dtype."""
+    buffer = bucket.buffer()
+    wide = buffer.to(torch.float64).div_(dist.get_world_size(group))
+    reduced = dist.all_reduce(wide, group=group, async_op=True).get_future()
+
+    def write_back(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        buffer.copy_(future.value()[0])
+        return buffer
+
+    return reduced.then(write_back)
+
+
+# DDP checks a hook's annotations as objects; this module's are strings until resolved.
+float64_reduce_hook.__annotations__ = typing.get_type_hints(float64_reduce_hook)
 
 
 def wrap_data_parallel(
@@ -66,6 +93,8 @@ def wrap_data_parallel(
     )
     if grad_reduce_dtype == "bfloat16":
         network.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    elif grad_reduce_dtype == "float64":
+        network.register_comm_hook(group, float64_reduce_hook)
     return network
 
 
