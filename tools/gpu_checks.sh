@@ -11,7 +11,7 @@
 # Two GPUs: [target_tp] (a Qwen3-32B-shaped target on one GPU and as a tensor-parallel
 # group of two) [pipeline_tp2] (that group + 2 drafters on both GPUs under MPS)
 # [multigpu] (2 targets + 2 drafters under MPS against 1 + 1 on one GPU; multigpu_bf16:
-# bf16 gradient reduction) [split] (1 target on GPU 0, 1 drafter on GPU 1).
+# bf16 gradient reduction; multigpu_fp64: fp64, the repeatable sum) [split] (1 target on GPU 0, 1 drafter on GPU 1).
 # One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens).
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
@@ -87,9 +87,10 @@ for step in $steps; do
                 --layout 2+2 --gpu-map 0,1,0,1 --mps --target-tp 2 --budget 9216 --steps 30 \
                 --cold-shapes none --json
             mv "$out/bench_pipeline.json" "$out/pipeline_tp2.json" 2>/dev/null ;;
-        multigpu | multigpu_bf16)
+        multigpu | multigpu_bf16 | multigpu_fp64)
             reduce=()
             [ "$step" = multigpu_bf16 ] && reduce=(--set 'optim.grad_reduce_dtype="bfloat16"')
+            [ "$step" = multigpu_fp64 ] && reduce=(--set 'optim.grad_reduce_dtype="float64"')
             run "$step" 560 python -m tools.bench.bench_pipeline --shapes qwen3-8b --layout 2+2 \
                 --gpu-map 0,1,0,1 --mps --scale-reference --budget 9216 --steps 30 \
                 --cold-shapes none --skip-standalone "${reduce[@]}" --json
