@@ -154,14 +154,9 @@ def score_blocks(
         if workspace.selector is not None:
             # DFlash2 proposes the selector's walk, not each slot's argmax: its hits count.
             selector_sum, correct = selector_loss_sum(
-                workspace.selector,
-                rows,
-                head.lm_head,
-                batch.labels,
-                weights,
-                candidates,
+                workspace.selector, rows, head.lm_head, batch.labels, weights, candidates,
                 cfg.loss_chunk,
-            )
+            )  # fmt: skip
             selector_sum = cfg.selector_loss_weight * selector_sum
             loss_sum = loss_sum + selector_sum
     hits = correct.view(num_blocks, block - 1) & scored
