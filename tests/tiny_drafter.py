@@ -16,7 +16,7 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
     optimizer_step,
 )
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 TARGET = {
@@ -35,12 +35,9 @@ MAX_TOKENS = 160
 DOCS = [70, 45, 30]
 
 
-# The paper's drafter and objective, and its optimiser and schedule: what the tests of
-# DFlash's and AdamW's mechanics check (the configs' defaults are DFlash2, D-PACE, Muon and
-# warmup-stable-decay; their own tests name them).
-PAPER_DRAFTER = {"architecture": "dflash", "objective": "decayed_ce"}
-PAPER_OPTIM = {"name": "adamw", "schedule": "cosine"}
-# The same as a training run's --set overrides.
+# The paper's recipe (PAPER_DRAFTER, PAPER_OPTIM) is what the tests of DFlash's and
+# AdamW's mechanics check (the configs' defaults are DFlash2, D-PACE, Muon and
+# warmup-stable-decay; their own tests name them); here as a training run's --set overrides.
 PAPER_SETS = [
     f"{section}.{key}={json.dumps(value)}"
     for section, values in (("drafter", PAPER_DRAFTER), ("optim", PAPER_OPTIM))

@@ -9,6 +9,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
+# The DFlash paper's recipe, where it differs from the defaults: its drafter and
+# objective ([drafter]) and its optimiser and schedule ([optim]).
+PAPER_DRAFTER = {"architecture": "dflash", "objective": "decayed_ce"}
+PAPER_OPTIM = {"name": "adamw", "schedule": "cosine"}
+
 
 class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Drafter architecture and training-block sampling. Zero means "follow the target"."""
@@ -19,7 +24,7 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (the paper's drafter). The defaults of architecture, objective, [optim] name and
     # schedule are the combination that accepted most on the real-model recipe for the
     # same data and steps (BENCHMARKS.md, the recipe variants); the paper's recipe is
-    # architecture "dflash", objective "decayed_ce", [optim] name "adamw", schedule "cosine".
+    # PAPER_DRAFTER and PAPER_OPTIM below.
     architecture: Literal["dflash", "dflash2"] = "dflash2"
     num_layers: Annotated[int, msgspec.Meta(ge=1)] = 5
     block_size: Annotated[int, msgspec.Meta(ge=2)] = 16
@@ -75,7 +80,7 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The optimiser and its learning-rate schedule (defaults: Muon, warmup-stable-decay;
-    the paper's are AdamW, cosine: see DrafterConfig.architecture)."""
+    the paper's are AdamW, cosine: PAPER_OPTIM)."""
 
     # "adamw": AdamW on every trainable parameter. "muon": Muon (torch.optim.Muon) on the
     # decoder layers' weight matrices (attention and MLP projections) and AdamW, in the

@@ -64,7 +64,7 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.kernel_profile import print_top, top_kernels
@@ -94,8 +94,6 @@ MASK_TOKEN_IDS = {"smollm2-135m": SMOLLM2_MASK_TOKEN_ID}
 # The batch layout per target shape where it is not the default (5 layers; 3 documents
 # of 3072 tokens, 512 anchors each): the real-model recipe's.
 LAYOUTS = {"smollm2-135m": {"layers": 4, "docs": 32, "doc_len": 512, "anchors": 128}}
-# The paper's drafter and objective, which every variant trains unless it names others.
-PAPER = {"architecture": "dflash", "objective": "decayed_ce"}
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -134,8 +132,12 @@ VARIANTS = {
     "muon": {**FAST_STEP, "optim": "muon"},
     # fast_step's switches with the DFlash2 drafter (drafter.architecture = "dflash2").
     "dflash2": {**FAST_STEP, "architecture": "dflash2"},
-    # fast_step's switches with the config's defaults: DFlash2, D-PACE and Muon.
-    "default": {**FAST_STEP, "architecture": "dflash2", "objective": "dpace", "optim": "muon"},
+    # fast_step's switches with the config's defaults (DFlash2, D-PACE, Muon).
+    "default": {
+        **FAST_STEP,
+        **{key: getattr(DrafterConfig(), key) for key in PAPER_DRAFTER},
+        "optim": OptimConfig().name,
+    },
 }
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
@@ -224,13 +226,13 @@ class VariantRun:
     def __init__(self, overrides: dict, args: argparse.Namespace, device: torch.device) -> None:
         target = TINY if args.small else TARGETS[args.target_shape]
         self.step_switches = {k: v for k, v in overrides.items() if k in STEP_SWITCHES}
-        optimizer = overrides.get("optim", "adamw")
+        optimizer = overrides.get("optim", PAPER_OPTIM["name"])
         overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES and k != "optim"}
         mask_token_id = MASK_TOKEN_IDS.get(args.target_shape, QWEN3_MASK_TOKEN_ID)
         self.cfg = DrafterConfig(
             num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
             anchor_ref_len=args.doc_len, mask_token_id=-1 if args.small else mask_token_id,
-            compile=device.type == "cuda", **{**PAPER, **overrides},
+            compile=device.type == "cuda", **{**PAPER_DRAFTER, **overrides},
         )  # fmt: skip
         taps = default_tap_layers(target["num_hidden_layers"], 5)
         self.spec = drafter_spec_from_target(target, self.cfg, taps)
