@@ -4,7 +4,7 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
-#        [speed] [speed_moe] [speed_dflash2]
+#        [speed] [speed_moe] [speed_dflash2] [speed_experts] [ceilings]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -19,6 +19,12 @@
 # ends with a table with ratios (tools/bench/speed_report.py). [speed_dflash2] (about 4
 # minutes): the DFlash2 drafter's step against DFlash's (fast_step), both profiled, then
 # on the real-model recipe's drafter shape with the defaults' step (default).
+# [speed_experts] (about 3 minutes): the Qwen3-30B-A3B target's compiled MoE blocks with
+# transformers' grouped_mm experts against ringtrain's (one-kernel top-k combine).
+# [ceilings] (about 6 minutes): what the hardware allows: the models' GEMM shapes alone
+# (bench_gemm), the drafter's attention under flex_attention kernel options against dense
+# causal flash attention (bench_flex), the MoE top-k combine's formulations
+# (bench_moe_combine).
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
 out=$OUT
@@ -123,6 +129,15 @@ for step in $steps; do
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
             mv "$out/bench_target.json" "$out/speed_moe.json" 2>/dev/null
             OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
+        speed_experts)
+            run speed_experts 240 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
+                --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --profile --json
+            mv "$out/bench_target.json" "$out/speed_moe.json" 2>/dev/null
+            OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
+        ceilings)
+            run gemm 120 python -m tools.bench.bench_gemm --json
+            run flex 300 python -m tools.bench.bench_flex --json
+            run moe_combine 120 python -m tools.bench.bench_moe_combine --json ;;
         *) echo "unknown step $step" ;;
     esac
 done

@@ -26,7 +26,9 @@ the block compiles like a dense MLP, and with it the whole layer: routing (route
 softmax, top-k, renormalisation), the gather by expert, the grouped GEMMs, SiLU*mul,
 the routing-weight products and the sum over the top-k experts run in one graph, so
 Inductor fuses the glue around the GEMMs instead of running it as separate eager kernels.
-Its sizes (tokens x top-k) follow the batch like every other dynamic size here.
+Its sizes (tokens x top-k) follow the batch like every other dynamic size here. Experts
+of transformers' "grouped_mm" in the plain layout run by ringtrain.target.moe_experts
+instead: the same grouped GEMMs, with the sum over the top-k experts as one kernel.
 
 Shapes: every layer is an instance of one class and shares one code object, so all
 layers share one set of compiled graphs (Dynamo guards on the module's structure, not
@@ -49,6 +51,8 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch.fx.experimental._config as fx_config
 from torch import nn
+
+from ringtrain.target.moe_experts import fits_grouped_experts, use_grouped_experts
 
 COMPILE_SETTINGS = ("auto", "on", "off")
 # Sub-modules compiled on their own in a layer that is not compiled whole.
@@ -75,11 +79,21 @@ def is_mixture_of_experts(mlp: nn.Module) -> bool:
     return hasattr(mlp, "experts")
 
 
+def experts_implementation(experts: nn.Module) -> str | None:
+    """The experts implementation transformers 5 records in the experts' config."""
+    return getattr(getattr(experts, "config", None), "_experts_implementation", None)
+
+
 def has_static_shape_experts(mlp: nn.Module) -> bool:
     """Whether a mixture-of-experts block's experts run by an implementation without
-    data-dependent shapes (transformers 5 records it in the experts' config)."""
-    config = getattr(mlp.experts, "config", None)
-    return getattr(config, "_experts_implementation", None) in STATIC_SHAPE_EXPERTS
+    data-dependent shapes."""
+    return experts_implementation(mlp.experts) in STATIC_SHAPE_EXPERTS
+
+
+def runs_grouped_mm(experts: nn.Module) -> bool:
+    """Whether ringtrain's grouped experts can take over these experts: transformers'
+    "grouped_mm" on the plain layout (ringtrain.target.moe_experts)."""
+    return experts_implementation(experts) == "grouped_mm" and fits_grouped_experts(experts)
 
 
 def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:
@@ -108,16 +122,24 @@ def compiled_forward(forward: Callable[..., Any], backend: str | Callable) -> Ca
 
 
 def compile_decoder_layers(
-    layers: nn.ModuleList, backend: str | Callable = "inductor", moe: bool = False
+    layers: nn.ModuleList,
+    backend: str | Callable = "inductor",
+    moe: bool = False,
+    grouped_experts: bool = True,
 ) -> list[str]:
     """Replace the ``forward`` of each layer's compile units by a compiled one (``moe``:
-    mixture-of-experts blocks with static-shape experts too, see `compile_units`).
+    mixture-of-experts blocks with static-shape experts too, see `compile_units`; with
+    ``grouped_experts`` those of transformers' "grouped_mm" in the plain layout then run
+    by ringtrain.target.moe_experts, whose top-k combine is one kernel).
 
     Returns the compiled units' names relative to ``layers`` (``"3"`` a whole layer,
     ``"0.mlp"`` a part). Compilation itself happens on the first forward.
     """
     compiled = []
     for index, layer in enumerate(layers):
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        if moe and grouped_experts and experts is not None and runs_grouped_mm(experts):
+            use_grouped_experts(experts)
         for name in compile_units(layer, moe):
             unit = layer.get_submodule(name)
             unit.forward = compiled_forward(unit.forward, backend)

@@ -72,17 +72,22 @@ class TappedTarget:
         """Columns of the packed output: K tapped layers of H each."""
         return len(self.tap_layers) * self.hidden_size
 
-    def compile_layers(self, backend: str | Callable = "inductor", moe: bool = False) -> None:
+    def compile_layers(
+        self, backend: str | Callable = "inductor", moe: bool = False, grouped_experts: bool = True
+    ) -> None:
         """Compile the decoder layers (or their safe parts) with a torch.compile backend;
         ``moe`` (``target.compile_moe``): mixture-of-experts blocks too, where their experts
-        allow it (``ringtrain.target.compiled.compile_units``).
+        allow it (``ringtrain.target.compiled.compile_units``); ``grouped_experts`` False
+        keeps transformers' experts there (benchmarks compare the two).
 
         Compilation happens on the next forward; `precompile()` does it at once, logged.
         Call once.
         """
         if self.compiled_units:
             raise RuntimeError("the target's layers are already compiled; compile them once")
-        self.compiled_units = compile_decoder_layers(self.module.layers, backend, moe)
+        self.compiled_units = compile_decoder_layers(
+            self.module.layers, backend, moe, grouped_experts
+        )
 
     def precompile(self, length: int = 64) -> None:
         """Compile now, on two small dummy batches: the graphs for several rows and for

@@ -26,8 +26,10 @@ v_heads * (6 * dk * dv + 2 * 64 * (dk + dv)) (chunk size 64). MFU = FLOPs/s / 98
 Each shape runs eagerly and/or with its decoder layers compiled (``--compile``, as
 ``target.compile`` does: ringtrain.target.compiled); ``--moe-compile`` says whether the
 compiled variants compile mixture-of-experts blocks too (``target.compile_moe``: "on",
-the default, as the trainer does; "off" keeps them eager; "both" times the two side by
-side, a "moe_compile" column and field); the first call of a compiled variant includes
+the default, as the trainer does, with ringtrain's grouped experts where they fit
+(ringtrain.target.moe_experts); "off" keeps them eager; "both" times the two side by
+side, a "moe_compile" column and field; "experts" times the compiled blocks with
+transformers' own grouped_mm experts ("transformers") against ringtrain's ("on")); the first call of a compiled variant includes
 compilation. ``graph_breaks`` counts Dynamo's graph breaks over the variant. Recompiles:
 after the measured shapes and a warm-up on a single row and on more rows of other
 lengths, the graphs compiled while running three further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
@@ -37,6 +39,7 @@ each variant's first measurement.
     python tools/bench/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
     python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
     python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
+    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --json
     python tools/bench/bench_target.py --device cpu --small --json  # smoke run without a GPU
 """
 
@@ -76,8 +79,15 @@ NUM_TAPS = 5
 GDN_CHUNK = 64
 # --compile: which variants run, eager (False) and/or compiled (True).
 COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
-# --moe-compile: for compiled variants, whether mixture-of-experts blocks compile too.
-MOE_COMPILE_VARIANTS = {"off": (False,), "on": (True,), "both": (False, True)}
+# --moe-compile: for compiled variants, whether mixture-of-experts blocks compile too
+# ("on": with ringtrain's grouped experts, as the trainer does; "transformers": with
+# transformers' own grouped_mm experts).
+MOE_COMPILE_VARIANTS = {
+    "off": ("off",),
+    "on": ("on",),
+    "both": ("off", "on"),
+    "experts": ("transformers", "on"),
+}
 SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
     "qwen3-30b-a3b": ("qwen3_moe", {**QWEN3_30B_A3B, "max_position_embeddings": 40960}),
@@ -242,7 +252,7 @@ def recompiles_over_shapes(
 
 
 def build_target(
-    config: PretrainedConfig, taps: list[int], device: torch.device, compiled: bool, moe: bool
+    config: PretrainedConfig, taps: list[int], device: torch.device, compiled: bool, moe: str
 ) -> tuple[TappedTarget, float]:
     """A random-weight target truncated after its deepest tap (layers compiled: with
     mixture-of-experts blocks where ``moe``), and its build seconds."""
@@ -258,12 +268,12 @@ def build_target(
     target = TappedTarget(module, config, taps, device, dtype)
     if compiled:
         torch._dynamo.reset()
-        target.compile_layers(moe=moe)
+        target.compile_layers(moe=moe != "off", grouped_experts=moe == "on")
     return target, time.perf_counter() - started
 
 
 def describe_target(
-    shape: str, config: PretrainedConfig, target: TappedTarget, backend: str | None, moe: bool
+    shape: str, config: PretrainedConfig, target: TappedTarget, backend: str | None, moe: str
 ) -> dict:
     """The facts of a built target that every result row of its variant repeats."""
     module = target.module
@@ -271,7 +281,7 @@ def describe_target(
     return {
         "shape": shape,
         "compile": "on" if target.compiled_units else "off",
-        "moe_compile": "on" if target.compiled_units and moe else "off",
+        "moe_compile": moe if target.compiled_units else "off",
         "model_type": config.model_type,
         "layers_kept": len(module.layers),
         "layers_total": config.num_hidden_layers,
@@ -321,7 +331,7 @@ def measure_placement(
 
 
 def bench_variant(
-    args: argparse.Namespace, shape: str, device: torch.device, compiled: bool, moe: bool
+    args: argparse.Namespace, shape: str, device: torch.device, compiled: bool, moe: str
 ) -> list[dict]:
     """All token counts and output placements of one shape, eager or compiled (with
     mixture-of-experts blocks where ``moe``)."""
@@ -399,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=sorted(MOE_COMPILE_VARIANTS),
         default="on",
         help="compiled variants: compile mixture-of-experts blocks too (as target.compile_moe "
-        "does by default): on, off or both",
+        "does by default): on, off, both (off and on) or experts (transformers' experts and on)",
     )
     parser.add_argument("--small", action="store_true", help="toy sizes (CPU smoke run)")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
@@ -416,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     variants = [
         (compiled, moe)
         for compiled in compile_variants
-        for moe in (MOE_COMPILE_VARIANTS[args.moe_compile] if compiled else (False,))
+        for moe in (MOE_COMPILE_VARIANTS[args.moe_compile] if compiled else ("off",))
     ]
     results = []
     for shape in args.shape or sorted(SHAPES):
@@ -424,12 +434,12 @@ def main(argv: list[str] | None = None) -> None:
             results.extend(bench_variant(args, shape, device, compiled, moe))
 
     print(
-        f"{'shape':<15} {'compile':<7} {'moe':<3} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
+        f"{'shape':<15} {'compile':<7} {'moe':<4} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
         f"{'first s':>8} {'recomp':>6} {'peak GiB':>8} experts"
     )
     for r in results:
         print(
-            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<3} {r['tokens']:>6} {r['out']:<6} "
+            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<4} {r['tokens']:>6} {r['out']:<6} "
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
             f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )

@@ -34,10 +34,11 @@ def drafter_rows(report: dict) -> dict[str, dict[str, dict]]:
 
 
 def moe_rows(report: dict) -> dict[str, dict]:
-    """bench_target's GPU-output rows with the MoE blocks eager (old) and compiled (new)."""
+    """bench_target's GPU-output rows with the MoE blocks compiled (new) against eager or,
+    where that ran, compiled with transformers' experts (old)."""
     device_rows = [r for r in report.get("results", []) if r.get("out") == "device"]
     by_moe = {r.get("moe_compile"): r for r in device_rows}
-    return {"old": by_moe.get("off", {}), "new": by_moe.get("on", {})}
+    return {"old": by_moe.get("transformers", by_moe.get("off", {})), "new": by_moe.get("on", {})}
 
 
 def compare(prefix: str, rows: dict[str, dict], metrics: tuple[str, ...]) -> list[dict]:
