@@ -6,10 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import CONFIG_MAPPING
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
 
 from ringtrain.target.compiled import compile_decoder_layers, runs_grouped_mm
-from ringtrain.target.moe_experts import grouped_experts_forward
+from ringtrain.target.moe_experts import (
+    GROUPED_EXPERTS,
+    fits_grouped_experts,
+    grouped_experts_forward,
+)
 
 
 def routed_layer(device: str = "cpu", top_k: int = 3) -> Qwen3MoeDecoderLayer:
@@ -66,13 +71,27 @@ def test_combine_is_the_weighted_sum_of_each_tokens_rows() -> None:
         torch.testing.assert_close(combined[token], expected)
 
 
+def test_experts_with_biases_do_not_fit() -> None:
+    config = CONFIG_MAPPING["gpt_oss"](
+        hidden_size=32,
+        intermediate_size=16,
+        num_local_experts=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_hidden_layers=1,
+    )
+    assert fits_grouped_experts(routed_layer().mlp.experts)
+    assert not fits_grouped_experts(GptOssExperts(config))
+
+
 def test_transformers_experts_stay_where_ringtrains_do_not_run() -> None:
     # On CPU the grouped GEMMs do not compile in every dtype: transformers' experts stay.
     layers = torch.nn.ModuleList([routed_layer()])
     experts = layers[0].mlp.experts
     assert not runs_grouped_mm(experts)
     compile_decoder_layers(layers, backend="eager", moe=True)
-    assert "forward" not in vars(experts)
+    assert experts.config._experts_implementation == "grouped_mm"
 
 
 @pytest.mark.gpu
@@ -86,7 +105,7 @@ def test_compiled_routed_layer_takes_ringtrains_experts_and_matches_on_gpu() -> 
     with torch.no_grad():
         reference = experts(hidden, picks, weights).float()
         compile_decoder_layers(layers, moe=True)
-        assert "forward" in vars(experts)
+        assert experts.config._experts_implementation == GROUPED_EXPERTS
         ours = experts(hidden, picks, weights).float()
         rows = torch.randn(2400, 2048, device="cuda", dtype=torch.bfloat16)
         row_of_pick = torch.randperm(2400, device="cuda")

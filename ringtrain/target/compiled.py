@@ -52,14 +52,18 @@ import torch._dynamo.config as dynamo_config
 import torch.fx.experimental._config as fx_config
 from torch import nn
 
-from ringtrain.target.moe_experts import fits_grouped_experts, use_grouped_experts
+from ringtrain.target.moe_experts import (
+    GROUPED_EXPERTS,
+    fits_grouped_experts,
+    use_grouped_experts,
+)
 
 COMPILE_SETTINGS = ("auto", "on", "off")
 # Sub-modules compiled on their own in a layer that is not compiled whole.
 SAFE_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 # Experts implementations (transformers' ``config._experts_implementation``) whose
 # tensors' shapes follow only the token count: compilable with dynamic sizes.
-STATIC_SHAPE_EXPERTS = ("grouped_mm", "batched_mm")
+STATIC_SHAPE_EXPERTS = ("grouped_mm", "batched_mm", GROUPED_EXPERTS)
 
 
 def resolve_compile(setting: str, device: torch.device) -> bool:
@@ -91,9 +95,16 @@ def has_static_shape_experts(mlp: nn.Module) -> bool:
 
 
 def runs_grouped_mm(experts: nn.Module) -> bool:
-    """Whether ringtrain's grouped experts can take over these experts: transformers'
-    "grouped_mm" on the plain layout (ringtrain.target.moe_experts)."""
-    return experts_implementation(experts) == "grouped_mm" and fits_grouped_experts(experts)
+    """Whether ringtrain's grouped experts take over these experts: transformers'
+    "grouped_mm" on the plain layout (ringtrain.target.moe_experts) with bf16 weights on
+    CUDA, where the grouped GEMMs compile."""
+    weight = getattr(experts, "gate_up_proj", None)
+    return (
+        experts_implementation(experts) == "grouped_mm"
+        and fits_grouped_experts(experts)
+        and weight.is_cuda
+        and weight.dtype == torch.bfloat16
+    )
 
 
 def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:

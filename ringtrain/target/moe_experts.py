@@ -13,7 +13,8 @@ of the plain layout (gated, no biases, no norm after the experts, no expert para
 a Triton kernel that reads each token's k rows once, multiplies by the routing weights
 and sums in float32 (one rounding at the end, where the reference rounds the products
 too); elsewhere the same in torch. It is a custom op, so Dynamo keeps it whole inside
-the compiled layer. `use_grouped_experts` swaps it in on one experts module.
+the compiled layer. `use_grouped_experts` swaps it in, as an experts implementation
+registered with transformers.
 """
 
 from __future__ import annotations
@@ -23,22 +24,22 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.integrations.moe import ExpertsInterface
 
+# The experts implementation's name in transformers' experts interface.
+GROUPED_EXPERTS = "ringtrain_grouped_mm"
 # Columns of a row one program of the combine kernel sums.
 COMBINE_BLOCK = 1024
 
 
 def fits_grouped_experts(experts: nn.Module) -> bool:
-    """Whether ``experts`` has the plain layout `grouped_experts_forward` computes (stacked
-    gate|up and down weights, no biases, no norm after the experts, no expert
-    parallelism), with bf16 weights on CUDA (where the grouped GEMMs compile)."""
+    """Whether ``experts`` has the plain layout `grouped_experts_forward` computes: stacked
+    gate|up and down weights, no biases, no norm after the experts, no expert parallelism."""
     gate_up, down = (getattr(experts, name, None) for name in ("gate_up_proj", "down_proj"))
     return (
         isinstance(gate_up, torch.Tensor)
         and isinstance(down, torch.Tensor)
         and gate_up.dim() == down.dim() == 3
-        and gate_up.is_cuda
-        and gate_up.dtype == torch.bfloat16
         and getattr(experts, "has_gate", True)
         and getattr(experts, "gate_up_proj_bias", None) is None
         and getattr(experts, "down_proj_bias", None) is None
@@ -48,8 +49,12 @@ def fits_grouped_experts(experts: nn.Module) -> bool:
 
 
 def use_grouped_experts(experts: nn.Module) -> None:
-    """Run ``experts`` by `grouped_experts_forward` (call only where it fits)."""
-    experts.forward = functools.partial(grouped_experts_forward, experts)
+    """Run ``experts`` (and every experts module sharing its config: a model's layers do)
+    by `grouped_experts_forward`, through transformers' experts interface: the config
+    names `GROUPED_EXPERTS`, so every layer dispatches alike and one compiled graph
+    serves them all. Call only where `fits_grouped_experts`."""
+    ExpertsInterface.register(GROUPED_EXPERTS, grouped_experts_forward)
+    experts.config._experts_implementation = GROUPED_EXPERTS
 
 
 def _grouped_linear(rows: torch.Tensor, weight: torch.Tensor, offsets, transposed: bool):
@@ -76,7 +81,10 @@ def grouped_experts_forward(
     top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
     """Outputs [T, H] of tokens hidden_states [T, H] routed to experts top_k_index [T, k]
-    with weights top_k_weights [T, k]."""
+    with weights top_k_weights [T, k] (experts of another layout sharing the config run by
+    transformers' grouped_mm)."""
+    if not fits_grouped_experts(experts):
+        return ExpertsInterface()["grouped_mm"](experts, hidden_states, top_k_index, top_k_weights)
     top_k = top_k_index.shape[1]
     expert_of_row, order = torch.sort(top_k_index.reshape(-1))
     rows = hidden_states[order // top_k]
