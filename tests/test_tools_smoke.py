@@ -175,14 +175,35 @@ def test_bench_regenerate_against_the_chat_server() -> None:
     assert report["requests"] == 40 and report["regenerate_client_rps"] > 0
 
 
-def test_bench_ipc_copy_refuses_without_cuda() -> None:
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [("bench_ipc_copy", ["--item-mb", "1"]), ("bench_gemm", ["--sets", "target"]),
+     ("bench_flex", ["--options", "default"]), ("bench_moe_combine", ["--tokens", "64"])],
+)  # fmt: skip
+def test_cuda_benchmarks_refuse_without_cuda(module: str, flags: list[str]) -> None:
     if torch.cuda.is_available():
-        pytest.skip("CUDA is present: test_bench_ipc_copy_on_a_gpu runs it")
+        pytest.skip("CUDA is present: the gpu-marked runs below run it")
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.bench_ipc_copy", "--item-mb", "1"],
+        [sys.executable, "-m", f"tools.bench.{module}", *flags],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
+    assert proc.returncode != 0 and f"{module} needs a CUDA GPU" in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_ceiling_benchmarks_on_a_gpu() -> None:
+    gemm = _run(["-m", "tools.bench.bench_gemm", "--sets", "target", "--reps", "2", "--json"], ROOT)
+    (target,) = gemm["results"]
+    assert len(target["shapes"]) == 7 and 0 < target["gemm_fraction_of_peak"] < 1.2
+    flex = _run(
+        ["-m", "tools.bench.bench_flex", "--options", "default", "--reps", "2", "--json"], ROOT
+    )
+    assert [r["options"] for r in flex["results"]] == ["dense_causal_sdpa", "default"]
+    assert all(r["fwd_bwd_ms"] > 0 for r in flex["results"])
+    combine = _run(["-m", "tools.bench.bench_moe_combine", "--tokens", "512", "--json"], ROOT)
+    kernel = [r for r in combine["results"] if r["formulation"] == "ringtrain_kernel"]
+    assert len(kernel) == 3 and all(r["max_abs_diff"] < 0.1 for r in kernel)
 
 
 @pytest.mark.gpu

@@ -28,7 +28,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
-from tools.bench.gpu_timing import gpu_us_per_call
+from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
 from tools.shared.packed_batch import random_packed_batch
 
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
+    require_cuda("bench_flex")
     device = torch.device("cuda")
     heads, kv_heads, head_dim = (
         QWEN3_8B[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")

@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from tools.bench.gpu_timing import gpu_us_per_call
+from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
+    require_cuda("bench_gemm")
     results = [shape_set(name, args.reps) for name in args.sets.split(",")]
     for r in results:
         print(f"== {r['set']}: {r['gemm_ms_per_step']:.1f} ms, {r['gemm_tflops']:.0f} TFLOP/s "

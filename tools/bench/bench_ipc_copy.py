@@ -44,7 +44,7 @@ import torch.multiprocessing as tmp
 
 from ringtrain.ring import cuda
 from tools.bench.bench_report import print_report
-from tools.bench.gpu_timing import gpu_us_per_call
+from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 WAIT_S = 120
 _LOCATION_DEVICE = 1
@@ -284,8 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--json", action="store_true", help="(the JSON line is always printed last)"
     )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_ipc_copy needs a CUDA GPU")
+    require_cuda("bench_ipc_copy")
     nbytes = int(args.item_mb * (1 << 20))
     extras = sorted({0, *(int(e) for e in args.extra_bytes.split(","))})
     ctx = tmp.get_context("spawn")

@@ -31,7 +31,7 @@ import os
 import torch
 
 import ringtrain.target.moe_experts  # noqa: F401  (registers ringtrain::moe_combine)
-from tools.bench.gpu_timing import gpu_us_per_call
+from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 
 def gather_sum(out, weights_g, weights_tok, perm, inv_perm, tokens, k):
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
+    require_cuda("bench_moe_combine")
     tensors = inputs(args.tokens, args.top_k, args.hidden, args.experts)
     reference = gather_sum(*tensors, args.tokens, args.top_k).float()
     moved = (tensors[0].numel() + args.tokens * args.hidden) * 2

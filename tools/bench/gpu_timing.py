@@ -1,4 +1,5 @@
-"""GPU time of a repeated call, for the benchmark scripts in tools/bench/."""
+"""GPU time of a repeated call, and the refusal of a CUDA-only benchmark without a GPU, for
+the benchmark scripts in tools/bench/."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def gpu_us_per_call(call: Callable[[int], object], reps: int) -> float:
     end.record()
     end.synchronize()
     return begin.elapsed_time(end) * 1e3 / reps
+
+
+def require_cuda(benchmark: str) -> None:
+    """Exit with a message naming ``benchmark`` where no CUDA GPU is present."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{benchmark} needs a CUDA GPU")
