@@ -26,8 +26,9 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compile: Literal["auto", "on", "off"] = "auto"
     # With compile: compile mixture-of-experts blocks too (routing, grouped expert GEMMs
     # and the weighted sum over the top-k experts in one graph per layer), where the
-    # experts run by transformers' "grouped_mm" or "batched_mm" implementation
-    # (Qwen3-30B-A3B shape on an H200: MFU 0.26 -> 0.38). false keeps them eager.
+    # experts run by transformers' "grouped_mm" or "batched_mm" implementation; plain
+    # grouped_mm experts then run by ringtrain's, whose top-k sum is one kernel
+    # (Qwen3-30B-A3B shape on an H200: MFU 0.26 -> 0.43). false keeps them eager.
     compile_moe: bool = True
     # Attention kernels: "auto" (SDPA where the model allows it, else flex_attention on
     # CUDA and eager on CPU, e.g. gpt-oss's attention sinks) | "sdpa" | "eager" |
