@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
-import os
 import time
 import traceback
 from dataclasses import replace
@@ -67,6 +65,7 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.bench_report import save_report
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import (
     QWEN3_8B,
@@ -403,11 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
     best = [r for r in results if r.get("mfu") is not None]
     if best:
         report["best_mfu"] = max(r["mfu"] for r in best)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_drafter.json"), "w") as out:
-            json.dump(report, out, indent=2)
-    if args.json:
-        print(json.dumps(report))
+    save_report(report, "bench_drafter", args.json)
     return report
 
 

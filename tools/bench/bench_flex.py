@@ -16,8 +16,6 @@ query heads forward, 2.5 times that for the backward.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from functools import partial
 
@@ -28,6 +26,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
+from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
 from tools.shared.packed_batch import random_packed_batch
@@ -200,11 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         "visible_pairs": visible,
         "results": results,
     }
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_flex.json"), "w") as out:
-            json.dump(report, out, indent=2)
-    if args.json:
-        print(json.dumps(report))
+    save_report(report, "bench_flex", args.json)
     return report
 
 

@@ -20,11 +20,10 @@ can reach when everything that is not a GEMM costs nothing. Shape sets:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
+from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
@@ -122,11 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch": torch.__version__,
         "results": results,
     }
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_gemm.json"), "w") as out:
-            json.dump(report, out, indent=2)
-    if args.json:
-        print(json.dumps(report))
+    save_report(report, "bench_gemm", args.json)
     return report
 
 

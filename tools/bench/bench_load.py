@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.loader import load_target
+from tools.bench.bench_report import save_report
 from tools.bench.bench_target import build_config
 from tools.bench.model_shapes import QWEN3_30B_A3B
 
@@ -359,11 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         f"load: kept {cached['kept'] / GB:.2f} GB, unkept {cached['unkept'] / GB:.3f} GB; "
         f"only kept read: {report['only_kept_read']}"
     )
-    line = json.dumps(report)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_load.json").write_text(line + "\n")
-    if args.json:
-        print(line)
+    save_report(report, "bench_load", args.json)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,11 @@ Qwen3-30B-A3B shape: T = 9,216 tokens, k = 8, H = 2,048, bf16. The bytes each mu
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 import ringtrain.target.moe_experts  # noqa: F401  (registers ringtrain::moe_combine)
+from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 
@@ -110,11 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
         "shape": {"tokens": args.tokens, "top_k": args.top_k, "hidden": args.hidden},
         "results": results,
     }
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_moe_combine.json"), "w") as out:
-            json.dump(report, out, indent=2)
-    if args.json:
-        print(json.dumps(report))
+    save_report(report, "bench_moe_combine", args.json)
     return report
 
 

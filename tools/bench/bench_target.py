@@ -49,10 +49,7 @@ import argparse
 import functools
 import gc
 import importlib.metadata
-import json
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,6 +68,7 @@ from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.bench_report import save_report
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B
 
@@ -445,10 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": device_name, **versions(), "results": results}
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_target.json").write_text(json.dumps(report, indent=1))
-    if args.json:
-        print(json.dumps(report))
+    save_report(report, "bench_target", args.json)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,6 +38,7 @@ from ringtrain.target.parallel import shard_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
+from tools.bench.bench_report import save_report
 from tools.bench.bench_target import (
     SMALL_SIZES,
     build_target,
@@ -125,7 +124,7 @@ def collective_split(step: functools.partial, layers: int) -> dict:
 
 def run_tp1(config: PretrainedConfig, taps: list[int], device: torch.device, args) -> dict:
     """The whole target on this rank alone."""
-    target, _ = build_target(config, taps, device, args.compile)
+    target, _ = build_target(config, taps, device, args.compile, moe="on")
     timings, _ = measured(target, args)
     del target
     if device.type == "cuda":
@@ -135,7 +134,7 @@ def run_tp1(config: PretrainedConfig, taps: list[int], device: torch.device, arg
 
 def run_tp2(config: PretrainedConfig, taps: list[int], group, device, args) -> dict:
     """The target split over the group; timings and the all-reduce/compute split."""
-    target, _ = build_target(config, taps, device, compiled=False)
+    target, _ = build_target(config, taps, device, compiled=False, moe="off")
     shard_target(target.module, group, device)
     if args.compile:
         torch._dynamo.reset()
@@ -204,10 +203,7 @@ def report(args, config: PretrainedConfig, taps: list[int], device, tp1: dict, t
         f"ms ({100 * profile['allreduce_share']:.1f}% of device time in all-reduce, "
         f"{profile['allreduce_calls_per_step']:.0f} calls per step)"
     )
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "bench_target_tp.json").write_text(json.dumps(result, indent=1))
-    if args.json:
-        print(json.dumps(result))
+    save_report(result, "bench_target_tp", args.json)
 
 
 if __name__ == "__main__":
