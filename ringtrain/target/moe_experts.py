@@ -4,7 +4,7 @@ transformers' "grouped_mm" experts sort the token-expert pairs by expert, run ea
 over its rows in two grouped GEMMs, then combine: every token's output is the
 routing-weighted sum of its top-k rows. They write the combine as a product, a gather
 back to token order and a sum over k; compiled with dynamic sizes (as ringtrain compiles
-target layers) that is one kernel running at about a sixth of the chip's bandwidth, 19%
+target layers) that is one kernel running at about an eighth of the chip's bandwidth, 19%
 of a Qwen3-30B-A3B batch on an H200 (BENCHMARKS.md).
 
 `grouped_experts_forward` computes the same as transformers' grouped_mm path for experts
