@@ -149,6 +149,19 @@ def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) 
     assert json.loads((tmp_path / "speed_report.json").read_text()) == report
 
 
+def test_speed_report_sets_ringtrains_experts_against_transformers_where_both_ran() -> None:
+    from tools.bench.speed_report import moe_rows
+
+    rows = [
+        {"moe_compile": "transformers", "out": "device", "step_ms": 160.0},
+        {"moe_compile": "transformers", "out": "host", "step_ms": 165.0},
+        {"moe_compile": "on", "out": "device", "step_ms": 140.0},
+    ]
+    assert moe_rows({"results": rows}) == {"old": rows[0], "new": rows[2]}
+    eager = {"moe_compile": "off", "out": "device", "step_ms": 230.0}
+    assert moe_rows({"results": [eager, rows[2]]}) == {"old": eager, "new": rows[2]}
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--layout", "2"], "write targets+drafters"),
