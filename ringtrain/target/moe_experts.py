@@ -24,7 +24,6 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.integrations.moe import ExpertsInterface
 
 # The experts implementation's name in transformers' experts interface.
 GROUPED_EXPERTS = "ringtrain_grouped_mm"
@@ -52,7 +51,10 @@ def use_grouped_experts(experts: nn.Module) -> None:
     """Run ``experts`` (and every experts module sharing its config: a model's layers do)
     by `grouped_experts_forward`, through transformers' experts interface: the config
     names `GROUPED_EXPERTS`, so every layer dispatches alike and one compiled graph
-    serves them all. Call only where `fits_grouped_experts`."""
+    serves them all. Call only where `fits_grouped_experts` and transformers runs the
+    experts by "grouped_mm" (so its experts interface exists)."""
+    from transformers.integrations.moe import ExpertsInterface
+
     ExpertsInterface.register(GROUPED_EXPERTS, grouped_experts_forward)
     experts.config._experts_implementation = GROUPED_EXPERTS
 
@@ -84,6 +86,8 @@ def grouped_experts_forward(
     with weights top_k_weights [T, k] (experts of another layout sharing the config run by
     transformers' grouped_mm)."""
     if not fits_grouped_experts(experts):
+        from transformers.integrations.moe import ExpertsInterface
+
         return ExpertsInterface()["grouped_mm"](experts, hidden_states, top_k_index, top_k_weights)
     top_k = top_k_index.shape[1]
     expert_of_row, order = torch.sort(top_k_index.reshape(-1))
