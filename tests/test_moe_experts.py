@@ -9,7 +9,7 @@ from transformers import CONFIG_MAPPING
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
 
-from ringtrain.target.compiled import compile_decoder_layers, runs_grouped_mm
+from ringtrain.target.compiled import compile_decoder_layers, takes_grouped_experts
 from ringtrain.target.moe_experts import (
     GROUPED_EXPERTS,
     fits_grouped_experts,
@@ -86,10 +86,10 @@ def test_experts_with_biases_do_not_fit() -> None:
 
 
 def test_transformers_experts_stay_where_ringtrains_do_not_run() -> None:
-    # On CPU the grouped GEMMs do not compile in every dtype: transformers' experts stay.
+    # On CPU (where the grouped GEMMs do not compile in every dtype) transformers' stay.
     layers = torch.nn.ModuleList([routed_layer()])
     experts = layers[0].mlp.experts
-    assert not runs_grouped_mm(experts)
+    assert not takes_grouped_experts(experts)
     compile_decoder_layers(layers, backend="eager", moe=True)
     assert experts.config._experts_implementation == "grouped_mm"
 
@@ -99,7 +99,7 @@ def test_transformers_experts_stay_where_ringtrains_do_not_run() -> None:
 def test_compiled_routed_layer_takes_ringtrains_experts_and_matches_on_gpu() -> None:
     layers = torch.nn.ModuleList([routed_layer("cuda", top_k=8)])
     experts = layers[0].mlp.experts
-    assert runs_grouped_mm(experts)
+    assert takes_grouped_experts(experts)
     hidden = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16)
     picks, weights = routing(300, 8, 8, "cuda")
     with torch.no_grad():

@@ -132,7 +132,7 @@ for step in $steps; do
         speed_experts)
             run speed_experts 240 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --profile --json
-            mv "$out/bench_target.json" "$out/speed_moe.json" 2>/dev/null
+            mv "$out/bench_target.json" "$out/speed_experts.json" 2>/dev/null
             OUT=$out python -m tools.bench.speed_report | tee -a "$out/gpu_checks.log" ;;
         ceilings)
             run gemm 120 python -m tools.bench.bench_gemm --json

@@ -94,16 +94,17 @@ def has_static_shape_experts(mlp: nn.Module) -> bool:
     return experts_implementation(mlp.experts) in STATIC_SHAPE_EXPERTS
 
 
-def runs_grouped_mm(experts: nn.Module) -> bool:
-    """Whether ringtrain's grouped experts take over these experts: transformers'
-    "grouped_mm" on the plain layout (ringtrain.target.moe_experts) with bf16 weights on
-    CUDA, where the grouped GEMMs compile."""
+def takes_grouped_experts(experts: nn.Module) -> bool:
+    """Whether ringtrain's grouped experts (ringtrain.target.moe_experts) take these over:
+    transformers runs them by "grouped_mm", they have the plain layout, and their weights
+    are bf16 on a CUDA GPU that has grouped GEMMs (compute capability 8.0 or later)."""
     weight = getattr(experts, "gate_up_proj", None)
     return (
         experts_implementation(experts) == "grouped_mm"
         and fits_grouped_experts(experts)
         and weight.is_cuda
         and weight.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(weight.device) >= (8, 0)
     )
 
 
@@ -149,7 +150,7 @@ def compile_decoder_layers(
     compiled = []
     for index, layer in enumerate(layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
-        if moe and grouped_experts and experts is not None and runs_grouped_mm(experts):
+        if moe and grouped_experts and experts is not None and takes_grouped_experts(experts):
             use_grouped_experts(experts)
         for name in compile_units(layer, moe):
             unit = layer.get_submodule(name)

@@ -13,7 +13,8 @@ of the plain layout (gated, no biases, no norm after the experts, no expert para
 a Triton kernel that reads each token's k rows once, multiplies by the routing weights
 and sums in float32 (one rounding at the end, where the reference rounds the products
 too); elsewhere the same in torch. It is a custom op, so Dynamo keeps it whole inside
-the compiled layer. `use_grouped_experts` swaps it in, as an experts implementation
+the compiled layer; it has no backward (the target is frozen and runs under
+inference_mode). `use_grouped_experts` swaps it in, as an experts implementation
 registered with transformers.
 """
 
@@ -33,13 +34,15 @@ COMBINE_BLOCK = 1024
 
 def fits_grouped_experts(experts: nn.Module) -> bool:
     """Whether ``experts`` has the plain layout `grouped_experts_forward` computes: stacked
-    gate|up and down weights, no biases, no norm after the experts, no expert parallelism."""
+    gate|up and down weights with the experts' own gating of them, no biases, no norm after
+    the experts, no expert parallelism."""
     gate_up, down = (getattr(experts, name, None) for name in ("gate_up_proj", "down_proj"))
     return (
         isinstance(gate_up, torch.Tensor)
         and isinstance(down, torch.Tensor)
         and gate_up.dim() == down.dim() == 3
         and getattr(experts, "has_gate", True)
+        and hasattr(experts, "_apply_gate")
         and getattr(experts, "gate_up_proj_bias", None) is None
         and getattr(experts, "down_proj_bias", None) is None
         and not getattr(experts, "has_post_expert_norm", False)
@@ -66,16 +69,6 @@ def _grouped_linear(rows: torch.Tensor, weight: torch.Tensor, offsets, transpose
     return grouped_mm(rows.to(weight.dtype), weight, offs=offsets)
 
 
-def _gate(experts: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
-    """The experts' own gating of the gate|up rows where they define one, else
-    act(gate) * up over the two halves."""
-    apply_gate = getattr(experts, "_apply_gate", None)
-    if apply_gate is not None:
-        return apply_gate(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return experts.act_fn(gate) * up
-
-
 def grouped_experts_forward(
     experts: nn.Module,
     hidden_states: torch.Tensor,
@@ -86,9 +79,9 @@ def grouped_experts_forward(
     with weights top_k_weights [T, k] (experts of another layout sharing the config run by
     transformers' grouped_mm)."""
     if not fits_grouped_experts(experts):
-        from transformers.integrations.moe import ExpertsInterface
+        from transformers.integrations.moe import grouped_mm_experts_forward
 
-        return ExpertsInterface()["grouped_mm"](experts, hidden_states, top_k_index, top_k_weights)
+        return grouped_mm_experts_forward(experts, hidden_states, top_k_index, top_k_weights)
     top_k = top_k_index.shape[1]
     expert_of_row, order = torch.sort(top_k_index.reshape(-1))
     rows = hidden_states[order // top_k]
@@ -97,7 +90,7 @@ def grouped_experts_forward(
     per_expert = torch.histc(counted, bins=experts.num_experts, min=0, max=experts.num_experts - 1)
     offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
     transposed = getattr(experts, "is_transposed", False)
-    gated = _gate(experts, _grouped_linear(rows, experts.gate_up_proj, offsets, transposed))
+    gated = experts._apply_gate(_grouped_linear(rows, experts.gate_up_proj, offsets, transposed))
     out = _grouped_linear(gated, experts.down_proj, offsets, transposed)
     row_of_pick = torch.empty_like(order)
     row_of_pick[order] = torch.arange(order.numel(), device=order.device)
@@ -114,7 +107,7 @@ def moe_combine(
     if rows.is_cuda:
         return _combine_cuda(rows, row_of_pick, weights)
     tokens, top_k = weights.shape
-    picked = rows[row_of_pick].view(tokens, top_k, -1).float()
+    picked = rows[row_of_pick].view(tokens, top_k, rows.shape[1]).float()
     return (picked * weights.float()[..., None]).sum(1).to(rows.dtype)
 
 

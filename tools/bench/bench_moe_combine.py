@@ -17,7 +17,8 @@ block runs it: its sizes follow the batch), and eager:
   rows before the down projection (linear, so the same result up to rounding).
 
 Qwen3-30B-A3B shape: T = 9,216 tokens, k = 8, H = 2,048, bf16. The bytes each must move
-(rows read once, output written once) give its GB/s.
+(rows read once, output written once) give its GB/s; ``max_abs_diff`` is against the
+eager gather_sum (unweighted_sum: against its own eager result).
 
     python -m tools.bench.bench_moe_combine --json
 """
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     require_cuda("bench_moe_combine")
     tensors = inputs(args.tokens, args.top_k, args.hidden, args.experts)
-    reference = gather_sum(*tensors, args.tokens, args.top_k).float()
+    weighted = gather_sum(*tensors, args.tokens, args.top_k).float()
+    unweighted = unweighted_sum(*tensors, args.tokens, args.top_k).float()
     moved = (tensors[0].numel() + args.tokens * args.hidden) * 2
     results = []
     for name, fn in FORMULATIONS.items():
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
             torch._dynamo.reset()
             call = fn if dynamic is None else torch.compile(fn, dynamic=dynamic)
             result = call(*tensors, args.tokens, args.top_k)
+            reference = unweighted if fn is unweighted_sum else weighted
             us = gpu_us_per_call(lambda _, c=call: c(*tensors, args.tokens, args.top_k), args.reps)
             results.append(
                 {"formulation": name, "mode": mode, "us": us, "gb_per_s": moved / us / 1e3,

@@ -29,11 +29,12 @@ compiled variants compile mixture-of-experts blocks too (``target.compile_moe``:
 the default, as the trainer does, with ringtrain's grouped experts where they fit
 (ringtrain.target.moe_experts); "off" keeps them eager; "both" times the two side by
 side, a "moe_compile" column and field; "experts" times the compiled blocks with
-transformers' own grouped_mm experts ("transformers") against ringtrain's ("on")); the first call of a compiled variant includes
-compilation. ``graph_breaks`` counts Dynamo's graph breaks over the variant. Recompiles:
-after the measured shapes and a warm-up on a single row and on more rows of other
-lengths, the graphs compiled while running three further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of
-each variant's first measurement.
+transformers' own grouped_mm experts ("transformers") against ringtrain's ("on")); the
+first call of a compiled variant includes compilation. ``graph_breaks`` counts Dynamo's
+graph breaks over the variant. Recompiles: after the measured shapes and a warm-up on a
+single row and on more rows of other lengths, the graphs compiled while running three
+further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of each
+variant's first measurement.
 
     python tools/bench/bench_target.py --json                     # every shape, 8192 and 16384 tokens
     python tools/bench/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
@@ -153,8 +154,9 @@ def active_matmul_params(layers: nn.Module, top_k: int) -> float:
 
 
 def experts_implementation(module: nn.Module) -> str | None:
-    """How transformers runs the routed experts ("grouped_mm", "batched_mm", "eager": a
-    Python loop over experts), None for a model without mixture-of-experts blocks."""
+    """How the routed experts run (transformers' "grouped_mm", "batched_mm" or "eager": a
+    Python loop over experts; "ringtrain_grouped_mm" once the compiled blocks took
+    ringtrain's), None for a model without mixture-of-experts blocks."""
     if not expert_stacks(module.layers):
         return None
     return getattr(module.config, "_experts_implementation", None) or "eager"
@@ -432,12 +434,12 @@ def main(argv: list[str] | None = None) -> None:
             results.extend(bench_variant(args, shape, device, compiled, moe))
 
     print(
-        f"{'shape':<15} {'compile':<7} {'moe':<4} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
+        f"{'shape':<15} {'compile':<7} {'moe':<12} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
         f"{'first s':>8} {'recomp':>6} {'peak GiB':>8} experts"
     )
     for r in results:
         print(
-            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<4} {r['tokens']:>6} {r['out']:<6} "
+            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<12} {r['tokens']:>6} {r['out']:<6} "
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
             f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )

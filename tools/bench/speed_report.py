@@ -1,15 +1,19 @@
 """Old against new step paths, side by side, from the JSON of ``tools/gpu_checks.sh speed``
-(and ``speed_moe``).
+(and ``speed_moe``, ``speed_experts``).
 
 ``speed`` leaves ``speed_drafter.json`` (bench_drafter: the variant "base", today's
 optimiser step, and the variants compared with it: "fast_step", the clip inside fused
 AdamW's kernel and gradients freed instead of zeroed; "cudagraphs", fast_step replayed
 as CUDA graphs; "muon", fast_step's switches with Muon) and ``speed_moe`` leaves
 ``speed_moe.json`` (bench_target on the Qwen3-30B-A3B shape, compiled, with the
-mixture-of-experts blocks eager and compiled: ``--moe-compile both``) in ``$OUT``. This
+mixture-of-experts blocks eager and compiled: ``--moe-compile both``) and
+``speed_experts`` leaves ``speed_experts.json`` (the same, compiled, with transformers'
+grouped_mm experts against ringtrain's: ``--moe-compile experts``) in ``$OUT``. This
 writes ``$OUT/speed_report.json``, prints it as one JSON line, then a table of each
 metric old and new with the ratio new / old, last (``drafter.<variant>.<metric>``
-against base). A benchmark that did not run or finish shows as None.
+against base, ``moe_target.*`` eager against compiled blocks, ``moe_experts.*``
+transformers' experts against ringtrain's). A benchmark that did not run or finish shows
+as None.
 
     OUT=gpu-results python -m tools.bench.speed_report
 """
@@ -33,12 +37,12 @@ def drafter_rows(report: dict) -> dict[str, dict[str, dict]]:
     return {name: {"old": base, "new": result} for name, result in by_variant.items()}
 
 
-def moe_rows(report: dict) -> dict[str, dict]:
-    """bench_target's GPU-output rows with the MoE blocks compiled (new) against eager or,
-    where that ran, compiled with transformers' experts (old)."""
+def moe_rows(report: dict, old: str) -> dict[str, dict]:
+    """bench_target's GPU-output rows with the MoE blocks compiled ("on", new) against the
+    variant named ``old`` ("off": eager blocks; "transformers": transformers' experts)."""
     device_rows = [r for r in report.get("results", []) if r.get("out") == "device"]
     by_moe = {r.get("moe_compile"): r for r in device_rows}
-    return {"old": by_moe.get("transformers", by_moe.get("off", {})), "new": by_moe.get("on", {})}
+    return {"old": by_moe.get(old, {}), "new": by_moe.get("on", {})}
 
 
 def compare(prefix: str, rows: dict[str, dict], metrics: tuple[str, ...]) -> list[dict]:
@@ -66,10 +70,12 @@ def main() -> dict:
         for name, rows in drafters.items()
         for entry in compare(f"drafter.{name}", rows, DRAFTER_METRICS)
     ]
-    entries += compare("moe_target", moe_rows(read(out, "speed_moe.json")), MOE_METRICS)
+    entries += compare("moe_target", moe_rows(read(out, "speed_moe.json"), "off"), MOE_METRICS)
+    experts = moe_rows(read(out, "speed_experts.json"), "transformers")
+    entries += compare("moe_experts", experts, MOE_METRICS)
     report = {
-        "old": "drafter base / MoE blocks eager",
-        "new": "drafter variant / MoE blocks compiled",
+        "old": "drafter base / MoE blocks eager / transformers' experts",
+        "new": "drafter variant / MoE blocks compiled / ringtrain's experts",
     }
     report["comparison"] = entries
     line = json.dumps(report)
