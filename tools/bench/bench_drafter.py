@@ -66,6 +66,7 @@ from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, 
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.bench_report import save_report
+from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import (
     QWEN3_8B,
@@ -77,7 +78,7 @@ from tools.bench.model_shapes import (
 )
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
-PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16
+PEAK_FLOPS = {"cuda": PEAK_BF16_FLOPS}
 # --target-shape: the target whose drafter is benchmarked; the drafter takes its hidden
 # size, heads, MLP width and vocabulary from it.
 TARGETS = {

@@ -27,11 +27,9 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
 from tools.bench.bench_report import save_report
-from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
+from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
 from tools.shared.packed_batch import random_packed_batch
-
-PEAK_FLOPS = 989e12  # H200 dense bf16
 
 
 def _bwd(m1: int, n1: int, m2: int, n2: int, stages: int, warps: int) -> dict:
@@ -105,7 +103,7 @@ def rates(fwd_ms: float, both_ms: float, fwd_flops: float) -> dict:
         "fwd_bwd_ms": both_ms,
         "fwd_tflops": fwd_flops / fwd_ms / 1e9,
         "bwd_tflops": 2.5 * fwd_flops / bwd_ms / 1e9,
-        "fwd_bwd_mfu": 3.5 * fwd_flops / both_ms / 1e-3 / PEAK_FLOPS,
+        "fwd_bwd_mfu": 3.5 * fwd_flops / both_ms / 1e-3 / PEAK_BF16_FLOPS,
     }
 
 

@@ -24,9 +24,7 @@ import argparse
 import torch
 
 from tools.bench.bench_report import save_report
-from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
-
-PEAK_FLOPS = 989e12  # H200 dense bf16
+from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
 
 # (name, rows M, in K, out N, count per step, passes): passes "f" forward, "d" input
 # gradient, "w" weight gradient.
@@ -96,7 +94,7 @@ def shape_set(name: str, reps: int) -> dict:
         "gemm_ms_per_step": total_us / 1e3,
         "gemm_tflop_per_step": total_flops / 1e12,
         "gemm_tflops": rate,
-        "gemm_fraction_of_peak": rate * 1e12 / PEAK_FLOPS,
+        "gemm_fraction_of_peak": rate * 1e12 / PEAK_BF16_FLOPS,
         "shapes": rows_out,
     }
 

@@ -59,7 +59,7 @@ from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
-from ringtrain.target.compiled import is_mixture_of_experts
+from ringtrain.target.compiled import experts_implementation, is_mixture_of_experts
 from ringtrain.target.loader import (
     build_truncated_model,
     linear_attention_backend,
@@ -70,10 +70,10 @@ from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.bench_report import save_report
+from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B
 
-PEAK_FLOPS = 989e12
 NUM_TAPS = 5
 GDN_CHUNK = 64
 # --compile: which variants run, eager (False) and/or compiled (True).
@@ -153,13 +153,14 @@ def active_matmul_params(layers: nn.Module, top_k: int) -> float:
     return total
 
 
-def experts_implementation(module: nn.Module) -> str | None:
+def routed_experts_implementation(module: nn.Module) -> str | None:
     """How the routed experts run (transformers' "grouped_mm", "batched_mm" or "eager": a
     Python loop over experts; "ringtrain_grouped_mm" once the compiled blocks took
     ringtrain's), None for a model without mixture-of-experts blocks."""
-    if not expert_stacks(module.layers):
+    stacks = expert_stacks(module.layers)
+    if not stacks:
         return None
-    return getattr(module.config, "_experts_implementation", None) or "eager"
+    return experts_implementation(stacks[0]) or "eager"
 
 
 def flops_per_token(config: PretrainedConfig, module: nn.Module, seq_len: int) -> float:
@@ -288,7 +289,7 @@ def describe_target(
         "taps": target.tap_layers,
         "hidden_size": config.hidden_size,
         "linear_attention": backend,
-        "experts_implementation": experts_implementation(module),
+        "experts_implementation": routed_experts_implementation(module),
         "active_params_per_token_m": round(active_matmul_params(module.layers, top_k) / 1e6, 1),
         "compiled_units": len(target.compiled_units),
         "weights_gib": round(sum(p.nbytes for p in module.parameters()) / 2**30, 2),
@@ -324,7 +325,7 @@ def measure_placement(
         "step_ms": round(step_s * 1e3, 3),
         "tokens_per_s": round(rows * seq_len / step_s),
         "tflops": round(flops / step_s / 1e12, 1),
-        "mfu": round(flops / step_s / PEAK_FLOPS, 4),
+        "mfu": round(flops / step_s / PEAK_BF16_FLOPS, 4),
         "peak_mem_gib": round(peak, 2),
     }
     return timings, out

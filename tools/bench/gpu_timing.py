@@ -1,11 +1,16 @@
-"""GPU time of a repeated call, and the refusal of a CUDA-only benchmark without a GPU, for
-the benchmark scripts in tools/bench/."""
+"""GPU time of a repeated call, the chip's peak the benchmarks' MFU is a fraction of, and
+the refusal of a CUDA-only benchmark without a GPU, for the benchmark scripts in
+tools/bench/."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+
+# Dense bf16 FLOP/s of the H200, the GPU these benchmarks were written for: every MFU in
+# tools/bench/ divides by it.
+PEAK_BF16_FLOPS = 989e12
 
 
 def gpu_us_per_call(call: Callable[[int], object], reps: int) -> float:
