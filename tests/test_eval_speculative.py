@@ -11,11 +11,11 @@ from ringtrain.eval import (
     PromptOutcome,
     VerifyingTarget,
     greedy_generate,
-    load_causal_lm,
     load_verifying_target,
     speculative_generate,
     summarize,
 )
+from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 
 TAPS = [1, 3, 5]

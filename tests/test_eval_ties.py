@@ -24,11 +24,11 @@ from ringtrain.eval import (
     TieJudge,
     VerifyingTarget,
     greedy_generate,
-    load_causal_lm,
     speculative_generate,
     summarize,
 )
 from ringtrain.eval.ties import ulp
+from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 
 NEW_TOKENS = 40

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ringtrain.eval.batch_decode import KERNELS, one_token_attention
+from ringtrain.generate.batch_decode import KERNELS, one_token_attention
 
 # SmolLM2-135M's heads: 9 query heads share 3 key/value heads of 64.
 HEADS, KV_HEADS, DIM, LENGTH = 9, 3, 64, 40

@@ -129,8 +129,8 @@ def _engine_arguments(args: argparse.Namespace) -> None:
 
 def _local_engine(args: argparse.Namespace) -> LocalEngine:
     """The local model's settings; the batch size resolved for the device."""
-    from ringtrain.data.local_model import default_batch_size, resolve_device
     from ringtrain.data.regen_local import LocalEngine
+    from ringtrain.generate.local_model import default_batch_size, resolve_device
 
     device = args.device or "auto"
     batch_size = args.batch_size

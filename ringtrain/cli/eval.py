@@ -8,7 +8,7 @@
 Prompts are evaluated as served: chat prompts (``messages``, ``turns``, ``question``,
 and ``prompt`` text on a target with a chat template unless --raw-prompts) are rendered
 with the target's chat template; every user turn of a multi-turn prompt is answered in
-order (ringtrain.eval.benchmarks, ringtrain.eval.runner). Every assistant turn is
+order (ringtrain.generate.prompt_sets, ringtrain.eval.runner). Every assistant turn is
 decoded twice: plain greedy (the reference) and speculatively (the drafter proposes a
 block, the target verifies it in one forward). Reports tau_real (tokens per target
 verification forward, bonus included), acceptance per block position and tokens/s of
@@ -34,23 +34,19 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from ringtrain.eval import (
-    EvalReport,
-    PromptFileError,
-    load_verifying_target,
-    stop_token_ids,
-    summarize,
-)
-from ringtrain.eval.benchmarks import (
+from ringtrain.eval import EvalReport, load_verifying_target, summarize
+from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
+from ringtrain.eval.runner import TurnDecoder, decode_sets
+from ringtrain.eval.ties import DEFAULT_TIE_ULPS, TieJudge
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.model import stop_token_ids
+from ringtrain.generate.prompt_sets import (
     BUILTIN_BENCHMARKS,
     PromptOptions,
     first_prompt,
     load_prompt_sets,
 )
-from ringtrain.eval.chat import ChatRenderer
-from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
-from ringtrain.eval.runner import TurnDecoder, decode_sets
-from ringtrain.eval.ties import DEFAULT_TIE_ULPS, TieJudge
+from ringtrain.generate.prompts import PromptFileError
 
 
 def _json_object(text: str) -> dict:

@@ -38,8 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringtrain.eval.benchmarks import HUMANEVAL_WORDING, humaneval_entry_points
-from ringtrain.eval.prompts import PromptFileError
+from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING, humaneval_entry_points
+from ringtrain.generate.prompts import PromptFileError
 
 MIN_LINES = 3
 MAX_LINES = 60

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.local_model import DEVICES, LocalModel, load_tokenizer
 from ringtrain.data.regen_client import Completion, RequestFailed, Sampling
-from ringtrain.eval.chat import ChatRenderer
-from ringtrain.eval.generate import Answer
-from ringtrain.eval.prompts import PromptFileError
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.greedy import Answer
+from ringtrain.generate.local_model import DEVICES, LocalModel, load_tokenizer
+from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.loader import DTYPES
 
 LOCAL_DTYPES = ("auto", *DTYPES)

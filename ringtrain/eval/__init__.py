@@ -1,9 +1,11 @@
-"""Speculative decoding with a trained DFlash drafter, and its metrics (ringtrain-eval)."""
+"""Speculative decoding with a trained DFlash drafter, and its metrics (ringtrain-eval).
 
-from ringtrain.eval.benchmarks import load_prompt_sets, load_prompts
-from ringtrain.eval.chat import ChatRenderer
+Prompts, chat rendering, model loading and plain batched generation live in
+``ringtrain.generate``; this package adds the verifying target, the drafter's proposals,
+the decoding loops and what they measure.
+"""
+
 from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
-from ringtrain.eval.prompts import PromptFileError, read_prompt_records
 from ringtrain.eval.speculative import (
     BlockDrafter,
     Generation,
@@ -11,32 +13,20 @@ from ringtrain.eval.speculative import (
     greedy_generate,
     speculative_generate,
 )
-from ringtrain.eval.target import (
-    VerifyingTarget,
-    load_causal_lm,
-    load_verifying_target,
-    stop_token_ids,
-)
+from ringtrain.eval.target import VerifyingTarget, load_verifying_target
 from ringtrain.eval.ties import Divergence, TieJudge
 
 __all__ = [
     "BlockDrafter",
-    "ChatRenderer",
     "Divergence",
     "EvalReport",
     "Generation",
     "GreedyReference",
-    "PromptFileError",
     "PromptOutcome",
     "TieJudge",
     "VerifyingTarget",
     "greedy_generate",
-    "load_causal_lm",
-    "load_prompt_sets",
-    "load_prompts",
     "load_verifying_target",
-    "read_prompt_records",
     "speculative_generate",
-    "stop_token_ids",
     "summarize",
 ]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ringtrain.drafter import FrozenHead
-from ringtrain.eval.batch_decode import captured
+from ringtrain.generate.batch_decode import captured
 
 # Context rows per bucket: a few graphs per prompt length, little padding per proposal.
 BUCKET_ROWS = 64

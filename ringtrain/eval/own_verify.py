@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from ringtrain.eval.batch_decode import (
+from ringtrain.generate.batch_decode import (
     BATCH_DECODE,
     DecodeCache,
     attention_for_decoding,

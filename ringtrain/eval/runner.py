@@ -16,10 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from ringtrain.eval.benchmarks import Conversation, PromptSet
-from ringtrain.eval.chat import ChatRenderer
 from ringtrain.eval.metrics import PromptOutcome
-from ringtrain.eval.prompts import check_prompt_ids
 from ringtrain.eval.speculative import (
     BlockDrafter,
     Generation,
@@ -29,6 +26,9 @@ from ringtrain.eval.speculative import (
 )
 from ringtrain.eval.target import VerifyingTarget
 from ringtrain.eval.ties import TieJudge
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.prompt_sets import Conversation, PromptSet
+from ringtrain.generate.prompts import check_prompt_ids
 
 WARMUP_TOKENS = 8
 

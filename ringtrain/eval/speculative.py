@@ -17,9 +17,9 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from ringtrain.eval.batch_decode import STOP_CHECK_EVERY
 from ringtrain.eval.target import VerifyingTarget
 from ringtrain.eval.ties import Divergence, TieJudge
+from ringtrain.generate.batch_decode import STOP_CHECK_EVERY
 
 
 class BlockDrafter(Protocol):

@@ -24,22 +24,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ringtrain.eval.own_verify import OwnCacheVerifier
-from ringtrain.target.loader import resolve_dtype
+from ringtrain.generate.model import load_causal_lm, supports_cache_rollback
 
 MODES = ("auto", "own", "cache", "recompute")
 # Positions an ``own`` verification cache is first made for (grown on demand, by this step).
 CAPACITY_STEP = 1024
-
-
-def supports_cache_rollback(config: object) -> bool:
-    """Whether a KV cache of this target can be cut back exactly (all full attention)."""
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return set(layer_types) == {"full_attention"} and not getattr(
-        config, "use_sliding_window", False
-    )
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -191,30 +183,6 @@ class VerifyingTarget:
             self._dest[:, columns].copy_(hidden[0, -rows:])
 
         return hook
-
-
-def stop_token_ids(config: object) -> list[int]:
-    """The end-of-sequence ids of an HF config (``eos_token_id``: an int, a list or None)."""
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
-
-
-def load_causal_lm(
-    path: str | Path, device: torch.device | str = "cpu", dtype: str = "auto"
-) -> PreTrainedModel:
-    """The full causal LM of a local HF directory (never the hub), frozen, in eval mode."""
-    path = Path(path).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path}: no config.json; the target must be a local Hugging Face model directory"
-        )
-    device = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device, setting="dtype"), local_files_only=True
-    )
-    return model.to(device).eval().requires_grad_(False)
 
 
 def load_verifying_target(

@@ -1,9 +1,9 @@
-"""Batched greedy generation speed (ringtrain.eval.generate), one row per variant, as JSON.
+"""Batched greedy generation speed (ringtrain.generate.greedy), one row per variant, as JSON.
 
     python -m tools.bench.bench_generate --device cuda --prompts 4096 --max-new-tokens 128 \\
         --variants own:2048,own-matmul:2048,own-eager:2048,static:2048 --profile static:512
 
-A variant is ``own[-matmul][-eager]:BATCH`` (ringtrain.eval.batch_decode: SDPA or matmul
+A variant is ``own[-matmul][-eager]:BATCH`` (ringtrain.generate.batch_decode: SDPA or matmul
 one-token kernel, CUDA graphs unless ``-eager``) or ``static|dynamic[-sdpa][-compiled]:BATCH``
 (transformers' generate with that cache; ``-sdpa``: the model's own attention instead of
 the grouped one-token attention). ``agree`` is the share of answers equal to the first
@@ -24,8 +24,8 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from ringtrain.eval.generate import DecodeOptions, greedy_answers
-from ringtrain.eval.target import load_causal_lm
+from ringtrain.generate.greedy import DecodeOptions, greedy_answers
+from ringtrain.generate.model import load_causal_lm
 
 SMOLLM2_135M = {
     "hidden_size": 576,

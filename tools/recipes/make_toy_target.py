@@ -2,7 +2,7 @@
 
 The model (Qwen3 architecture, or with --hybrid a Qwen3.5-style mix of Gated DeltaNet
 and full-attention layers) learns from the Python standard library's own sources, docs
-and licence (ringtrain.eval.corpus; nothing is downloaded), with a byte-level BPE
+and licence (ringtrain.data.corpus; nothing is downloaded), with a byte-level BPE
 tokenizer trained on the same text. The output is a Hugging Face directory (config.json,
 model.safetensors, tokenizer files with a <|mask|> token as the last id for the
 drafter) that ringtrain loads as a target; toy_target.json beside it records how it was
@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from ringtrain.eval.corpus import read_corpus
+from ringtrain.data.corpus import read_corpus
 from ringtrain.target.tiny import tiny_config
 
 END_OF_TEXT = "<|endoftext|>"

@@ -4,7 +4,7 @@ DFlash drafters learn to predict what their target says, so the training rows ar
 prompt + the target's own greedy response (loss_mask 1 on the response only), written
 as a ringtrain Arrow dataset (input_ids: list<int32>, loss_mask: list<uint8>).
 Generation runs in left-padded batches of prompts of similar length with a static KV
-cache (ringtrain.data.local_model, the generator of ``ringtrain-data regenerate --local``;
+cache (ringtrain.generate.local_model, the generator of ``ringtrain-data regenerate --local``;
 2,048 prompts per batch on a GPU). Prompts are text
 (``prompt``, encoded raw), token ids (``input_ids``) or chat ``messages``, rendered with
 the target's chat template (``--chat-template-kwargs`` go to the template). Answers cut
@@ -30,12 +30,11 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from ringtrain.data.local_model import DEVICES, LocalModel
+from ringtrain.data.corpus import carve_prompts, read_corpus
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.eval import load_prompts
-from ringtrain.eval.benchmarks import PromptOptions, first_prompt, read_benchmark
-from ringtrain.eval.chat import ChatRenderer
-from ringtrain.eval.corpus import carve_prompts, read_corpus
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.local_model import DEVICES, LocalModel
+from ringtrain.generate.prompt_sets import PromptOptions, first_prompt, load_prompts, read_benchmark
 
 DATASET_FILE = "regenerated-00000.arrow"
 DEFAULT_CORPUS_BYTES = 3_000_000

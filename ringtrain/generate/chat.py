@@ -11,7 +11,7 @@ from __future__ import annotations
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from ringtrain.eval.prompts import PromptFileError
+from ringtrain.generate.prompts import PromptFileError
 
 NO_TEMPLATE_FIX = (
     "evaluate chat prompts with the target's instruct (chat) checkpoint, or give "

@@ -27,8 +27,13 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import PreTrainedModel
 
-from ringtrain.eval.batch_decode import BATCH_DECODE, KERNELS, attention_for_decoding, decode_batch
-from ringtrain.eval.target import supports_cache_rollback
+from ringtrain.generate.batch_decode import (
+    BATCH_DECODE,
+    KERNELS,
+    attention_for_decoding,
+    decode_batch,
+)
+from ringtrain.generate.model import supports_cache_rollback
 
 # "own": batch_decode's cache and loop; "static"/"dynamic": transformers' generate with
 # that cache (for comparison, and for targets with sliding-window or linear layers).

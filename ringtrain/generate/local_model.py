@@ -4,7 +4,7 @@ offline regenerators.
 `ringtrain-data regenerate --local` (chat JSONL answered again in this process) and
 `tools/recipes/regenerate.py` (token datasets of prompt + answer) load the model and its
 tokenizer the same way, stop at the same end-of-sequence ids, pad with the same id and
-generate with `ringtrain.eval.generate.greedy_answers` (prompts of similar length in
+generate with `ringtrain.generate.greedy.greedy_answers` (prompts of similar length in
 left-padded batches, a static KV cache).
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ringtrain.eval.generate import Answer, GenerationStats, greedy_answers
-from ringtrain.eval.target import load_causal_lm, stop_token_ids
+from ringtrain.generate.greedy import Answer, GenerationStats, greedy_answers
+from ringtrain.generate.model import load_causal_lm, stop_token_ids
 
 DEVICES = ("auto", "cpu", "cuda")
 GPU_BATCH_SIZE = 2048

@@ -2,7 +2,7 @@
 
 Each line is an object with one of ``input_ids`` (a list of ints), ``messages`` (an
 OpenAI-style chat), ``turns`` (a list of user turns, MT-Bench style), ``question``
-(GSM8K style) or ``prompt`` (text); ringtrain.eval.benchmarks reads them.
+(GSM8K style) or ``prompt`` (text); ringtrain.generate.prompt_sets reads them.
 """
 
 from __future__ import annotations

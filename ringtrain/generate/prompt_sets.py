@@ -26,8 +26,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from ringtrain.eval.chat import ChatRenderer, check_messages
-from ringtrain.eval.prompts import (
+from ringtrain.generate.chat import ChatRenderer, check_messages
+from ringtrain.generate.prompts import (
     PromptFileError,
     check_prompt_ids,
     encode_raw,
