@@ -7,6 +7,8 @@ forward: the drafter's only buffer (RoPE frequencies) is the same on every rank,
 forward with a collective would deadlock the held-out evaluations, which ranks run in
 different numbers. With `grad_reduce_dtype = "bfloat16"` the buckets travel in bf16
 (DDP's bf16 compression hook) and are restored to fp32 before the optimizer sees them.
+Drafters that share a GPU reduce through a gloo group (trainer/groups.py), which has no
+bf16 compression to gain from: there "bfloat16" falls back to fp32 with one log line.
 With "float64" they travel in fp64 (`float64_reduce_hook`): a sum of a few fp32 values is
 then exact, or rounded once, so it no longer depends on the order in which the ranks'
 gradients are added, which follows which drafter took which batch; the fp32 result is the
@@ -39,6 +41,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
+from ringtrain.trainer.logs import get_logger
 
 NANOSECONDS_PER_MS = 1e6
 
@@ -84,6 +88,12 @@ def wrap_data_parallel(
             'optim.grad_reduce_dtype = "bfloat16" needs drafters on CUDA (NCCL reduces '
             'bf16; gloo does not): set it to "float32" for a run on CPU'
         )
+    if grad_reduce_dtype == "bfloat16" and dist.get_backend(group) != "nccl":
+        get_logger().info(
+            'optim.grad_reduce_dtype = "bfloat16" compresses NCCL\'s reduction; the drafters '
+            "share a GPU and reduce with gloo, so they reduce in float32"
+        )
+        grad_reduce_dtype = "float32"
     network = DistributedDataParallel(
         model,
         device_ids=[device] if device.type == "cuda" else None,

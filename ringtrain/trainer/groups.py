@@ -2,7 +2,10 @@
 
 torch.distributed requires every rank to create every group, in the same order, so
 each rank walks the same list and keeps the groups it belongs to. Drafters reduce
-gradients in theirs (NCCL on CUDA, gloo on CPU). A target group (`[layout] target_tp`
+gradients in theirs: NCCL on CUDA, gloo on CPU, and gloo too where two drafter ranks of
+a node share a GPU (NCCL refuses two ranks of one communicator on one device; gloo
+reduces CUDA tensors through host memory, slower but correct), said in one log line.
+A target group (`[layout] target_tp`
 > 1) gets two: its tensor-parallel group, on the device's backend, for the collectives
 of the split forward, and a gloo group for the lead's small per-iteration decision
 (trainer/target_group.py), which a member then waits for on the CPU: a broadcast of
@@ -12,10 +15,12 @@ On CPU both are one gloo group.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.roles import DRAFTER, TARGET, RankInfo
 
 
@@ -28,11 +33,40 @@ class RankGroups:
     target_control: dist.ProcessGroup | None = None  # the lead's decisions (gloo)
 
 
+@dataclass(frozen=True)
+class DrafterBackend:
+    """The drafter group's backend, and why it is not NCCL on a GPU (None: it is, or CPU)."""
+
+    name: str
+    note: str | None = None
+
+
+def drafter_backend(info: RankInfo) -> DrafterBackend:
+    """NCCL for drafters on distinct GPUs; gloo on CPU or where drafters share a GPU."""
+    if info.device.type != "cuda":
+        return DrafterBackend("gloo")
+    shared = {gpu: n for gpu, n in Counter(info.local_drafter_gpus).items() if n > 1}
+    if not shared:
+        return DrafterBackend("nccl")
+    where = ", ".join(f"{n} on cuda:{gpu}" for gpu, n in sorted(shared.items()))
+    return DrafterBackend(
+        "gloo",
+        f"drafter ranks share a GPU ({where}): NCCL allows one rank per GPU in a group, so "
+        "the drafters reduce gradients with gloo through host memory (slower for large "
+        "drafters; a layout.gpu_map with one drafter per GPU uses NCCL)",
+    )
+
+
 def new_groups(info: RankInfo) -> RankGroups:
     """Create every group of the run (call on every rank after init_process_group)."""
     backend = "nccl" if info.device.type == "cuda" else "gloo"
     ranks = info.drafter_ranks
-    drafters = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
+    drafters = None
+    if len(ranks) > 1:
+        choice = drafter_backend(info)
+        drafters = dist.new_group(ranks=ranks, backend=choice.name)
+        if choice.note and info.role == DRAFTER:
+            get_logger().info("%s", choice.note)
     target = control = None
     if info.target_tp > 1:
         for members in info.target_groups:

@@ -49,6 +49,7 @@ class RankInfo:
     drafters_per_node: int
     device: torch.device
     target_tp: int = 1  # target ranks per tensor-parallel target group
+    local_gpus: tuple[int, ...] = ()  # the GPU of each local rank, targets first (none on CPU)
 
     @property
     def is_target(self) -> bool:
@@ -68,6 +69,11 @@ class RankInfo:
             for node in range(self.num_nodes)
             for i in range(self.drafters_per_node)
         ]
+
+    @property
+    def local_drafter_gpus(self) -> tuple[int, ...]:
+        """The GPU of each drafter rank of this node (empty on CPU)."""
+        return self.local_gpus[self.targets_per_node :]
 
     @property
     def producer_count(self) -> int:
@@ -225,6 +231,7 @@ def rank_info_from_env(
     else:
         role_index = node_rank * layout.drafters_per_node + local_rank - layout.targets_per_node
         role_count = num_nodes * layout.drafters_per_node
+    device = choose_device(local_rank, layout, device_preference)
     return RankInfo(
         rank=rank,
         world_size=world_size,
@@ -238,6 +245,11 @@ def rank_info_from_env(
         role_count=role_count,
         targets_per_node=layout.targets_per_node,
         drafters_per_node=layout.drafters_per_node,
-        device=choose_device(local_rank, layout, device_preference),
+        device=device,
         target_tp=layout.target_tp,
+        local_gpus=tuple(
+            choose_device(local, layout, device_preference).index for local in range(per_node)
+        )
+        if device.type == "cuda"
+        else (),
     )
