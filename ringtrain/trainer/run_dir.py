@@ -14,8 +14,9 @@ run goes on without the lock and says so.
 
 Once the inputs are validated (so a refused start deletes nothing), global rank 0 decides
 what the run is (`prepare_run_dir`): a fresh start in a directory holding checkpoints is
-refused unless --overwrite (which deletes the old checkpoints and metrics);
-a fresh start draws a new run id (`<run_dir>/run_id`), a resume keeps it; partial
+refused unless --overwrite (which deletes the old checkpoints and metrics); the metrics
+of an earlier run that left no checkpoint move aside (`metrics.<its run id>.jsonl`), so a
+fresh start has nothing to supersede; a fresh start draws a new run id (`<run_dir>/run_id`), a resume keeps it; partial
 checkpoints that interrupted saves left are removed. Every checkpoint records the run id,
 and a resume takes only checkpoints of its own run (drafter/checkpoint.py).
 """
@@ -186,9 +187,29 @@ def _prepare(run_dir: Path, resume: bool, overwrite: bool) -> list[str]:
             if (run_dir / name).exists():
                 (run_dir / name).unlink()
                 notes.append(f"--overwrite: removed the earlier run's {name}")
+    elif not resume:
+        notes += _keep_earlier_metrics(run_dir)
     if not resume or read_run_id(run_dir) is None:
         run_id = uuid.uuid4().hex[:12]
         temporary = run_dir / f".{RUN_ID_FILE}.{os.getpid()}"
         temporary.write_text(run_id + "\n")
         temporary.replace(run_dir / RUN_ID_FILE)
+    return notes
+
+
+def _keep_earlier_metrics(run_dir: Path) -> list[str]:
+    """A fresh start where an earlier run left metrics but no checkpoint (it stopped or
+    failed before its first one): its files move aside under its run id, so the new run's
+    metrics.jsonl holds only the new run. Returns what moved, for the log."""
+    earlier = read_run_id(run_dir) or time.strftime("%Y%m%d-%H%M%S")
+    notes = []
+    for name in METRICS_FILES:
+        source = run_dir / name
+        if not source.exists():
+            continue
+        kept = run_dir / name.replace("metrics", f"metrics.{earlier}", 1)
+        source.replace(kept)
+        notes.append(
+            f"{name} of the earlier run in this directory (no checkpoint) kept as {kept.name}"
+        )
     return notes
