@@ -38,7 +38,9 @@ class ConfigError(ValueError):
 class LayoutConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Which local ranks are targets and which are drafters, and which GPU each uses."""
 
+    # Target ranks on every node: local ranks 0..targets_per_node-1.
     targets_per_node: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # Drafter ranks on every node: the local ranks after the targets.
     drafters_per_node: Annotated[int, msgspec.Meta(ge=1)] = 1
     # Target ranks per tensor-parallel target group: consecutive target ranks of a node
     # run one target together and feed the ring as one producer. Must divide
@@ -51,7 +53,9 @@ class LayoutConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Where the run writes, how long it trains, and how often it reports."""
 
+    # The run's name: names its ring (ringtrain-stat RUN) and its W&B run.
     name: str = "run"
+    # Directory of the run's checkpoints, logs and metrics.jsonl.
     run_dir: str = "runs/run"
     # Seeds a fresh drafter's initialisation (every drafter rank builds the same initial
     # weights from it, and a run with the same seed on the same kind of device starts
@@ -59,7 +63,9 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # seed and the batch's place in its target's stream, whichever drafter takes it).
     # The batch order has its own seed, data.seed.
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Optimiser steps to train; the learning-rate schedule spans them.
     max_steps: Annotated[int, msgspec.Meta(ge=1)] = 100
+    # Steps between two progress lines of the lead drafter (the last step always prints).
     log_every: Annotated[int, msgspec.Meta(ge=1)] = 10
     eval_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: no evaluation
     checkpoint_every: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: only at the end

@@ -18,6 +18,7 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eval_path: str = ""
     # Tokens per batch (real tokens; padding is not counted).
     token_budget: Positive = 16384
+    # Longest row, in tokens (see truncate).
     max_len: Positive = 4096
     # Cut rows longer than max_len; if false, such a row is an error.
     truncate: bool = True
@@ -25,4 +26,5 @@ class DataConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # rounding only (batches group rows of one padded length), about bucket / 2 tokens:
     # 32 keeps padding near 1.6% for ~1000-token rows (128 would cost ~6%).
     bucket: Positive = 32
+    # Seeds the batch order (with the epoch); anchors have their own seed, run.seed.
     seed: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -26,10 +26,13 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # same data and steps (BENCHMARKS.md, the recipe variants); the paper's recipe is
     # PAPER_DRAFTER and PAPER_OPTIM below.
     architecture: Literal["dflash", "dflash2"] = "dflash2"
+    # Decoder layers of the drafter.
     num_layers: Annotated[int, msgspec.Meta(ge=1)] = 5
+    # Tokens per draft block: the anchor token, then block_size - 1 predicted positions.
     block_size: Annotated[int, msgspec.Meta(ge=2)] = 16
     # Anchors sampled per document: num_anchors per anchor_ref_len tokens, scaled.
     num_anchors: Annotated[int, msgspec.Meta(ge=1)] = 512
+    # Document length, in tokens, at which num_anchors anchors are sampled.
     anchor_ref_len: Annotated[int, msgspec.Meta(ge=1)] = 3072
     # Mask token id: fills the block positions the drafter predicts, so it must be a token
     # that never occurs in the data (Qwen3: 151669; Qwen3.5/3.6: 248070). -1 (auto): from
@@ -46,9 +49,13 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gamma: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     # D-PACE confidence smoothing: s_k = alpha + (1 - alpha) * q_k (1: uniform weights).
     dpace_alpha: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+    # Attention heads per layer; 0: the target's.
     num_attention_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Key/value heads per layer; 0: the target's.
     num_key_value_heads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Width of one attention head; 0: the target's.
     head_dim: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Width of the MLP's hidden layer; 0: the target's.
     intermediate_size: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Per-layer sliding window (0 = full attention); empty = all full attention.
     sliding_windows: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=list)
@@ -59,12 +66,14 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # declare is_causal). Full-attention layers are bidirectional either way; the
     # checkpoint's config.json says which, so every engine computes what was trained.
     sliding_attention: Literal["bidirectional", "causal"] = "bidirectional"
-    # DFlash2 only (the serving engines' defaults): taps of the in-block convolution, channels
-    # sharing one dynamic tap correction, rank of the selector's token codebooks, and the
-    # candidates per slot the selector walks through.
+    # DFlash2 only (the serving engines' defaults, like the three below): taps of the
+    # in-block convolution.
     conv_kernel_size: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # DFlash2 only: channels sharing one dynamic tap correction.
     conv_group_size: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # DFlash2 only: rank of the selector's token codebooks.
     selector_rank: Annotated[int, msgspec.Meta(ge=1)] = 256
+    # DFlash2 only: candidates per slot the selector walks through.
     selector_top_k: Annotated[int, msgspec.Meta(ge=1)] = 16
     # DFlash2 only: weight of the selector's cross-entropy over the top-k candidates.
     selector_loss_weight: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
@@ -91,6 +100,7 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # so one lr (and one weight_decay) serves both parts, with their AdamW values. A
     # checkpoint resumes only under the optimiser that wrote it.
     name: Literal["adamw", "muon"] = "muon"
+    # Peak learning rate (AdamW's value; Muon's step is scaled to match it, see name).
     lr: Annotated[float, msgspec.Meta(gt=0.0)] = 6e-4
     # Muon's (Nesterov) momentum; the AdamW part uses beta1 and beta2.
     muon_momentum: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.95
@@ -98,12 +108,19 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # decay): linear warm-up, lr held, then over the last decay_fraction of the steps a
     # 1 - sqrt decay to min_lr_ratio * lr (see ringtrain.drafter.schedules).
     schedule: Literal["cosine", "wsd"] = "wsd"
+    # "wsd": the fraction of max_steps, at the end, over which lr decays.
     decay_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
+    # The learning rate the schedule ends at, as a fraction of lr.
     min_lr_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    # The fraction of max_steps, at the start, over which lr rises linearly to its peak.
     warmup_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.04
+    # Decoupled weight decay (AdamW's; Muon's part takes the same value).
     weight_decay: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    # AdamW's first-moment decay.
     beta1: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.9
+    # AdamW's second-moment decay.
     beta2: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.95
+    # AdamW's denominator epsilon.
     eps: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-8
     # Gradient-norm clipping threshold; 0: no clipping.
     grad_clip: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0

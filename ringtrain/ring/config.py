@@ -12,6 +12,7 @@ class RingConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     # "auto": device where every GPU pair has peer access, else host (see ring/payload.py).
     transport: Literal["auto", "device", "host"] = "auto"
+    # Slots each target owns: batches it may have in flight before it waits for drafters.
     slots_per_producer: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Seconds one blocking wait may last before peers are checked for liveness.
     wait_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0

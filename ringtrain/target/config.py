@@ -17,6 +17,7 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Layer indices whose outputs feed the drafter. Empty: DFlash default spread.
     tap_layers: list[Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=list)
+    # Layers tapped when tap_layers is empty, spread evenly from layer 1 to L-3.
     num_taps: Annotated[int, msgspec.Meta(ge=1)] = 5
     # Draw the weights at random instead of reading them: for benchmarks of large shapes
     # from a directory holding only config.json. Never for real training.
