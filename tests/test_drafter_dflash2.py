@@ -337,8 +337,11 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
                  "run.checkpoint_every=40", "run.name=d2"]  # fmt: skip
     proc = run_training(run_dir, 1, 1, overrides)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    losses = [r["loss"] for r in step_records(run_dir)]
+    records = step_records(run_dir)
+    losses = [r["loss"] for r in records]
     assert len(losses) == 40
+    # Every step record reports the selector's part of the loss beside it.
+    assert all(0.0 < r["selector_loss"] < r["loss"] for r in records)
     # The loss holds the selector's CE too (5-step means).
     assert sum(losses[-5:]) < 0.95 * sum(losses[:5])
     config = json.loads(next((run_dir / "checkpoints").glob("step_*/config.json")).read_text())

@@ -16,6 +16,11 @@ import torch
 
 # Metadata of a field that holds one number per scored slot (B - 1 of them).
 PER_SLOT = {"per_slot": True}
+# A training step's record field -> summarise's metric it reports (the others are for
+# normalising and for evaluation records).
+STEP_METRICS = {"loss": "loss", "accuracy": "accuracy_per_slot", "tau_uniform": "tau_uniform"}
+# Metrics that are a named part of loss, reported beside it.
+LOSS_PARTS = ("selector_loss",)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,14 @@ class ObjectiveSums:
     def plus(self, other: ObjectiveSums) -> ObjectiveSums:
         """Field-wise sum with another batch's sums of the same class."""
         return type(self)(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @classmethod
+    def step_metrics(cls, summary: dict[str, float | list[float]]) -> dict[str, object]:
+        """What a training step's record (trainer/drafter_loop.py's StepRecord) reports of
+        `summary` (summarise's metrics), by the record's field names: STEP_METRICS and the
+        loss parts (each a named part of loss, beside it)."""
+        parts = {name: summary[name] for name in LOSS_PARTS if name in summary}
+        return {field: summary[key] for field, key in STEP_METRICS.items()} | {"loss_parts": parts}
 
     @classmethod
     def summarise(cls, vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:

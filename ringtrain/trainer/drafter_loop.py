@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -88,6 +88,18 @@ class StepRecord:
     # no backward ran), and whether the update was skipped for a non-finite value.
     grad_norm: float | None = None
     skipped: bool = False
+    # The named parts of loss the drafter's sums report (DFlash2: selector_loss).
+    loss_parts: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, object]:
+        """The record as a metrics.jsonl line holds it: each loss part beside loss."""
+        line: dict[str, object] = {}
+        for name, value in vars(self).items():
+            if name != "loss_parts":
+                line[name] = value
+            if name == "loss":
+                line.update(self.loss_parts)
+        return line
 
 
 @dataclass
@@ -344,9 +356,7 @@ class DrafterLoop:
         self.ring.record_progress(step)
         record = StepRecord(
             step=step,
-            loss=summary["loss"],
-            accuracy=summary["accuracy_per_slot"],
-            tau_uniform=summary["tau_uniform"],
+            **reduced.step_metrics(summary),
             tokens=reduced.tokens,
             seconds=time.perf_counter() - started,
             lr=self.trainee.scheduler.get_last_lr()[0],

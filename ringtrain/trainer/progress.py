@@ -173,7 +173,7 @@ class LeadReporter:
     def step(self, record: StepRecord) -> None:
         """A completed training step."""
         self.metrics.write(
-            {"event": "step", **record.__dict__, "ring": self.progress.ring_figures()}
+            {"event": "step", **record.as_json(), "ring": self.progress.ring_figures()}
         )
         self.progress.step(record)
 

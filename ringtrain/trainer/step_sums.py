@@ -39,6 +39,10 @@ class ReducedSums:
         """Loss, accuracy per slot, tau_uniform and weight sum of the step's training batches."""
         return self.sums_type.summarise(self.objective, self.block_size)
 
+    def step_metrics(self, summary: dict[str, float | list[float]]) -> dict[str, object]:
+        """What the step's record reports of `summary` (this step's), by record field."""
+        return self.sums_type.step_metrics(summary)
+
 
 class StepSums:
     """The fp64 vector all-reduced each step, with named sections.
