@@ -8,10 +8,14 @@ the same way, so evaluation renders its chat prompts exactly so.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
 
 from ringtrain.generate.prompts import PromptFileError
+
+if TYPE_CHECKING:  # imported for type hints only: prompt handling loads without it
+    from transformers import PreTrainedTokenizerBase
 
 NO_TEMPLATE_FIX = (
     "evaluate chat prompts with the target's instruct (chat) checkpoint, or give "

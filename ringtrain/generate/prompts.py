@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # imported for type hints only: prompt handling loads without it
+    from transformers import PreTrainedTokenizerBase
 
 # The fields a prompt line may carry, in the order they are looked for.
 RECORD_FIELDS = ("input_ids", "messages", "turns", "question", "prompt")
