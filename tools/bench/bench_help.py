@@ -5,14 +5,14 @@ imports torch or transformers: under a second on a CPU. Each command named (defa
 console scripts `ringtrain-stat`, `ringtrain-eval` and `ringtrain-data`; `--all`: every
 console script in pyproject.toml) is started as the installed script, after one warm-up
 run, `--runs` times in turn; the report gives the median, min and max wall seconds of
-each, and the median CPU seconds (user + system, which a machine busy with other work
+each, its exit statuses, and the median CPU seconds (user + system, which a machine busy with other work
 inflates less than wall time). The commands run with a bytecode cache of their own (a
 temporary PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE unset): the warm-up compiles the
 sources, the timed runs read the cache, as with an installed package. One more run per command, through its entry point under `python -c`, records which
 of torch and transformers the command imported before it exited.
 
     python tools/bench/bench_help.py --runs 10
-    python tools/bench/bench_help.py --all --argument --no-such-option
+    python tools/bench/bench_help.py --all --argument=--no-such-option
 """
 
 from __future__ import annotations
@@ -70,13 +70,14 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall, CPU) seconds from the start of `command` to its exit (its output discarded)."""
+def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """(wall, CPU) seconds from the start of `command` to its exit (its output discarded),
+    and its exit status."""
     cpu, started = cpu_of_children(), time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False
     )
-    return time.perf_counter() - started, cpu_of_children() - cpu
+    return time.perf_counter() - started, cpu_of_children() - cpu, done.returncode
 
 
 def imported_heavy(name: str, entry: str, argument: str, env: dict[str, str]) -> list[str]:
@@ -95,17 +96,18 @@ def measure(names: list[str], argument: str, runs: int, env: dict[str, str]) -> 
     commands = {name: [str(script_path(name)), argument] for name in names}
     for command in commands.values():
         run_once(command, env)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    times: dict[str, list[tuple[float, float, int]]] = {name: [] for name in names}
     for _ in range(runs):
         for name, command in commands.items():
             times[name].append(run_once(command, env))
     report: dict = {"argument": argument, "runs": runs, "cpus": os.cpu_count()}
     report["load_average_1min"] = round(os.getloadavg()[0], 2)
     for name in names:
-        wall = [seconds for seconds, _ in times[name]]
+        wall, cpu, codes = zip(*times[name], strict=True)
         report[f"{name}_median_s"] = round(statistics.median(wall), 3)
         report[f"{name}_min_max_s"] = [round(min(wall), 3), round(max(wall), 3)]
-        report[f"{name}_median_cpu_s"] = round(statistics.median(c for _, c in times[name]), 3)
+        report[f"{name}_median_cpu_s"] = round(statistics.median(cpu), 3)
+        report[f"{name}_exit_codes"] = sorted(set(codes))
         report[f"{name}_imports"] = imported_heavy(name, entries[name], argument, env)
     return report
 
