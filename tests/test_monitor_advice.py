@@ -45,7 +45,7 @@ def test_best_split_of_eight_gpus_is_found_and_its_arithmetic_shown() -> None:
     assert "now  5 targets + 3 drafters: min(5 x 43.0k, 3 x 22.0k) = 66.0k tok/s" in text
     assert "(measured 64.0k)" in text
     assert "best 3 targets + 5 drafters: min(3 x 43.0k, 5 x 22.0k) = 110k tok/s" in text
-    assert "1.72x now" in text  # against the measured rate
+    assert "1.67x now" in text  # against the current split by the same arithmetic (66k)
     assert "8 x 12.0k = 96.0k tok/s" in text
     assert text.endswith("=> 3 targets + 5 drafters would be fastest: ~110k tok/s")
 

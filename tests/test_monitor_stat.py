@@ -1,67 +1,15 @@
-"""ringtrain-stat's role-split advice and the ring's verdict line from ring snapshots with
-known rates."""
+"""The ring's verdict and split advice (one judgement for ringtrain-stat, the progress
+line and the summary) from ring snapshots with known rates."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ringtrain.cli.stat import role_split_advice
-from ringtrain.monitor.verdict import ring_verdict
-from ringtrain.ring import CONSUMER, PRODUCER, RankSnapshot, RingSnapshot, with_interval
-
-S = 1_000_000_000  # ns
-
-
-def _rank(rank: int, role: str, items: int, up_s: float, waited_s: float) -> RankSnapshot:
-    waited = int(waited_s * S)
-    return RankSnapshot(
-        rank=rank,
-        index=rank,
-        end=PRODUCER if role == "target" else CONSUMER,
-        label=role,
-        pid=1000 + rank,
-        device=rank,
-        status="attached",
-        alive=True,
-        dead_reason=None,
-        heartbeat_age_s=0.1,
-        uptime_s=up_s,
-        step=0,
-        items=items,
-        items_per_s=items / up_s,
-        blocked_pct=0.0,
-        starved_pct=0.0,
-        blocked_ns=waited if role == "target" else 0,
-        starved_ns=waited if role == "drafter" else 0,
-        last_error="",
-        gpu_busy=None,
-    )
-
-
-def _snapshot(
-    ranks: list[RankSnapshot], interval_s: float | None = None, taken_s: float = 0.0
-) -> RingSnapshot:
-    return RingSnapshot(
-        run="t",
-        generation=0,
-        transport="device",
-        transport_reason="",
-        num_slots=8,
-        slots_per_producer=2,
-        slot_bytes=1 << 20,
-        closing=False,
-        age_s=60.0,
-        taken_ns=int(taken_s * S),
-        slot_states=["ready"] * 8,
-        slot_owners=[0] * 8,
-        slot_seqs=[0] * 8,
-        slot_counts={"free": 0, "writing": 0, "ready": 8, "reading": 0},
-        occupancy=1.0,
-        producers_blocked_pct=0.0,
-        consumers_starved_pct=0.0,
-        ranks=ranks,
-        interval_s=interval_s,
-    )
+from ringtrain.monitor.stat_view import live_verdict
+from ringtrain.monitor.verdict import ring_judgement
+from ringtrain.ring import CONSUMER, RankSnapshot, with_interval
+from tests.helpers.ring_snapshots import rank as _rank
+from tests.helpers.ring_snapshots import snapshot as _snapshot
 
 
 def _node(items: int, up_s: float, blocked_s: float) -> list[RankSnapshot]:
@@ -76,26 +24,28 @@ def test_advice_over_an_interval_finds_the_known_best_split() -> None:
     # took 60 (6/s). Four GPUs: 3 + 1 moves min(30, 6) = 6, 2 + 2 min(20, 12) = 12,
     # 1 + 3 min(10, 18) = 10.
     after = _snapshot(_node(items=120, up_s=60.0, blocked_s=18.0), interval_s=10.0)
-    lines = role_split_advice(after, before)
+    lines = ring_judgement(after, before).advice
     text = "\n".join(lines)
     assert "over the node's 4 GPUs" in lines[0]
     assert "now  3 targets + 1 drafter: min(3 x 10, 1 x 6) = 6 batches/s (measured 6)" in text
     assert "best 2 targets + 2 drafters: min(2 x 10, 2 x 6) = 12 batches/s, 2.00x now" in text
     assert "=> 2 targets + 2 drafters would be fastest: ~12 batches/s" in text
-    assert lines[-1] == "  (rates over the last 10.0 s, in batches; --watch measures each interval)"
+    assert live_verdict(after, before).window == "over the last 10.0 s (rates in batches)"
 
 
 def test_one_shot_advice_uses_the_rates_since_start_up() -> None:
-    lines = role_split_advice(_snapshot(_node(items=100, up_s=50.0, blocked_s=40.0)), None)
-    assert "now  3 targets + 1 drafter: min(3 x 10, 1 x 6) = 6 batches/s" in "\n".join(lines)
-    assert "since start-up" in lines[-1]
+    snapshot = _snapshot(_node(items=100, up_s=50.0, blocked_s=40.0))
+    advice = ring_judgement(snapshot, None).advice
+    assert "now  3 targets + 1 drafter: min(3 x 10, 1 x 6) = 6 batches/s" in "\n".join(advice)
+    assert live_verdict(snapshot, None).window.startswith("since start-up")
 
 
 def test_no_advice_while_a_rank_is_dead_or_before_both_roles_worked() -> None:
     ranks = _node(items=100, up_s=50.0, blocked_s=40.0)
     ranks[3] = replace(ranks[3], alive=False, dead_reason="died", status="dead")
-    assert role_split_advice(_snapshot(ranks), None) == []
-    assert role_split_advice(_snapshot(_node(items=0, up_s=5.0, blocked_s=0.0)), None) == []
+    dead = ring_judgement(_snapshot(ranks), None)
+    assert dead.advice == [] and dead.line.startswith("rank 3 (drafter) is dead: died")
+    assert ring_judgement(_snapshot(_node(items=0, up_s=5.0, blocked_s=0.0)), None).advice == []
 
 
 def _conclusion(advice: list[str]) -> str:
@@ -117,24 +67,43 @@ def test_a_one_plus_one_run_with_slow_drafters_hears_one_judgement() -> None:
     )
     window = with_interval(before, after)
     assert window.bottleneck == CONSUMER
-    advice = role_split_advice(window, before)
-    assert _conclusion(advice) == "the current split is the fastest"
-    verdict = ring_verdict(window, before)
-    assert verdict == (
+    verdict = ring_judgement(window, before)
+    assert _conclusion(verdict.advice) == "the current split is the fastest"
+    assert verdict.line == (
         "drafters are the bottleneck: ring full 80% of the time - the current split is the fastest"
     )
+
+
+def test_the_split_now_is_not_compared_with_the_measured_rate_as_if_it_were_another() -> None:
+    """Both ends waited part of the window, so the node moved less than the arithmetic of
+    its own split predicts: the best split is the current one, and the analysis says so
+    instead of printing a speed-up beside "the current split is the fastest"."""
+    before = _snapshot(
+        [_rank(0, "target", 100, 50.0, 20.0), _rank(1, "drafter", 100, 50.0, 10.0)], taken_s=50.0
+    )
+    # In 10 s: the target made 20 batches, blocked 5 s (4/s working); the drafter took
+    # 20, starved 3 s (2.86/s working); measured 2/s, 1 + 1 predicts min(4, 2.86) = 2.86.
+    after = _snapshot(
+        [_rank(0, "target", 120, 60.0, 25.0), _rank(1, "drafter", 120, 60.0, 13.0)], taken_s=60.0
+    )
+    advice = ring_judgement(with_interval(before, after), before).advice
+    text = "\n".join(advice)
+    assert (
+        "best 1 target + 1 drafter: min(1 x 4, 1 x 2.86) = 2.86 batches/s (the split now)" in text
+    )
+    assert "x now" not in text
+    assert _conclusion(advice) == "the current split is the fastest"
 
 
 def test_the_verdict_line_names_the_split_that_the_analysis_finds_fastest() -> None:
     before = _snapshot(_node(items=100, up_s=50.0, blocked_s=10.0), taken_s=50.0)
     after = _snapshot(_node(items=120, up_s=60.0, blocked_s=18.0), taken_s=60.0)
     window = with_interval(before, after)
-    conclusion = _conclusion(role_split_advice(window, before))
+    verdict = ring_judgement(window, before)
+    conclusion = _conclusion(verdict.advice)
     assert conclusion == "2 targets + 2 drafters would be fastest: ~12 batches/s"
-    assert ring_verdict(window, before) == (
-        f"drafters are the bottleneck: ring full 80% of the time - {conclusion}"
-    )
+    assert verdict.line == f"drafters are the bottleneck: ring full 80% of the time - {conclusion}"
     # With tokens per batch known (the progress line), the same judgement in tok/s.
-    assert ring_verdict(window, before, tokens_per_item=1000.0).endswith(
+    assert ring_judgement(window, before, tokens_per_item=1000.0).line.endswith(
         "2 targets + 2 drafters would be fastest: ~12.0k tok/s"
     )

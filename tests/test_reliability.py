@@ -23,7 +23,7 @@ import pyarrow.ipc
 import pytest
 import torch
 
-from ringtrain.cli.stat import format_snapshot
+from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.data import write_synthetic_dataset
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.drafter import (

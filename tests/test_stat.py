@@ -14,8 +14,8 @@ import numpy as np
 import ring_workers as rw
 import torch
 
-from ringtrain.cli.stat import format_snapshot
-from ringtrain.monitor.verdict import ring_verdict
+from ringtrain.monitor.stat_view import format_snapshot
+from ringtrain.monitor.verdict import ring_judgement
 from ringtrain.ring import CONSUMER, Ring, with_interval
 from ringtrain.ring.control import HEADER, MAGIC, VERSION
 from ringtrain.ring.names import ring_id
@@ -101,7 +101,7 @@ def test_interval_and_verdict_over_a_window() -> None:
         assert windowed.ranks[1].interval_items_per_s > 0
         assert windowed.interval_producers_blocked_pct == 100.0
         assert windowed.bottleneck == CONSUMER
-        assert ring_verdict(windowed, before).startswith(
+        assert ring_judgement(windowed, before).line.startswith(
             "drafters are the bottleneck: ring full 100%"
         )
         text = format_snapshot(windowed, before)

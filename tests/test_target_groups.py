@@ -24,7 +24,7 @@ import ring_workers as rw
 from transformers import CONFIG_MAPPING
 
 from ringtrain.batch import slot_fields
-from ringtrain.cli.stat import format_snapshot
+from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
 from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, discover

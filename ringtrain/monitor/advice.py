@@ -10,14 +10,15 @@ splits then give each target k GPUs. The arithmetic is shown so the reader can c
 
 `conclusion` is the one judgement of which option is fastest: the split analysis ends with
 it and the ring's one-line verdict (verdict.py) repeats it, so the two never disagree.
+Splits are compared with the current split by the same arithmetic (predicted against
+predicted); where ranks share GPUs, for which there is no prediction, with the measured rate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtrain.monitor.ring_figures import RankInterval, role_mean, snapshot_intervals
-from ringtrain.ring import RingSnapshot
+from ringtrain.monitor.ring_figures import RankInterval, role_mean
 
 
 @dataclass(frozen=True)
@@ -83,25 +84,6 @@ def measured_rates(
         device="process" if on_cpu else "GPU",
         gpus_per_target=gpus_per_target,
     )
-
-
-def ring_rates(
-    current: RingSnapshot, previous: RingSnapshot | None, tokens_per_item: float | None = None
-) -> MeasuredRates | None:
-    """The rates of the ring's ranks since `previous` (since start-up without one); None
-    while a rank is dead or before both roles have a rate."""
-    group_size = max(map(len, current.groups.values()), default=1)
-    rates = measured_rates(snapshot_intervals(current, previous), tokens_per_item, group_size)
-    return None if current.dead else rates
-
-
-def ring_advice(
-    current: RingSnapshot, previous: RingSnapshot | None, tokens_per_item: float | None = None
-) -> list[str]:
-    """The advice from the ring's counters since `previous` (since start-up without one);
-    nothing while a rank is dead or before both roles have a rate."""
-    rates = ring_rates(current, previous, tokens_per_item)
-    return [] if rates is None else advise(rates)
 
 
 def split_rate(rates: MeasuredRates, targets: int, drafters: int) -> float:
@@ -194,10 +176,11 @@ def advise(rates: MeasuredRates) -> list[str]:
         )
     best = best_split(rates)
     if best is not None:
+        now = not rates.shared and (best.targets, best.drafters) == (rates.targets, rates.drafters)
         lines.append(
             "  best "
             + _arithmetic(rates, best.targets, best.drafters)
-            + _ratio(best.rate, reference)
+            + (" (the split now)" if now else _ratio(best.rate, reference))
         )
     if rates.colocated_rate:
         colocated = rates.gpus * rates.colocated_rate
@@ -212,8 +195,11 @@ def advise(rates: MeasuredRates) -> list[str]:
 
 
 def _reference(rates: MeasuredRates) -> float:
-    """The rate the options are compared with: the measured one, else the current split's."""
-    return rates.measured or split_rate(rates, rates.targets, rates.drafters)
+    """The rate the options are compared with: the current split's by the same arithmetic,
+    or the measured one where ranks share GPUs (no arithmetic predicts a shared GPU)."""
+    if rates.shared and rates.measured:
+        return rates.measured
+    return split_rate(rates, rates.targets, rates.drafters)
 
 
 def _ratio(rate: float, reference: float) -> str:
@@ -245,7 +231,8 @@ def conclusion(rates: MeasuredRates) -> str:
     if name == _split_name(rates, rates.targets, rates.drafters):
         return "the current split is the fastest"
     if rate <= (reference := _reference(rates)):
-        return f"nothing here beats the measured {number(reference)} {rates.unit}"
+        measured = "the measured " if rates.shared and rates.measured else "the current split's "
+        return f"nothing here beats {measured}{number(reference)} {rates.unit}"
     return f"{name} would be fastest: ~{number(rate)} {rates.unit}"
 
 

@@ -372,6 +372,13 @@ class Ring:
         self._row["heartbeat_ns"] = now
         self.worked = True
 
+    def start_at(self, count: int) -> None:
+        """Show `count` (where a resumed run starts) as this rank's progress until its first
+        record_progress, so `ringtrain-stat` shows every rank's step from the start of a
+        resumed session; the rank's phase and liveness are unchanged."""
+        if not self._closed:
+            self._row["step"] = count
+
     def describe_work(self, doing: str) -> None:
         """Name this rank's steady work (shown from its next record_progress on)."""
         self._work = doing.encode()

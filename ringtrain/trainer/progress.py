@@ -1,14 +1,20 @@
 """The lead drafter's reports: every step and evaluation round as a metrics record, the
-terminal progress line, and the end-of-run summary."""
+terminal progress line, and the end-of-run summary.
+
+The ring's verdict (monitor/verdict.py) is judged over the window since the previous
+progress line (the first window starts after the first step: start-up excluded) and kept
+in that step's record (`verdict`: the window's steps, the line and the split analysis),
+so ringtrain-stat shows the very verdict the terminal shows. The summary judges the whole
+session after its first step by the same function.
+"""
 
 from __future__ import annotations
 
 import time
 
 from ringtrain.config import Config
-from ringtrain.monitor.advice import ring_advice
 from ringtrain.monitor.ring_figures import ring_figures
-from ringtrain.monitor.verdict import ring_verdict
+from ringtrain.monitor.verdict import Verdict, ring_judgement
 from ringtrain.ring import Ring, RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import MetricsWriter, get_logger
@@ -38,25 +44,42 @@ class Progress:
         self._window_tokens = 0
         self._tokens = 0
         self._items = 0
+        self._window_items = 0
         self._first: StepRecord | None = None
         self._last: StepRecord | None = None
-        self._ring_before: RingSnapshot = ring.snapshot()
-        self._advice_from = self._ring_before  # then the first progress line's: warm-up excluded
-        self._warmed = False
+        self._session_start = ring.snapshot()
+        # Where the next line's window starts: (step, the ring then); after the first step
+        # (start-up excluded) unless the first step has a line of its own.
+        self._line_from: tuple[int, RingSnapshot] = (resumed_step, self._session_start)
+        self._after_first: tuple[int, RingSnapshot] | None = None
         self._evaluated = evaluation
         self._evaluated_step = 0 if evaluation is None else int(evaluation["step"])
 
-    def step(self, record: StepRecord) -> None:
-        self._first = self._first or record
+    def snapshot(self) -> RingSnapshot:
+        """The ring's statistics now."""
+        return self._ring.snapshot()
+
+    def step(self, record: StepRecord, snapshot: RingSnapshot) -> dict | None:
+        """Count a completed step (`snapshot`: the ring right after it); every log_every
+        steps and at the last, print the progress line and return the verdict entry of the
+        step's record (None on other steps)."""
+        if self._first is None:
+            self._first = record
+            self._after_first = (record.step, snapshot)
         self._last = record
         self._tokens += record.tokens
         self._items += len(record.batches)
         self._window_tokens += record.tokens
+        self._window_items += len(record.batches)
         if record.step % self._every and record.step != self._max_steps:
-            return
+            if record.step == self._first.step:
+                self._line_from = (record.step, snapshot)
+            return None
         now = time.perf_counter()
         rate = self._window_tokens / max(now - self._window_start, 1e-9)
-        self._window_start, self._window_tokens = now, 0
+        from_step, before = self._line_from
+        window = with_interval(before, snapshot)
+        verdict = ring_judgement(window, before, self._window_tokens / max(self._window_items, 1))
         get_logger().info(
             "step %d/%d | %s | %s tok/s | loss %.4f | acc@1 %.3f | tau_uniform %.3f | lr %.2e | %s",
             record.step,
@@ -67,10 +90,11 @@ class Progress:
             record.accuracy[0],
             record.tau_uniform,
             record.lr,
-            self._ring_line(),
+            self._ring_line(window, verdict),
         )
-        if not self._warmed and record.step < self._max_steps:
-            self._advice_from, self._warmed = self._ring_before, True
+        self._window_start, self._window_tokens, self._window_items = now, 0, 0
+        self._line_from = (record.step, snapshot)
+        return {"steps": [from_step, record.step], "line": verdict.line, "advice": verdict.advice}
 
     def _tau_sim_text(self) -> str:
         if self._evaluated is None:
@@ -84,16 +108,9 @@ class Progress:
         count = last_step - self._resumed_step
         return f"this session {count} steps ({self._resumed_step + 1} to {last_step})"
 
-    def ring_figures(self) -> dict:
-        """The ring's occupancy and per-rank counters now (a step record's `ring` entry)."""
-        return ring_figures(self._ring.snapshot())
-
-    def _ring_line(self) -> str:
-        """Ring occupancy and who waited on whom since the previous progress line."""
-        current = self._ring.snapshot()
-        window = with_interval(self._ring_before, current)
-        verdict = ring_verdict(window, self._ring_before, self._tokens / max(self._items, 1))
-        self._ring_before = current
+    @staticmethod
+    def _ring_line(window: RingSnapshot, verdict: Verdict) -> str:
+        """Ring occupancy, the verdict over the window, silent targets and GPU busy."""
         busy = {
             role: [r.gpu_busy for r in window.ranks if r.label == role and r.gpu_busy is not None]
             for role in ("target", "drafter")
@@ -107,7 +124,7 @@ class Progress:
             if r.label == "target" and r.silent
         )
         return (
-            f"ring {window.occupancy:.0%} occupied | {verdict}"
+            f"ring {window.occupancy:.0%} occupied | {verdict.line}"
             + silent
             + (f" | GPU busy: {gpu}" if gpu else "")
         )
@@ -156,9 +173,19 @@ class Progress:
             self._first.tau_uniform,
             self._last.tau_uniform,
         )
-        tokens_per_item = self._tokens / max(self._items, 1)
-        snapshot = self._ring.snapshot()
-        for line in ring_advice(snapshot, self._advice_from, tokens_per_item):
+        self._ring_summary(self._last.step)
+
+    def _ring_summary(self, last: int) -> None:
+        """The verdict over the session after its first step (start-up excluded; the whole
+        session when it had one step) and its split analysis."""
+        start = self._after_first
+        if start is None or start[0] >= last:
+            start = (self._resumed_step, self._session_start)
+        verdict = ring_judgement(
+            self._ring.snapshot(), start[1], self._tokens / max(self._items, 1)
+        )
+        get_logger().info("ring over steps %d-%d: %s", start[0], last, verdict.line)
+        for line in verdict.advice:
             get_logger().info("%s", line)
 
 
@@ -171,11 +198,12 @@ class LeadReporter:
         self.progress = progress
 
     def step(self, record: StepRecord) -> None:
-        """A completed training step."""
-        self.metrics.write(
-            {"event": "step", **record.as_json(), "ring": self.progress.ring_figures()}
-        )
-        self.progress.step(record)
+        """A completed training step: its record carries the ring's counters and, at a
+        progress line, the line's verdict."""
+        snapshot = self.progress.snapshot()
+        entry = {"event": "step", **record.__dict__, "ring": ring_figures(snapshot)}
+        verdict = self.progress.step(record, snapshot)
+        self.metrics.write(entry if verdict is None else {**entry, "verdict": verdict})
 
     def evaluation(self, step: int, metrics: dict) -> None:
         """A completed held-out evaluation round, after training step `step`."""

@@ -199,6 +199,7 @@ def _run_target(
         cursor, evaluated_step = record.cursors.get(producer, cursor), record.evaluated_step
         resumed_step = record.step
         log.info("resuming at batch %d of this producer's stream", cursor.start)
+        ring.start_at(resumed_step)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
@@ -240,6 +241,7 @@ def _run_drafter(
     ring.set_phase(phases.BUILDING_DRAFTER)
     trainee = _build_trainee(config, info.device, plan)
     state = _resumed_state(config, trainee, resume_from, info.device)
+    ring.start_at(state.step)
     reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
     if info.is_lead_drafter:
         metrics_path = run_dir / "metrics.jsonl"
