@@ -23,7 +23,6 @@ import pyarrow.ipc
 import pytest
 import torch
 
-from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.data import write_synthetic_dataset
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.drafter import (
@@ -37,6 +36,7 @@ from ringtrain.drafter import (
 from ringtrain.drafter.checkpoint import WEIGHTS_FILE, CheckpointError
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.resume_record import ResumeRecord
+from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.ring import RingReader, discover
 from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.target.taps import default_tap_layers

@@ -24,9 +24,9 @@ import ring_workers as rw
 from transformers import CONFIG_MAPPING
 
 from ringtrain.batch import slot_fields
-from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.config import ConfigError, LayoutConfig, parse_config
 from ringtrain.main import main
+from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, discover
 from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import END_OF_ROLE, rank_info_from_env
