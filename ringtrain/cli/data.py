@@ -1,6 +1,9 @@
-"""`ringtrain-data`: regenerate chat JSONL with the target, prepare a training dataset
-from it, or inspect one.
+"""`ringtrain-data`: synthesize, regenerate, prepare and inspect a drafter's training data.
 
+Synthesize chat prompts with the target, regenerate chat JSONL with it, prepare a
+training dataset from it, or inspect one.
+
+ringtrain-data synthesize --target MODEL_DIR --output prompts.jsonl --num N [--turns 2] [--topic T]
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
 ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N] [--block-size B]
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ringtrain.cli.data_synthesize import add_synthesize_parser, run_synthesize
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import (
     DEFAULT_BLOCK_SIZE,
@@ -189,6 +193,7 @@ def _regenerate(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringtrain-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    add_synthesize_parser(commands, _json_object)
     _add_regenerate_parser(commands)
     prepare = commands.add_parser(
         "prepare",
@@ -289,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     other statuses are in its help)."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "synthesize":
+            return run_synthesize(args)
         if args.command == "regenerate":
             return _regenerate(args)
         if args.command == "prepare":

@@ -44,7 +44,7 @@ def settings_path(output: Path) -> Path:
     return output.with_name(output.name + ".settings.json")
 
 
-def _append(fd: int, data: bytes) -> None:
+def append_whole(fd: int, data: bytes) -> None:
     """Append `data`; a short write continues (the record is whole once this returns)."""
     view = memoryview(data)
     while view:
@@ -119,12 +119,12 @@ class Journal:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one regenerated record (it carries its `regeneration.input_line`)."""
-        _append(self._fd, self._encoder.encode(record) + b"\n")
+        append_whole(self._fd, self._encoder.encode(record) + b"\n")
 
     def write_error(self, line: int, where: str, reason: str) -> None:
         """List a record that failed, with the reason."""
         entry = {"input_line": line, "where": where, "error": reason}
-        _append(self._errors_fd, self._encoder.encode(entry) + b"\n")
+        append_whole(self._errors_fd, self._encoder.encode(entry) + b"\n")
         self.errors += 1
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""One regenerate client per output: an exclusive lock on `<output>.lock`.
+"""One regenerate (or synthesize) client per output: an exclusive lock on `<output>.lock`.
 
 Two clients appending to one output would both regenerate the records neither has
 finished, and the file would hold them twice. So a client takes an exclusive `flock` on
@@ -37,9 +37,10 @@ def _owner(text: str) -> str:
 class OutputLock:
     """The lock on one output, held from `acquire` until `release` (or process exit)."""
 
-    def __init__(self, output: Path) -> None:
+    def __init__(self, output: Path, command: str = "regenerate") -> None:
         self.path = lock_path(output)
         self.output = output
+        self.command = command  # the client's command, named when another one is refused
         self.taken_over: str | None = None  # whose stale lock was taken over, if any
         self._fd: int | None = None
 
@@ -53,7 +54,7 @@ class OutputLock:
             holder = _owner(self.path.read_text(errors="replace"))
             os.close(fd)
             raise DatasetError(
-                f"{self.output}: another regenerate client is writing it ({holder}, holding "
+                f"{self.output}: another {self.command} client is writing it ({holder}, holding "
                 f"{self.path}); wait for it to finish or stop it, or choose another --output"
             ) from None
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()

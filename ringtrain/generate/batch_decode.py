@@ -30,6 +30,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ringtrain.generate.sampling import TokenSampler
+
 KERNELS = ("matmul", "sdpa")
 BATCH_DECODE = "ringtrain_batch_decode"
 # Decode steps between two checks whether every row has stopped (each check syncs).
@@ -170,6 +172,7 @@ class StepState:
     done: torch.Tensor  # [B] rows that produced a stop token
     stops: torch.Tensor  # stop ids
     pad_id: int
+    sampler: TokenSampler | None = None  # None: greedy
 
 
 def prompt_mask(valid: torch.Tensor) -> torch.Tensor:
@@ -182,8 +185,10 @@ def prompt_mask(valid: torch.Tensor) -> torch.Tensor:
 
 
 def _record(state: StepState, logits: torch.Tensor) -> None:
-    """Take the greedy token of ``logits`` [B, V] as every row's next token."""
-    chosen = torch.where(state.done, state.pad_id, logits.argmax(dim=-1))
+    """Take the greedy (or the sampler's) token of ``logits`` [B, V] as every row's next
+    token."""
+    picked = logits.argmax(dim=-1) if state.sampler is None else state.sampler.sample(logits)
+    chosen = torch.where(state.done, state.pad_id, picked)
     state.out.index_copy_(1, state.column, chosen[:, None])
     state.done |= torch.isin(chosen, state.stops)
     state.token.copy_(chosen[:, None])
@@ -206,16 +211,21 @@ def _step(model: PreTrainedModel, cache: DecodeCache, state: StepState) -> None:
     state.positions += 1
 
 
-def captured(step: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
+def captured(
+    step: Callable[[], None], generator: torch.Generator | None = None
+) -> torch.cuda.CUDAGraph | None:
     """``step`` captured (not run) as a CUDA graph, after a first run on a side stream
     (allocator and kernel choices settle there); None, with a warning, when capture fails.
-    The first run is real: ``step`` must be one the caller wanted run anyway."""
+    The first run is real: ``step`` must be one the caller wanted run anyway. A
+    ``generator`` the step draws from is registered, so each replay draws anew."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    if generator is not None:
+        graph.register_generator_state(generator)
     try:
         with torch.cuda.graph(graph):
             step()
@@ -234,11 +244,13 @@ def decode_batch(
     pad_id: int,
     kernel: str = "sdpa",
     graph: bool = True,
+    sampler: TokenSampler | None = None,
 ) -> torch.Tensor:
     """The greedy new tokens [B, max_new_tokens] of left-padded ``ids`` [B, W] (``valid``
     marks real tokens); after a row's stop token the row holds ``pad_id``.
 
-    ``graph``: on CUDA, replay the decode step as a CUDA graph.
+    ``graph``: on CUDA, replay the decode step as a CUDA graph. ``sampler``: draw the
+    tokens from it instead of taking the greedy ones.
     """
     device = ids.device
     batch, width = ids.shape
@@ -255,6 +267,7 @@ def decode_batch(
         done=torch.zeros(batch, dtype=torch.bool, device=device),
         stops=torch.tensor(stop_ids or [-1], dtype=torch.long, device=device),
         pad_id=pad_id,
+        sampler=sampler,
     )
     with torch.inference_mode():
         logits = model(
@@ -278,7 +291,8 @@ def _decode_steps(
     early once every row has stopped."""
     replayed = None
     if graph and steps > 1:
-        replayed = captured(lambda: _step(model, cache, state))
+        generator = state.sampler.generator if state.sampler is not None else None
+        replayed = captured(lambda: _step(model, cache, state), generator)
         steps -= 1
     for done in range(steps):
         if done % STOP_CHECK_EVERY == 0 and bool(state.done.all()):

@@ -34,6 +34,7 @@ from ringtrain.generate.batch_decode import (
     decode_batch,
 )
 from ringtrain.generate.model import supports_cache_rollback
+from ringtrain.generate.sampling import TokenSampler
 
 # "own": batch_decode's cache and loop; "static"/"dynamic": transformers' generate with
 # that cache (for comparison, and for targets with sliding-window or linear layers).
@@ -119,26 +120,38 @@ def _generate_batch(
     stop_ids: list[int],
     pad_id: int,
     options: DecodeOptions,
+    sampler: TokenSampler | None = None,
 ) -> torch.Tensor:
-    """The new tokens [B, <= max_new_tokens] of one batch (padding after a row's stop)."""
+    """The new tokens [B, <= max_new_tokens] of one batch (padding after a row's stop),
+    greedy or drawn from ``sampler``."""
     device = next(model.parameters()).device
     ids, mask = left_padded(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     if options.cache == "own":
         return decode_batch(
-            model, ids, mask.bool(), max_new_tokens, stop_ids, pad_id, options.kernel, options.graph
+            model,
+            ids,
+            mask.bool(),
+            max_new_tokens,
+            stop_ids,
+            pad_id,
+            options.kernel,
+            options.graph,
+            sampler,
         )
     extra: dict[str, object] = {"disable_compile": not options.compile}
     if options.cache == "static":
         extra["cache_implementation"] = "static"
+    if sampler is not None:  # transformers draws from the global generator: seed it
+        torch.manual_seed(sampler.fork_seed())
     with torch.inference_mode():
         out = model.generate(
             ids,
             attention_mask=mask,
             max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
+            do_sample=sampler is not None,
+            temperature=sampler.temperature if sampler else None,
+            top_p=sampler.top_p if sampler else None,
             top_k=None,
             eos_token_id=stop_ids or None,
             pad_token_id=pad_id,
@@ -186,11 +199,13 @@ def greedy_answers(
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     options: DecodeOptions = DecodeOptions(),
     on_batch: Callable[[int], None] | None = None,
+    sampler: TokenSampler | None = None,
 ) -> tuple[list[Answer], GenerationStats]:
     """Greedy answers to ``prompts`` (in their order) and what generating them took.
 
     A batch holds at most ``batch_size`` prompts and ``max_batch_tokens`` padded tokens.
     ``on_batch`` is called with the number of prompts of each finished batch (progress).
+    With a ``sampler`` the answers are drawn from it instead (temperature, top-p).
     """
     options = options.checked(model)
     if max_new_tokens < 1:
@@ -203,7 +218,9 @@ def greedy_answers(
     with attention_for_decoding(model, options.attention()):
         for rows in batches:
             batch = [prompts[i] for i in rows]
-            new = _generate_batch(model, batch, max_new_tokens, list(stop_ids), pad_id, options)
+            new = _generate_batch(
+                model, batch, max_new_tokens, list(stop_ids), pad_id, options, sampler
+            )
             for i, row in zip(rows, new.tolist(), strict=True):
                 answers[i] = cut_answer(row, stops, max_new_tokens)
             if on_batch is not None:

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ringtrain.generate.greedy import Answer, GenerationStats, greedy_answers
 from ringtrain.generate.model import load_causal_lm, stop_token_ids
+from ringtrain.generate.sampling import TokenSampler
 
 DEVICES = ("auto", "cpu", "cuda")
 GPU_BATCH_SIZE = 2048
@@ -98,8 +99,10 @@ class LocalModel:
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int,
         on_batch: Callable[[int], None] | None = None,
+        sampler: TokenSampler | None = None,
     ) -> tuple[list[Answer], GenerationStats]:
-        """Greedy answers to ``prompts`` (token ids), in their order, and what they took."""
+        """Greedy answers to ``prompts`` (token ids), in their order, and what they took;
+        with a ``sampler``, answers drawn from it."""
         return greedy_answers(
             self.model,
             prompts,
@@ -108,4 +111,5 @@ class LocalModel:
             pad_id=self.pad_id,
             batch_size=self.batch_size,
             on_batch=on_batch,
+            sampler=sampler,
         )

@@ -1,0 +1,241 @@
+"""ringtrain-data synthesize: a tiny word-level chat model (its own ChatML template) writes
+user prompts from the template alone; filters, near-duplicate removal, two turns, the
+refusal of a model without a template, and resuming after an interrupt or a kill."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ringtrain.cli.data import main as data_main
+from ringtrain.data import synth_filters
+from ringtrain.data.near_duplicates import NearDuplicateIndex, shingles
+from ringtrain.data.regen_records import parse_record
+from ringtrain.data.synth_filters import FilterSettings, rejection
+from ringtrain.data.synth_template import template_markers, user_turn_prefix
+from tests.helpers.word_chat_model import build_word_chat_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLD = 0.7
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_word_chat_model(tmp_path_factory.mktemp("word-chat"))
+
+
+def _args(model: Path, output: Path, num: int, *extra: str) -> list[str]:
+    return [
+        "synthesize",
+        *("--target", str(model), "--output", str(output), "--num", str(num)),
+        *("--device", "cpu", "--batch-size", "16", "--max-tokens", "48", "--no-progress"),
+        *extra,
+    ]
+
+
+def _records(output: Path) -> list[dict]:
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+def _first_turns(records: list[dict]) -> list[str]:
+    return [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in records]
+
+
+def _jaccard(a: str, b: str) -> float:
+    first, second = shingles(a), shingles(b)
+    return len(first & second) / len(first | second)
+
+
+def _assert_no_near_duplicates(texts: list[str]) -> None:
+    for a, b in itertools.combinations(texts, 2):
+        assert _jaccard(a, b) < THRESHOLD, (a, b)
+
+
+def test_writes_n_distinct_prompts_that_regenerate_reads(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model_dir, output, 12)) == 0
+    records = _records(output)
+    assert len(records) == 12
+    assert all([m["role"] for m in r["messages"]] == ["user"] for r in records)
+    turns = _first_turns(records)
+    assert len(set(turns)) == 12
+    assert all(len(turn.split()) >= 3 for turn in turns)
+    _assert_no_near_duplicates(turns)
+    for number, line in enumerate(output.read_bytes().splitlines(), start=1):
+        assert parse_record(line, number, str(output)).messages[-1]["role"] == "user"
+    assert f"{output}: 12 conversations written" in capsys.readouterr().out
+
+
+def test_near_duplicates_the_model_writes_are_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A model that writes "write" most of the time repeats itself: its near duplicates are
+    counted as dropped and none reaches the output."""
+    model = build_word_chat_model(tmp_path / "skewed", skew=3.0)
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model, output, 10)) == 0
+    summary = capsys.readouterr().out
+    dropped = int(summary.split("near duplicate ")[1].split()[0].rstrip(","))
+    assert dropped > 0
+    turns = _first_turns(_records(output))
+    assert len(turns) == 10
+    _assert_no_near_duplicates(turns)
+
+
+def test_planted_near_duplicates_are_removed() -> None:
+    base = "write a short poem about the sea and the rain falling on the old harbour"
+    planted = [
+        base,
+        "how do trains run on a ring of rails around the city",
+        base.upper() + "!",  # the same words, other case and punctuation
+        base.replace("harbour", "harbor"),  # the last word of fifteen changed: J = 12/14
+        "explain how a python function sorts a list of numbers in place",
+        "How do trains run on a ring of rails around the city?",
+        "write a long story about the desert and the wind at night",
+    ]
+    index = NearDuplicateIndex(THRESHOLD)
+    assert index.keep(planted) == [True, True, False, False, True, False, True]
+    assert index.keep([base + " tonight", "give me three facts about the moon"]) == [False, True]
+    assert len(index) == 5
+
+
+def test_filters_drop_each_kind_of_bad_turn_with_its_reason() -> None:
+    settings = FilterSettings(min_words=3, max_words=12, markers=("<|im_start|>assistant",))
+    good = "Write a haiku about autumn leaves."
+    cases = {
+        "   ": synth_filters.EMPTY,
+        "Write a haiku about": synth_filters.CUT,
+        "Write haiku<|im_start|>assistant\nSure": synth_filters.LEAK,
+        "Thanks!": synth_filters.TOO_SHORT,
+        " ".join(["word"] * 13): synth_filters.TOO_LONG,
+        "I'm sorry, but I cannot help with that.": synth_filters.REFUSAL,
+        "Hello! How can I assist you today?": synth_filters.REFUSAL,
+        "### ??? !!! ### ((( ))) a b c": synth_filters.NOT_TEXT,
+        "broken \ufffd bytes in this text": synth_filters.NOT_TEXT,
+    }
+    for text, reason in cases.items():
+        truncated = reason == synth_filters.CUT
+        assert rejection(text, truncated, False, settings) == reason, text
+    assert rejection(good, False, True, settings) == synth_filters.LEAK  # a special token id
+    assert rejection(good, False, False, settings) is None
+    repeated = FilterSettings(min_words=3, max_words=100)
+    assert rejection("go " * 20, False, False, repeated) == synth_filters.NOT_TEXT
+
+
+def test_prefix_and_markers_come_from_the_template(model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    system = [{"role": "system", "content": "be brief"}]
+    assert user_turn_prefix(tokenizer, []) == "<|im_start|>user\n"
+    assert user_turn_prefix(tokenizer, system) == (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n"
+    )
+    markers = template_markers(tokenizer)
+    assert "<|im_start|>assistant" in markers
+    assert "<|im_end|>" in markers
+
+
+def test_a_model_without_chat_template_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    model = build_word_chat_model(tmp_path / "base", with_template=False)
+    output = tmp_path / "prompts.jsonl"
+    capsys.readouterr()  # what writing the model printed
+    assert data_main(_args(model, output, 4)) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0
+    assert f"--target {model}: the model has no chat template" in error
+    assert not output.exists()
+
+
+def test_two_turns_answer_greedily_and_write_a_follow_up(model_dir: Path, tmp_path: Path) -> None:
+    output = tmp_path / "two.jsonl"
+    steering = ("--system", "be brief", "--topic", "poems", "--topic", "code")
+    assert (
+        data_main(_args(model_dir, output, 4, "--turns", "2", "--answer-tokens", "5", *steering))
+        == 0
+    )
+    records = _records(output)
+    assert len(records) == 4
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for record in records:
+        messages = record["messages"]
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+        assert messages[0]["content"] == "be brief"  # the topic hint is not written
+        assert record["synthesis"]["topic"] in ("poems", "code")
+        prompt = tokenizer.apply_chat_template(
+            messages[:2], add_generation_prompt=True, return_dict=False
+        )
+        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)
+        answer = tokenizer.decode(greedy[0, len(prompt) :], skip_special_tokens=True)
+        assert messages[2]["content"] == answer
+        assert len(messages[3]["content"].split()) >= 3
+    assert {r["synthesis"]["topic"] for r in records} == {"poems", "code"}
+
+
+def test_rerun_continues_without_duplicates_and_refuses_other_settings(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model_dir, output, 8)) == 0
+    first = _records(output)
+    with output.open("a") as file:
+        file.write('{"messages": [{"role": "user", "content": "torn')  # a crash mid-write
+    assert data_main(_args(model_dir, output, 20)) == 0
+    assert "dropped the torn last line" in capsys.readouterr().err
+    records = _records(output)
+    assert records[:8] == first
+    assert len(records) == 20
+    last_round = max(r["synthesis"]["round"] for r in first)
+    assert all(r["synthesis"]["round"] > last_round for r in records[8:])
+    _assert_no_near_duplicates(_first_turns(records))
+    assert data_main(_args(model_dir, output, 30, "--temperature", "0.5")) == 2
+    error = capsys.readouterr().err
+    assert "made with other settings (temperature: 1.0 -> 0.5)" in error
+    assert len(_records(output)) == 20
+
+
+def _count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_a_killed_run_is_continued_by_the_next(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A real process is killed (SIGKILL) while it writes; while it runs a second client
+    is refused; the rerun takes over its lock and writes the rest without duplicates."""
+    output = tmp_path / "prompts.jsonl"
+    command = [sys.executable, "-m", "ringtrain.cli.data", *_args(model_dir, output, 100_000)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while _count_lines(output) < 6:
+            assert process.poll() is None, "the synthesize process ended early"
+            assert time.monotonic() < deadline, "no records written in time"
+            time.sleep(0.05)
+        assert data_main(_args(model_dir, output, 100_000)) == 2
+        assert "another synthesize client is writing it" in capsys.readouterr().err
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    complete = _count_lines(output)  # a torn last line, if any, is cut by the rerun
+    assert data_main(_args(model_dir, output, complete + 6)) == 0
+    assert "took over the lock of pid" in capsys.readouterr().err
+    records = _records(output)
+    assert len(records) == complete + 6
+    _assert_no_near_duplicates(_first_turns(records))
