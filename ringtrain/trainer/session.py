@@ -204,7 +204,14 @@ def _run_target(
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
         rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
-        schedule = EvalSchedule(held_out, rounds, evaluated_step)
+        schedule = EvalSchedule(
+            held_out,
+            rounds,
+            evaluated_step,
+            resumed_step,
+            producers=len(ring.spec.producers),
+            consumers=len(ring.spec.consumers),
+        )
     stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
     ring.set_phase(phases.LOADING_TARGET)
     model = load_target(

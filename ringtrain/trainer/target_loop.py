@@ -29,7 +29,7 @@ from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.gpu_busy import GpuBusySampler
-from ringtrain.trainer.heldout import EvalSchedule
+from ringtrain.trainer.heldout import EvalSchedule, others_published
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.target_group import Decision, GroupDecisions
@@ -48,9 +48,9 @@ class BatchOrder:
         self.stream, self.schedule = stream, schedule
         self._round: Iterator[tuple[Batch, int]] | None = None
 
-    def eval_due(self, drafter_step: int) -> bool:
-        """Whether the drafters reached the next evaluation step."""
-        return self.schedule is not None and self.schedule.due(drafter_step)
+    def eval_due(self, others_published: int) -> bool:
+        """Whether the next round's batches go next (EvalSchedule.due)."""
+        return self.schedule is not None and self.schedule.due(others_published)
 
     def next(self, eval_due: bool) -> tuple[Batch, BatchKind, int]:
         """(batch, kind, eval round) to produce next; `eval_due` starts a round unless one
@@ -61,6 +61,8 @@ class BatchOrder:
             for batch, round_id in self._round:
                 return batch, BatchKind.EVAL, round_id
             self._round = None
+        if self.schedule is not None:
+            self.schedule.note_training()
         return next(self.stream), BatchKind.TRAIN, 0
 
 
@@ -91,7 +93,7 @@ def _lead_decision(
     if not stop.requested:
         with contextlib.suppress(RingClosed):  # every drafter is done
             slot = producer.acquire()
-    return slot, Decision(go=slot is not None, eval_due=order.eval_due(ring.consumer_step()))
+    return slot, Decision(go=slot is not None, eval_due=order.eval_due(others_published(ring)))
 
 
 def run_target_loop(
@@ -119,7 +121,7 @@ def run_target_loop(
         )
     ring.set_phase(phases.FIRST_STEP)  # until the first record_progress: compiles, autotunes
     first = decisions.share(
-        Decision(True, order.eval_due(ring.consumer_step())) if producer is not None else None
+        Decision(True, order.eval_due(others_published(ring))) if producer is not None else None
     )
     batch, kind, round_id = order.next(first.eval_due)
     runner.prefetch(batch.padded(bucket))
