@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,7 @@ def timed_run(command: list[str], cwd: Path, limit_s: float) -> dict:
         first_step = total
     evals = [r for r in records if r.get("event") == "eval" and "tau_sim" in r]
     console = (cwd / "console.log").read_text().splitlines()
+    keep_logs(cwd)
     return {
         "command": " ".join(command),
         "exit": code,
@@ -63,6 +66,17 @@ def timed_run(command: list[str], cwd: Path, limit_s: float) -> dict:
         "held_out_tau_sim": evals[-1]["tau_sim"] if evals else None,
         "console_tail": console[-8:],
     }
+
+
+def keep_logs(cwd: Path) -> None:
+    """Copy the run's console and rank logs under $OUT/<directory name> (when $OUT is set)."""
+    if not os.environ.get("OUT"):
+        return
+    kept = Path(os.environ["OUT"], cwd.name)
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copy(cwd / "console.log", kept)
+    if (cwd / RUN_DIR / "logs").is_dir():
+        shutil.copytree(cwd / RUN_DIR / "logs", kept / "logs", dirs_exist_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
