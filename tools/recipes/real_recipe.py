@@ -42,12 +42,15 @@ import pyarrow as pa
 
 from ringtrain.config import Config, add_override_option, load_config
 from ringtrain.data.arrow_files import list_data_files
-from ringtrain.data.code_prompts import build_prompts, write_jsonl
 from tools.recipes.children import run_all, stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
+from tools.recipes.real_eval import benchmark_lines, benchmark_rows, evaluate, evaluates_under_mps
+from tools.recipes.real_prompts import general_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes" / "smollm2.toml"
+# Steps after which --until stops (the last step, evaluation, is the whole recipe).
+UNTIL_STEPS = ("model", "prompts", "data", "train")
 
 
 class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -64,6 +67,13 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_mps: bool = False
     # Train under the CUDA MPS daemon too: the target and drafter ranks share the one GPU.
     train_mps: bool = False
+    # Share of the training prompts written by the target itself (ringtrain-data
+    # synthesize); the rest are code prompts (tools/recipes/real_prompts.py).
+    synth_fraction: float = 0.0
+    # ringtrain-eval --benchmark of every evaluation (built-in names or prompt files).
+    benchmarks: list[str] = msgspec.field(default_factory=lambda: ["humaneval"])
+    # Temperatures evaluated: 0 greedy (in every dtype), others with the sampling rule.
+    temperatures: list[float] = msgspec.field(default_factory=lambda: [0.0])
     regen_dtype: str = "auto"
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
     # Training-config overrides of this device (section.key=value), before --set's.
@@ -81,6 +91,10 @@ class RealRecipe:
     fresh: bool
     gguf: str
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return ROOT
 
     @property
     def target(self) -> Path:
@@ -157,24 +171,35 @@ def make_model(recipe: RealRecipe) -> None:
 
 
 def make_prompts(recipe: RealRecipe) -> None:
-    """Step 2: the training prompts (code) and the held-out prompts (HumanEval)."""
+    """Step 2: the training prompts (code, and synthesized by the model where
+    ``synth_fraction`` asks for them); the held-out prompts are HumanEval's."""
     path = recipe.prompts("train")
-    stamp = {"prompts": recipe.largest, "seed": recipe.config.data.seed}
+    settings = recipe.settings
+    stamp = {
+        "prompts": recipe.largest,
+        "seed": recipe.config.data.seed,
+        "synth_fraction": settings.synth_fraction,
+    }
     stamp_file = path.with_suffix(".stamp.json")
     if reusable(stamp_file, stamp, recipe.fresh):
         log(f"prompts: reusing {path}")
         return
     with Timed(recipe, "prompts"):
-        records = build_prompts(recipe.largest, seed=recipe.config.data.seed)
-        if len(records) < min(recipe.settings.train_prompts):
+        try:
+            counts = general_prompts(
+                recipe.target, recipe.largest, settings.synth_fraction,
+                recipe.config.data.seed, recipe.device, path,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            message = f"real_recipe: synthesizing prompts failed (exit {exc.returncode})"
+            raise SystemExit(message) from None
+        made = sum(counts.values())
+        if made < min(settings.train_prompts):
             raise SystemExit(
-                f"real_recipe: only {len(records)} code prompts on this machine, "
-                f"{min(recipe.settings.train_prompts)} asked for; lower train_prompts in "
-                f"{RECIPES.name}"
+                f"real_recipe: only {made} prompts on this machine, "
+                f"{min(settings.train_prompts)} asked for; lower train_prompts in {RECIPES.name}"
             )
-        if len(records) < recipe.largest:
-            log(f"prompts: only {len(records)} on this machine; the largest set has them all")
-        write_jsonl(records, path)
+        log(f"prompts: {made} ({', '.join(f'{k} {v}' for k, v in counts.items())})")
         stamp_file.write_text(json.dumps(stamp) + "\n")
 
 
@@ -272,12 +297,6 @@ def trains_under_mps(recipe: RealRecipe, shared: bool) -> bool:
     return recipe.device == "cuda" and (recipe.settings.train_mps or shared)
 
 
-def evaluates_under_mps(recipe: RealRecipe) -> bool:
-    """On CUDA, with ``eval_mps`` and more than one worker process."""
-    settings = recipe.settings
-    return recipe.device == "cuda" and settings.eval_mps and settings.eval_workers > 1
-
-
 def steps_mps(recipe: RealRecipe, shared: bool) -> AbstractContextManager[bool]:
     """One MPS daemon held across training and evaluation when both run under it: it is
     not stopped and started again between them (the steps' own daemons nest inside)."""
@@ -299,59 +318,14 @@ def train_rate(run_dir: Path) -> float | None:
     return sum(rates) / len(rates) if rates else None
 
 
-def eval_command(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) -> list[str]:
-    """ringtrain-eval on HumanEval (its first `limit` problems; 0: all) for one drafter
-    (a run directory) and dtype."""
-    settings = recipe.settings
-    first = ["--limit", str(limit)] if limit else []
-    return [
-        sys.executable, "-m", "ringtrain.cli.eval",
-        "--target", str(recipe.target), "--drafter", str(drafter),
-        "--benchmark", "humaneval", *first,
-        "--max-new-tokens", str(settings.eval_max_new_tokens),
-        "--device", recipe.device, "--dtype", dtype, "--json",
-        "--workers", str(settings.eval_workers),
-    ]  # fmt: skip
-
-
-def evaluate_drafter(recipe: RealRecipe, drafter: Path, dtype: str, limit: int) -> dict:
-    """ringtrain-eval's JSON for one drafter and dtype (its exit status beside, or an
-    error), also kept as `drafter`/eval-<dtype>.json: a recipe stopped later loses none."""
-    name = f"eval_{drafter.name}_{dtype}"
-    with mps_daemon(evaluates_under_mps(recipe)):
-        proc = run_children({name: eval_command(recipe, drafter, dtype, limit)})[name]
-    lines = proc.stdout.strip().splitlines()
-    ok = proc.returncode in (0, 1) and lines
-    result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
-    result = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
-    (drafter / f"eval-{dtype}.json").write_text(json.dumps(result) + "\n")
-    return result
-
-
-def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
-    """Step 5: ringtrain-eval's JSON per size and dtype (its exit status beside).
-
-    One evaluation at a time: each already spreads its prompts over ``eval_workers``
-    processes, and more processes than CPU cores slow every one of them down.
-    """
-    dtypes = recipe.settings.eval_dtypes
-    results: dict[int, dict[str, dict]] = {}
-    with Timed(recipe, "eval"):
-        for size in sorted(recipe.settings.train_prompts, reverse=True):
-            for dtype in dtypes if size == recipe.largest else dtypes[:1]:
-                results.setdefault(size, {})[dtype] = evaluate_drafter(
-                    recipe, recipe.run_dir(size), dtype, recipe.settings.eval_limit
-                )
-    return results
-
-
 def run_recipe(recipe: RealRecipe) -> dict:
     """Every step; returns the results (timings included)."""
     started = time.perf_counter()
     regen = make_data_steps(recipe)
     with steps_mps(recipe, shared=len(recipe.settings.train_prompts) > 1):
         train(recipe)
-        evals = evaluate(recipe)
+        with Timed(recipe, "eval"):
+            evals = evaluate(recipe)
     sizes = {
         size: {
             "run_dir": str(recipe.run_dir(size)),
@@ -384,35 +358,6 @@ def machine_name(device: str) -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CUDA (not visible)"
 
 
-def benchmark_lines(report: dict, command: str) -> list[str]:
-    """BENCHMARKS.md lines (`- metric: value (machine, date, command)`)."""
-    where = f"{report['machine']}, {report['date']}, `{command}`"
-    entry = report["sizes"][max(report["sizes"])]
-    lines = []
-    for dtype, result in entry["eval"].items():
-        if "error" in result:
-            continue
-        lines.append(
-            f"- tau_real_humaneval ({dtype}): {result['tau_real']:.3f} ({where}; "
-            f"{result['prompts']} prompts, {result['numerical_ties']} ties, "
-            f"{len(result['mismatches'])} mismatches)"
-        )
-        for key in ("greedy_tokens_per_s", "speculative_tokens_per_s"):
-            if key in result:
-                lines.append(f"- eval_{key} ({dtype}): {result[key]:.0f} ({where})")
-    tau_sim = entry["held_out"].get("tau_sim")
-    if tau_sim is not None:
-        lines.append(f"- tau_sim_humaneval: {tau_sim:.3f} ({where}; held-out, last step)")
-    regen = report["regenerate"]
-    lines.append(
-        f"- regen_tokens_per_s: {regen['tokens_per_s']} ({where}; {regen['prompts']} prompts, "
-        f"{regen['new_tokens']} tokens, {regen['truncated']} cut at the limit)"
-    )
-    steps = ", ".join(f"{k} {v:.0f}" for k, v in report["timings_s"].items() if k != "total")
-    lines.append(f"- real_recipe_gpu_s: {report['timings_s']['total']:.0f} ({where}; {steps})")
-    return lines
-
-
 def size_rows(report: dict) -> list[str]:
     """The table of tau against the number of training prompts."""
     rows = [f"{'train prompts':>14} {'tau_sim':>8} {'tau_real':>9} {'train tok/s':>12}"]
@@ -436,9 +381,31 @@ def summary(report: dict, title: str, rows: list[str], benchmarks: list[str]) ->
     return "\n".join([*lines, "", *rows, "", "BENCHMARKS.md lines:", *benchmarks])
 
 
+def recipe_lines(report: dict, command: str) -> list[str]:
+    """BENCHMARKS.md lines (`- metric: value (machine, date, command)`): the largest set's
+    evaluations, its held-out tau_sim, the regeneration's rate and the recipe's time."""
+    where = f"{report['machine']}, {report['date']}, `{command}`"
+    entry = report["sizes"][max(report["sizes"])]
+    lines = benchmark_lines(report, where)
+    tau_sim = entry["held_out"].get("tau_sim")
+    if tau_sim is not None:
+        lines.append(f"- tau_sim_humaneval: {tau_sim:.3f} ({where}; held-out, last step)")
+    regen = report["regenerate"]
+    lines.append(
+        f"- regen_tokens_per_s: {regen['tokens_per_s']} ({where}; {regen['prompts']} prompts, "
+        f"{regen['new_tokens']} tokens, {regen['truncated']} cut at the limit)"
+    )
+    steps = ", ".join(f"{k} {v:.0f}" for k, v in report["timings_s"].items() if k != "total")
+    lines.append(f"- real_recipe_gpu_s: {report['timings_s']['total']:.0f} ({where}; {steps})")
+    return lines
+
+
 def table(report: dict, command: str) -> str:
-    """The closing summary: timings, tau per training-set size, BENCHMARKS lines."""
-    return summary(report, "real-model recipe", size_rows(report), benchmark_lines(report, command))
+    """The closing summary: timings, tau per training-set size, tau and speedup per
+    benchmark of the largest set's drafter, BENCHMARKS lines."""
+    evals = report["sizes"][max(report["sizes"])]["eval"]
+    rows = [*size_rows(report), "", *benchmark_rows(evals)]
+    return summary(report, "real-model recipe", rows, recipe_lines(report, command))
 
 
 def save_json(report: dict, filename: str, run_dir: Path) -> None:
@@ -458,6 +425,12 @@ def recipe_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--fresh", action="store_true", help="remake the model and the data")
     add_override_option(parser)
     parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
+    parser.add_argument(
+        "--until",
+        choices=UNTIL_STEPS,
+        help="stop after this step; a later run reuses what it made (steps that each fit "
+        "a time-limited session)",
+    )
     return parser
 
 
@@ -477,17 +450,32 @@ def load_recipe(args: argparse.Namespace) -> RealRecipe:
     return RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
 
 
-def make_data_steps(recipe: RealRecipe) -> dict:
-    """Steps 1-3 (model, prompts, data); returns the regeneration's report."""
+def make_data_steps(recipe: RealRecipe, until: str | None = None) -> dict:
+    """Steps 1-3 (model, prompts, data; those up to ``until``); returns the
+    regeneration's report (empty when stopped before it)."""
     make_model(recipe)
+    if until == "model":
+        return {}
     make_prompts(recipe)
-    return make_data(recipe)
+    return {} if until == "prompts" else make_data(recipe)
+
+
+def run_until(recipe: RealRecipe, until: str) -> None:
+    """The steps up to and including ``until``, each reused by the next run."""
+    make_data_steps(recipe, until)
+    if until == "train":
+        with steps_mps(recipe, shared=len(recipe.settings.train_prompts) > 1):
+            train(recipe)
+    log(f"stopped after {until}: " + ", ".join(f"{k} {v:.0f} s" for k, v in recipe.timings.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = recipe_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     stop_children_on_sigterm()
     recipe = load_recipe(args)
+    if args.until:
+        run_until(recipe, args.until)
+        return 0
     report = run_recipe(recipe)
     save_json(report, "real_recipe.json", recipe.run_dir(recipe.largest))
     command = "launch/real_recipe.sh " + " ".join(sys.argv[1:] if argv is None else argv)

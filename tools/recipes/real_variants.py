@@ -37,11 +37,11 @@ import msgspec
 from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
+from tools.recipes.real_eval import evaluate_drafter
 from tools.recipes.real_recipe import (
     ROOT,
     RealRecipe,
     Timed,
-    evaluate_drafter,
     held_out,
     load_recipe,
     log,

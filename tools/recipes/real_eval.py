@@ -1,0 +1,126 @@
+"""The real-model recipes' evaluation: ringtrain-eval per drafter, dtype and temperature.
+
+Each evaluation scores one drafter on every benchmark of the recipe's ``benchmarks``
+(HumanEval, MT-Bench both turns, ...) in one ringtrain-eval run, as served (the model's
+chat template), greedy at temperature 0 (checked token for token against plain greedy
+decoding) or with the speculative sampling rule at a temperature. The JSON of each run is
+kept beside the drafter (``eval-<dtype>[-t<T>].json``) so a recipe stopped later loses none.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tools.recipes.children import run_all
+from tools.recipes.mps import mps_daemon
+
+if TYPE_CHECKING:
+    from tools.recipes.real_recipe import RealRecipe
+
+
+def evaluates_under_mps(recipe: RealRecipe) -> bool:
+    """On CUDA, with ``eval_mps`` and more than one worker process."""
+    settings = recipe.settings
+    return recipe.device == "cuda" and settings.eval_mps and settings.eval_workers > 1
+
+
+def eval_key(dtype: str, temperature: float) -> str:
+    """The name of one evaluation: its dtype, and its temperature where above 0."""
+    return dtype if temperature == 0 else f"{dtype}-t{temperature:g}"
+
+
+def eval_command(
+    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperature: float = 0.0
+) -> list[str]:
+    """ringtrain-eval on the recipe's benchmarks (the first `limit` prompts of each; 0: all)
+    for one drafter (a run directory), dtype and temperature."""
+    settings = recipe.settings
+    first = ["--limit", str(limit)] if limit else []
+    benchmarks = [arg for name in settings.benchmarks for arg in ("--benchmark", name)]
+    sampling = ["--temperature", f"{temperature:g}"] if temperature > 0 else []
+    return [
+        sys.executable, "-m", "ringtrain.cli.eval",
+        "--target", str(recipe.target), "--drafter", str(drafter),
+        *benchmarks, *first, *sampling,
+        "--max-new-tokens", str(settings.eval_max_new_tokens),
+        "--device", recipe.device, "--dtype", dtype, "--json",
+        "--workers", str(settings.eval_workers),
+    ]  # fmt: skip
+
+
+def evaluate_drafter(
+    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperature: float = 0.0
+) -> dict:
+    """ringtrain-eval's JSON for one drafter, dtype and temperature (its exit status
+    beside, or an error), also kept as `drafter`/eval-<key>.json."""
+    key = eval_key(dtype, temperature)
+    name = f"eval_{drafter.name}_{key}"
+    command = eval_command(recipe, drafter, dtype, limit, temperature)
+    with mps_daemon(evaluates_under_mps(recipe)):
+        proc = run_all({name: command}, recipe.root)[name]
+    lines = proc.stdout.strip().splitlines()
+    ok = proc.returncode in (0, 1) and lines
+    result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
+    result = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
+    (drafter / f"eval-{key}.json").write_text(json.dumps(result) + "\n")
+    return result
+
+
+def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
+    """ringtrain-eval's JSON per training-set size and evaluation (dtype, temperature).
+
+    The largest set's drafter is scored in every dtype at temperature 0 and in the first
+    dtype at each other temperature; the other sizes in the first dtype, greedy. One
+    evaluation at a time: each already spreads its prompts over ``eval_workers``
+    processes, and more processes than CPU cores slow every one of them down.
+    """
+    settings = recipe.settings
+    dtypes = settings.eval_dtypes
+    results: dict[int, dict[str, dict]] = {}
+    for size in sorted(settings.train_prompts, reverse=True):
+        runs = [(dtype, 0.0) for dtype in (dtypes if size == recipe.largest else dtypes[:1])]
+        if size == recipe.largest:
+            runs += [(dtypes[0], t) for t in settings.temperatures if t > 0]
+        for dtype, temperature in runs:
+            results.setdefault(size, {})[eval_key(dtype, temperature)] = evaluate_drafter(
+                recipe, recipe.run_dir(size), dtype, settings.eval_limit, temperature
+            )
+    return results
+
+
+def benchmark_rows(evals: dict[str, dict]) -> list[str]:
+    """One row per benchmark (and category) and evaluation: tau and speedup per stream."""
+    rows = [f"{'benchmark':<28} {'evaluation':<16} {'tau':>7} {'speedup':>8} {'turns':>6}"]
+    for key, result in evals.items():
+        for name, figures in result.get("benchmarks", {}).items():
+            speedup = figures.get("speedup")
+            rows.append(
+                f"{name:<28} {key:<16} {figures['tau_real']:>7.3f} "
+                f"{'-' if speedup is None else f'{speedup:.2f}x':>8} {figures['prompts']:>6}"
+            )
+    return rows
+
+
+def benchmark_lines(report: dict, where: str) -> list[str]:
+    """BENCHMARKS.md lines of the largest set's evaluations (`- metric: value (where)`)."""
+    entry = report["sizes"][max(report["sizes"])]
+    lines = []
+    for key, result in entry["eval"].items():
+        if "error" in result:
+            continue
+        suffix = "" if result.get("temperature", 0) == 0 else f"_t{result['temperature']:g}"
+        for name, figures in result.get("benchmarks", {}).items():
+            metric = f"tau_real_{name.replace('-', '').replace('/', '_')}{suffix}"
+            lines.append(
+                f"- {metric} ({key}): {figures['tau_real']:.3f} ({where}; "
+                f"{figures['prompts']} turns, speedup {figures.get('speedup') or 0:.2f}x, "
+                f"{figures.get('numerical_ties', 0)} ties)"
+            )
+        if result.get("temperature", 0) == 0:
+            lines.append(
+                f"- eval_mismatches ({key}): {len(result.get('mismatches', []))} ({where})"
+            )
+    return lines
