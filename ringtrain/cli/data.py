@@ -7,6 +7,7 @@ ringtrain-data synthesize --target MODEL_DIR --output prompts.jsonl --num N [--t
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
 ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N] [--block-size B]
+ringtrain-data prepare --tokenizer TARGET_DIR --mixture mixture.toml --output data/ [...]
 ringtrain-data inspect data/ [--vocab-size V] [--block-size B] [--row N --tokenizer TARGET_DIR] [--json]
 """
 
@@ -39,7 +40,11 @@ Each line: {"messages": [{"role": ..., "content": ...}, ...]} or {"conversations
 (role/content, or ShareGPT from/value). The loss mask marks the assistant turns.
 DFlash trains the drafter on the TARGET's own outputs: regenerate the assistant
 responses with the target model (its chat template, your serving sampling settings)
-before preparing; answers written by another model lower the acceptance length."""
+before preparing; answers written by another model lower the acceptance length.
+--mixture FILE.toml mixes several chat JSONL files by weight or exact row count
+([[sources]] with path and weight or rows; see docs/general-data.md) into
+<output>/mixture.jsonl, prepares it and reports the rows per source; each row keeps its
+source (inspect counts them)."""
 
 REGENERATE_HELP = """\
 Answer every assistant turn of chat JSONL again with the target, served by vLLM or SGLang
@@ -202,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     prepare.add_argument("--tokenizer", required=True, help="local target model/tokenizer dir")
-    prepare.add_argument("--input", required=True, help="chat JSONL file")
+    inputs = prepare.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--input", help="chat JSONL file")
+    inputs.add_argument("--mixture", help="TOML file of [[sources]] to mix (path, weight or rows)")
     prepare.add_argument("--output", required=True, help="new dataset directory")
     prepare.add_argument("--max-len", type=int, default=None, help="truncate rows to N tokens")
     prepare.add_argument(
@@ -254,15 +261,26 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    totals = prepare_dataset(
-        args.tokenizer,
-        args.input,
-        args.output,
-        max_len=args.max_len,
-        workers=max(1, args.workers),
-        max_record_bytes=args.max_record_bytes,
-        block_size=args.block_size,
-    )
+    options = {
+        "max_len": args.max_len,
+        "workers": max(1, args.workers),
+        "max_record_bytes": args.max_record_bytes,
+        "block_size": args.block_size,
+    }
+    if args.mixture is not None:
+        from ringtrain.data.mixture import prepare_mixture
+
+        report = prepare_mixture(args.mixture, args.tokenizer, args.output, **options)
+        totals = report.totals
+        for drawn in report.drawn:
+            repeated = " (repeated)" if drawn.drawn > drawn.available else ""
+            print(
+                f"source {drawn.source.name}: {drawn.drawn} records drawn of "
+                f"{drawn.available}{repeated} in {drawn.source.path}, "
+                f"{report.rows.get(drawn.source.name, 0)} rows"
+            )
+    else:
+        totals = prepare_dataset(args.tokenizer, args.input, args.output, **options)
     print(
         f"{args.output}: {totals.samples} samples, {totals.tokens} tokens, "
         f"{totals.supervised_tokens} supervised tokens; dropped {totals.dropped} "

@@ -19,6 +19,9 @@ worker starts; a worker's error stops the command with that error, and a worker 
 dies (e.g. killed by the out-of-memory killer) stops it too, never a hang. A line longer
 than `max_record_bytes` is rejected unread (counted), so one huge record cannot take the
 machine's memory. On any failure the partial output is removed.
+
+With `sources` (a mixture's source names, see `ringtrain.data.mixture`) every record
+names its source in a `source` field, and the dataset gets a `source` column.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import multiprocessing
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -39,6 +42,7 @@ import numpy as np
 from ringtrain.data.arrow_files import DATA_SUFFIXES
 from ringtrain.data.chat import ConversationEncoder, conversation_messages, decode_record
 from ringtrain.data.errors import DatasetError
+from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
 
 OUTPUT_FILE = "data-00000.arrow"
@@ -81,6 +85,7 @@ class EncodedChunk:
     lengths: np.ndarray
     input_ids: np.ndarray
     loss_mask: np.ndarray
+    source_ids: np.ndarray  # int16 [rows]: the index of each row's source (0 unmixed)
     totals: PrepareTotals = field(default_factory=PrepareTotals)
 
 
@@ -107,16 +112,35 @@ PROBE_CONVERSATION = [
 
 
 def _init_worker(
-    tokenizer_dir: str, max_len: int | None, max_record_bytes: int, min_supervised: int
+    tokenizer_dir: str,
+    max_len: int | None,
+    max_record_bytes: int,
+    min_supervised: int,
+    sources: tuple[str, ...] | None = None,
 ) -> None:
-    global _encoder, _max_record_bytes, _min_supervised
+    global _encoder, _max_record_bytes, _min_supervised, _sources
     _encoder = ConversationEncoder(load_tokenizer(tokenizer_dir), max_len)
     _max_record_bytes = max_record_bytes
     _min_supervised = min_supervised
+    _sources = {name: index for index, name in enumerate(sources)} if sources else None
 
 
 _max_record_bytes = MAX_RECORD_BYTES
 _min_supervised = 2 * DEFAULT_BLOCK_SIZE
+_sources: dict[str, int] | None = None
+
+
+def _source_id(record: Any, where: str) -> int:
+    """The index of a record's source (0 when the input is not a mixture)."""
+    if _sources is None:
+        return 0
+    name = record.get(SOURCE) if isinstance(record, dict) else None
+    if name not in _sources:
+        raise DatasetError(
+            f"{where}: the record's {SOURCE!r} is {name!r}, not one of the mixture's "
+            f"sources ({', '.join(_sources)})"
+        )
+    return _sources[name]
 
 
 def check_tokenizer(tokenizer_dir: str | Path, max_len: int | None) -> None:
@@ -132,7 +156,7 @@ def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
     source, first_line, lines = task
     assert _encoder is not None, "worker not initialised"
     totals = PrepareTotals()
-    ids_parts, mask_parts, lengths = [], [], []
+    ids_parts, mask_parts, lengths, source_ids = [], [], [], []
     for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
@@ -155,8 +179,10 @@ def _encode_chunk(task: tuple[str, int, list[bytes]]) -> EncodedChunk:
         ids_parts.append(ids)
         mask_parts.append(mask)
         lengths.append(len(ids))
+        source_ids.append(_source_id(record, where))
     return EncodedChunk(
         lengths=np.asarray(lengths, dtype=np.int64),
+        source_ids=np.asarray(source_ids, dtype=np.int16),
         input_ids=np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32),
         loss_mask=np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.uint8),
         totals=totals,
@@ -199,6 +225,7 @@ class _ChunkWriter:
             offsets,
             np.concatenate([c.input_ids for c in self.pending]),
             np.concatenate([c.loss_mask for c in self.pending]),
+            np.concatenate([c.source_ids for c in self.pending]) if self.writer.sources else None,
         )
         self.pending, self.pending_tokens = [], 0
 
@@ -269,12 +296,15 @@ def _check_output(output: Path) -> Path:
 
 
 def _write_chunks(
-    chunks: Iterable[EncodedChunk], partial: Path, progress: TextIO | None
+    chunks: Iterable[EncodedChunk],
+    partial: Path,
+    progress: TextIO | None,
+    sources: Sequence[str] | None = None,
 ) -> PrepareTotals:
     """Write the encoded chunks into ``partial``, with a progress line every 2 s."""
     totals = PrepareTotals()
     started = last_report = time.monotonic()
-    with TokenFileWriter(partial) as writer:
+    with TokenFileWriter(partial, sources) as writer:
         buffered = _ChunkWriter(writer)
         for chunk in chunks:
             buffered.add(chunk)
@@ -303,6 +333,7 @@ def prepare_dataset(
     max_record_bytes: int = MAX_RECORD_BYTES,
     block_size: int = DEFAULT_BLOCK_SIZE,
     progress: TextIO | None = sys.stderr,
+    sources: Sequence[str] | None = None,
 ) -> PrepareTotals:
     """Encode a chat JSONL file into an Arrow dataset directory; returns the totals.
 
@@ -310,7 +341,8 @@ def prepare_dataset(
     are truncated; conversations without supervised tokens are dropped (counted); lines
     over `max_record_bytes` are rejected before decoding (counted); rows written with fewer
     than 2 * `block_size` supervised tokens, which training drops, are counted. Progress
-    lines go to `progress` (None: silent).
+    lines go to `progress` (None: silent). With `sources`, each record's `source` field
+    names one of them and the dataset gets a `source` column.
     """
     input_path = Path(input_path)
     if not input_path.is_file():
@@ -318,14 +350,20 @@ def prepare_dataset(
     check_tokenizer(tokenizer_dir, max_len)
     target = _check_output(Path(output_dir))
     partial = target.with_suffix(".arrow.partial")
-    args = (str(tokenizer_dir), max_len, max_record_bytes, 2 * block_size)
+    args = (
+        str(tokenizer_dir),
+        max_len,
+        max_record_bytes,
+        2 * block_size,
+        tuple(sources) if sources else None,
+    )
     if progress is not None:
         print(
             f"prepare: encoding {input_path} with {workers} process(es)", file=progress, flush=True
         )
     try:
         totals = _write_chunks(
-            _encoded_chunks(workers, args, _tasks(input_path)), partial, progress
+            _encoded_chunks(workers, args, _tasks(input_path)), partial, progress, sources
         )
     except BaseException:
         partial.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ import numpy as np
 from ringtrain.data.arrow_files import list_data_files, read_segments
 from ringtrain.data.dataset import supervised_counts, validate_segment
 from ringtrain.data.errors import DatasetError
+from ringtrain.data.sources import source_counts
 
 
 def dataset_statistics(
@@ -18,7 +19,8 @@ def dataset_statistics(
     """Validate every file (as `open_dataset` does) and return JSON-able statistics.
 
     Lengths are reported before any truncation; `rows_too_few_supervised` counts the rows
-    that training would drop (fewer than 2 * block_size supervised tokens).
+    that training would drop (fewer than 2 * block_size supervised tokens); `sources`
+    holds the rows per source of a mixed dataset (None otherwise).
     """
     path = Path(path)
     files = list_data_files(path)
@@ -53,6 +55,7 @@ def dataset_statistics(
         "rows_without_supervision": int((counts == 0).sum()),
         "rows_too_few_supervised": int((counts < 2 * block_size).sum()),
         "block_size": block_size,
+        "sources": source_counts(path),
         "length_histogram": {
             f"{int(low)}-{int(high) - 1}": int(n)
             for low, high, n in zip(bins[:-1], bins[1:], histogram, strict=True)
@@ -73,8 +76,11 @@ def format_statistics(stats: dict[str, Any]) -> str:
         f"median {stats['length_p50']}, p99 {stats['length_p99']}, max {stats['length_max']}",
         f"rows dropped at training (< {2 * stats['block_size']} supervised tokens): "
         f"{stats['rows_too_few_supervised']} ({stats['rows_without_supervision']} with none)",
-        "length histogram:",
     ]
+    if stats["sources"]:
+        lines.append("rows per source:")
+        lines += [f"  {name:>16} {rows:>10}" for name, rows in stats["sources"].items()]
+    lines.append("length histogram:")
     peak = max(stats["length_histogram"].values())
     for bound, rows in stats["length_histogram"].items():
         bar = "#" * max(1, round(40 * rows / peak))
