@@ -1,13 +1,15 @@
-"""`ringtrain-data`: synthesize, regenerate, prepare and inspect a drafter's training data.
+"""`ringtrain-data`: synthesize, regenerate, prepare, check and inspect training data.
 
 Synthesize chat prompts with the target, regenerate chat JSONL with it, prepare a
-training dataset from it, or inspect one.
+training dataset from it (one file or a mixture), check it for overlap with evaluation
+prompts, or inspect a dataset.
 
 ringtrain-data synthesize --target MODEL_DIR --output prompts.jsonl --num N [--turns 2] [--topic T]
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
 ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N] [--block-size B]
 ringtrain-data prepare --tokenizer TARGET_DIR --mixture mixture.toml --output data/ [...]
+ringtrain-data overlap --train chats.jsonl --against mt-bench --against humaneval [--ngram 13]
 ringtrain-data inspect data/ [--vocab-size V] [--block-size B] [--row N --tokenizer TARGET_DIR] [--json]
 """
 
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ringtrain.cli.data_overlap import add_overlap_parser, run_overlap
 from ringtrain.cli.data_synthesize import add_synthesize_parser, run_synthesize
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import (
@@ -30,6 +33,13 @@ from ringtrain.data.prepare import (
 )
 from ringtrain.data.row_view import format_row, row_view
 from ringtrain.data.stats import dataset_statistics, format_statistics
+from ringtrain.generate.defaults import (
+    BUDGET_FRACTION,
+    CPU_BATCH_SIZE,
+    CPU_MAX_TOKENS,
+    GPU_BATCH_SIZE,
+    GPU_MAX_TOKENS,
+)
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalEngine
@@ -49,15 +59,18 @@ source (inspect counts them)."""
 REGENERATE_HELP = """\
 Answer every assistant turn of chat JSONL again with the target, served by vLLM or SGLang
 (any OpenAI chat-completions server; several --server URLs share the load), or offline
-with --local MODEL_DIR: transformers in this process on the CPU or one GPU, greedy,
---batch-size conversations answered per batch (small models; the server options do not
-apply). Each turn is regenerated given the conversation before it, whose earlier
-assistant turns are the regenerated ones; a conversation ending with a user turn gets
-one new assistant turn.
+with --local MODEL_DIR: transformers in this process on the CPU or one GPU, greedy, up to
+--batch-size answers at once (fewer when memory is short), a prompt whose length plus
+--max-tokens exceeds the model's context listed as failed (small models; the server
+options do not apply). Each turn is regenerated given the conversation before it, whose
+earlier assistant turns are the regenerated ones; a conversation ending with a user turn
+gets one new assistant turn.
 The output is appended record by record; rerunning the same command continues it.
-Records that fail are listed in <output>.errors.jsonl. Exit status: 0 all done,
+Records that fail are listed in <output>.errors.jsonl. The first Ctrl-C lets the answers
+in flight finish and writes their records; a second one aborts. Exit status: 0 all done,
 1 done but some records failed, 2 bad arguments or files, 3 the server stopped answering,
 130 interrupted."""
+SERVER_MAX_TOKENS = 4096
 
 
 def _json_object(text: str) -> dict:
@@ -87,7 +100,12 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
     add("--output", required=True, type=Path, help="regenerated JSONL (continued if present)")
     add("--resume", action="store_true", help="continue --output; an error if it is missing")
     add("--concurrency", type=int, default=64, help="conversations in flight (default 64)")
-    add("--max-tokens", type=int, default=4096, help="per answer (default 4096)")
+    add(
+        "--max-tokens",
+        type=int,
+        help=f"per answer (default {SERVER_MAX_TOKENS}; --local: {GPU_MAX_TOKENS} on GPU, "
+        f"{CPU_MAX_TOKENS} on CPU, at most half the model's context)",
+    )
     add("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
     add(
         "--chat-template-kwargs",
@@ -114,11 +132,18 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
     add(
         "--batch-size",
         type=int,
-        help="--local: conversations per batch (default 2048 on GPU, 64 on CPU)",
+        help=f"--local: answers at once (default {GPU_BATCH_SIZE} on GPU, {CPU_BATCH_SIZE} "
+        "on CPU; fewer when memory is short)",
+    )
+    add(
+        "--memory-limit",
+        metavar="SIZE",
+        help="--local: memory generation may use beside the model, e.g. 4GiB (default: "
+        f"{round(100 * BUDGET_FRACTION)}%% of what is free when it starts)",
     )
 
 
-LOCAL_ONLY = ("device", "dtype", "batch_size")
+LOCAL_ONLY = ("device", "dtype", "batch_size", "memory_limit")
 
 
 def _engine_arguments(args: argparse.Namespace) -> None:
@@ -137,17 +162,25 @@ def _engine_arguments(args: argparse.Namespace) -> None:
 
 
 def _local_engine(args: argparse.Namespace) -> LocalEngine:
-    """The local model's settings; the batch size resolved for the device."""
+    """The local model's settings (the device's defaults are filled in by `regenerate`)."""
     from ringtrain.data.regen_local import LocalEngine
-    from ringtrain.generate.local_model import default_batch_size, resolve_device
+    from ringtrain.generate.memory import parse_size
 
-    device = args.device or "auto"
-    batch_size = args.batch_size
-    if batch_size is None:
-        batch_size = default_batch_size(resolve_device(device))
-    elif batch_size < 1:
-        raise DatasetError(f"--batch-size must be at least 1, not {batch_size}")
-    return LocalEngine(args.local.expanduser(), device, args.dtype or "auto", batch_size)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise DatasetError(f"--batch-size must be at least 1, not {args.batch_size}")
+    limit = None
+    if args.memory_limit is not None:
+        try:
+            limit = parse_size(args.memory_limit)
+        except ValueError as exc:
+            raise DatasetError(f"--memory-limit: {exc}") from None
+    return LocalEngine(
+        args.local.expanduser(),
+        args.device or "auto",
+        args.dtype or "auto",
+        args.batch_size or 0,
+        limit,
+    )
 
 
 def _regenerate(args: argparse.Namespace) -> int:
@@ -166,12 +199,13 @@ def _regenerate(args: argparse.Namespace) -> int:
     _engine_arguments(args)
     local = _local_engine(args) if args.local is not None else None
     model = str(args.local.expanduser().resolve()) if local else args.model
+    max_tokens = args.max_tokens or (None if local else SERVER_MAX_TOKENS)
     options = RegenerateOptions(
         servers=args.server or [],
-        sampling=Sampling(model, args.max_tokens, args.temperature, args.chat_template_kwargs),
+        sampling=Sampling(model, max_tokens, args.temperature, args.chat_template_kwargs),
         input=args.input,
         output=args.output,
-        concurrency=local.batch_size if local else args.concurrency,
+        concurrency=args.concurrency,
         timeout_s=args.timeout,
         api_key=args.api_key,
         retry=RetryPolicy(retries=args.retries),
@@ -186,12 +220,19 @@ def _regenerate(args: argparse.Namespace) -> int:
         return 3
     except KeyboardInterrupt:
         print(
-            f"ringtrain-data: interrupted; the records written are kept in {args.output}: "
+            f"ringtrain-data: aborted; the records written are kept in {args.output}: "
             "rerun the same command to continue",
             file=sys.stderr,
         )
         return 130
     print(summary(options, totals))
+    if totals.stopped:
+        print(
+            f"ringtrain-data: stopped by Ctrl-C; the records written are kept in "
+            f"{args.output}: rerun the same command to continue",
+            file=sys.stderr,
+        )
+        return 130
     return 1 if totals.failed else 0
 
 
@@ -223,6 +264,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_block_size_option(prepare)
     _add_inspect_parser(commands)
+    add_overlap_parser(commands)
     return parser
 
 
@@ -314,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "synthesize":
             return run_synthesize(args)
+        if args.command == "overlap":
+            return run_overlap(args)
         if args.command == "regenerate":
             return _regenerate(args)
         if args.command == "prepare":
