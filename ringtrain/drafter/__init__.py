@@ -1,6 +1,8 @@
 """The drafter: architectures, block objective, held-out evaluation, optimiser, checkpoints."""
 
-from ringtrain.drafter.architectures import build_drafter, seeded_drafter
+from ringtrain.drafter.arch import build_drafter, seeded_drafter
+from ringtrain.drafter.arch.dflash.model import DFlashDrafter
+from ringtrain.drafter.block_step import block_objective, compiled_graph_count
 from ringtrain.drafter.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
@@ -9,11 +11,10 @@ from ringtrain.drafter.checkpoint import (
 )
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
 from ringtrain.drafter.heldout import EvalSums, evaluate_batch
-from ringtrain.drafter.model import DFlashDrafter
-from ringtrain.drafter.objective import block_objective, compiled_graph_count
+from ringtrain.drafter.hf_config import drafter_spec_from_target
 from ringtrain.drafter.optim import build_optimizer, optimizer_step
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, read_resume_record
-from ringtrain.drafter.spec import DrafterSpec, drafter_spec_from_target
+from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.drafter.sums import ObjectiveSums
 
 __all__ = [

@@ -48,14 +48,15 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ringtrain.drafter.architectures import build_drafter
+from ringtrain.drafter.arch import build_drafter
+from ringtrain.drafter.hf_config import hf_config_dict, spec_from_hf_config
 from ringtrain.drafter.resume_record import (
     RESUME_FILE,
     ResumeRecord,
     encode_resume_record,
     read_resume_record,
 )
-from ringtrain.drafter.spec import DrafterSpec, hf_config_dict, spec_from_hf_config
+from ringtrain.drafter.spec import DrafterSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -18,7 +18,7 @@ PAPER_OPTIM = {"name": "adamw", "schedule": "cosine"}
 class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Drafter architecture and training-block sampling. Zero means "follow the target"."""
 
-    # The drafter's model class (drafter/architectures.py): "dflash2" (DFlash plus a
+    # The drafter's architecture (drafter/arch/, one folder each): "dflash2" (DFlash plus a
     # two-tap dynamic convolution around every attention and MLP and a top-k path
     # selector; its checkpoint is what the engines load as DFlash2DraftModel), or "dflash"
     # (the paper's drafter). The defaults of architecture, objective, [optim] name and
@@ -66,8 +66,8 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # declare is_causal). Full-attention layers are bidirectional either way; the
     # checkpoint's config.json says which, so every engine computes what was trained.
     sliding_attention: Literal["bidirectional", "causal"] = "bidirectional"
-    # DFlash2 only (the serving engines' defaults, like the three below): taps of the
-    # in-block convolution.
+    # DFlash2 only (its settings: drafter/arch/dflash2/settings.py; the serving engines'
+    # defaults, like the three below): taps of the in-block convolution.
     conv_kernel_size: Annotated[int, msgspec.Meta(ge=1)] = 2
     # DFlash2 only: channels sharing one dynamic tap correction.
     conv_group_size: Annotated[int, msgspec.Meta(ge=1)] = 16

@@ -9,7 +9,7 @@ at p is already generated and the next one is still to come), with the training 
 masks and model code, and computes the accepted prefix a(p) of each block: the leading
 slots k = 1 .. B - 1 whose proposal is the token at p + k, stopping at the first miss,
 the document end or the response end. The proposal is the architecture's own rule (each
-slot's argmax for DFlash, the selector's walk for DFlash2: drafter/objective.py's
+slot's argmax for DFlash, the selector's walk for DFlash2: drafter/block_step.py's
 score_blocks), so tau_sim predicts tau_real for either.
 
 Replay: a response span is a maximal run q .. r of loss_mask == 1 rows of a document.
@@ -26,36 +26,49 @@ tau_real.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ringtrain.batch import PackedRows
+from ringtrain.drafter.block_step import block_masks, checked_workspace, score_blocks
 from ringtrain.drafter.blocks import PackedContext, blocks_at, pack_context
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.head import FrozenHead
-from ringtrain.drafter.objective import block_masks, checked_workspace, score_blocks
 from ringtrain.drafter.sums import ObjectiveSums
+
+# The replay's sums, after the block sums in EvalSums.as_vector().
+REPLAY_FIELDS = ("replay_tokens", "replay_steps")
 
 
 @dataclass(frozen=True)
-class EvalSums(ObjectiveSums):
-    """ObjectiveSums over every decoding anchor of a batch, plus the replay's sums.
+class EvalSums:
+    """A held-out batch's sums: the block objective's over every decoding anchor (of the
+    architecture's sums class: uniform-anchor metrics, weighted CE, per-slot hits,
+    accepted prefixes), then the replay's."""
 
-    The inherited fields hold the uniform-anchor metrics (weighted CE, per-slot hits,
-    accepted prefixes) over all anchors; as_vector() carries all fields in order.
-    """
-
+    blocks: ObjectiveSums
     replay_tokens: torch.Tensor  # tokens gained by the replayed verification steps
     replay_steps: torch.Tensor  # replayed verification steps (anchors visited)
 
-    @classmethod
-    def summarise(cls, vector: torch.Tensor, block_size: int) -> dict[str, float | list[float]]:
-        """ObjectiveSums.summarise's metrics plus tau_sim, from a (reduced) as_vector()."""
-        metrics = super().summarise(vector, block_size)
-        sums = cls.unpack(vector, block_size)
-        tokens, steps = sums["replay_tokens"], sums["replay_steps"]
+    @staticmethod
+    def vector_len(sums_type: type[ObjectiveSums], block_size: int) -> int:
+        """Length of as_vector() for block sums of `sums_type` and blocks of `block_size`."""
+        return sums_type.vector_len(block_size) + len(REPLAY_FIELDS)
+
+    def as_vector(self) -> torch.Tensor:
+        """The block sums' vector, then the replay's two sums (fp64)."""
+        replay = torch.stack((self.replay_tokens, self.replay_steps)).double()
+        return torch.cat((self.blocks.as_vector(), replay))
+
+    @staticmethod
+    def summarise(
+        vector: torch.Tensor, sums_type: type[ObjectiveSums], block_size: int
+    ) -> dict[str, float | list[float]]:
+        """The block sums' metrics plus tau_sim, from a (reduced) as_vector()."""
+        metrics = sums_type.summarise(vector[: -len(REPLAY_FIELDS)], block_size)
+        tokens, steps = vector[-len(REPLAY_FIELDS) :].tolist()
         metrics["tau_sim"] = tokens / steps if steps else 0.0
         metrics["replay_tokens"] = tokens
         metrics["replay_steps"] = steps
@@ -128,5 +141,4 @@ def evaluate_batch(
         accepted[torch.where(valid, anchor, ctx_capacity)] = block_accepted
         total = sums if total is None else total.plus(sums)
     replay_tokens, replay_steps = replay_sums(packed, accepted[:ctx_capacity])
-    per_field = {f.name: getattr(total, f.name) for f in fields(ObjectiveSums)}
-    return EvalSums(**per_field, replay_tokens=replay_tokens, replay_steps=replay_steps)
+    return EvalSums(total, replay_tokens, replay_steps)

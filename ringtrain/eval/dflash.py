@@ -58,7 +58,7 @@ def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) ->
 
 
 class DFlashBlockDrafter:
-    """Greedy block proposals of a drafter (any of drafter/architectures.py) over one
+    """Greedy block proposals of a drafter (any of drafter/arch/) over one
     sequence's target features; the drafter's own `propose` picks the tokens (DFlash: each
     slot's argmax; DFlash2: its path selector's walk), and verification stays a chain.
     Proposals run over a fixed-size context, as CUDA graphs on CUDA

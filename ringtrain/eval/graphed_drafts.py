@@ -30,7 +30,7 @@ def bucket(rows: int) -> int:
 
 
 class FixedShapeProposals:
-    """Block proposals of ``model`` (a drafter of drafter/architectures.py) with its frozen
+    """Block proposals of ``model`` (a drafter of drafter/arch/) with its frozen
     ``head``, over a context of up to ``capacity`` rows of ``tap_width`` features; grown
     (graphs dropped) when a longer context comes. ``graphed``: capture and replay CUDA
     graphs (CUDA only); otherwise every proposal runs eagerly on the same buffers."""

@@ -40,7 +40,7 @@ from ringtrain.drafter import (
     evaluate_batch,
     optimizer_step,
 )
-from ringtrain.drafter.objectives import objective_of
+from ringtrain.drafter.arch import architecture_named
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.data_parallel import (
@@ -136,7 +136,7 @@ class Trainee:
     `model` is the plain module (checkpoints save it); the loop trains it through DDP
     when other drafters share the gradients."""
 
-    model: torch.nn.Module  # one of drafter/architectures.py
+    model: torch.nn.Module  # one of drafter/arch/__init__.py's ARCHITECTURES
     head: FrozenHead
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -168,7 +168,10 @@ class DrafterLoop:
         self.ranks = data_parallel_ranks(group)
         self.grad_sync = GradSyncProbe(self.network)
         self.sums = StepSums(
-            self.block_size, drafter_count, self.device, objective_of(config.drafter).sums_type
+            self.block_size,
+            drafter_count,
+            self.device,
+            architecture_named(config.drafter.architecture).sums_type,
         )
         self.busy = GpuBusySampler(self.device)
         self.generator = torch.Generator(device=self.device)
@@ -192,7 +195,7 @@ class DrafterLoop:
         `reporter` gets every step and evaluation round, `save` is called at every
         checkpoint step and at the end (both only on the lead drafter)."""
         run = self.config.run
-        tally = EvalTally(self.eval_batches_per_round, self.block_size)
+        tally = EvalTally(self.eval_batches_per_round, self.block_size, self.sums.sums_type)
         last_saved, first_step = state.step, state.step + 1
         self._waiting_since = time.perf_counter()
         get_logger().info(

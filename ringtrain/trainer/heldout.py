@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ringtrain.data import Batch, BatchStream
-from ringtrain.drafter import EvalSums
+from ringtrain.drafter import EvalSums, ObjectiveSums
 from ringtrain.ring import Ring
 
 
@@ -121,9 +121,10 @@ class EvalTally:
     """A drafter's side: global sums of the current round, completed by batch count
     (rounds complete in order, so the drafter numbers them)."""
 
-    def __init__(self, total_batches: int, block_size: int) -> None:
+    def __init__(self, total_batches: int, block_size: int, sums_type: type[ObjectiveSums]) -> None:
         self.total_batches = total_batches
         self.block_size = block_size
+        self.sums_type = sums_type  # the block sums' class (the drafter's architecture's)
         self._sums: torch.Tensor | None = None
         self._batches = 0
 
@@ -136,7 +137,7 @@ class EvalTally:
         self._sums = vector.clone() if self._sums is None else self._sums + vector
         if self._batches < self.total_batches:
             return None
-        metrics = EvalSums.summarise(self._sums, self.block_size)
+        metrics = EvalSums.summarise(self._sums, self.sums_type, self.block_size)
         self._sums = None
         self._batches = 0
         return metrics

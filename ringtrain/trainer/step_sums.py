@@ -27,7 +27,7 @@ class ReducedSums:
     """One step's sums over every drafter, on the host."""
 
     block_size: int
-    sums_type: type[ObjectiveSums]  # the objective's sums (its layout of `objective`)
+    sums_type: type[ObjectiveSums]  # the architecture's sums (its layout of `objective`)
     objective: torch.Tensor  # the objective's sums_type.as_vector() summed
     tokens: int
     stopped: bool  # some drafter found no batch: the step is discarded everywhere
@@ -55,7 +55,7 @@ class StepSums:
         block_size: int,
         drafters: int,
         device: torch.device,
-        sums_type: type[ObjectiveSums] = ObjectiveSums,
+        sums_type: type[ObjectiveSums],
     ) -> None:
         self.block_size, self.sums_type = block_size, sums_type
         objective_len = sums_type.vector_len(block_size)
@@ -66,7 +66,7 @@ class StepSums:
         self._ids = slice(ids_start, ids_start + BATCH_ID_FIELDS * drafters)
         self._eval_batches = self._ids.stop
         eval_start = self._eval_batches + 1
-        self._eval = slice(eval_start, eval_start + EvalSums.vector_len(block_size))
+        self._eval = slice(eval_start, eval_start + EvalSums.vector_len(sums_type, block_size))
         self.vector = torch.zeros(self._eval.stop, dtype=torch.float64, device=device)
 
     def add_training(

@@ -1,22 +1,23 @@
-"""The block training objective on one packed batch: sums for the trainer to normalise.
+"""One block step on a packed batch: the block objective's sums for the trainer to normalise.
 
 `block_objective` samples anchors, builds blocks and BlockMasks, runs the drafter (compiled
 on CUDA), and returns *sums* (weighted CE, weights, per-position hits, accepted prefixes:
 drafter/sums.py), so the trainer can all-reduce them and normalise by global counts. How
-the scored labels are weighted is the configured objective's (drafter/objectives.py).
-Nothing here syncs with the host.
+the scored labels are weighted is the configured objective's (drafter/objectives.py);
+what the drafter's architecture adds (its proposal rule, its loss parts, its sums) is its
+block term's (drafter/arch/base.py). Nothing here syncs with the host.
 """
 
 from __future__ import annotations
 
+import msgspec
 import torch
 from torch import nn
 
 from ringtrain.batch import PackedRows
-from ringtrain.drafter.architectures import drafter_of
+from ringtrain.drafter.arch import architecture_named, drafter_of
 from ringtrain.drafter.blocks import BlockBatch, build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.dflash2 import selector_loss_sum
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.loss import ChunkFns, chunked_head_loss
 from ringtrain.drafter.masks import BlockMaskBuilder
@@ -25,13 +26,16 @@ from ringtrain.drafter.sums import ObjectiveSums
 
 
 class _Workspace:
-    """Per-model, per-layout state: the drafter spec, mask builder and (compiled) callables."""
+    """Per-model, per-layout state: the drafter spec, its architecture's block term and
+    sums, the objective, mask builder and (compiled) callables."""
 
     def __init__(self, model: nn.Module, spec, cfg: DrafterConfig, layout, device) -> None:
         ctx_capacity, max_anchors = layout
         self.spec = spec
-        # DFlash2: its path selector, trained beside the block objective.
-        self.selector = getattr(drafter_of(model), "candidate_selector", None)
+        architecture = architecture_named(spec.architecture)
+        self.sums_type = architecture.sums_type
+        make_term = architecture.block_term
+        self.term = make_term(drafter_of(model), cfg) if make_term is not None else None
         self.objective: Objective = objective_of(cfg)
         self.builder = BlockMaskBuilder(
             ctx_capacity,
@@ -49,7 +53,7 @@ class _Workspace:
             cfg.compile_mode if compiled else None,
             self.objective.reweight,
             spec.block_size - 1,
-            self.selector.top_k if self.selector is not None else 0,
+            self.term.top_k if self.term is not None else 0,
         )
 
 
@@ -57,16 +61,10 @@ _WORKSPACES_ATTR = "_ringtrain_workspaces"
 
 
 def _workspace(model: nn.Module, cfg: DrafterConfig, layout, device) -> _Workspace:
+    """The model's workspace for this layout, device and [drafter] config (every setting
+    is in its key: a workspace is built from them)."""
     spec = drafter_of(model).spec
-    key = (
-        layout,
-        str(device),
-        cfg.compile,
-        cfg.compile_mode,
-        cfg.objective,
-        cfg.gamma,
-        cfg.dpace_alpha,
-    )
+    key = (layout, str(device), msgspec.json.encode(cfg))
     per_model = model.__dict__.setdefault(_WORKSPACES_ATTR, {})
     if key not in per_model:
         per_model[key] = _Workspace(model, spec, cfg, layout, device)
@@ -126,9 +124,9 @@ def score_blocks(
 
     accepted[a] is block a's correct prefix: the leading scored slots k = 1 .. B - 1
     whose proposal is the label (0 for padding blocks). The proposal is the drafter's
-    own rule: each slot's argmax (DFlash), or the selector's walk (DFlash2), so the
-    per-slot hits, tau_uniform and the held-out replay's tau_sim follow what decoding
-    would propose.
+    own rule: each slot's argmax, or its architecture's block term's (DFlash2: the
+    selector's walk), so the per-slot hits, tau_uniform and the held-out replay's tau_sim
+    follow what decoding would propose.
     """
     device = batch.ctx_features.device
     block = cfg.block_size
@@ -150,25 +148,24 @@ def score_blocks(
             cfg.loss_chunk,
             workspace.chunk_fns,
         )
-        selector_sum = loss_sum.new_zeros(())
-        if workspace.selector is not None:
-            # DFlash2 proposes the selector's walk, not each slot's argmax: its hits count.
-            selector_sum, correct = selector_loss_sum(
-                workspace.selector, rows, head.lm_head, batch.labels, weights, candidates,
-                cfg.loss_chunk,
-            )  # fmt: skip
-            selector_sum = cfg.selector_loss_weight * selector_sum
-            loss_sum = loss_sum + selector_sum
+        parts: dict[str, torch.Tensor] = {}
+        if workspace.term is not None:
+            # The architecture's proposals decide the hits; its loss parts join the loss.
+            parts, correct = workspace.term(
+                rows, head.lm_head, batch.labels, weights, candidates, cfg.loss_chunk
+            )
+            for part in parts.values():
+                loss_sum = loss_sum + part
     hits = correct.view(num_blocks, block - 1) & scored
     accepted = hits.long().cumprod(1).sum(1)
-    sums = workspace.objective.sums_type(
+    sums = workspace.sums_type(
         loss_sum=loss_sum,
         weight_sum=weights.sum(),
         correct=hits.sum(0),
         counted=scored.sum(0),
         accepted_sum=accepted.sum(),
         block_count=batch.valid.sum(),
-        selector_loss_sum=selector_sum.detach(),
+        **{name: part.detach() for name, part in parts.items()},
     )
     return sums, accepted
 
@@ -183,8 +180,9 @@ def block_objective(
 ) -> ObjectiveSums:
     """Sample blocks from one packed batch, run the drafter, and return the objective's sums.
 
-    `rows` is laid out like a ring slot (PackedRows). max_tokens fixes the static layout (pass the ring slot capacity) so shapes never change. The
-    generator (best on the batch's device) makes anchor sampling reproducible. Call
+    `rows` is laid out like a ring slot (PackedRows). max_tokens fixes the static layout
+    (pass the ring slot capacity) so shapes never change. The generator (best on the
+    batch's device) makes anchor sampling reproducible. Call
     backward on loss_sum before the next call with the same model (the BlockMask buffers
     are reused).
     """
