@@ -201,7 +201,7 @@ class LeadReporter:
         """A completed training step: its record carries the ring's counters and, at a
         progress line, the line's verdict."""
         snapshot = self.progress.snapshot()
-        entry = {"event": "step", **record.__dict__, "ring": ring_figures(snapshot)}
+        entry = {"event": "step", **record.as_json(), "ring": ring_figures(snapshot)}
         verdict = self.progress.step(record, snapshot)
         self.metrics.write(entry if verdict is None else {**entry, "verdict": verdict})
 
