@@ -213,6 +213,7 @@ def _count_lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_killed_run_is_continued_by_the_next(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -48,7 +48,7 @@ def test_bad_settings_are_refused() -> None:
 @pytest.fixture(scope="module")
 def word_model(tmp_path_factory: pytest.TempPathFactory) -> LocalModel:
     directory = build_word_chat_model(tmp_path_factory.mktemp("word-model"))
-    return LocalModel.load(directory, "cpu", "float32", batch_size=512)
+    return LocalModel.load(directory, "cpu", "float32", batch_size=2000)
 
 
 def _first_tokens(
@@ -75,7 +75,7 @@ def test_sampled_decoding_draws_the_models_next_token_distribution(
 ) -> None:
     """The model's next-token distribution is known exactly (a bigram chain), so the first
     tokens drawn over many identical prompts must match it, on both decoding paths."""
-    rows = 4000
+    rows = 2000
     drawn = _first_tokens(word_model, TokenSampler.seeded(1.0, 1.0, 3, "cpu"), rows, cache)
     expected = torch.softmax(next_token_logits().double(), dim=-1)
     frequencies = torch.bincount(drawn, minlength=len(VOCAB)).double() / rows
