@@ -23,7 +23,7 @@ from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupCosine
-from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
+from tests.helpers.tiny_drafter import PAPER_DRAFTER, paper_optim
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -21,7 +21,7 @@ from ringtrain.drafter.checkpoint import (
     checkpoint_spec,
 )
 from ringtrain.drafter.resume_record import RESUME_FILE, ResumeRecord
-from tests.test_drafter_checkpoint import trained_state
+from tests.helpers.checkpoints import trained_state
 
 NAN_FP32 = b"\x00\x00\xc0\x7f"
 

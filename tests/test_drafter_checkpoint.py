@@ -11,7 +11,6 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from ringtrain.drafter import (
-    DFlashDrafter,
     build_optimizer,
     drafter_spec_from_target,
     latest_checkpoint,
@@ -21,24 +20,12 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.hf_config import hf_config_dict, spec_from_hf_config
 from ringtrain.drafter.optim import resume_settings, schedule_at
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor
-from ringtrain.drafter.spec import hf_config_dict, spec_from_hf_config
-from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
+from tests.helpers.checkpoints import TARGET, trained_state
+from tests.helpers.tiny_drafter import paper_optim
 
-TARGET = {
-    "hidden_size": 16,
-    "vocab_size": 40,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 24,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 5e5,
-}
-CFG = DrafterConfig(
-    **PAPER_DRAFTER, num_layers=2, block_size=4, sliding_windows=[0, 8], mask_token_id=39
-)
 LAYER_WEIGHTS = (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
@@ -47,20 +34,6 @@ LAYER_WEIGHTS = (
 EXPECTED_WEIGHTS = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
     f"layers.{n}.{name}.weight" for n in range(2) for name in LAYER_WEIGHTS
 }
-
-
-def trained_state(steps: int):
-    torch.manual_seed(0)
-    spec = drafter_spec_from_target(TARGET, CFG, [1, 2, 4])
-    model = DFlashDrafter(spec)
-    optimizer, scheduler = build_optimizer(model, paper_optim(), total_steps=10)
-    for _ in range(steps):
-        model(
-            torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
-            [torch.ones(8, 13, dtype=torch.bool)] * 2,
-        ).square().mean().backward()  # fmt: skip
-        optimizer_step(model, optimizer, scheduler, paper_optim())
-    return spec, model, optimizer, scheduler
 
 
 def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path) -> None:

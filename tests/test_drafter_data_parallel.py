@@ -17,24 +17,20 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_trainer_loop import RingStandIn, item
-from tiny_drafter import MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
-    FrozenHead,
     block_objective,
-    build_drafter,
-    build_optimizer,
-    drafter_spec_from_target,
     optimizer_step,
 )
 from ringtrain.trainer.data_parallel import wrap_data_parallel
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee, anchor_seed
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
-from tests.launcher import run_gloo_pair
+from tests.helpers.drafter_loop_parts import RingStandIn, item, make_trainee
+from tests.helpers.launcher import run_gloo_pair
+from tests.helpers.tiny_drafter import MAX_TOKENS, make_cfg, paper_optim
 
 SEED = 0
 ARCHITECTURES = {
@@ -51,14 +47,6 @@ def make_config(architecture: str) -> Config:
         drafter=make_cfg(**ARCHITECTURES[architecture]),
         optim=paper_optim(lr=1e-2, warmup_fraction=0.0, grad_clip=0.0),
     )
-
-
-def make_trainee(config: Config) -> Trainee:
-    torch.manual_seed(0)
-    model = build_drafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
-    embed, lm_head = torch.randn(2, 64, TARGET["hidden_size"]) * 0.5
-    optimizer, scheduler = build_optimizer(model, config.optim, config.run.max_steps)
-    return Trainee(model, FrozenHead(embed, lm_head), optimizer, scheduler)
 
 
 def trained(trainee: Trainee) -> dict[str, list[torch.Tensor]]:

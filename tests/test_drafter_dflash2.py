@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from ringtrain.drafter.dflash2 import DFlash2Drafter, selector_loss_sum
+from ringtrain.drafter.model import DFlashDrafter
 from safetensors.torch import load_file
 from torch import nn
 
@@ -27,10 +29,8 @@ from ringtrain.drafter import (
     save_checkpoint,
 )
 from ringtrain.drafter.config import OptimConfig
-from ringtrain.drafter.dflash2 import DFlash2Drafter, selector_loss_sum
-from ringtrain.drafter.model import DFlashDrafter
-from tests.launcher import run_training, step_records
-from tests.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
+from tests.helpers.launcher import run_training, step_records
+from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

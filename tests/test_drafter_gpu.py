@@ -14,10 +14,10 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
     optimizer_step,
 )
+from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.objective import prepare_batch
-from tests.tiny_drafter import paper_optim
-from tools.shared.packed_batch import random_packed_batch
+from ringtrain.testing.packed_batch import random_packed_batch
+from tests.helpers.tiny_drafter import paper_optim
 
 pytestmark = [
     pytest.mark.gpu,

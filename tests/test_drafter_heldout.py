@@ -9,16 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_drafter import (
-    MAX_TOKENS,
-    TAPS,
-    TARGET,
-    make_cfg,
-    make_setup,
-    objective,
-    paper_optim,
-    train,
-)
 
 from ringtrain.drafter import (
     DFlashDrafter,
@@ -42,7 +32,17 @@ from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
-from tools.shared.packed_batch import PackedBatch, random_packed_batch
+from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
+from tests.helpers.tiny_drafter import (
+    MAX_TOKENS,
+    TAPS,
+    TARGET,
+    make_cfg,
+    make_setup,
+    objective,
+    paper_optim,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_drafter_data_parallel import make_trainee
-from test_trainer_loop import ReporterStandIn, RingStandIn, item
-from tiny_drafter import MAX_TOKENS, make_cfg, paper_optim
 
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
-from tests.launcher import run_gloo_pair
+from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, item, make_trainee
+from tests.helpers.launcher import run_gloo_pair
+from tests.helpers.tiny_drafter import MAX_TOKENS, make_cfg, paper_optim
 
 STEPS = 4
 

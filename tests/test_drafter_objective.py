@@ -8,12 +8,12 @@ from dataclasses import replace
 import msgspec
 import pytest
 import torch
-from tiny_drafter import DOCS, MAX_TOKENS, make_setup, objective, train
 
 from ringtrain.config import ConfigError, parse_config
 from ringtrain.drafter import ObjectiveSums
+from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
-from ringtrain.drafter.objective import prepare_batch
+from tests.helpers.tiny_drafter import DOCS, MAX_TOKENS, make_setup, objective, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -34,7 +34,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 
 from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.spec import hf_config_dict, spec_from_hf_config
+from ringtrain.drafter.hf_config import hf_config_dict, spec_from_hf_config
 
 TARGET = {
     "hidden_size": 32,

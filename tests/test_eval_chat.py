@@ -26,7 +26,7 @@ from ringtrain.generate.prompt_sets import (
 )
 from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.tiny import build_tiny_target
-from tests.test_eval_cli import TAPS, write_drafter
+from tests.helpers.eval_drafters import TAPS, write_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

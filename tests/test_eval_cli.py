@@ -6,34 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from ringtrain.cli.eval import main
-from ringtrain.drafter import DFlashDrafter, drafter_spec_from_target
-from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.spec import hf_config_dict
-from ringtrain.target import read_target_config
 from ringtrain.target.tiny import build_tiny_target
-from tests.tiny_drafter import PAPER_DRAFTER
-
-TAPS = [1, 3, 5]
+from tests.helpers.eval_drafters import write_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def write_drafter(directory: Path, target_dir: Path, block_size: int = 8) -> Path:
-    spec = drafter_spec_from_target(
-        read_target_config(target_dir),
-        DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=block_size),
-        TAPS,
-    )
-    torch.manual_seed(0)
-    model = DFlashDrafter(spec)
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(hf_config_dict(spec)))
-    save_file(model.state_dict(), str(directory / "model.safetensors"))
-    return directory
 
 
 def write_prompts(path: Path) -> Path:

@@ -17,37 +17,11 @@ from ringtrain.eval import (
 )
 from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
+from tests.helpers.eval_drafters import BLOCK, TAPS, ScriptedDrafter
 
-TAPS = [1, 3, 5]
-BLOCK = 6
 NEW_TOKENS = 40
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class ScriptedDrafter:
-    """Proposes the known greedy continuation, right on its first ``correct`` positions only.
-
-    Records every context it is given, to check the features against a full forward."""
-
-    def __init__(self, sequence: list[int], correct: int, vocab_size: int) -> None:
-        self.block_size = BLOCK
-        self.mask_token_id = vocab_size - 1
-        self.tap_layers = TAPS
-        self.sequence = sequence
-        self.correct = correct
-        self.vocab_size = vocab_size
-        self.contexts: list[torch.Tensor] = []
-
-    def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
-        assert context.shape[0] == start
-        assert int(block[0]) == self.sequence[start]
-        assert (block[1:] == self.mask_token_id).all()
-        self.contexts.append(context.clone())
-        truth = self.sequence[start + 1 : start + self.block_size]
-        truth = truth + [0] * (self.block_size - 1 - len(truth))
-        drafts = [t if k < self.correct else (t + 1) % self.vocab_size for k, t in enumerate(truth)]
-        return torch.tensor(drafts, dtype=torch.long, device=context.device)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["dense", "hybrid"])

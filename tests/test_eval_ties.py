@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_eval_speculative import BLOCK, TAPS, ScriptedDrafter
 from transformers import AutoModelForCausalLM
 
 from ringtrain.cli.eval import mismatch_error
@@ -30,6 +29,7 @@ from ringtrain.eval import (
 from ringtrain.eval.ties import ulp
 from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
+from tests.helpers.eval_drafters import BLOCK, TAPS, ScriptedDrafter
 
 NEW_TOKENS = 40
 

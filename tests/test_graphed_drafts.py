@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ringtrain.drafter import FrozenHead, build_drafter, drafter_spec_from_target
 from ringtrain.eval.graphed_drafts import BUCKET_ROWS, FixedShapeProposals, bucket
-from tests.tiny_drafter import TAPS, TARGET, make_cfg
+from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg
 
 # Context lengths in an order that leaves stale rows of a longer context behind a shorter
 # one, crosses bucket edges, and ends past the first capacity (the buffer grows).

@@ -4,7 +4,7 @@ signals end every rank at once.
 The ring checks (progress per phase, a watchdog that names its own stuck main thread)
 run on an in-process ring pair; the end-to-end cases use real torchrun runs of the
 embedded default on CPU: a SIGSTOPped target, a drafter whose main thread spins (SIGUSR1
-through tests/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
+through ringtrain/testing/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
 in start-up. Every wait polls processes or files against a deadline.
 """
 
@@ -20,21 +20,22 @@ import uuid
 from pathlib import Path
 
 import pytest
-import ring_workers as rw
 
 from ringtrain.ring import PeerDied, RankHung, Ring
+from ringtrain.testing import SPIN_HOOK
 from ringtrain.trainer import phases
-from tests.launcher import shm_entries, wait_for_step
-from tests.test_reliability import (
-    _launch,
-    _pid_alive,
-    _rank_log,
-    _ring_reader,
-    _stop_all,
-    _wait_gone,
+from tests.helpers import ring_workers as rw
+from tests.helpers.launcher import (
+    launch,
+    pid_alive,
+    rank_log,
+    ring_reader,
+    shm_entries,
+    stop_all,
+    wait_for_step,
+    wait_gone,
 )
 
-SPIN_HOOK = Path(__file__).resolve().parent / "spin_hook"
 DETECT_S = 5.0
 POLL_S = 0.05
 
@@ -113,7 +114,7 @@ def _hang_ends_run(
     its last rank after step 2, and return the output once the whole run ended in time,
     naming that rank, with /dev/shm clean and no rank exiting cleanly."""
     name = f"{fault.name.lower()}{os.getpid()}"
-    launched = _launch(
+    launched = launch(
         tmp_path / "run",
         targets,
         drafters,
@@ -129,23 +130,23 @@ def _hang_ends_run(
     )
     try:
         wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
-        reader = _ring_reader(name)
+        reader = ring_reader(name)
         try:
             ranks = {r.rank: r for r in reader.snapshot().ranks}
         finally:
             reader.close()
         victim = ranks[targets - 1 if fault == signal.SIGSTOP else targets + drafters - 1]
         os.kill(victim.pid, fault)
-        _wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
+        wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
         launched.proc.wait(END_AFTER_HANG_S)
     finally:
-        _stop_all(launched)
+        stop_all(launched)
     output = launched.text()
     assert launched.proc.returncode != 0, output[-3000:]
     named = f"rank {victim.rank} ({victim.label}, pid {victim.pid})"
     assert named in output, f"the terminal does not name {named}:\n{output[-3000:]}"
     for rank in ranks.values():
-        assert "exiting with code 0" not in _rank_log(launched.run_dir, rank.rank, rank.label)
+        assert "exiting with code 0" not in rank_log(launched.run_dir, rank.rank, rank.label)
     assert shm_entries(name) == []
     return output
 
@@ -188,7 +189,7 @@ def test_sigterm_during_start_up_ends_every_rank_at_once(tmp_path: Path) -> None
     with lock_path.open("w") as lock:
         # Every rank blocks in start-up, building the built-in inputs under this lock.
         fcntl.lockf(lock, fcntl.LOCK_EX)
-        launched = _launch(run_dir, 2, 1, [f'run.name="{name}"'])
+        launched = launch(run_dir, 2, 1, [f'run.name="{name}"'])
         try:
             deadline = time.monotonic() + 300
             while len(ranks := _lock_waiters(lock_path)) < 3:
@@ -196,11 +197,11 @@ def test_sigterm_during_start_up_ends_every_rank_at_once(tmp_path: Path) -> None
                 assert time.monotonic() < deadline, "the ranks never reached the lock"
                 time.sleep(POLL_S)
             launched.proc.send_signal(signal.SIGTERM)
-            took = _wait_gone(ranks, END_AFTER_STARTUP_SIGNAL_S)
+            took = wait_gone(ranks, END_AFTER_STARTUP_SIGNAL_S)
             launched.proc.wait(END_AFTER_STARTUP_SIGNAL_S)
         finally:
-            _stop_all(launched)
-    assert not any(_pid_alive(pid) for pid in ranks)
+            stop_all(launched)
+    assert not any(pid_alive(pid) for pid in ranks)
     logs = [p.read_text() for p in (run_dir / "logs").glob("rank*.log")]
     assert len(logs) == 3 and all("SIGTERM during start-up: leaving now" in log for log in logs), (
         f"{took:.1f} s\n" + launched.text()[-3000:]

@@ -21,18 +21,19 @@ import pytest
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
 from ringtrain.trainer.outcome import FAILED, PEER_FAILED, REFUSED, STOPPED, Outcome
 from ringtrain.trainer.report import describe_end
-from tests.launcher import (
+from tests.helpers.checkpoints import plant_torn_checkpoints
+from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
     expected_batch_ids,
     launch_command,
+    rank_log,
     run_env,
     shm_entries,
     step_records,
     trained_batches,
     wait_for_step,
 )
-from tests.test_reliability import _plant_torn_checkpoints, _rank_log
 
 POLL_S = 0.1
 TORCH_NOISE = ("Traceback", "SignalException", "ChildFailedError", "Logging error")
@@ -127,9 +128,9 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
     assert proc.returncode == 0, text[-4000:]
     _assert_quiet(text)
     for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
-        log = _rank_log(run_dir, rank, role)
+        log = rank_log(run_dir, rank, role)
         assert "exiting with code 0" in log, f"rank {rank} did not exit cleanly:\n{log[-2000:]}"
-    assert "stopping before step" in _rank_log(run_dir, 2, "drafter")
+    assert "stopping before step" in rank_log(run_dir, 2, "drafter")
     stopped = step_records(run_dir)[-1]["step"]
     assert 3 <= stopped < 10 and len(step_records(run_dir)) == stopped, text[-4000:]
     root = run_dir / "checkpoints"
@@ -144,18 +145,18 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
     assert shm_entries(name) == []
     evaluated = eval_records(run_dir)[-1]
 
-    _plant_torn_checkpoints(root, checkpoint)
+    plant_torn_checkpoints(root, checkpoint)
     assert latest_checkpoint(root) == checkpoint
     resumed, resumed_output = _launch(run_dir, 2, 1, overrides, resume=True)
     text = _finish(resumed, resumed_output)
     assert resumed.returncode == 0, text[-4000:]
     _assert_quiet(text)
-    assert f"resumed from {checkpoint} at step {stopped}" in _rank_log(run_dir, 2, "drafter")
+    assert f"resumed from {checkpoint} at step {stopped}" in rank_log(run_dir, 2, "drafter")
     progress = [line for line in text.splitlines() if re.search(r"\] step \d+/10 \|", line)]
     assert f"tau_sim {evaluated['tau_sim']:.3f} (step {evaluated['step']})" in progress[0], text
     done = f"done: this session {10 - stopped} steps ({stopped + 1} to 10), "
     assert done in text and "; run: 10 steps |" in text, text[-4000:]
-    session = _rank_log(run_dir, 0, "target").split("exiting with code")[1]
+    session = rank_log(run_dir, 0, "target").split("exiting with code")[1]
     steps = [int(s) for s in re.findall(r"INFO step (\d+) \| \d+ batches produced", session)]
     assert steps and min(steps) > stopped, session  # the run's step, not this session's count
     records = step_records(run_dir)

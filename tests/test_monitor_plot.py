@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from monitor_records import eval_record, step_record, write_run
 
 from ringtrain.cli.plot import main as plot_main
 from ringtrain.monitor.runlog import RunDirError, read_run
+from tests.helpers.monitor_records import eval_record, step_record, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from monitor_records import tensorboard_scalars
 
 from ringtrain.cli.plot import main as plot_main
 from ringtrain.monitor.runlog import RunDirError, read_run
-from tests.launcher import RUN_TIMEOUT_S, eval_records, start_training, step_records
+from tests.helpers.launcher import RUN_TIMEOUT_S, eval_records, start_training, step_records
+from tests.helpers.monitor_records import tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from monitor_records import eval_record, step_record, tensorboard_scalars
 
 from ringtrain.config import ConfigError
 from ringtrain.monitor.sinks import WANDB_ID_FILE, TensorBoardSink, check_report_to
+from tests.helpers.monitor_records import eval_record, step_record, tensorboard_scalars
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 

@@ -40,8 +40,8 @@ from ringtrain.drafter.optim import (
 from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupStableDecay
 from ringtrain.trainer.plan import check_resume_optimizer
-from tests.launcher import run_training, step_records, trained_batches
-from tests.tiny_drafter import PAPER_DRAFTER
+from tests.helpers.launcher import run_training, step_records, trained_batches
+from tests.helpers.tiny_drafter import PAPER_DRAFTER
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -10,7 +10,7 @@ import torch
 
 from ringtrain.drafter import build_optimizer, optimizer_step
 from ringtrain.drafter.optim import is_fused_adamw
-from tests.tiny_drafter import make_setup, objective, paper_optim
+from tests.helpers.tiny_drafter import make_setup, objective, paper_optim
 
 # A clip low enough that every step of the tiny drafter is clipped.
 OPTIM = paper_optim(lr=1e-2, warmup_fraction=0.0, grad_clip=0.05)

@@ -16,8 +16,8 @@ import pytest
 
 from ringtrain.config import Config, ConfigError, parse_config
 from ringtrain.main import embedded_split, main
-from tests.launcher import RUN_TIMEOUT_S, run_env, step_records, trained_batches
-from tests.tiny_drafter import PAPER_SETS
+from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records, trained_batches
+from tests.helpers.tiny_drafter import PAPER_SETS
 
 
 def embedded_run(processes: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
 from ringtrain.data.stats import dataset_statistics
-from tests.chat_data import (
+from tests.helpers.chat_data import (
     ASSISTANT_TEXTS,
     CONVERSATIONS,
 )

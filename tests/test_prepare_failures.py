@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
-from tests.chat_data import CONVERSATIONS
+from tests.helpers.chat_data import CONVERSATIONS
 
 FAILURE_TIMEOUT_S = 120
 

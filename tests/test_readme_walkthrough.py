@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.target.tiny import build_tiny_target
-from tests.launcher import RUN_TIMEOUT_S, run_env, step_records, wait_for_step
+from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records, wait_for_step
 
 pytestmark = pytest.mark.slow
 

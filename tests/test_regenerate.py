@@ -1,4 +1,4 @@
-"""ringtrain-data regenerate against OpenAI-compatible servers on 127.0.0.1 (tools/servers/chat_server.py):
+"""ringtrain-data regenerate against OpenAI-compatible servers on 127.0.0.1 (ringtrain/testing/chat_server.py):
 contents per record and turn, options passed through, retried faults, bad input lines."""
 
 from __future__ import annotations
@@ -11,8 +11,13 @@ import pytest
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.regen_client import RetryPolicy, Sampling
 from ringtrain.data.regenerate import RegenerateOptions, RegenerateTotals, regenerate
-from tests.regenerate_chats import MODEL, assert_all_regenerated, read_output, write_chats
-from tools.servers.chat_server import ChatServer, Faults
+from ringtrain.testing.chat_server import ChatServer, Faults
+from ringtrain.testing.regenerate_chats import (
+    MODEL,
+    assert_all_regenerated,
+    read_output,
+    write_chats,
+)
 
 
 def _args(servers: list[ChatServer], chats: Path, output: Path, *extra: str) -> list[str]:

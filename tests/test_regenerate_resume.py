@@ -16,8 +16,13 @@ import pytest
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.regen_client import Sampling
 from ringtrain.data.regenerate import RegenerateOptions, regenerate
-from tests.regenerate_chats import MODEL, assert_all_regenerated, read_output, write_chats
-from tools.servers.chat_server import ChatServer, Faults
+from ringtrain.testing.chat_server import ChatServer, Faults
+from ringtrain.testing.regenerate_chats import (
+    MODEL,
+    assert_all_regenerated,
+    read_output,
+    write_chats,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

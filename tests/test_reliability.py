@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,91 +32,30 @@ from ringtrain.drafter import (
     load_checkpoint,
     save_checkpoint,
 )
-from ringtrain.drafter.checkpoint import WEIGHTS_FILE, CheckpointError
+from ringtrain.drafter.checkpoint import CheckpointError
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.monitor.stat_view import format_snapshot
-from ringtrain.ring import RingReader, discover
 from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.target.taps import default_tap_layers
-from tests.launcher import (
-    RUN_TIMEOUT_S,
+from tests.helpers.checkpoints import plant_torn_checkpoints
+from tests.helpers.launcher import (
+    launch,
+    rank_log,
+    ring_reader,
     run_env,
     shm_entries,
+    stop_all,
     tiny_config,
-    torchrun_command,
     wait_for_step,
+    wait_gone,
 )
-from tests.tiny_drafter import PAPER_DRAFTER, paper_optim
+from tests.helpers.tiny_drafter import PAPER_DRAFTER, paper_optim
 
 # Every surviving rank must be gone this long after a peer was killed.
 EXIT_AFTER_KILL_S = 30.0
 # A run refused for bad input exits well within this (it never starts distributed work).
 VALIDATION_TIMEOUT_S = 240.0
-POLL_S = 0.1
-
-
-# ---- helpers for torchrun runs -----------------------------------------------------------
-
-
-@dataclass
-class Launched:
-    """A torchrun launch in the background, its output going to a file."""
-
-    proc: subprocess.Popen[bytes]
-    run_dir: Path
-    output: Path
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace")
-
-
-def _launch(run_dir: Path, targets: int, drafters: int, overrides: list[str]) -> Launched:
-    output = run_dir.with_name(run_dir.name + ".out")
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            torchrun_command(run_dir, targets, drafters, overrides),
-            env=run_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Launched(proc, run_dir, output)
-
-
-def _stop_all(launched: Launched) -> None:
-    """Make sure nothing of a launch outlives its test (the workers have their own sessions)."""
-    if launched.proc.poll() is None:
-        launched.proc.kill()
-        launched.proc.wait(RUN_TIMEOUT_S)
-
-
-def _ring_reader(name: str) -> RingReader:
-    """A read-only mapping of the live ring of run `name` (as ringtrain-stat makes one)."""
-    rings = [r for r in discover() if r.run.startswith(f"{name}-") and r.pids]
-    assert len(rings) == 1, f"expected one live ring of run {name}, found {rings}"
-    return RingReader(rings[0])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _wait_gone(pids: list[int], timeout: float) -> float:
-    """Seconds until every pid in `pids` is gone; fails after `timeout`."""
-    start = time.monotonic()
-    while any(_pid_alive(pid) for pid in pids):
-        assert time.monotonic() - start < timeout, f"pids {pids} still alive after {timeout} s"
-        time.sleep(POLL_S)
-    return time.monotonic() - start
-
-
-def _rank_log(run_dir: Path, rank: int, role: str) -> str:
-    return (run_dir / "logs" / f"rank{rank}-{role}.log").read_text()
 
 
 # ---- SIGKILL of one rank -------------------------------------------------------------------
@@ -136,7 +74,7 @@ def test_killed_rank_stops_every_other_rank(
 ) -> None:
     name = f"kill{victim_rank}{os.getpid()}"
     run_dir = tmp_path / "run"
-    launched = _launch(
+    launched = launch(
         run_dir,
         targets,
         drafters,
@@ -152,26 +90,26 @@ def test_killed_rank_stops_every_other_rank(
     try:
         # Step 2 has begun only after the step-1 checkpoint was written.
         wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
-        reader = _ring_reader(name)
+        reader = ring_reader(name)
         try:
             ranks = {r.rank: r for r in reader.snapshot().ranks}
             assert sorted(ranks) == list(range(targets + drafters))
             victim = ranks[victim_rank]
             survivors = [r for r in ranks.values() if r.rank != victim_rank]
             os.kill(victim.pid, signal.SIGKILL)
-            took = _wait_gone([r.pid for r in survivors], EXIT_AFTER_KILL_S)
+            took = wait_gone([r.pid for r in survivors], EXIT_AFTER_KILL_S)
             launched.proc.wait(EXIT_AFTER_KILL_S)
             snapshot = reader.snapshot()
         finally:
             reader.close()
     finally:
-        _stop_all(launched)
+        stop_all(launched)
     output = launched.text()
     assert launched.proc.returncode != 0, output[-3000:]
     named = f"rank {victim_rank} ({victim.label}, pid {victim.pid})"
     assert named in output, f"the terminal does not name {named} ({took:.1f} s):\n{output[-3000:]}"
     for survivor in survivors:
-        log = _rank_log(run_dir, survivor.rank, survivor.label)
+        log = rank_log(run_dir, survivor.rank, survivor.label)
         assert named in log, f"rank {survivor.rank}'s log does not name {named}:\n{log[-2000:]}"
         # It failed (exit 1) or its watchdog stopped it (exit 1); it never exited cleanly.
         assert "failed:" in log or "stopping this rank" in log, log[-2000:]
@@ -188,14 +126,6 @@ def test_killed_rank_stops_every_other_rank(
 
 
 # ---- a crash while a checkpoint is written ------------------------------------------------------
-
-
-def _plant_torn_checkpoints(root: Path, complete: Path) -> None:
-    """What a crash mid-save can leave: a temporary copy and a step dir missing a file."""
-    shutil.copytree(complete, root / ".tmp-step_99999990-12345")
-    torn = root / "step_99999999"
-    shutil.copytree(complete, torn)
-    (torn / WEIGHTS_FILE).unlink()
 
 
 def test_crash_mid_checkpoint_never_leaves_a_complete_looking_one(
@@ -221,7 +151,7 @@ def test_crash_mid_checkpoint_never_leaves_a_complete_looking_one(
     assert not (root / "step_00000002").exists()
     assert not [p.name for p in root.iterdir() if p.name.startswith(".tmp-")], "torn copy kept"
     assert latest_checkpoint(root) == good
-    _plant_torn_checkpoints(root, good)
+    plant_torn_checkpoints(root, good)
     assert latest_checkpoint(root) == good
     assert load_checkpoint(root, "cpu").path == good
 

@@ -30,7 +30,7 @@ from ringtrain.drafter.resume_record import (
 )
 from ringtrain.drafter.schedules import WarmupCosine
 from ringtrain.trainer.run_dir import read_run_id
-from tests.launcher import (
+from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     run_env,
     run_training,
@@ -39,7 +39,7 @@ from tests.launcher import (
     wait_for_step,
     worker_pid,
 )
-from tests.tiny_drafter import PAPER_SETS
+from tests.helpers.tiny_drafter import PAPER_SETS
 
 # The paper's recipe (AdamW, cosine): the schedule and the checkpoint sizes checked below.
 BASE = [

@@ -9,13 +9,13 @@ import time
 import uuid
 
 import pytest
-import ring_workers as rw
 import torch
 
 from ringtrain.batch import HIDDEN, slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, Ring, RingError, RingSpec, ShmTooSmall
 from ringtrain.ring.names import check_shm_space
 from ringtrain.ring.spec import SlotLayout
+from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
 JOIN_S = 60

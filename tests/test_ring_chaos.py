@@ -31,12 +31,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import ring_workers as rw
 import torch
 
 from ringtrain.batch import slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
 from ringtrain.ring.names import remove_run
+from tests.helpers import ring_workers as rw
 
 ROUNDS = 200
 POOL = 4

@@ -11,10 +11,10 @@ import time
 import uuid
 
 import pytest
-import ring_workers as rw
 import torch
 
 from ringtrain.ring import PeerDied, Ring, RingClosed
+from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
 JOIN_S = 60

@@ -6,8 +6,9 @@ import multiprocessing as mp
 import uuid
 
 import pytest
-import ring_workers as rw
 import torch
+
+from tests.helpers import ring_workers as rw
 
 pytestmark = [
     pytest.mark.gpu,

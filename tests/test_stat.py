@@ -11,7 +11,6 @@ import sys
 import uuid
 
 import numpy as np
-import ring_workers as rw
 import torch
 
 from ringtrain.monitor.stat_view import format_snapshot
@@ -19,6 +18,7 @@ from ringtrain.monitor.verdict import ring_judgement
 from ringtrain.ring import CONSUMER, Ring, with_interval
 from ringtrain.ring.control import HEADER, MAGIC, VERSION
 from ringtrain.ring.names import ring_id
+from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
 JOIN_S = 60

@@ -20,7 +20,7 @@ from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
 from ringtrain.target.taps import default_tap_layers
 from ringtrain.target.tiny import build_tiny_target
-from tests.tiny_families import record_handed_keys
+from tests.helpers.tiny_families import record_handed_keys
 
 NUM_LAYERS = 8
 DOC_LENGTHS = (37, 5, 64, 20)

@@ -18,7 +18,7 @@ from ringtrain.target.compiled import compile_units, resolve_compile
 from ringtrain.target.loader import load_target
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.tiny import build_tiny_target
-from tests.tiny_families import build_model, write_model
+from tests.helpers.tiny_families import build_model, write_model
 
 TAPS = [1, 3, 6]
 # Warm-up shapes (rows, length): several rows, one row, and a length equal to the head

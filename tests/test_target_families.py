@@ -19,32 +19,21 @@ import torch
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetModelDir, layer_index
 from ringtrain.target.runner import TargetRunner
-from tests.tiny_families import (
+from tests.helpers.tiny_families import (
     ALL_FAMILIES,
     LAYERS,
     MOE_FAMILIES,
+    SEQUENCE_LENGTHS,
     VOCAB,
+    Padded,
     build_model,
     record_handed_keys,
     write_model,
 )
 
-SEQUENCE_LENGTHS = (13, 7)
 LAYOUTS = [(family, False) for family in ALL_FAMILIES] + [
     (family, True) for family in (*MOE_FAMILIES, "qwen3_5_moe") if family != "gpt_oss"
 ]
-
-
-class Padded:
-    """Two sequences right-padded into one batch, as the data pipeline hands them over."""
-
-    def __init__(self, sequences: list[np.ndarray]) -> None:
-        width = max(len(s) for s in sequences) + 3
-        self.input_ids = np.zeros((len(sequences), width), dtype=np.int64)
-        self.attention_mask = np.zeros((len(sequences), width), dtype=np.int64)
-        for row, sequence in enumerate(sequences):
-            self.input_ids[row, : len(sequence)] = sequence
-            self.attention_mask[row, : len(sequence)] = 1
 
 
 def reference_hidden_states(

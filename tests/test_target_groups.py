@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import ring_workers as rw
 from transformers import CONFIG_MAPPING
 
 from ringtrain.batch import slot_fields
@@ -30,11 +29,13 @@ from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.ring import RankHung, Ring, RingError, RingReader, RingSpec, discover
 from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import END_OF_ROLE, rank_info_from_env
-from tests.launcher import (
+from tests.helpers import ring_workers as rw
+from tests.helpers.launcher import (
     POLL_S,
     RUN_TIMEOUT_S,
     eval_records,
     expected_batch_ids,
+    pid_alive,
     run_training,
     shm_entries,
     start_training,
@@ -42,8 +43,7 @@ from tests.launcher import (
     trained_batches,
     wait_for_step,
 )
-from tests.test_reliability import _pid_alive
-from tests.tiny_families import COMMON, TEXT_FAMILIES, build_model, write_model
+from tests.helpers.tiny_families import COMMON, TEXT_FAMILIES, build_model, write_model
 
 EXIT_AFTER_KILL_S = 30.0
 STEPS = 6
@@ -76,7 +76,7 @@ def _kill_member(name: str, run_dir: Path, proc: subprocess.Popen[str]) -> tuple
         assert (ranks[0].group, ranks[0].member, ranks[1].member) == (0, 0, 1)
         os.kill(ranks[1].pid, signal.SIGKILL)
         start = time.monotonic()
-        while _pid_alive(ranks[0].pid) or _pid_alive(ranks[2].pid):
+        while pid_alive(ranks[0].pid) or pid_alive(ranks[2].pid):
             assert time.monotonic() - start < EXIT_AFTER_KILL_S, "ranks outlived the kill"
             time.sleep(POLL_S)
         took = time.monotonic() - start

@@ -16,7 +16,7 @@ from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
-from tests.tiny_families import LAYERS, VOCAB, build_model, write_fp8, write_mxfp4
+from tests.helpers.tiny_families import LAYERS, VOCAB, build_model, write_fp8, write_mxfp4
 
 TAPS = [1, 3, LAYERS - 1]
 

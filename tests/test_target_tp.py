@@ -17,14 +17,20 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_target_families import SEQUENCE_LENGTHS, Padded
 
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
-from tests.launcher import run_gloo_pair
-from tests.tiny_families import LAYERS, VOCAB, build_model, write_model
+from tests.helpers.launcher import run_gloo_pair
+from tests.helpers.tiny_families import (
+    LAYERS,
+    SEQUENCE_LENGTHS,
+    VOCAB,
+    Padded,
+    build_model,
+    write_model,
+)
 
 SPLIT_FAMILIES = ("qwen3", "qwen3_moe", "gpt_oss")
 # config-only targets a group of two must refuse -> what the refusal names

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launcher import RUN_TIMEOUT_S, run_env
+from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:
-    """A child's environment with the project importable, as the editable install makes it."""
+    """A child's environment with the project root on PYTHONPATH (tools/ is not installed)."""
     env = run_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
@@ -76,7 +76,8 @@ def test_moe_report_runs_as_a_module_and_reads_the_gpu_check_results(tmp_path: P
 
 
 MPS_STEPS = """
-from tools.recipes.mps import mps_daemon
+import runpy
+mps_daemon = runpy.run_path("tools/recipes/mps.py")["mps_daemon"]
 with mps_daemon(True) as outer:
     with mps_daemon(True) as inner, mps_daemon(False) as unwanted:
         print("inside", outer, inner, unwanted, flush=True)
@@ -151,16 +152,30 @@ def test_speed_report_sets_old_and_new_side_by_side_with_ratios(tmp_path: Path) 
     assert json.loads((tmp_path / "speed_report.json").read_text()) == report
 
 
-def test_speed_report_sets_ringtrains_experts_against_transformers() -> None:
-    from tools.bench.speed_report import moe_rows
-
+def test_speed_report_sets_ringtrains_experts_against_transformers(tmp_path: Path) -> None:
+    """moe_experts compares transformers' experts (old) with ringtrain's (new), GPU output rows
+    only; the blocks' rows compare the eager blocks, missing here (old None)."""
     rows = [
         {"moe_compile": "transformers", "out": "device", "step_ms": 160.0},
         {"moe_compile": "transformers", "out": "host", "step_ms": 165.0},
         {"moe_compile": "on", "out": "device", "step_ms": 140.0},
     ]
-    assert moe_rows({"results": rows}, "transformers") == {"old": rows[0], "new": rows[2]}
-    assert moe_rows({"results": rows}, "off") == {"old": {}, "new": rows[2]}
+    (tmp_path / "speed_experts.json").write_text(json.dumps({"results": rows}))
+    (tmp_path / "speed_moe.json").write_text(json.dumps({"results": rows}))
+    subprocess.run(
+        [sys.executable, "-m", "tools.bench.speed_report"], cwd=ROOT,
+        env={**_env(), "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "speed_report.json").read_text())
+    entries = {e["metric"]: e for e in report["comparison"]}
+    experts = entries["moe_experts.step_ms"]
+    assert (experts["old"], experts["new"]) == (160.0, 140.0)
+    assert experts["ratio"] == pytest.approx(140.0 / 160.0)
+    assert (entries["moe_target.step_ms"]["old"], entries["moe_target.step_ms"]["new"]) == (
+        None,
+        140.0,
+    )
 
 
 @pytest.mark.parametrize(

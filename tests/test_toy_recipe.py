@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from tests.launcher import RUN_TIMEOUT_S, run_env, step_records
+from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records
 
 ROOT = Path(__file__).resolve().parents[1]
 

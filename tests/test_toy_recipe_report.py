@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.launcher import run_env
+from tests.helpers.launcher import run_env
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "launch/toy_recipe.sh --device cuda"

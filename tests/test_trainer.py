@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
-from tests.launcher import (
+from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
     expected_batch_ids,

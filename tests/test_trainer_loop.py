@@ -7,14 +7,11 @@ calls, so an in-memory stand-in (a list of items, a recorder of progress) drives
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import msgspec
 import pytest
 import torch
-from tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
-from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
@@ -26,62 +23,16 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
 )
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_resume_record
-from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
 from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums
-from tools.shared.packed_batch import random_packed_batch
+from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, item
+from tests.helpers.tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
 BLOCK = make_cfg().block_size
-
-
-class RingStandIn:
-    """Items from a list (None once it is empty), progress and GPU busy recorded."""
-
-    def __init__(self, items: list[ReadItem]) -> None:
-        self.items = deque(items)
-        self.progress: list[int] = []
-
-    def take(self) -> ReadItem | None:
-        return self.items.popleft() if self.items else None
-
-    def record_progress(self, count: int) -> None:
-        self.progress.append(count)
-
-    def report_gpu_busy(self, fraction: float | None) -> None:
-        assert fraction is None  # no NVML on CPU
-
-    def gpu_busy_by_rank(self) -> dict[int, float]:
-        return {}
-
-
-class ReporterStandIn:
-    def __init__(self) -> None:
-        self.steps: list[StepRecord] = []
-        self.evaluations: list[tuple[int, dict]] = []
-
-    def step(self, record: StepRecord) -> None:
-        self.steps.append(record)
-
-    def evaluation(self, step: int, metrics: dict) -> None:
-        self.evaluations.append((step, metrics))
-
-
-def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> ReadItem:
-    batch = random_packed_batch(
-        DOCS, len(TAPS) * TARGET["hidden_size"], 64, "cpu", torch.float32, seq
-    )
-    hidden = batch.hidden * math.nan if poison else batch.hidden
-    round_id = 1 if kind == BatchKind.EVAL else 0
-    meta = BatchMeta(batch_id=100 + seq, epoch=0, seq=seq, producer=0, kind=kind, round=round_id)
-    arrays = {f.name: getattr(batch, f.name) for f in TOKEN_ARRAYS}
-    return ReadItem(
-        arrays={**arrays, HIDDEN: hidden},
-        num_tokens=batch.num_tokens, num_docs=batch.num_docs, meta=meta, producer_rank=0, seq=seq,
-    )  # fmt: skip
 
 
 def make_loop(

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ringtrain.drafter import latest_checkpoint, load_checkpoint
-from tests.launcher import RUN_TIMEOUT_S, run_env, shm_entries, step_records, wait_for_step
+from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, shm_entries, step_records, wait_for_step
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
-"""The project's scripts: benchmarks, recipes, a stand-in chat server.
+"""The project's scripts: benchmarks and recipes.
 
 A package, so that each script runs as a module from the project root
-(`python -m tools.bench.bench_ring`) or by its path from anywhere once the project is
-installed (`tools/setup_env.sh` installs it in editable mode).
+(`python -m tools.bench.bench_ring`); it is not part of the installed library. Fixtures
+the scripts share with the tests are in ringtrain.testing.
 """

@@ -5,7 +5,7 @@ Writes a synthetic dataset (log-normal row lengths, shape sigma = 0.6, clipped t
 memory is counted, then opens it with max_len 4096 and the vocabulary check, and times
 `next(stream)` plus `batch.padded()` for each batch.
 
-    python tools/bench/bench_data.py --rows 200000 --mean-len 1000 --budget 16384 --json
+    python -m tools.bench.bench_data --rows 200000 --mean-len 1000 --budget 16384 --json
 """
 
 from __future__ import annotations

@@ -32,13 +32,13 @@ its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost)
 "default" is what the config's defaults train (DFlash2, D-PACE, Muon). Every other
 variant trains the paper's drafter and objective (DFlash, decayed cross-entropy).
 
-    python tools/bench/bench_drafter.py --json                         # H200, default variant
-    python tools/bench/bench_drafter.py --json --variants all          # + loss_chunk / compile modes
-    python tools/bench/bench_drafter.py --json --profile               # + top kernels of 3 steps
-    python tools/bench/bench_drafter.py --json --variants base,fast_step,cudagraphs,muon --steps 10
-    python tools/bench/bench_drafter.py --json --variants fast_step,dflash2 --profile
-    python tools/bench/bench_drafter.py --json --target-shape smollm2-135m --variants fast_step,dflash2,default
-    python tools/bench/bench_drafter.py --device cpu --small --json    # smoke run on a CPU
+    python -m tools.bench.bench_drafter --json                         # H200, default variant
+    python -m tools.bench.bench_drafter --json --variants all          # + loss_chunk / compile modes
+    python -m tools.bench.bench_drafter --json --profile               # + top kernels of 3 steps
+    python -m tools.bench.bench_drafter --json --variants base,fast_step,cudagraphs,muon --steps 10
+    python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile
+    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants fast_step,dflash2,default
+    python -m tools.bench.bench_drafter --device cpu --small --json    # smoke run on a CPU
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.target.taps import default_tap_layers
+from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
@@ -76,7 +77,6 @@ from tools.bench.model_shapes import (
     SMOLLM2_135M,
     SMOLLM2_MASK_TOKEN_ID,
 )
-from tools.shared.packed_batch import PackedBatch, random_packed_batch
 
 PEAK_FLOPS = {"cuda": PEAK_BF16_FLOPS}
 # --target-shape: the target whose drafter is benchmarked; the drafter takes its hidden

@@ -22,8 +22,8 @@ the kept and of the unkept tensors the cold load brought into memory (``only_kep
 None when the cache could not be emptied, e.g. a tmpfs directory: see ``filesystem``).
 The checkpoint is deleted at the end unless ``--keep``.
 
-    python tools/bench/bench_load.py --json                          # GPU machine, /tmp
-    python tools/bench/bench_load.py --device cpu --small --json     # smoke run without a GPU
+    python -m tools.bench.bench_load --json                          # GPU machine, /tmp
+    python -m tools.bench.bench_load --device cpu --small --json     # smoke run without a GPU
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark the regenerate client: requests per second against a server that answers at once.
 
 A real engine takes milliseconds to seconds per answer, so the client must never be what
-limits a regeneration run. This starts `tools/servers/chat_server.py` in a child process (on
+limits a regeneration run. This starts `ringtrain/testing/chat_server.py` in a child process (on
 127.0.0.1, deterministic answers, no model), writes `--records` single-turn conversations,
 and runs `ringtrain.data.regenerate` on them in this process (progress bar included,
 drawn to /dev/null), then checks that every record came back once.
@@ -10,7 +10,7 @@ drawn to /dev/null), then checks that every record came back once.
 work included: both share the machine); `client_cpu_us_per_request` is this process's
 CPU time per request, what the client itself costs.
 
-    python tools/bench/bench_regenerate.py --records 20000 --concurrency 64 --json
+    python -m tools.bench.bench_regenerate --records 20000 --concurrency 64 --json
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.servers.chat_server", "--port", "0"],
+        [sys.executable, "-m", "ringtrain.testing.chat_server", "--port", "0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -36,12 +36,12 @@ single row and on more rows of other lengths, the graphs compiled while running 
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of each
 variant's first measurement.
 
-    python tools/bench/bench_target.py --json                     # every shape, 8192 and 16384 tokens
-    python tools/bench/bench_target.py --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
-    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
-    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
-    python tools/bench/bench_target.py --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --json
-    python tools/bench/bench_target.py --device cpu --small --json  # smoke run without a GPU
+    python -m tools.bench.bench_target --json                     # every shape, 8192 and 16384 tokens
+    python -m tools.bench.bench_target --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --json
+    python -m tools.bench.bench_target --device cpu --small --json  # smoke run without a GPU
 """
 
 from __future__ import annotations

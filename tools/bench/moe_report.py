@@ -6,7 +6,7 @@
 table and one JSON line, also saved as ``$OUT/moe_report.json``. A benchmark that did
 not finish shows as None.
 
-    OUT=gpu-results python tools/bench/moe_report.py
+    OUT=gpu-results python -m tools.bench.moe_report
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ corrupt  between two launches, the newest good checkpoint is damaged as users fi
          end as for every round; a damaged checkpoint no run has written again since
          is left out of the weights check (it is known to be bad).
 regen    two `ringtrain-data regenerate` clients on one output against the stand-in
-         chat server (tools/servers/chat_server.py): the first is held at the server's
+         chat server (ringtrain/testing/chat_server.py): the first is held at the server's
          gate after a random number of answers, the second must be refused naming the
          first's pid; the gate opens, the first is SIGKILLed at a random moment and the
          run is resumed. Checked: every input line is in the output exactly once, with
-         the answer it should have (tests/regenerate_chats.py works that out).
+         the answer it should have (ringtrain/testing/regenerate_chats.py works that out).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from ringtrain.data.regen_lock import lock_path
 from ringtrain.drafter import read_resume_record
 from ringtrain.drafter.checkpoint import STATE_FILE, STEP_DIR, WEIGHTS_FILE, checkpoint_problem
 from ringtrain.drafter.resume_record import RESUME_FILE
-from tests.regenerate_chats import MODEL, assert_all_regenerated, write_chats
-from tools.servers.chat_server import ChatServer, Faults
+from ringtrain.testing.chat_server import ChatServer, Faults
+from ringtrain.testing.regenerate_chats import MODEL, assert_all_regenerated, write_chats
 
 
 @dataclass

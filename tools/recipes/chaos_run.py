@@ -1,6 +1,6 @@
 """A bounded soak of the failure handling: faults at random moments, resumes, and checks.
 
-    python tools/recipes/chaos_run.py [--rounds 40] [--seed 0] [--faults kill,stop,...]
+    python -m tools.recipes.chaos_run [--rounds 40] [--seed 0] [--faults kill,stop,...]
                                       [--work-dir DIR] [--json FILE]
 
 Each round starts the embedded default (`torchrun --standalone --nproc-per-node 3 -m
@@ -12,7 +12,7 @@ whole run to end:
     stop     SIGSTOP of a random rank
     term     SIGTERM to the launcher (as a scheduler's preemption sends it)
     stuck    a random rank's main thread spins forever while its other threads live
-             (SIGUSR1 through tests/spin_hook, which every process loads from PYTHONPATH)
+             (SIGUSR1 through ringtrain/testing/spin_hook, which every process loads from PYTHONPATH)
     corrupt  the newest good checkpoint damaged before the launch, which is then ended
              by a SIGTERM (chaos_faults.py says how, and what is checked)
     regen    no training run: two `ringtrain-data regenerate` clients on one output, the
@@ -55,6 +55,7 @@ from ringtrain.drafter import StreamCursor, latest_checkpoint, read_resume_recor
 from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
 from ringtrain.ring import RingReader, discover
 from ringtrain.ring.liveness import process_state
+from ringtrain.testing import SPIN_HOOK
 from ringtrain.trainer.phases import WORK
 from tools.recipes.chaos_faults import (
     Damage,
@@ -65,8 +66,6 @@ from tools.recipes.chaos_faults import (
     regen_round,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-SPIN_HOOK = ROOT / "tests" / "spin_hook"
 FAULTS = ("kill", "stop", "term", "stuck", "corrupt", "regen")
 UNDAMAGED = "fewer than two good checkpoints: nothing damaged"
 GENTLE = ("term", "corrupt")  # rounds whose run ends by the launcher's SIGTERM: exit 0

@@ -10,8 +10,8 @@ made. Deterministic for a seed and a step count: --minutes picks the step count 
 measured speed of a few throwaway steps (after warm-up steps, which on a GPU include
 kernel selection and are slow) and logs it, and --steps N repeats a run exactly.
 
-    python tools/recipes/make_toy_target.py --output models/toy --minutes 10
-    python tools/recipes/make_toy_target.py --output /tmp/tiny --tiny      # seconds, for tests
+    python -m tools.recipes.make_toy_target --output models/toy --minutes 10
+    python -m tools.recipes.make_toy_target --output /tmp/tiny --tiny      # seconds, for tests
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ at ``--max-new-tokens`` are counted and reported. The prompts can be carved from
 corpus of the toy recipe (train and eval splits never share text), so the recipe needs
 no external data:
 
-    python tools/recipes/regenerate.py --target models/toy --make-prompts 2000 --prompt-len 32 \\
+    python -m tools.recipes.regenerate --target models/toy --make-prompts 2000 --prompt-len 32 \\
         --prompts data/train-prompts.jsonl --output data/toy-train --max-new-tokens 96
-    python tools/recipes/regenerate.py --target models/toy --make-prompts 32 --prompt-len 32 \\
+    python -m tools.recipes.regenerate --target models/toy --make-prompts 32 --prompt-len 32 \\
         --split eval --prompts data/eval-prompts.jsonl --output data/toy-eval
 """
 

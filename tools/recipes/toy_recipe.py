@@ -1,7 +1,7 @@
 """The toy recipe in one command: target, data, drafter training, evaluation, timed.
 
-    python tools/recipes/toy_recipe.py --device cuda            # or launch/toy_recipe.sh --device cuda
-    python tools/recipes/toy_recipe.py --device cuda --objectives decayed_ce,dpace
+    python -m tools.recipes.toy_recipe --device cuda            # or launch/toy_recipe.sh --device cuda
+    python -m tools.recipes.toy_recipe --device cuda --objectives decayed_ce,dpace
 
 Steps (sizes from configs/recipes/toy.toml, the section of the device; paths from the
 training config it names):

@@ -1,6 +1,6 @@
 """Choose the toy recipe's drafter settings by measurement: several variants, one target.
 
-    python tools/recipes/toy_sweep.py --device cuda \\
+    python -m tools.recipes.toy_sweep --device cuda \\
         --variant 'base=drafter.num_layers=2' \\
         --variant 'deep=drafter.num_layers=2;target.tap_layers=[1,3,4]'
 

@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from ringtrain.config import Config, parse_config
 from ringtrain.data import BatchStream, open_dataset
+from ringtrain.ring import RingReader, discover
 
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
@@ -213,3 +215,67 @@ def expected_batch_ids(run_dir: Path, targets: int, upto: dict[int, int]) -> dic
         )
         expected[target] = [next(stream).batch_id for _ in range(count)]
     return expected
+
+
+@dataclass
+class Launched:
+    """A torchrun launch in the background, its output going to a file."""
+
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    output: Path
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def launch(run_dir: Path, targets: int, drafters: int, overrides: list[str]) -> Launched:
+    """Start a run of `torchrun_command` in a session of its own, its output in a file
+    beside `run_dir`."""
+    output = run_dir.with_name(run_dir.name + ".out")
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            torchrun_command(run_dir, targets, drafters, overrides),
+            env=run_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Launched(proc, run_dir, output)
+
+
+def stop_all(launched: Launched) -> None:
+    """Make sure nothing of a launch outlives its test (the workers have their own sessions)."""
+    if launched.proc.poll() is None:
+        launched.proc.kill()
+        launched.proc.wait(RUN_TIMEOUT_S)
+
+
+def ring_reader(name: str) -> RingReader:
+    """A read-only mapping of the live ring of run `name` (as ringtrain-stat makes one)."""
+    rings = [r for r in discover() if r.run.startswith(f"{name}-") and r.pids]
+    assert len(rings) == 1, f"expected one live ring of run {name}, found {rings}"
+    return RingReader(rings[0])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float) -> float:
+    """Seconds until every pid in `pids` is gone; fails after `timeout`."""
+    start = time.monotonic()
+    while any(pid_alive(pid) for pid in pids):
+        assert time.monotonic() - start < timeout, f"pids {pids} still alive after {timeout} s"
+        time.sleep(POLL_S)
+    return time.monotonic() - start
+
+
+def rank_log(run_dir: Path, rank: int, role: str) -> str:
+    """The log file of rank `rank` (role "target" or "drafter") of the run in `run_dir`."""
+    return (run_dir / "logs" / f"rank{rank}-{role}.log").read_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -217,3 +218,19 @@ def write_mxfp4(directory: Path, model: torch.nn.Module, seed: int = 0) -> Path:
     config.save_pretrained(directory)
     del config.quantization_config
     return directory
+
+
+# Two sequences of unequal lengths, right-padded into one batch by Padded.
+SEQUENCE_LENGTHS = (13, 7)
+
+
+class Padded:
+    """Two sequences right-padded into one batch, as the data pipeline hands them over."""
+
+    def __init__(self, sequences: list[np.ndarray]) -> None:
+        width = max(len(s) for s in sequences) + 3
+        self.input_ids = np.zeros((len(sequences), width), dtype=np.int64)
+        self.attention_mask = np.zeros((len(sequences), width), dtype=np.int64)
+        for row, sequence in enumerate(sequences):
+            self.input_ids[row, : len(sequence)] = sequence
+            self.attention_mask[row, : len(sequence)] = 1

@@ -4,7 +4,7 @@ It stands in for vLLM or SGLang where no target is served: the tests of
 `ringtrain-data regenerate` and `tools/bench/bench_regenerate.py` start it on 127.0.0.1, and
 it lets the regenerate -> prepare flow be tried without a GPU:
 
-    python tools/servers/chat_server.py --port 8000 --model echo
+    python -m ringtrain.testing.chat_server --port 8000 --model echo
     ringtrain-data regenerate --server http://127.0.0.1:8000/v1 --model echo \\
         --input chats.jsonl --output regenerated.jsonl
 

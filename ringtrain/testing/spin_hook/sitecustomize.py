@@ -3,8 +3,8 @@
 Python imports this module at start-up in every process that has this directory on its
 PYTHONPATH. The main thread then loops in Python at its next bytecode after the signal,
 while its other threads (heartbeat, watchdog) keep running: the failure a heartbeat
-alone cannot see. For the tests and tools/recipes/chaos_run.py that check how a run reacts to a
-hung rank; nothing in ringtrain reads or needs it.
+alone cannot see. For the tests and tools/recipes/chaos_run.py that check how a run reacts
+to a hung rank (ringtrain.testing.SPIN_HOOK names this directory); training never uses it.
 """
 
 import signal

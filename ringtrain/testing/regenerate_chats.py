@@ -1,7 +1,7 @@
 """Chat records for the regenerate tests and what the output should hold for each.
 
 The expected output is worked out here independently of ringtrain's code: the answer of
-`tools/servers/chat_server.py` is a function of the whole conversation it is sent, so matching
+`ringtrain/testing/chat_server.py` is a function of the whole conversation it is sent, so matching
 contents prove that each request carried the right conversation (its earlier assistant
 turns being the regenerated ones).
 """
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tools.servers.chat_server import answer_for
+from ringtrain.testing.chat_server import answer_for
 
 MODEL = "echo"
 ROLES = {"human": "user", "gpt": "assistant"}

@@ -1,1 +1,0 @@
-"""Stand-in servers: an OpenAI-compatible chat server that answers deterministically."""

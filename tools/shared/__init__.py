@@ -1,1 +1,0 @@
-"""Pieces shared by the benchmarks and the tests (random packed batches)."""
