@@ -8,11 +8,19 @@ options, rendezvous, worker management and signal forwarding as torchrun) and re
 how the run ended, once for the node, from what each rank wrote as it ended
 (trainer/outcome.py):
 
-- a stop (SIGTERM, Ctrl-C): the ranks finish their step and checkpoint; the launcher
-  waits for them, prints "stopped at step N ..., checkpoint ...: resume with ..." and
-  exits 0 (a stop during start-up, with nothing trained, exits 128 + the signal number);
+- a stop (SIGTERM, Ctrl-C): the launcher passes the signal on to the ranks itself and
+  waits for them however long their step takes (torch's launcher would SIGKILL them
+  after its --shutdown-timeout, cutting a long step; the ranks bound a stop themselves:
+  trainer/signals.py), then prints "stopped at step N ..., checkpoint ...: resume with
+  ..." and exits 0 (a stop during start-up, with nothing trained, exits 128 + the signal
+  number);
 - a refusal (a bad config value, a resume mismatch): the message once, exit code 2;
-- a failure: the first failing rank's error and where its log is, its exit code.
+- a failure: the rank that failed first, what happened to it and where its log is (a
+  rank found hung or frozen by a peer is reported as that, not as the peer's kill), its
+  exit code.
+
+On its way out it removes the shared-memory objects of rings whose processes are all
+dead (a run killed while creating its ring), as `ringtrain-stat --clean` does.
 
 torch's launcher's own log lines (and its ChildFailedError report) stay off the console
 unless LOGLEVEL is set (e.g. LOGLEVEL=INFO for rendezvous details). Plain `torchrun ... -m
@@ -21,19 +29,23 @@ ringtrain.main` works too; it prints torch's reports as well.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ringtrain.main import build_parser
+from ringtrain.ring.names import remove_dead_runs
 from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, read_outcomes
 from ringtrain.trainer.report import describe_end
 
@@ -47,6 +59,47 @@ TORCH_LAUNCHER_LOGGERS = (
     "torch.distributed.launcher",
     "torch.distributed.run",
 )
+# The stop signals the launcher passes on itself; torch's launcher handles the others.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+TORCH_HANDLED_SIGNALS = "SIGHUP,SIGQUIT"
+
+
+class StopForwarder:
+    """Passes SIGTERM and SIGINT on to the workers (this process's children) and lets the
+    launch run on until they end; before any worker runs, a stop ends the launch as
+    torch's launcher would (SignalException)."""
+
+    def __init__(self) -> None:
+        self.signal_name = ""
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        workers = child_pids()
+        if not workers:
+            raise SignalException(f"{PROGRAM} got {name} before any rank started", signum)
+        self.signal_name = self.signal_name or name
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def child_pids() -> list[int]:
+    """The pids of this process's children (the workers torch's launcher started)."""
+    me, children = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[1]) == me:
+            children.append(int(entry.name))
+    return children
 
 
 def split_arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -101,6 +154,10 @@ def launch(argv: Sequence[str]) -> int:
     args = torchrun_arguments(argv)
     local_ranks = torch_run.determine_local_world_size(args.nproc_per_node)
     quiet_torch_launcher()
+    forwarder = StopForwarder()
+    if hasattr(args, "signals_to_handle"):  # this torch lets the launcher keep the stops
+        args.signals_to_handle = TORCH_HANDLED_SIGNALS
+        forwarder.install()
     with tempfile.TemporaryDirectory(prefix="ringtrain-outcomes-") as directory:
         os.environ[OUTCOME_DIR_ENV] = directory
         signal_name, failures = "", {}
@@ -111,6 +168,8 @@ def launch(argv: Sequence[str]) -> int:
         except ChildFailedError as exc:
             failures = {rank: failure.exitcode for rank, failure in exc.failures.items()}
         outcomes = read_outcomes(Path(directory))
+    remove_dead_runs()
+    signal_name = signal_name or forwarder.signal_name
     code, line = describe_end(outcomes, local_ranks, failures, signal_name, resume_command(argv))
     if line:
         print(f"ringtrain: {line}", file=sys.stderr if code else sys.stdout, flush=True)

@@ -30,6 +30,7 @@ from ringtrain.config import (
     load_config,
     parse_config,
 )
+from ringtrain.ring import PeerDied
 from ringtrain.trainer.groups import RankGroups, new_groups
 from ringtrain.trainer.logs import (
     FILE_ONLY,
@@ -37,7 +38,15 @@ from ringtrain.trainer.logs import (
     setup_logging,
     silence_cpu_kernel_fallbacks,
 )
-from ringtrain.trainer.outcome import FAILED, REFUSED, Outcome, env_rank, launched, report_outcome
+from ringtrain.trainer.outcome import (
+    FAILED,
+    REFUSED,
+    Outcome,
+    env_rank,
+    launched,
+    peer_failure,
+    report_outcome,
+)
 from ringtrain.trainer.plan import INPUT_ERRORS, validate_inputs
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from ringtrain.trainer.run_dir import claim_run_dir, prepare_run_dir
@@ -183,11 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(exc, reporter=info.local_rank == 0)
     if info.rank == 0:
         (run_dir / "config.json").write_bytes(dump_config(config))
+    # Under ringtrain-launch the launcher prints one line for the run; details stay in logs.
+    console = FILE_ONLY if launched() else None
     try:
         groups = init_distributed(info)
         outcome = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
+    except PeerDied as exc:  # another rank failed first: name it and point at its log
+        log.error("%s stopped: %s", info.tag, exc, extra=console)
+        report_outcome(peer_failure(info.rank, exc, run_dir, log_path))
+        return 1
     except Exception as exc:
-        log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc())
+        log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc(), extra=console)
         report_outcome(
             Outcome(info.rank, 1, FAILED, f"{info.tag} failed: {exc}", log=str(log_path))
         )

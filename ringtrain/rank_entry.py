@@ -19,6 +19,8 @@ from ringtrain.trainer.outcome import STOPPED, Outcome, env_rank, report_outcome
 
 
 def _leave_during_imports(signum: int, _frame: FrameType | None) -> None:
+    for other in (signal.SIGINT, signal.SIGTERM):  # a second signal must not report again
+        signal.signal(other, signal.SIG_IGN)
     name = signal.Signals(signum).name
     report_outcome(Outcome(env_rank(), 128 + signum, STOPPED, "during start-up", name))
     os._exit(128 + signum)

@@ -9,6 +9,8 @@
     ringtrain-stat [RUN] --watch   refresh every --interval seconds (default 2), adding
                                    rates over the last interval, until the run ends
     --json                         machine-readable output (one JSON document per refresh)
+    ringtrain-stat --clean         remove the shared-memory objects of rings whose processes
+                                   are all dead (a run killed while creating its ring)
 
 Arguments are parsed before anything heavy is imported, so --help and argument errors
 answer at once; the work is in ringtrain.monitor.stat_view.
@@ -40,7 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--all", action="store_true", help="list every user's rings, not only yours"
     )
+    parser.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove the shared-memory objects of rings whose processes are all dead",
+    )
     return parser
+
+
+def clean() -> int:
+    """Remove dead rings' objects and say what went (ringtrain-stat --clean)."""
+    from ringtrain.ring.names import remove_dead_runs
+
+    removed = remove_dead_runs()
+    for run, objects in removed.items():
+        print(f"removed {len(objects)} shared-memory objects of dead ring {run}")
+    if not removed:
+        print("no shared-memory objects of dead rings")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print("ringtrain-stat: --interval must be above 0 seconds", file=sys.stderr)
         return 2
     try:
+        if args.clean:
+            return clean()
         from ringtrain.monitor import stat_view  # torch and the ring code load only now
 
         if args.run is None and not args.watch:

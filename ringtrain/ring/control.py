@@ -22,13 +22,16 @@ from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec, SlotLayout
 
 MAGIC = int.from_bytes(b"RINGTRN1", "little")
 # 4: the spec names each rank's end (producer or consumer) and its label, not a role.
-VERSION = 4
+# 5: each rank's heartbeat thread records whether its main thread works (phases.py).
+VERSION = 5
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
 ERROR_BYTES = 512
 # What a rank announced it is doing, in words (phases.py).
 DOING_BYTES = 96
+# Where a rank's main thread was when its heartbeat thread last sampled it.
+WHERE_BYTES = 160
 # Device transport: room per exported handle (64 B each: the slab, one event per slot)
 # including msgpack framing.
 HANDLE_BYTES = 80
@@ -99,6 +102,11 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             # Last progress of the rank's main thread, and the phase it announced
             # (written by that thread only; see phases.py).
             ("progress_ns", "<i8"),
+            # Written by the rank's heartbeat thread, which samples the main thread: the
+            # last time it saw it working (stack moving, CPU in use, waiting on peers),
+            # and since when its stack has not moved (phases.py).
+            ("active_ns", "<i8"),
+            ("still_ns", "<i8"),
             ("items", "<i8"),
             ("blocked_ns", "<i8"),
             ("starved_ns", "<i8"),
@@ -110,8 +118,11 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("error_len", "<i4"),
             ("handles_len", "<i4"),
             ("doing_len", "<i4"),
+            ("cpu_busy", "<i4"),  # the last sample saw the main thread use the CPU
+            ("where_len", "<i4"),
             ("error", "u1", (ERROR_BYTES,)),
             ("doing", "u1", (DOING_BYTES,)),
+            ("where", "u1", (WHERE_BYTES,)),
             ("handles", "u1", (HANDLE_BYTES * (slots_per_producer + 2),)),
         ],
         align=True,

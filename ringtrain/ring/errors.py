@@ -12,13 +12,23 @@ class PeerDied(RingError):
 
     `rank` is the global rank of the dead peer, `label` what the run calls it (RingSpec.label),
     `last_error` the error text it recorded before dying (empty when it left none).
+    `primary`: the rank's death or hang was seen directly (it is gone, stopped beating or
+    made no progress), not through the error or abort it left after something else failed.
     """
 
-    def __init__(self, message: str, rank: int = -1, label: str = "", last_error: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        rank: int = -1,
+        label: str = "",
+        last_error: str = "",
+        primary: bool = False,
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.label = label
         self.last_error = last_error
+        self.primary = primary
 
 
 class RingClosed(RingError):

@@ -1,21 +1,46 @@
-"""Is a process still the one we knew? pid + kernel start time, zombies count as dead."""
+"""Is a process still the one we knew (pid + kernel start time, zombies count as dead),
+and is its main thread working (its stack moving or its CPU time growing)?
+
+A thread's CPU time cannot be read from another thread through `time`, but the kernel
+keeps it per thread in /proc/self/task/<tid>/stat; its stack is readable through
+sys._current_frames. ThreadSampler reads both, so a rank's heartbeat thread can tell a
+main thread that computes a long step from one blocked in one place (ring/phases.py).
+A main thread waiting in a collective on its peers is neither: `waiting_on_peers` marks
+that span, so the sampler counts it as working (a stuck peer is named by its own state).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 _MISSING = -1
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# A sampled thread that used at least this share of the time since the last sample on
+# the CPU is computing (a blocked thread uses none; tick accounting is coarse).
+MIN_BUSY_FRACTION = 0.05
+# How many of a location's path components name it ("drafter/model.py:150 in forward").
+WHERE_PATH_PARTS = 3
+
+
+def _stat_fields_of(path: str) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (field 3 first), or None.
+    The command name (field 2) may hold spaces and parentheses: split after the last ')'."""
+    try:
+        raw = Path(path).read_bytes().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw[raw.rfind(")") + 2 :].split()
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    return raw[raw.rfind(")") + 2 :].split()
+    """The fields of /proc/<pid>/stat after the command name (field 3 first), or None."""
+    return _stat_fields_of(f"/proc/{pid}/stat")
 
 
 def process_start_time(pid: int) -> int:
@@ -59,6 +84,73 @@ def mapping_pid(path: str) -> int | None:
 def monotonic_ns() -> int:
     """System-wide monotonic clock in ns (comparable between processes of one host)."""
     return time.monotonic_ns()
+
+
+def thread_cpu_s(native_id: int) -> float | None:
+    """CPU seconds (user + system) that thread `native_id` of this process has used, or None
+    when it is gone."""
+    fields = _stat_fields_of(f"/proc/self/task/{native_id}/stat")
+    # After the command name: field 14 (utime) is index 11, field 15 (stime) index 12.
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S if fields else None
+
+
+@dataclass(frozen=True)
+class ThreadActivity:
+    """What a sampled thread did since the previous sample."""
+
+    moved: bool  # its stack differs (a frame or a line)
+    busy: bool  # it used the CPU (MIN_BUSY_FRACTION of the time)
+    waits_on_peers: bool  # it waits in a collective (waiting_on_peers)
+    where: str  # its innermost Python frame, "path:line in function"
+
+
+class ThreadSampler:
+    """Samples one thread of this process from another: its stack and its CPU time."""
+
+    def __init__(self, ident: int, native_id: int) -> None:
+        self.ident, self.native_id = ident, native_id
+        self._stack: tuple[tuple[int, int], ...] | None = None
+        self._cpu_s = thread_cpu_s(native_id)
+        self._sampled = time.monotonic()
+
+    def sample(self) -> ThreadActivity | None:
+        """The thread's activity since the previous sample (None once it is gone)."""
+        frame = sys._current_frames().get(self.ident)
+        cpu_s, now = thread_cpu_s(self.native_id), time.monotonic()
+        if frame is None or cpu_s is None:
+            return None
+        where = frame_location(frame)
+        stack = []
+        while frame is not None:
+            stack.append((id(frame.f_code), frame.f_lineno or 0))
+            frame = frame.f_back
+        moved, self._stack = tuple(stack) != self._stack, tuple(stack)
+        used, elapsed = cpu_s - (self._cpu_s or 0.0), max(now - self._sampled, 1e-6)
+        self._cpu_s, self._sampled = cpu_s, now
+        busy = used >= MIN_BUSY_FRACTION * elapsed
+        return ThreadActivity(moved, busy, _peer_waits > 0, where)
+
+
+def frame_location(frame: object) -> str:
+    """`frame`'s place in words: the last path components, the line and the function."""
+    code = frame.f_code  # type: ignore[attr-defined]
+    path = "/".join(Path(code.co_filename).parts[-WHERE_PATH_PARTS:])
+    return f"{path}:{frame.f_lineno} in {code.co_name}"  # type: ignore[attr-defined]
+
+
+_peer_waits = 0  # spans of waiting_on_peers the main thread is in (nested)
+
+
+@contextlib.contextmanager
+def waiting_on_peers() -> Iterator[None]:
+    """Mark a span in which this process's main thread waits on its peers (a collective):
+    the sampler counts it as working, as a ring wait counts."""
+    global _peer_waits
+    _peer_waits += 1
+    try:
+        yield
+    finally:
+        _peer_waits -= 1
 
 
 def own_identity() -> tuple[int, int]:

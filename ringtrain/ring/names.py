@@ -168,21 +168,37 @@ def remove_run(run_id: str, lock_dir: str) -> list[str]:
     return removed
 
 
-def clean_stale(run_id: str, lock_dir: str) -> None:
-    """Remove objects of dead runs; raise if `run_id` itself is held by a live creator."""
+def _runs(lock_dir: str) -> list[str]:
+    """The run ids that own an object in /dev/shm or a lock file in `lock_dir`."""
     runs = {r for e in os.listdir(SHM_DIR) if (r := _run_of(e))}
     if lock_dir != SHM_DIR and os.path.isdir(lock_dir):
         runs |= {r for e in os.listdir(lock_dir) if (r := _run_of(e))}
-    for run in sorted(runs):
-        alive, pid, junk = _ctl_state(run)
-        if alive and run == run_id:
-            raise RingError(
-                f"ring {run_id!r} is already in use by a live process (pid {pid}); "
-                f"pick another run id or stop that run"
-            )
-        if not alive:
-            removed = remove_run(run, lock_dir)
-            if removed and junk:
+    return sorted(runs)
+
+
+def remove_dead_runs(lock_dir: str = SHM_DIR) -> dict[str, list[str]]:
+    """Remove the objects of every run whose creator is dead (and of junk segments);
+    returns what was removed, by run. Objects of live runs are left alone."""
+    removed_by_run = {}
+    for run in _runs(lock_dir):
+        alive, _pid, junk = _ctl_state(run)
+        if alive:
+            continue
+        if removed := remove_run(run, lock_dir):
+            removed_by_run[run] = removed
+            if junk:
                 log.info("removed junk ring objects %r (%s)", run, junk)
-            elif removed:
+            else:
                 log.info("removed %d stale shared-memory objects of dead run %r", len(removed), run)
+    return removed_by_run
+
+
+def clean_stale(run_id: str, lock_dir: str) -> None:
+    """Remove objects of dead runs; raise if `run_id` itself is held by a live creator."""
+    alive, pid, _junk = _ctl_state(run_id)
+    if alive:
+        raise RingError(
+            f"ring {run_id!r} is already in use by a live process (pid {pid}); "
+            f"pick another run id or stop that run"
+        )
+    remove_dead_runs(lock_dir)

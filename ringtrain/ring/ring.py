@@ -42,15 +42,15 @@ finished (and releases `ready` again so the next consumer wakes too), else waits
 Tokens released = items + finishes, and a consumer only discards a token while some
 producer is unfinished, so at least one token is always left for the final wake-up.
 
-Liveness: each rank beats its heartbeat from a daemon thread about once a second,
-and its main thread publishes progress and the phase it is in (phases.py). Every
-blocking wait lasts at most `wait_timeout_s`; then the peers are checked (watch.py): a
-rank whose pid is gone (or reused: kernel start time differs, or is a zombie), whose
-heartbeat is older than `heartbeat_timeout_s`, that recorded an error, or that set
-the ring's closing flag raises PeerDied naming that rank, its label and its last
-error; one whose main thread made no progress for longer than its phase allows raises
-RankHung, naming what it was doing. A watchdog thread runs the same checks, and checks
-its own rank too. A slot held by a rank that died mid-write or mid-read is not recovered: the
+Liveness: each rank beats its heartbeat from a daemon thread about once a second, which
+also samples whether the main thread works, and its main thread publishes progress and
+its phase (phases.py). Every blocking wait lasts at most `wait_timeout_s`; then the peers
+are checked (watch.py): a rank whose pid is gone (or reused: kernel start time differs,
+or is a zombie), whose heartbeat is older than `heartbeat_timeout_s`, that recorded an
+error, or that set the ring's closing flag raises PeerDied naming that rank, its label
+and its last error; one that neither progressed nor worked for longer than its phase
+allows raises RankHung, naming what it was doing and where. A watchdog thread runs the
+same checks, and checks its own rank too. A slot held by a rank that died mid-write or mid-read is not recovered: the
 run treats any dead rank as fatal, so survivors raise PeerDied within one wait
 timeout. POSIX semaphores survive their holders, so they are counters only.
 
@@ -141,13 +141,15 @@ class Ring:
         self._closed = False
         self._close_lock = threading.Lock()
         self._owner_thread = threading.get_ident()
-        self.watch = Watch(spec, self.control, local_index, self._owner_thread)
+        self.watch = Watch(spec, self.control, local_index)
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # Set by the first record_progress(): from then on this rank stops at safe points.
         self.worked = False
+        # The longest span between two record_progress() calls (a step, with its waits).
+        self.longest_step_s, self._progressed_ns = 0.0, 0
         self._work = b"working"  # what record_progress shows (describe_work)
         self._register_rank()
         _OPENED.add(self)
@@ -233,6 +235,7 @@ class Ring:
         row["attached_ns"] = now
         row["heartbeat_ns"] = now
         row["progress_ns"] = now
+        row["active_ns"] = row["still_ns"] = now
         row["phase"] = phases.STARTING
         cb.put_bytes(row, "doing", phases.STARTING_DOING.encode())
         row["gpu_busy"] = -1.0
@@ -336,7 +339,7 @@ class Ring:
     def _heartbeat_loop(self) -> None:
         interval = heartbeat_interval_s(self.spec)
         while not self._stop.wait(interval):
-            self._row["heartbeat_ns"] = monotonic_ns()
+            self.watch.beat(self._closed)
 
     def report_gpu_busy(self, fraction: float | None) -> None:
         """Publish this rank's GPU busy fraction (None: not measurable here)."""
@@ -370,6 +373,9 @@ class Ring:
             cb.put_bytes(row, "doing", self._work)
         row["progress_ns"] = now
         self._row["heartbeat_ns"] = now
+        if self._progressed_ns:
+            self.longest_step_s = max(self.longest_step_s, (now - self._progressed_ns) / 1e9)
+        self._progressed_ns = now
         self.worked = True
 
     def start_at(self, count: int) -> None:
@@ -446,8 +452,9 @@ class Ring:
         def watch() -> None:
             while not self._stop.wait(self.spec.wait_timeout_s):
                 try:
+                    self.watch.check_self()  # a hung rank names itself, not its echoes
                     self.watch.check_peers()
-                    self.watch.check_self()
+                    self.watch.note_slow_self()
                 except PeerDied as exc:
                     on_dead(exc)
                     return

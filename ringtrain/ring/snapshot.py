@@ -20,12 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from ringtrain.ring import control as cb
-from ringtrain.ring.liveness import monotonic_ns, process_alive
+from ringtrain.ring.liveness import monotonic_ns, process_alive, process_state
 from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
 from ringtrain.ring.payload import transport_name
 from ringtrain.ring.phases import doing, hang_reason, is_silent, progress_age_s
 from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec
 
+# death_reason of a rank that recorded an error: it failed, and its error says why.
+FAILED_REASON = "failed"
 # An end is the bottleneck once the other end waits at least this share of the time.
 BOTTLENECK_PCT = 10.0
 _CTL_LINK = re.compile(
@@ -44,13 +46,14 @@ def death_reason(row: np.ndarray, now_ns: int, heartbeat_timeout_ns: int) -> str
     if status in (cb.EMPTY, cb.CLOSED):
         return None
     if status == cb.FAILED:
-        return "failed"
+        return FAILED_REASON
     pid = int(row["pid"])
     if not process_alive(pid, int(row["start_time"])):
         return f"died (process {pid} is gone)"
     age_s = (now_ns - int(row["heartbeat_ns"])) / 1e9
     if age_s * 1e9 > heartbeat_timeout_ns:
-        return f"stopped beating ({age_s:.1f} s since its last heartbeat)"
+        stopped = ": its process is stopped" if process_state(pid) in ("T", "t") else ""
+        return f"stopped beating (heartbeat lost {age_s:.1f} s ago{stopped})"
     return None
 
 

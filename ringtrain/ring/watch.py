@@ -2,7 +2,8 @@
 
 Every rank checks its peers whenever a ring wait times out and, from a watchdog thread,
 about once per wait timeout; the watchdog also checks the rank itself, so a rank whose
-main thread is stuck (while its threads live) names itself and leaves. A peer that is
+main thread is stuck (while its threads live) names itself and leaves, and one whose
+main thread works past its allowance says once that it is slow, not hung. A peer that is
 frozen (stopped: no heartbeat either) cannot leave by itself, so the peer that finds it
 kills it: the run then ends within seconds instead of waiting for the launcher's grace.
 """
@@ -12,13 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
+import threading
 
 from ringtrain.ring import control as cb
 from ringtrain.ring.errors import PeerDied, RankHung
-from ringtrain.ring.liveness import monotonic_ns, process_alive
-from ringtrain.ring.phases import hang_reason
-from ringtrain.ring.snapshot import death_reason
+from ringtrain.ring.liveness import ThreadSampler, monotonic_ns, process_alive
+from ringtrain.ring.phases import hang_reason, record_activity, slow_reason
+from ringtrain.ring.snapshot import FAILED_REASON, death_reason
 from ringtrain.ring.spec import RingSpec
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,21 @@ def heartbeat_interval_s(spec: RingSpec) -> float:
 class Watch:
     """The checks of one rank (`local_index`) on the ring behind `control`."""
 
-    def __init__(
-        self, spec: RingSpec, control: cb.ControlBlock, local_index: int, main_thread: int
-    ) -> None:
+    def __init__(self, spec: RingSpec, control: cb.ControlBlock, local_index: int) -> None:
+        """Call in the rank's main thread: the thread `beat` samples."""
         self.spec, self.control, self.local_index = spec, control, local_index
-        self._main_thread = main_thread
+        self._said_slow = False
+        self._main = ThreadSampler(threading.get_ident(), threading.get_native_id())
+
+    def beat(self, closed: bool) -> None:
+        """Refresh this rank's heartbeat and record whether its main thread works
+        (phases.record_activity); heartbeat thread only."""
+        now = monotonic_ns()
+        row = self.control.ranks[self.local_index]
+        row["heartbeat_ns"] = now
+        activity = self._main.sample()
+        if activity is not None and not closed:
+            record_activity(row, activity, now, self.spec)
 
     def check_peers(self) -> None:
         """Raise PeerDied if another rank died, failed, aborted the ring or is hung."""
@@ -53,22 +64,36 @@ class Watch:
         others = [i for i in range(self.spec.num_ranks) if i != self.local_index]
         for index in others:
             if reason := death_reason(ranks[index], now, timeout_ns):
-                raise self._failure(index, reason)
+                raise self._failure(index, reason, primary=reason != FAILED_REASON)
         for index in others:
             if reason := hang_reason(ranks[index], now, self.spec):
-                raise self._failure(index, reason, RankHung)
+                raise self._failure(index, reason, RankHung, primary=True)
 
     def check_self(self) -> None:
-        """Raise RankHung if this rank's own main thread made no progress for too long."""
+        """Raise RankHung if this rank's own main thread made no progress and did no work
+        for too long (phases.hang_reason: the message says where it is blocked)."""
         reason = hang_reason(self.control.ranks[self.local_index], monotonic_ns(), self.spec)
         if reason:
-            frame = sys._current_frames().get(self._main_thread)
-            where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-            raise self._failure(
-                self.local_index, f"{reason}; its main thread is at {where}", RankHung
+            raise self._failure(self.local_index, reason, RankHung, primary=True)
+
+    def note_slow_self(self) -> None:
+        """Say once, in this rank's log, when its main thread works past its allowance: a
+        slow step is not a hang (phases.slow_reason)."""
+        if self._said_slow:
+            return
+        reason = slow_reason(self.control.ranks[self.local_index], monotonic_ns(), self.spec)
+        if reason:
+            self._said_slow = True
+            log.warning(
+                "rank %d %s; it keeps running: steps this long are expected on a slow "
+                "device (a smaller data.token_budget or drafter makes them shorter)",
+                self.spec.global_ranks[self.local_index],
+                reason,
             )
 
-    def _failure(self, index: int, reason: str, kind: type[PeerDied] = PeerDied) -> PeerDied:
+    def _failure(
+        self, index: int, reason: str, kind: type[PeerDied] = PeerDied, primary: bool = False
+    ) -> PeerDied:
         """The error naming rank `index`; a frozen peer is killed first (see the docstring)."""
         row = self.control.ranks[index]
         if index != self.local_index:
@@ -82,6 +107,7 @@ class Watch:
             rank=rank,
             label=self.spec.label(index),
             last_error=error,
+            primary=primary,
         )
 
     def _kill_if_frozen(self, index: int) -> None:

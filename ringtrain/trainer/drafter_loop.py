@@ -23,6 +23,7 @@ in-memory stand-in.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.arch import architecture_named
 from ringtrain.ring import ReadItem
+from ringtrain.ring.liveness import waiting_on_peers
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.data_parallel import (
     GradSyncProbe,
@@ -162,6 +164,9 @@ class DrafterLoop:
         self.trainee = trainee
         self.drafter_index = drafter_index
         self.group = group
+        # Spans in which this rank waits on the other drafters (the step's reduction, and
+        # backward, which waits for DDP's): working, for the ring's liveness sampler.
+        self.with_peers = waiting_on_peers if group is not None else contextlib.nullcontext
         self.device = next(trainee.model.parameters()).device
         self.block_size = config.drafter.block_size
         self.network = wrap_data_parallel(trainee.model, group, config.optim.grad_reduce_dtype)
@@ -209,7 +214,8 @@ class DrafterLoop:
             loss_sum = None if item is None else self._forward(item)
             if loss_sum is None:
                 self.sums.request_stop()
-            reduced = self.sums.reduce(self.group)
+            with self.with_peers():
+                reduced = self.sums.reduce(self.group)
             self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
                 self._discard(step, stop)
@@ -311,7 +317,8 @@ class DrafterLoop:
         if not math.isfinite(summary["loss"]):
             trainee.scheduler.step()
             return summary, None
-        scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
+        with self.with_peers():
+            scaled_loss(loss_sum, self.ranks, summary["weight_sum"]).backward()
         norm = optimizer_step(
             trainee.model,
             trainee.optimizer,
@@ -401,7 +408,8 @@ class DrafterLoop:
                 self.sums.request_stop()
             elif item.meta.kind == BatchKind.EVAL:
                 self._evaluate(item)
-            reduced = self.sums.reduce(self.group)
+            with self.with_peers():
+                reduced = self.sums.reduce(self.group)
             self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
                 return

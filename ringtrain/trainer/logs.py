@@ -71,11 +71,15 @@ def silence_cpu_kernel_fallbacks() -> None:
     logging.getLogger(KERNEL_FALLBACK_LOGGER).addFilter(_CPU_KERNEL_FALLBACKS)
 
 
+def rank_log_path(run_dir: Path, rank: int, role: str) -> Path:
+    """The log file of global rank `rank` (of role `role`) in the run directory."""
+    return run_dir / "logs" / f"rank{rank}-{role}.log"
+
+
 def setup_logging(run_dir: Path, rank: int, role: str, terminal_progress: bool) -> Path:
     """Configure the `ringtrain` logger for this rank; returns the log file's path."""
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / f"rank{rank}-{role}.log"
+    path = rank_log_path(run_dir, rank, role)
+    path.parent.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers.clear()
     logger.setLevel(logging.INFO)

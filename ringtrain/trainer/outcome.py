@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
+
+from ringtrain.trainer.logs import rank_log_path
 
 OUTCOME_DIR_ENV = "RINGTRAIN_OUTCOME_DIR"
 
@@ -26,9 +29,21 @@ FAILED = "failed"  # an error of its own while running
 PEER_FAILED = "peer failed"  # stopped because another rank died or failed
 
 
+class PeerFailure(Protocol):
+    """What a ring's PeerDied tells (ringtrain.ring is not imported here: rank_entry reads
+    this module before the heavy imports)."""
+
+    rank: int
+    label: str
+    primary: bool
+
+
 class Outcome(msgspec.Struct, frozen=True):
     """One rank's end. `step` and `checkpoint` are the lead drafter's (the step reached
-    and the newest checkpoint); `log` is the rank's log file when it had one."""
+    and the newest checkpoint); `log` is the rank's log file when it had one. A rank that
+    stopped for another's failure (PEER_FAILED) names that rank, `culprit` (itself when
+    its own watchdog found it hung), and the culprit's log file; `primary` when it saw the
+    culprit die or hang itself (not only the error or abort the culprit left)."""
 
     rank: int
     code: int
@@ -39,6 +54,9 @@ class Outcome(msgspec.Struct, frozen=True):
     checkpoint: str | None = None
     log: str | None = None
     wall: float = 0.0
+    culprit: int | None = None
+    culprit_log: str | None = None
+    primary: bool = False
 
 
 def launched() -> bool:
@@ -57,6 +75,21 @@ def report_outcome(outcome: Outcome) -> None:
     aside = path.with_name(f".{path.name}.{os.getpid()}")
     aside.write_bytes(msgspec.json.encode(stamped))
     aside.replace(path)
+
+
+def peer_failure(rank: int, died: PeerFailure, run_dir: Path, log: Path | None) -> Outcome:
+    """The outcome of rank `rank`, stopped because another rank died, failed or hung
+    (`died`, a ring PeerDied), pointing at that rank's log."""
+    return Outcome(
+        rank,
+        1,
+        PEER_FAILED,
+        str(died),
+        log=None if log is None else str(log),
+        culprit=died.rank,
+        culprit_log=str(rank_log_path(run_dir, died.rank, died.label)),
+        primary=died.primary,
+    )
 
 
 def env_rank() -> int:

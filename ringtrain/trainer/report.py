@@ -2,7 +2,9 @@
 
 From the ranks' outcomes (trainer/outcome.py), the exit codes of the workers that torch's
 launcher saw fail, and the signal the launcher itself received: a failure names the rank
-that failed first and why; a stop names the step and the checkpoint to resume from.
+that failed first, why, and that rank's log (a peer that found a rank hung or dead says
+what happened to it, so a rank killed for being frozen is reported as what it was); a
+stop names the step and the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -44,15 +46,21 @@ def describe_end(
     reported = {outcome.rank for outcome in outcomes}
     silent = {rank: code for rank, code in failures.items() if rank not in reported}
     killed = {rank: code for rank, code in silent.items() if code < 0}
-    if killed:  # killed outright (out of memory, SIGKILL): the others only saw it die
+    echoes = [outcome for outcome in outcomes if outcome.kind == PEER_FAILED]
+    if killed:  # killed outright (out of memory, SIGKILL, a peer ending a frozen rank)
         rank, code = min(killed.items())
+        seen = [outcome for outcome in echoes if outcome.culprit == rank]
+        if seen:  # the peer that found it says what happened to it
+            first = first_failure(seen)
+            return shell_code(code), _failure_line(first, f"; rank {rank} {exit_text(code)}")
         return shell_code(code), f"rank {rank} {exit_text(code)} without reporting an error"
-    for kinds in ((REFUSED, FAILED), (PEER_FAILED,)):  # a rank's own error before its echoes
-        problems = [outcome for outcome in outcomes if outcome.kind in kinds]
-        if problems:
-            first = min(problems, key=lambda outcome: outcome.wall)
-            where = f" (its log: {first.log})" if first.log else ""
-            return first.code or 1, f"{first.message}{where}"
+    own = [outcome for outcome in outcomes if outcome.kind in (REFUSED, FAILED)]
+    if own:  # a rank's own error before its echoes
+        first = min(own, key=lambda outcome: outcome.wall)
+        return first.code or 1, _failure_line(first)
+    if echoes:
+        first = first_failure(echoes)
+        return first.code or 1, _failure_line(first)
     if silent:
         rank, code = min(silent.items())
         return code, f"rank {rank} {exit_text(code)} without reporting an error"
@@ -64,6 +72,31 @@ def describe_end(
         )
     stopped = [outcome for outcome in outcomes if outcome.kind == STOPPED]
     return _stop_report(stopped, signal_name, resume) if stopped else (0, "")
+
+
+def first_failure(echoes: Sequence[Outcome]) -> Outcome:
+    """Among the ranks that stopped for another's failure, the report of the rank that
+    failed first: the earliest that saw a rank die or hang itself (primary), else, from
+    the earliest report, follow each culprit to its own report while that one blames
+    another rank (a peer that saw a peer fail)."""
+    if primary := [outcome for outcome in echoes if outcome.primary]:
+        return min(primary, key=lambda outcome: outcome.wall)
+    by_rank = {outcome.rank: outcome for outcome in echoes}
+    current = min(echoes, key=lambda outcome: outcome.wall)
+    seen = {current.rank}
+    while current.culprit is not None and current.culprit not in seen:
+        blamed = by_rank.get(current.culprit)
+        if blamed is None or blamed.culprit is None:
+            break
+        current = blamed
+        seen.add(current.rank)
+    return current
+
+
+def _failure_line(outcome: Outcome, detail: str = "") -> str:
+    """A failure's message, with the log that explains it (the culprit's, when named)."""
+    log = outcome.culprit_log if outcome.culprit is not None else outcome.log
+    return f"{outcome.message}{detail}" + (f" (its log: {log})" if log else "")
 
 
 def _stop_report(stopped: Sequence[Outcome], signal_name: str, resume: str) -> tuple[int, str]:

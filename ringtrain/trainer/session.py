@@ -45,11 +45,11 @@ from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import FILE_ONLY, MetricsWriter, get_logger, last_evaluation
 from ringtrain.trainer.outcome import (
     DONE,
-    PEER_FAILED,
     STOPPED,
     Outcome,
     env_rank,
     launched,
+    peer_failure,
     report_outcome,
 )
 from ringtrain.trainer.plan import Plan, batch_stream, eval_batches_per_round, ring_spec
@@ -82,15 +82,16 @@ def join_ring(config: Config, info: RankInfo, run_dir: Path, plan: Plan) -> Ring
     return ring
 
 
-def _die_on_peer_death(ring: Ring):
+def _die_on_peer_death(ring: Ring, run_dir: Path):
     def on_dead(exc: PeerDied) -> None:
-        get_logger().error("%s; stopping this rank", exc)
+        # Under ringtrain-launch the launcher says it once, naming the rank that failed.
+        get_logger().error("%s; stopping this rank", exc, extra=FILE_ONLY if launched() else None)
         for handler in get_logger().handlers:
             handler.flush()
         # Ranks that see this one abort then report the original death, not just the abort.
         ring.set_error(str(exc))
         ring.close(clean=False)
-        report_outcome(Outcome(env_rank(), 1, PEER_FAILED, str(exc)))
+        report_outcome(peer_failure(env_rank(), exc, run_dir, None))
         os._exit(1)
 
     return on_dead
@@ -112,7 +113,7 @@ def run_session(
     if resume and resume_from is None:
         log.warning("--resume: no complete checkpoint under %s; starting fresh", checkpoints)
     ring = join_ring(config, info, run_dir, plan)
-    ring.start_watchdog(_die_on_peer_death(ring))
+    ring.start_watchdog(_die_on_peer_death(ring, run_dir))
     step = None
     try:
         if info.is_target:

@@ -2,7 +2,12 @@
 
 Once this rank's loop has done a unit of work (its ring's first `record_progress`), a
 signal asks the loops to stop at a safe point instead of dying mid-step: they poll the
-request between steps and the drafters save a checkpoint. Before that, in start-up
+request between steps and the drafters save a checkpoint. The stop waits for the step in
+progress however long steps take here, within a bound derived from the longest step this
+rank measured (STOP_STEPS of them, plus `ring.startup_timeout_s` for the checkpoint); a
+rank still short of its safe point then leaves as failed, naming the bound (the newest
+complete checkpoint is kept). ringtrain-launch waits for the ranks rather than killing
+them after torch's shutdown timeout (launch.py). Before that, in start-up
 (validating inputs, rendezvous, barriers, joining the ring, loading, the first step),
 nothing would be lost and the main thread may be blocked in a call that no signal
 interrupts (a barrier whose peers are gone, a file lock, a collective): a thread woken
@@ -17,11 +22,14 @@ import signal
 import threading
 from types import FrameType
 
-from ringtrain.ring import open_rings
+from ringtrain.ring import Ring, open_rings
 from ringtrain.trainer.logs import FILE_ONLY, get_logger
-from ringtrain.trainer.outcome import STOPPED, Outcome, env_rank, launched, report_outcome
+from ringtrain.trainer.outcome import FAILED, STOPPED, Outcome, env_rank, launched, report_outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A stop may take this many of the longest step measured so far (plus a checkpoint's
+# allowance) before the rank gives up on reaching its safe point.
+STOP_STEPS = 3
 
 
 class StopRequest:
@@ -56,13 +64,53 @@ class StopRequest:
         ).start()
 
     def _watch(self, read_end: int) -> None:
-        """Wake on every caught signal; a stop signal during start-up ends the process."""
+        """Wake on every caught signal; a stop signal during start-up ends the process, one
+        during training starts the stop's bound (once)."""
+        bounded = False
         while True:
             for signum in os.read(read_end, 64):
-                if signum in STOP_SIGNALS:
-                    self.request(signal.Signals(signum).name)
-                    if not any(ring.worked for ring in open_rings()):
-                        leave_now(signal.Signals(signum))
+                if signum not in STOP_SIGNALS:
+                    continue
+                self.request(signal.Signals(signum).name)
+                rings = open_rings()
+                if not any(ring.worked for ring in rings):
+                    leave_now(signal.Signals(signum))
+                if not bounded:
+                    bounded = True
+                    threading.Thread(
+                        target=bound_stop, args=(signum, rings), name="stop-bound", daemon=True
+                    ).start()
+
+
+def bound_stop(signum: int, rings: list[Ring]) -> None:
+    """Say how long this stop may take; leave as failed if the rank is still running then
+    (see the module docstring)."""
+    step_s = max(ring.longest_step_s for ring in rings)
+    checkpoint_s = max(ring.spec.startup_timeout_s for ring in rings)
+    limit_s = STOP_STEPS * step_s + checkpoint_s
+    name = signal.Signals(signum).name
+    log = get_logger()
+    log.info(
+        "%s: finishing the step in progress (the longest so far took %.0f s), then a "
+        "checkpoint; stopping within %.0f s",
+        name,
+        step_s,
+        limit_s,
+    )
+    threading.Event().wait(limit_s)
+    message = (
+        f"rank {env_rank()} did not reach a safe point within {limit_s:.0f} s of {name} "
+        f"({STOP_STEPS} x its longest step, {step_s:.0f} s, + ring.startup_timeout_s for the "
+        "checkpoint): left without a checkpoint of this step; the newest complete one is kept"
+    )
+    log.error("%s", message)
+    report_outcome(Outcome(env_rank(), 1, FAILED, message))
+    for ring in open_rings():
+        ring.set_error(message)
+        ring.close(clean=False)
+    for handler in log.handlers:
+        handler.flush()
+    os._exit(1)
 
 
 def leave_now(signum: signal.Signals) -> None:

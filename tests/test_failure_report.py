@@ -1,0 +1,161 @@
+"""How a failed run is reported and what it leaves: the rank that failed first, and no
+shared-memory objects of dead rings.
+
+The report's choice among the ranks' outcomes is checked on outcomes as ranks write
+them; a target SIGSTOPped under ringtrain-launch (a real CPU run of the embedded
+default) must end with one last line naming it, its lost heartbeat and its log; the
+objects of a ring whose creator was SIGKILLed go with `ringtrain-stat --clean`, those of
+a live ring stay.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ringtrain.ring import Ring
+from ringtrain.trainer.outcome import PEER_FAILED, Outcome
+from ringtrain.trainer.report import describe_end
+from tests.helpers import ring_workers as rw
+from tests.helpers.launcher import (
+    RUN_TIMEOUT_S,
+    launch_command,
+    pid_alive,
+    ring_reader,
+    run_env,
+    shm_entries,
+    wait_for_step,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+ALLOWANCE_S = 8  # the SIGSTOP run's heartbeat and progress allowances
+
+
+def _echo(rank: int, culprit: int, wall: float, primary: bool, message: str) -> Outcome:
+    return Outcome(
+        rank,
+        1,
+        PEER_FAILED,
+        message,
+        wall=wall,
+        culprit=culprit,
+        culprit_log=f"logs/rank{culprit}.log",
+        primary=primary,
+    )
+
+
+def test_the_report_names_the_rank_seen_failing_not_the_peers_that_echoed_it() -> None:
+    outcomes = [
+        _echo(0, 2, 3.0, True, "rank 2 (drafter) is hung"),  # the target saw it hang
+        _echo(1, 0, 1.0, False, "rank 0 (target) aborted the ring"),  # an echo, earlier
+        _echo(2, 0, 2.0, False, "rank 0 (target) aborted the ring"),  # the hung one, too
+    ]
+    assert describe_end(outcomes, 3, {0: 1, 1: 1, 2: 1}, "", "x") == (
+        1,
+        "rank 2 (drafter) is hung (its log: logs/rank2.log)",
+    )
+    # Echoes only: each culprit is followed to the report of the rank it blames.
+    chain = [_echo(1, 0, 1.0, False, "rank 0 failed"), _echo(0, 2, 2.0, False, "rank 2 failed")]
+    assert describe_end(chain, 3, {}, "", "x") == (1, "rank 2 failed (its log: logs/rank2.log)")
+
+
+def test_a_rank_a_peer_killed_for_being_frozen_is_reported_as_frozen() -> None:
+    seen = _echo(1, 0, 1.0, True, "rank 0 (target) stopped beating (heartbeat lost 9.0 s ago)")
+    assert describe_end([seen], 2, {0: -9, 1: 1}, "", "x") == (
+        137,
+        "rank 0 (target) stopped beating (heartbeat lost 9.0 s ago); rank 0 was killed by "
+        "SIGKILL (its log: logs/rank0.log)",
+    )
+
+
+def _stat(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "ringtrain.cli.stat", *args]
+    return subprocess.run(
+        command, cwd=REPO, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+
+
+def test_stat_clean_removes_the_objects_of_a_ring_whose_creator_was_killed() -> None:
+    dead, live = f"dead{uuid.uuid4().hex[:8]}", f"live{uuid.uuid4().hex[:8]}"
+    create = (
+        "import sys; from ringtrain.ring import Ring; from tests.helpers import ring_workers"
+        " as rw; Ring.create(rw.make_spec(sys.argv[1], 1, 1), 0, 'cpu'); print('created',"
+        " flush=True); sys.stdin.read()"
+    )
+    creator = subprocess.Popen(
+        [sys.executable, "-c", create, dead],
+        cwd=REPO,
+        env=run_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ring = Ring.create(rw.make_spec(live, 1, 1), 0, "cpu")
+    try:
+        assert creator.stdout.readline().strip() == "created"
+        creator.send_signal(signal.SIGKILL)  # dies before the names are unlinked
+        creator.wait(RUN_TIMEOUT_S)
+        assert shm_entries(dead), "the killed creator's ring left no objects to clean"
+        proc = _stat("--clean")
+        assert proc.returncode == 0, proc.stderr
+        assert f"objects of dead ring {dead}" in proc.stdout
+        assert shm_entries(dead) == []
+        assert shm_entries(live), "a live ring's objects were removed"
+    finally:
+        ring.close()
+        if creator.poll() is None:
+            creator.kill()
+            creator.wait()
+
+
+@pytest.mark.slow
+def test_a_stopped_target_under_the_launcher_ends_with_its_lost_heartbeat(tmp_path: Path) -> None:
+    name = f"frozen{os.getpid()}"
+    run_dir = tmp_path / "run"
+    overrides = ["run.max_steps=1000", "run.log_every=1", "run.eval_every=0"]
+    overrides += ["run.checkpoint_every=0", f'run.name="{name}"']
+    overrides += [
+        f"ring.heartbeat_timeout_s={ALLOWANCE_S}",
+        f"ring.progress_timeout_s={ALLOWANCE_S}",
+    ]
+    output = tmp_path / "console.txt"
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            launch_command(run_dir, 1, 2, overrides),
+            env=run_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stopped = None
+    try:
+        wait_for_step(proc, run_dir, 2, lambda: output.read_text(errors="replace"))
+        reader = ring_reader(name)
+        try:
+            target = reader.snapshot().ranks[0]
+        finally:
+            reader.close()
+        os.kill(target.pid, signal.SIGSTOP)
+        stopped = target.pid
+        proc.wait(2 * ALLOWANCE_S + RUN_TIMEOUT_S / 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if stopped is not None and pid_alive(stopped):  # its own session: not in the group
+            os.kill(stopped, signal.SIGKILL)
+    text = output.read_text(errors="replace")
+    assert proc.returncode != 0, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"ringtrain: ring {name}-"), text[-4000:]
+    assert f"rank 0 (target, pid {target.pid}) stopped beating (heartbeat lost" in last, last
+    assert "its process is stopped" in last, last
+    assert last.endswith(f"(its log: {run_dir / 'logs' / 'rank0-target.log'})"), last
+    assert "Traceback" not in text, text[-4000:]
+    assert shm_entries(name) == []

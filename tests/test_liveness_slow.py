@@ -1,0 +1,248 @@
+"""Slow is not hung: a rank whose main thread works past its progress allowance keeps
+running, one blocked in one place is named hung by itself, and a stop during a slow
+step waits for it.
+
+The sampler and the verdicts run on real threads and rank-table rows; the end-to-end
+cases are real ringtrain-launch runs of the embedded default on CPU (1 target + 2
+drafters) with tests/helpers/stall_hook on the PYTHONPATH: SIGUSR1 makes a drafter's
+main thread compute for three allowances, SIGUSR2 blocks it on a lock for good. Every
+wall-clock bound follows from the configured allowance; waits poll files or processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringtrain.ring import control as cb
+from ringtrain.ring import phases
+from ringtrain.ring.liveness import (
+    ThreadActivity,
+    ThreadSampler,
+    monotonic_ns,
+    waiting_on_peers,
+)
+from ringtrain.ring.spec import RingSpec
+from tests.helpers import ring_workers as rw
+from tests.helpers.launcher import (
+    RUN_TIMEOUT_S,
+    launch_command,
+    ring_reader,
+    run_env,
+    step_records,
+    wait_for_step,
+)
+
+STALL_HOOK = Path(__file__).resolve().parent / "helpers" / "stall_hook"
+POLL_S = 0.1
+ALLOWANCE_S = 6  # ring.progress_timeout_s of the end-to-end runs
+SLOW_S = 3 * ALLOWANCE_S  # how long the slowed drafter computes in one place
+
+
+# ---- the sampler ------------------------------------------------------------------------
+
+
+def _sampled(work, stop: threading.Event) -> list:
+    """Start `work(stop)` in a thread, sample it twice a second apart, stop it."""
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: (ready.set(), work(stop)), daemon=True)
+    thread.start()
+    ready.wait()
+    sampler = ThreadSampler(thread.ident, thread.native_id)
+    samples = []
+    for _ in range(2):
+        stop.wait(1.0)
+        samples.append(sampler.sample())
+    stop.set()
+    thread.join()
+    return samples
+
+
+def test_the_sampler_tells_a_computing_thread_from_a_blocked_one() -> None:
+    def compute(stop: threading.Event) -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    busy = _sampled(compute, threading.Event())[-1]
+    assert busy.busy and not busy.waits_on_peers
+    blocked = _sampled(lambda stop: stop.wait(), threading.Event())[-1]
+    assert not blocked.busy and not blocked.moved
+    assert blocked.where.endswith(" in wait")  # threading.Event.wait
+
+
+def test_a_wait_on_peers_is_marked_for_the_sampler() -> None:
+    sampler = ThreadSampler(threading.get_ident(), threading.get_native_id())
+    with waiting_on_peers():
+        assert sampler.sample().waits_on_peers
+    assert not sampler.sample().waits_on_peers
+
+
+# ---- the verdicts ----------------------------------------------------------------------
+
+
+def _spec() -> RingSpec:
+    spec = rw.make_spec("liveness", producers=1, consumers=1)
+    return dataclasses.replace(spec, progress_timeout_s=10.0, startup_timeout_s=100.0)
+
+
+def _row(spec: RingSpec, progress_s: float, active_s: float, still_s: float, busy: bool):
+    """An attached, working rank-table row of this process: its last progress, activity
+    and stack move that many seconds ago, its main thread busy or not at a named place."""
+    row = np.zeros(1, dtype=cb.rank_dtype(spec.slots_per_producer))[0]
+    now = monotonic_ns()
+    row["status"], row["phase"], row["pid"] = cb.ATTACHED, phases.WORKING, os.getpid()
+    row["progress_ns"] = now - int(progress_s * 1e9)
+    row["active_ns"] = now - int(active_s * 1e9)
+    row["still_ns"] = now - int(still_s * 1e9)
+    row["cpu_busy"] = int(busy)
+    cb.put_bytes(row, "doing", b"training")
+    cb.put_bytes(row, "where", b"drafter/model.py:150 in forward")
+    return row, now
+
+
+def test_a_working_rank_past_its_allowance_is_slow_not_hung() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=60.0, active_s=1.0, still_s=40.0, busy=True)
+    assert phases.hang_reason(row, now, spec) is None
+    slow = phases.slow_reason(row, now, spec)
+    assert slow is not None and slow.startswith("is slow, not hung: no progress for 60 s")
+    assert "ring.progress_timeout_s = 10 s" in slow and "model.py:150" in slow
+
+
+def test_a_blocked_rank_is_hung_and_says_where() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=30.0, active_s=30.0, still_s=30.0, busy=False)
+    reason = phases.hang_reason(row, now, spec)
+    assert reason is not None and reason.startswith("is hung: no progress for 30 s")
+    assert "blocked at drafter/model.py:150 in forward, using no CPU" in reason
+    assert phases.slow_reason(row, now, spec) is None
+
+
+def test_cpu_use_in_one_place_counts_as_work_up_to_the_startup_allowance() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=50.0, active_s=50.0, still_s=50.0, busy=False)
+    busy = ThreadActivity(moved=False, busy=True, waits_on_peers=False, where="x.py:1")
+    phases.record_activity(row, busy, now, spec)
+    assert phases.hang_reason(row, now, spec) is None  # 50 s in one place, using the CPU
+    row["still_ns"] = now - int(150e9)  # past startup_timeout_s (100 s) without moving
+    row["active_ns"] = now - int(50e9)
+    phases.record_activity(row, busy, now, spec)
+    reason = phases.hang_reason(row, now, spec)
+    assert reason is not None and "has used the CPU at x.py:1 for 150 s without moving" in reason
+
+
+# ---- whole runs ------------------------------------------------------------------------
+
+
+def _launch(tmp_path: Path, name: str, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
+    """ringtrain-launch of the embedded default (1 target + 2 drafters), the stall hook on
+    every rank's PYTHONPATH, its console in a file."""
+    env = run_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(STALL_HOOK), env.get("PYTHONPATH", "")])
+    env["STALL_HOOK_BUSY_S"] = str(SLOW_S)
+    overrides = [
+        "run.max_steps=1000",
+        "run.log_every=1",
+        "run.checkpoint_every=0",
+        "run.eval_every=0",
+        f'run.name="{name}"',
+        f"ring.progress_timeout_s={ALLOWANCE_S}",
+        *overrides,
+    ]
+    output = tmp_path / "console.txt"
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            launch_command(tmp_path / "run", 1, 2, overrides),
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc, output
+
+
+def _drafter(name: str, proc: subprocess.Popen, run_dir: Path, output: Path):
+    """The last drafter of the live run `name`, once it trained two steps."""
+    wait_for_step(proc, run_dir, 2, lambda: output.read_text(errors="replace"))
+    reader = ring_reader(name)
+    try:
+        return reader.snapshot().ranks[-1]
+    finally:
+        reader.close()
+
+
+def _wait_for(condition, timeout_s: float, proc: subprocess.Popen, output: Path, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}:\n{output.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what}:\n{output.read_text()[-3000:]}"
+        time.sleep(POLL_S)
+
+
+def _finish(proc: subprocess.Popen, output: Path, timeout_s: float) -> str:
+    try:
+        proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return output.read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_slow_step_is_not_hung_and_a_stop_during_it_waits_and_exits_0(tmp_path: Path) -> None:
+    """A drafter computes three allowances in one place: it says it is slow, nobody calls it
+    hung; SIGTERM to the launcher meanwhile waits for the step, checkpoints, exits 0."""
+    name = f"slow{os.getpid()}"
+    proc, output = _launch(tmp_path, name, [])
+    run_dir = tmp_path / "run"
+    try:
+        victim = _drafter(name, proc, run_dir, output)
+        log = run_dir / "logs" / f"rank{victim.rank}-drafter.log"
+        os.kill(victim.pid, signal.SIGUSR1)
+        _wait_for(
+            lambda: "is slow, not hung" in log.read_text(),
+            SLOW_S + RUN_TIMEOUT_S / 10,
+            proc,
+            output,
+            "note that the drafter is slow",
+        )
+        before = step_records(run_dir)[-1]["step"]
+        proc.send_signal(signal.SIGTERM)  # while the drafter still computes
+        text = _finish(proc, output, SLOW_S + RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, text[-4000:]
+    assert "is hung" not in text, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("ringtrain: stopped at step "), text[-4000:]
+    assert "(SIGTERM), checkpoint " in last and last.endswith("--resume"), last
+    assert step_records(run_dir)[-1]["step"] >= before  # the slow step completed
+
+
+@pytest.mark.slow
+def test_a_blocked_drafter_names_itself_hung_in_the_last_line(tmp_path: Path) -> None:
+    name = f"stuck{os.getpid()}"
+    proc, output = _launch(tmp_path, name, [])
+    run_dir = tmp_path / "run"
+    try:
+        victim = _drafter(name, proc, run_dir, output)
+        os.kill(victim.pid, signal.SIGUSR2)
+        text = _finish(proc, output, ALLOWANCE_S + RUN_TIMEOUT_S / 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    assert f"rank {victim.rank} (drafter, pid {victim.pid}) is hung: no progress" in last, text
+    assert "blocked at" in last and "stall_hook/sitecustomize.py" in last, last
+    assert last.endswith(f"(its log: {run_dir / 'logs' / f'rank{victim.rank}-drafter.log'})")
