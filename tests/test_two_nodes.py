@@ -131,6 +131,6 @@ def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path
     assert len(digests(interrupted)) == 1
     want, got = final_weights(reference), final_weights(interrupted)
     assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
     assert shm_entries(name) == []
