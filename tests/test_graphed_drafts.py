@@ -1,5 +1,6 @@
 """Block proposals over a fixed-size, masked context (and CUDA graphs of them) equal the
-drafter's proposals over the context itself."""
+drafter's proposals over the context itself; drawn proposals (at a temperature) can be
+graphed too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ringtrain.drafter import FrozenHead, build_drafter, drafter_spec_from_target
 from ringtrain.eval.graphed_drafts import BUCKET_ROWS, FixedShapeProposals, bucket
+from ringtrain.generate.sampling import TokenSampler
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg
 
 # Context lengths in an order that leaves stale rows of a longer context behind a shorter
@@ -112,6 +114,7 @@ def test_proposals_never_read_a_device_value_on_the_host(name: str) -> None:
     context, block = _inputs(70, model.spec.block_size, "cpu", torch.float32)
     with HostReads() as mode:
         proposals.propose(context, block, 70)
+        proposals.propose_sampled(context, block, 70, TokenSampler.seeded(1.0, 0.9, 0, "cpu"))
     assert mode.reads == []
 
 
@@ -131,4 +134,27 @@ def test_cuda_graph_proposals_equal_eager_ones(name: str) -> None:
     # The context grew at 300 rows (graphs of the old buffer dropped); the second round
     # captured every bucket again, each one a graph.
     assert set(graphed.graphs) == {bucket(n) for n in LENGTHS}
+    assert all(graph is not None for graph in graphed.graphs.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_cuda_graph_drawn_proposals_equal_eager_ones(name: str) -> None:
+    model, head = _drafter(ARCHITECTURES[name], "cuda", torch.float32)
+    block_size = model.spec.block_size
+    graphed = FixedShapeProposals(model, head, 128, 96, torch.bfloat16, graphed=True)
+    eager = FixedShapeProposals(model, head, 128, 96, torch.bfloat16, graphed=False)
+    for seed in range(2):  # the second round replays the graphs the first one captured
+        for length in LENGTHS:
+            context, block = _inputs(length, block_size, "cuda", torch.bfloat16)
+            draws = [
+                proposals.propose_sampled(
+                    context, block, length, TokenSampler.seeded(0.8, 0.95, seed, "cuda")
+                )
+                for proposals in (graphed, eager)
+            ]
+            (graphed_drafts, graphed_q), (eager_drafts, eager_q) = draws
+            assert graphed_drafts.tolist() == eager_drafts.tolist(), length
+            torch.testing.assert_close(graphed_q, eager_q)
     assert all(graph is not None for graph in graphed.graphs.values())

@@ -1,52 +1,57 @@
-"""ringtrain-eval: greedy speculative decoding with a trained DFlash drafter.
+"""ringtrain-eval: speculative decoding with a trained DFlash drafter, measured as served.
 
     ringtrain-eval --target models/toy --drafter runs/toy --prompts data/eval-prompts.jsonl
     ringtrain-eval --target models/Qwen3-8B --drafter runs/qwen3-8b-dflash \\
-        --benchmark humaneval --benchmark gsm8k.jsonl \\
+        --benchmark humaneval --benchmark mt-bench --benchmark gsm8k.jsonl \\
         --chat-template-kwargs '{"enable_thinking": false}'
+    ringtrain-eval --target models/SmolLM2 --drafter runs/smollm2 --benchmark mt-bench \\
+        --temperature 1 --seed 0
 
 Prompts are evaluated as served: chat prompts (``messages``, ``turns``, ``question``,
 and ``prompt`` text on a target with a chat template unless --raw-prompts) are rendered
 with the target's chat template; every user turn of a multi-turn prompt is answered in
 order (ringtrain.generate.prompt_sets, ringtrain.eval.runner). Every assistant turn is
-decoded twice: plain greedy (the reference) and speculatively (the drafter proposes a
-block, the target verifies it in one forward). Reports tau_real (tokens per target
-verification forward, bonus included), acceptance per block position and tokens/s of
-both, overall and per set of prompts, and checks that both outputs are identical token
-for token. In float32 any difference is an error (exit status 1). In bf16/fp16 a
-difference where the target's two candidate tokens tie within rounding (float32 margin
-within --tie-ulps units in the last place of the top logit; ringtrain.eval.ties) is a
-numerical tie: counted and reported, and decoding continues from the greedy token; any
-other difference is an error naming the prompt, the position and the margin. With
---json the last stdout line is one JSON object with every metric.
+decoded twice: by the target alone (the reference and the baseline of speed) and
+speculatively (the drafter proposes a block, the target verifies it in one forward).
+Reports tau_real (tokens per target verification forward, bonus included), acceptance
+per block position and tokens/s of both, overall, per set of prompts and per category
+(MT-Bench's writing, math, ...).
+
+Greedy (--temperature 0, the default), both outputs must be identical token for token.
+In float32 any difference is an error (exit status 1). In bf16/fp16 a difference where
+the target's two candidate tokens tie within rounding (float32 margin within --tie-ulps
+units in the last place of the top logit; ringtrain.eval.ties) is a numerical tie:
+counted and reported, and decoding continues from the greedy token; any other difference
+is an error naming the prompt, the position and the margin. At a temperature the drafter
+draws its blocks and the target keeps them by the speculative sampling rule
+(ringtrain.eval.sampling), which leaves its output distribution unchanged; there is no
+output to compare token for token. With --json the last stdout line is one JSON object
+with every metric.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
+import math
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
-import torch
-from transformers import AutoTokenizer
-
-from ringtrain.eval import EvalReport, load_verifying_target, summarize
-from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
-from ringtrain.eval.runner import TurnDecoder, decode_sets
-from ringtrain.eval.ties import DEFAULT_TIE_ULPS, TieJudge
-from ringtrain.generate.chat import ChatRenderer
-from ringtrain.generate.model import stop_token_ids
-from ringtrain.generate.prompt_sets import (
-    BUILTIN_BENCHMARKS,
-    PromptOptions,
-    first_prompt,
-    load_prompt_sets,
-)
+from ringtrain.eval.processes import WorkerDied
+from ringtrain.eval.settings import DEFAULT_TIE_ULPS, VERIFY_MODES, SamplingSettings
+from ringtrain.generate.prompt_sets import BUILTIN_BENCHMARKS
 from ringtrain.generate.prompts import PromptFileError
+
+if TYPE_CHECKING:
+    from ringtrain.eval.metrics import EvalReport
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line (and exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _json_object(text: str) -> dict:
@@ -59,6 +64,32 @@ def _json_object(text: str) -> dict:
         raise argparse.ArgumentTypeError(
             f"must be a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}"
         )
+    return value
+
+
+def _whole(minimum: int) -> Callable[[str], int]:
+    """argparse type: a whole number of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    """argparse type: a finite number of 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of 0 or more, got {text}")
     return value
 
 
@@ -78,10 +109,10 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME|JSONL",
         help=f"a built-in benchmark ({', '.join(BUILTIN_BENCHMARKS)}) or a prompts file "
-        "(repeatable); the report has figures per benchmark",
+        "(repeatable); the report has figures per benchmark and per category",
     )
     prompts.add_argument(
-        "--limit", type=int, default=0, help="evaluate the first N prompts of each set only"
+        "--limit", type=_whole(0), default=0, help="evaluate the first N prompts of each set only"
     )
     prompts.add_argument(
         "--chat-template-kwargs",
@@ -101,22 +132,39 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="ringtrain-eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument(
+        "--temperature",
+        type=_non_negative,
+        default=0.0,
+        help="0 (the default): greedy, checked token for token against the target's greedy "
+        "output; above 0: the drafter draws its blocks and the target keeps them by the "
+        "speculative sampling rule, both at this temperature",
     )
-    parser.add_argument("--target", required=True, help="local Hugging Face target directory")
-    parser.add_argument(
-        "--drafter", required=True, help="drafter checkpoint, checkpoints root or run directory"
+    sampling.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="with --temperature: draw from the smallest set of most likely tokens whose "
+        "probability reaches P (target and drafter alike)",
     )
-    _add_prompt_options(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="per assistant turn")
+    sampling.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="with --temperature: seeds every turn's draws (with the turn's prompt)",
+    )
+
+
+def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-new-tokens", type=_whole(1), default=128, help="per assistant turn")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), ...")
     parser.add_argument(
         "--mode",
         default="auto",
-        choices=["auto", "own", "cache", "recompute"],
+        choices=VERIFY_MODES,
         help="own: ringtrain's cache, verification and the greedy reference replayed as CUDA "
         "graphs (attention-only targets; the default for them); cache: transformers' cache "
         "cut back after each block, the reference independent of ringtrain's cache; "
@@ -124,120 +172,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--tie-ulps",
-        type=float,
+        type=_non_negative,
         default=DEFAULT_TIE_ULPS,
         help="bf16/fp16 only: the largest float32 margin, in units in the last place of the "
         "top logit, for which a divergence from greedy is a numerical tie (0: none)",
     )
     parser.add_argument(
         "--threads",
-        type=int,
-        default=0,
-        help="CPU threads per process (0: torch's default; with --workers, the CPUs shared "
-        "out: more threads than cores slowed 12 workers several times over)",
+        type=_whole(1),
+        help="CPU threads per process (default: torch's own choice; with --workers, the "
+        "CPUs shared out: more threads than cores slowed 12 workers several times over)",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=_whole(1),
         default=1,
         help="processes that decode a share of the prompts each, all on the same device: "
         "one small target decodes one token at a time and leaves a GPU mostly idle "
         "(figures per prompt are unchanged; every process loads the models)",
     )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed arguments, every value checked (exit status 2 and one line otherwise);
+    ``sampling``: the SamplingSettings of --temperature above 0, else None."""
+    parser = _Parser(prog="ringtrain-eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("--target", required=True, help="local Hugging Face target directory")
+    parser.add_argument(
+        "--drafter", required=True, help="drafter checkpoint, checkpoints root or run directory"
+    )
+    _add_prompt_options(parser)
+    _add_sampling_options(parser)
+    _add_decoding_options(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary as last line")
     args = parser.parse_args(argv)
-    if args.limit < 0:
-        parser.error(f"--limit must be 0 (all prompts) or more, got {args.limit}")
-    if args.workers < 1:
-        parser.error(f"--workers must be 1 or more, got {args.workers}")
     if not args.prompts and not args.benchmark:
         parser.error("give --prompts FILE and/or --benchmark NAME (e.g. --benchmark humaneval)")
+    args.sampling = None
+    if args.temperature > 0:
+        try:
+            args.sampling = SamplingSettings(args.temperature, args.top_p, args.seed)
+        except ValueError as exc:
+            parser.error(str(exc))
+    elif args.top_p != 1.0:
+        parser.error("--top-p applies when sampling: give --temperature above 0 with it")
     return args
-
-
-def _tokenizer(target: Path):
-    if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(target, local_files_only=True)
-    return None
-
-
-def _device(args: argparse.Namespace) -> torch.device:
-    if args.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(args.device)
-
-
-def _prompt_sets(args: argparse.Namespace) -> tuple[list, ChatRenderer, object]:
-    """(prompt sets, renderer, drafter spec); checked before any model loads."""
-    spec = read_drafter_spec(args.drafter)
-    target_dir = Path(args.target).expanduser()
-    renderer = ChatRenderer(_tokenizer(target_dir), args.chat_template_kwargs, args.system)
-    # The drafter's vocabulary is the target's (load_dflash_drafter refuses a drafter of
-    # another target).
-    options = PromptOptions(renderer, spec.vocab_size, args.raw_prompts, args.limit)
-    return load_prompt_sets(args.prompts, args.benchmark, options), renderer, spec
-
-
-def decode_share(
-    args: argparse.Namespace, shard: tuple[int, int], prepared: tuple | None = None
-) -> tuple[list, str]:
-    """Load the models and decode one share of the prompts: (outcomes, tie rule).
-
-    ``prepared``: what ``_prompt_sets`` returned, where this process already read it (a
-    worker process reads the prompts itself)."""
-    threads = args.threads or (
-        max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
-    )
-    if threads:
-        torch.set_num_threads(threads)
-    device = _device(args)
-    sets, renderer, spec = prepared or _prompt_sets(args)
-    first = first_prompt(sets[0].conversations[0], renderer)
-    target = load_verifying_target(
-        Path(args.target).expanduser(), list(spec.tap_layers), device, args.dtype, args.mode
-    )
-    # Later turns are longer; the drafter extends its positions when one needs more.
-    drafter = load_dflash_drafter(
-        args.drafter, target, max_positions=len(first) + args.max_new_tokens
-    )
-    judge = TieJudge(target.model, args.tie_ulps)
-    decoder = TurnDecoder(
-        target, drafter, judge, stop_token_ids(target.model.config), args.max_new_tokens
-    )
-    if shard[0] == 0:
-        print(
-            f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
-            f"{', '.join(s.name for s in sets)}; block size {spec.block_size}, taps "
-            f"{list(spec.tap_layers)}, verification by {target.mode} on {device}"
-            f"{f', {shard[1]} processes' if shard[1] > 1 else ''}",
-            file=sys.stderr,
-        )
-    decoder.warm_up(first)
-    return decode_sets(sets, decoder, renderer, target.vocab_size, shard), judge.describe()
-
-
-def evaluate(args: argparse.Namespace) -> dict:
-    """Run the evaluation described by the parsed arguments; returns the report dict."""
-    prepared = _prompt_sets(args)
-    sets, _, spec = prepared
-    if args.workers == 1:
-        outcomes, tie_rule = decode_share(args, (0, 1), prepared)
-    else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-            shares = [(k, args.workers) for k in range(args.workers)]
-            results = list(pool.map(decode_share, [args] * args.workers, shares))
-        set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
-        outcomes = sorted(
-            (o for share, _ in results for o in share),
-            key=lambda o: (set_order[o.benchmark], o.index, o.turn),
-        )
-        tie_rule = results[0][1]
-    report = summarize(outcomes, spec.block_size, tie_rule)
-    print(report.table())
-    if not report.lossless:
-        print(mismatch_error(report), file=sys.stderr)
-    return report.as_dict()
 
 
 def mismatch_error(report: EvalReport) -> str:
@@ -258,14 +237,23 @@ def mismatch_error(report: EvalReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The model libraries load only now: --help and refused arguments answer without them.
+    from ringtrain.eval.evaluation import evaluate
+
     try:
-        result = evaluate(args)
-    except (PromptFileError, FileNotFoundError, ValueError) as exc:
+        report = evaluate(args)
+    except (PromptFileError, OSError, ValueError) as exc:
         print(f"ringtrain-eval: {exc}", file=sys.stderr)
         return 2
+    except WorkerDied as exc:
+        print(f"ringtrain-eval: {exc}", file=sys.stderr)
+        return exc.code
+    print(report.table())
+    if report.lossless is False:
+        print(mismatch_error(report), file=sys.stderr)
     if args.json:
-        print(json.dumps(result))
-    return 0 if result["lossless"] else 1
+        print(json.dumps(report.as_dict()))
+    return 1 if report.lossless is False else 0
 
 
 if __name__ == "__main__":

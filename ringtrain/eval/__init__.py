@@ -2,31 +2,36 @@
 
 Prompts, chat rendering, model loading and plain batched generation live in
 ``ringtrain.generate``; this package adds the verifying target, the drafter's proposals,
-the decoding loops and what they measure.
+the decoding loops (greedy, and sampling at a temperature) and what they measure.
+
+The names below are imported on first use, so that a module of the package that needs
+no model library (``ringtrain.eval.settings``, read by ``ringtrain-eval --help``) loads
+without torch.
 """
 
-from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
-from ringtrain.eval.speculative import (
-    BlockDrafter,
-    Generation,
-    GreedyReference,
-    greedy_generate,
-    speculative_generate,
-)
-from ringtrain.eval.target import VerifyingTarget, load_verifying_target
-from ringtrain.eval.ties import Divergence, TieJudge
+from __future__ import annotations
 
-__all__ = [
-    "BlockDrafter",
-    "Divergence",
-    "EvalReport",
-    "Generation",
-    "GreedyReference",
-    "PromptOutcome",
-    "TieJudge",
-    "VerifyingTarget",
-    "greedy_generate",
-    "load_verifying_target",
-    "speculative_generate",
-    "summarize",
-]
+import importlib
+
+_HOMES = {
+    "EvalReport": "metrics",
+    "PromptOutcome": "metrics",
+    "summarize": "metrics",
+    "BlockDrafter": "speculative",
+    "Generation": "speculative",
+    "GreedyReference": "speculative",
+    "greedy_generate": "speculative",
+    "speculative_generate": "speculative",
+    "VerifyingTarget": "target",
+    "load_verifying_target": "target",
+    "Divergence": "ties",
+    "TieJudge": "ties",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -18,6 +18,7 @@ from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter, latest_che
 from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.eval.target import VerifyingTarget
+from ringtrain.generate.sampling import TokenSampler
 
 
 def resolve_drafter_dir(path: str | Path) -> Path:
@@ -58,10 +59,11 @@ def check_compatible(spec: DrafterSpec, target: VerifyingTarget, source: str) ->
 
 
 class DFlashBlockDrafter:
-    """Greedy block proposals of a drafter (any of drafter/arch/) over one
+    """Block proposals of a drafter (any of drafter/arch/) over one
     sequence's target features; the drafter's own `propose` picks the tokens (DFlash: each
     slot's argmax; DFlash2: its path selector's walk), and verification stays a chain.
-    Proposals run over a fixed-size context, as CUDA graphs on CUDA
+    At a temperature they are drawn instead (ringtrain.eval.draft_sampling). Proposals
+    run over a fixed-size context, as CUDA graphs on CUDA
     (ringtrain.eval.graphed_drafts)."""
 
     def __init__(self, proposals: FixedShapeProposals) -> None:
@@ -74,6 +76,13 @@ class DFlashBlockDrafter:
     def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
         """Draft tokens [B-1] for block positions 1..B-1 (see BlockDrafter)."""
         return self.proposals.propose(context, block, start)
+
+    def propose_sampled(
+        self, context: torch.Tensor, block: torch.Tensor, start: int, sampler: TokenSampler
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts [B-1] drawn at the sampler's settings and their distributions [B-1, V]
+        (see ringtrain.eval.sampled.SamplingDrafter)."""
+        return self.proposals.propose_sampled(context, block, start, sampler)
 
 
 def load_dflash_drafter(

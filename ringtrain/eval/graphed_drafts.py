@@ -10,15 +10,23 @@ rows (n rounded up to a multiple of ``BUCKET_ROWS``) with the rows from n on mas
 proposal is captured as a CUDA graph at its first use (after one eager run) and replayed
 for every later proposal of that size, whatever the prompt. The masked rows hold finite
 values (zeros, or features of an earlier, longer context), so they weigh exactly nothing.
+
+Proposals drawn at a temperature (ringtrain.eval.draft_sampling) are graphed the same
+way, one graph per bucket and sampling setting; their noise is drawn into a buffer of
+the graph before each replay.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import nn
 
 from ringtrain.drafter import FrozenHead
+from ringtrain.eval.draft_sampling import sample_drafts
 from ringtrain.generate.batch_decode import captured
+from ringtrain.generate.sampling import TokenSampler
 
 # Context rows per bucket: a few graphs per prompt length, little padding per proposal.
 BUCKET_ROWS = 64
@@ -53,6 +61,10 @@ class FixedShapeProposals:
         self.start = torch.zeros((), dtype=torch.long, device=self.device)
         self.offsets = torch.arange(block_size, device=self.device)
         self.drafts = torch.zeros(block_size - 1, dtype=torch.long, device=self.device)
+        vocab = head.lm_head.shape[0]
+        # Sampled proposals: the draws' distributions and their exponential noise.
+        self.draft_probs = torch.zeros(block_size - 1, vocab, device=self.device)
+        self.noise = torch.ones(block_size - 1, vocab, device=self.device)
         self.tap_width, self.dtype = tap_width, dtype
         self._context_rows(bucket(capacity))
 
@@ -60,26 +72,46 @@ class FixedShapeProposals:
         """A zeroed context buffer of ``rows`` rows; graphs of an older buffer dropped."""
         self.context = torch.zeros(rows, self.tap_width, dtype=self.dtype, device=self.device)
         self.positions = torch.arange(rows, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph | None] = {}
 
     def propose(self, context: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
         """Draft tokens [B-1] after ``context`` [start, K*H] for ``block`` [B] at positions
         ``start``.. (the BlockDrafter contract of ringtrain.eval.speculative)."""
+        rows = self._load(context, block, start)
+        self._run(rows, lambda: self._propose(rows))
+        return self.drafts.clone()
+
+    def propose_sampled(
+        self, context: torch.Tensor, block: torch.Tensor, start: int, sampler: TokenSampler
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts [B-1] drawn at the ``sampler``'s temperature and top-p (noise from its
+        generator), and the distributions [B-1, V] they were drawn from."""
+        rows = self._load(context, block, start)
+        self.noise.exponential_(generator=sampler.generator)
+        key = (rows, sampler.temperature, sampler.top_p)
+        self._run(key, lambda: self._propose_sampled(rows, sampler))
+        return self.drafts.clone(), self.draft_probs.clone()
+
+    def _load(self, context: torch.Tensor, block: torch.Tensor, start: int) -> int:
+        """Copy a proposal's inputs into the fixed buffers; return its bucket's rows."""
         rows = bucket(start)
         if rows > self.context.shape[0]:
             self._context_rows(bucket(2 * rows))
         self.context[:start].copy_(context)
         self.block.copy_(block)
         self.start.fill_(start)
-        if self.graphed and rows not in self.graphs:
-            # captured() runs the proposal once, eagerly, before it captures it: its drafts
-            # are in self.drafts. A bucket whose capture failed (None) runs eagerly.
-            self.graphs[rows] = captured(lambda: self._propose(rows))
-        elif self.graphs.get(rows) is not None:
-            self.graphs[rows].replay()
+        return rows
+
+    def _run(self, key: Hashable, step: Callable[[], None]) -> None:
+        """Run ``step``: replay its graph, or capture it on first use (CUDA; captured()
+        runs it once eagerly first, so its outputs are in place); a step whose capture
+        failed (None), or any step off CUDA, runs eagerly."""
+        if self.graphed and key not in self.graphs:
+            self.graphs[key] = captured(step)
+        elif self.graphs.get(key) is not None:
+            self.graphs[key].replay()
         else:
-            self._propose(rows)
-        return self.drafts.clone()
+            step()
 
     def _propose(self, rows: int) -> None:
         """One proposal over the first ``rows`` context rows: what a bucket's graph holds."""
@@ -92,3 +124,18 @@ class FixedShapeProposals:
             ctx_valid=self.positions[:rows] < self.start,
         )
         self.drafts.copy_(drafts)
+
+    def _propose_sampled(self, rows: int, sampler: TokenSampler) -> None:
+        """One drawn proposal over the first ``rows`` context rows (a graph per setting)."""
+        context = (self.context[:rows], self.positions[:rows], self.positions[:rows] < self.start)
+        drafts, probs = sample_drafts(
+            self.model,
+            self.head,
+            context,
+            self.block,
+            self.start + self.offsets,
+            sampler,
+            self.noise,
+        )
+        self.drafts.copy_(drafts)
+        self.draft_probs.copy_(probs)

@@ -60,6 +60,8 @@ class OwnCacheVerifier:
         self.block = torch.zeros(1, block_size, dtype=torch.long, device=self.device)
         self.taps = torch.zeros(block_size, self.tap_width, dtype=dtype, device=self.device)
         self.choices = torch.zeros(block_size, dtype=torch.long, device=self.device)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.logits = torch.zeros(block_size, vocab, dtype=dtype, device=self.device)
         self.block_offsets = torch.arange(block_size, device=self.device)
 
     @property
@@ -96,7 +98,8 @@ class OwnCacheVerifier:
 
     def verify(self, tokens: torch.Tensor, committed: int, features: torch.Tensor) -> torch.Tensor:
         """The target's greedy choice after each of the block's tokens [B] at positions
-        ``committed``..; their taps into ``features`` [B, K*H]."""
+        ``committed``..; their taps into ``features`` [B, K*H]. The logits [B, V] behind
+        the choices are in ``logits`` until the next verification."""
         if committed + tokens.shape[0] > self.capacity:
             raise ValueError(
                 f"position {committed + tokens.shape[0]} is past the verification capacity "
@@ -137,5 +140,6 @@ class OwnCacheVerifier:
                 ).logits[0]
         finally:
             self.set_tap_sink(None)
+        self.logits.copy_(logits)
         self.choices.copy_(logits.argmax(dim=-1))
         self.cache.position += self.block_size

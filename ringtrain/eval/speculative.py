@@ -5,12 +5,15 @@ the block [anchor, MASK x (B-1)] at positions n..n+B-1 and proposes B-1 tokens; 
 target scores the block in one forward; the longest prefix of proposals equal to the
 target's own greedy choices is accepted, plus the target's next token (the bonus), which
 becomes the next anchor. The output is therefore exactly the target's greedy output.
+
+The loop (``decode_blocks``) takes the way each block is drafted and judged as a
+``BlockSteps``: greedy here, sampling at a temperature in ringtrain.eval.sampled.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,6 +137,62 @@ def _draft_and_verify(
     return [*proposed[:count], chosen[count]]
 
 
+class BlockSteps(Protocol):
+    """How speculative decoding picks its tokens: the first one after the prompt, then
+    one block at a time."""
+
+    block_size: int
+    mask_token_id: int
+
+    def first(
+        self, target: VerifyingTarget, prompt: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        """The token after ``prompt`` [n] (a 0-d tensor); its taps into ``features``."""
+        ...
+
+    def step(
+        self,
+        target: VerifyingTarget,
+        sequence: torch.Tensor,
+        features: torch.Tensor,
+        block: torch.Tensor,
+        committed: int,
+    ) -> list[int]:
+        """Draft a block after ``committed`` tokens, verify it, write the kept drafts and
+        the target's own next token into ``sequence``; return those new tokens."""
+        ...
+
+
+@dataclass
+class GreedySteps:
+    """Greedy blocks: the drafter's proposals kept while they equal the target's argmax."""
+
+    drafter: BlockDrafter
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.drafter.mask_token_id
+
+    def first(
+        self, target: VerifyingTarget, prompt: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        return target.prefill(prompt, features)
+
+    def step(
+        self,
+        target: VerifyingTarget,
+        sequence: torch.Tensor,
+        features: torch.Tensor,
+        block: torch.Tensor,
+        committed: int,
+    ) -> list[int]:
+        return _draft_and_verify(target, self.drafter, sequence, features, block, committed)
+
+
 def speculative_generate(
     target: VerifyingTarget,
     drafter: BlockDrafter,
@@ -147,23 +206,37 @@ def speculative_generate(
     With a ``reference``, every committed token is checked against greedy as it is made
     (see GreedyReference); the divergences are in the result.
     """
+    steps = GreedySteps(drafter)
+    return decode_blocks(target, steps, prompt_ids, max_new_tokens, stop_ids, reference)
+
+
+def decode_blocks(
+    target: VerifyingTarget,
+    steps: BlockSteps,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    reference: GreedyReference | None = None,
+) -> Generation:
+    """Decode ``prompt_ids`` [n] one block at a time by ``steps``, up to ``max_new_tokens``
+    or a stop token; ``reference``: see speculative_generate."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     device = target.device
-    block_size = drafter.block_size
+    block_size = steps.block_size
     prompt_len = int(prompt_ids.shape[0])
     capacity = prompt_len + max_new_tokens + block_size
     target.reserve(capacity)
     sequence = torch.empty(capacity, dtype=torch.long, device=device)
     features = torch.empty(capacity, target.tap_width, dtype=target.dtype, device=device)
-    block = torch.full((block_size,), drafter.mask_token_id, dtype=torch.long, device=device)
+    block = torch.full((block_size,), steps.mask_token_id, dtype=torch.long, device=device)
     stops = set(stop_ids)
     divergences: list[Divergence] = []
     judging = reference.judge.seconds if reference is not None else 0.0
     _sync(device)
     started = time.perf_counter()
     sequence[:prompt_len] = prompt_ids.to(device)
-    sequence[prompt_len] = target.prefill(sequence[:prompt_len], features[:prompt_len])
+    sequence[prompt_len] = steps.first(target, sequence[:prompt_len], features[:prompt_len])
     committed = prompt_len  # tokens whose taps are known; sequence[committed] is the anchor
     accepted: list[int] = []
     new_tokens = [int(sequence[prompt_len])]
@@ -174,7 +247,7 @@ def speculative_generate(
         )
     stopped = stopped or not stops.isdisjoint(new_tokens)
     while not stopped and committed + 1 - prompt_len < max_new_tokens:
-        new_tokens = _draft_and_verify(target, drafter, sequence, features, block, committed)
+        new_tokens = steps.step(target, sequence, features, block, committed)
         if reference is not None:
             new_tokens, stopped = _follow(
                 reference, sequence, committed, new_tokens, prompt_len, divergences
@@ -198,7 +271,23 @@ def greedy_generate(
     max_new_tokens: int,
     stop_ids: Sequence[int] = (),
 ) -> Generation:
-    """The reference: plain greedy decoding, one token per forward.
+    """The reference: plain greedy decoding, one token per forward (see plain_generate)."""
+    return plain_generate(target, prompt_ids, max_new_tokens, stop_ids)
+
+
+# The token a plain decoding takes from a position's logits [V] (a 0-d tensor).
+TokenPick = Callable[[torch.Tensor], torch.Tensor]
+
+
+def plain_generate(
+    target: VerifyingTarget,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    pick: TokenPick | None = None,
+) -> Generation:
+    """The target alone, one token per forward: greedy, or each token by ``pick``
+    (a draw at a temperature: the baseline of sampled speculative decoding).
 
     In ``own`` mode on the target's greedy stepper (the own cache's one-token step, a CUDA
     graph on CUDA: the fair baseline for speed; its equality with transformers' greedy is
@@ -207,7 +296,7 @@ def greedy_generate(
     the speculative path (``--mode cache`` checks against it).
     """
     if target.mode == "own":
-        return _greedy_on_stepper(target, prompt_ids, max_new_tokens, stop_ids)
+        return _plain_on_stepper(target, prompt_ids, max_new_tokens, stop_ids, pick)
     model = target.model
     device = target.device
     tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
@@ -225,7 +314,7 @@ def greedy_generate(
                 logits_to_keep=1,
                 **{target.cache_keyword: cache},
             ).logits
-            tokens[produced] = logits[0, -1].argmax()
+            tokens[produced] = logits[0, -1].argmax() if pick is None else pick(logits[0, -1])
             step_input = tokens[produced : produced + 1].unsqueeze(0)
             produced += 1
             if stops and int(tokens[produced - 1]) in stops:
@@ -235,13 +324,15 @@ def greedy_generate(
     return Generation(tokens[:produced].tolist(), [], seconds)
 
 
-def _greedy_on_stepper(
+def _plain_on_stepper(
     target: VerifyingTarget,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     stop_ids: Sequence[int],
+    pick: TokenPick | None,
 ) -> Generation:
-    """Greedy decoding on the target's own-cache stepper; stop tokens are looked for every
+    """Plain decoding on the target's own-cache stepper (greedy: the argmax its graph
+    takes; else ``pick`` of its logits); stop tokens are looked for every
     ``STOP_CHECK_EVERY`` tokens (one host sync each), the answer cut after the first."""
     device = target.device
     prompt_len = int(prompt_ids.shape[0])
@@ -249,18 +340,20 @@ def _greedy_on_stepper(
     scratch = torch.empty(prompt_len, target.tap_width, dtype=target.dtype, device=device)
     tokens = torch.empty(max_new_tokens, dtype=torch.long, device=device)
     stops = torch.tensor(list(stop_ids) or [-1], dtype=torch.long, device=device)
+    choose = (lambda logits: logits.argmax()) if pick is None else pick
     produced = 1
     _sync(device)
     started = time.perf_counter()
     with torch.inference_mode():
-        tokens[0] = stepper.prefill(prompt_ids.to(device), scratch)[-1].argmax()
+        tokens[0] = choose(stepper.prefill(prompt_ids.to(device), scratch)[-1])
         while produced < max_new_tokens:
             if produced % STOP_CHECK_EVERY == 0 and bool(
                 torch.isin(tokens[:produced], stops).any()
             ):
                 break
             last = tokens[produced - 1 : produced]
-            tokens[produced] = stepper.verify(last, prompt_len + produced - 1, scratch[:1])[0]
+            greedy = stepper.verify(last, prompt_len + produced - 1, scratch[:1])[0]
+            tokens[produced] = greedy if pick is None else pick(stepper.logits[0])
             produced += 1
     _sync(device)
     seconds = time.perf_counter() - started

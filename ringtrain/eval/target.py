@@ -27,9 +27,9 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from ringtrain.eval.own_verify import OwnCacheVerifier
+from ringtrain.eval.settings import VERIFY_MODES
 from ringtrain.generate.model import load_causal_lm, supports_cache_rollback
 
-MODES = ("auto", "own", "cache", "recompute")
 # Positions an ``own`` verification cache is first made for (grown on demand, by this step).
 CAPACITY_STEP = 1024
 
@@ -53,8 +53,8 @@ class VerifyingTarget:
         tap_layers: list[int],
         mode: str = "auto",
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"verification mode {mode!r} is not one of {', '.join(MODES)}")
+        if mode not in VERIFY_MODES:
+            raise ValueError(f"verification mode {mode!r} is not one of {', '.join(VERIFY_MODES)}")
         config = model.config
         layers = model.model.layers
         for layer in tap_layers:
@@ -112,14 +112,17 @@ class VerifyingTarget:
 
         Starts a new sequence (a fresh cache in ``cache`` mode).
         """
+        return self.prefill_logits(prompt_ids, features).argmax()
+
+    def prefill_logits(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """As ``prefill``, returning the logits [V] of the token after the prompt."""
         if self.mode == "own":
             self.reserve(int(prompt_ids.shape[0]) + 1)
             with torch.inference_mode():
-                return self._own.prefill(prompt_ids, features)[-1].argmax()
+                return self._own.prefill(prompt_ids, features)[-1]
         if self.mode == "cache":
             self._cache = DynamicCache(config=self.model.config)
-        logits = self._forward(prompt_ids, features, keep=1)
-        return logits[-1].argmax()
+        return self._forward(prompt_ids, features, keep=1)[-1]
 
     def verify(
         self, sequence: torch.Tensor, committed: int, block_size: int, features: torch.Tensor
@@ -136,12 +139,23 @@ class VerifyingTarget:
             block = sequence[committed : committed + block_size]
             with torch.inference_mode():
                 return self._own.verify(block, committed, features)
+        return self.verify_logits(sequence, committed, block_size, features).argmax(dim=-1)
+
+    def verify_logits(
+        self, sequence: torch.Tensor, committed: int, block_size: int, features: torch.Tensor
+    ) -> torch.Tensor:
+        """As ``verify``, returning the logits [block_size, V]: row k scores the token after
+        block position k (sampling draws from them)."""
+        if self.mode == "own":
+            block = sequence[committed : committed + block_size]
+            with torch.inference_mode():
+                self._own.verify(block, committed, features)
+                return self._own.logits.clone()
         if self.mode == "cache":
             tokens = sequence[committed : committed + block_size]
         else:
             tokens = sequence[: committed + block_size]
-        logits = self._forward(tokens, features, keep=block_size)
-        return logits.argmax(dim=-1)
+        return self._forward(tokens, features, keep=block_size)
 
     def rollback(self, length: int) -> None:
         """Cut the cache back to its first ``length`` positions (no-op in ``recompute`` mode)."""

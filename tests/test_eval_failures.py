@@ -1,0 +1,144 @@
+"""ringtrain-eval refuses bad settings at once, and a dead worker leaves one named line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringtrain.cli.eval import main
+from ringtrain.target.tiny import build_tiny_target
+from tests.helpers.eval_drafters import write_drafter
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--max-new-tokens", "-3"], "--max-new-tokens: must be 1 or more, got -3"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: must be 1 or more, got 0"),
+        (["--max-new-tokens", "many"], "--max-new-tokens: must be a whole number"),
+        (["--threads", "-1"], "--threads: must be 1 or more, got -1"),
+        (["--threads", "0"], "--threads: must be 1 or more, got 0"),
+        (["--workers", "0"], "--workers: must be 1 or more, got 0"),
+        (["--limit", "-1"], "--limit: must be 0 or more, got -1"),
+        (["--tie-ulps", "-1"], "--tie-ulps: must be a finite number of 0 or more"),
+        (["--temperature", "-0.5"], "--temperature: must be a finite number of 0 or more"),
+        (["--temperature", "nan"], "--temperature: must be a finite number of 0 or more"),
+        (["--temperature", "1", "--top-p", "0"], "--top-p 0.0 must be above 0 and at most 1"),
+        (["--temperature", "1", "--top-p", "1.5"], "--top-p 1.5 must be above 0 and at most 1"),
+        (["--top-p", "0.9"], "--top-p applies when sampling"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line_before_anything_loads(
+    arguments: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Neither directory exists: a check made later than the arguments would name them.
+    missing = ["--target", str(tmp_path / "no-target"), "--drafter", str(tmp_path / "no-run")]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*missing, "--benchmark", "mt-bench", *arguments])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert named in err
+
+
+def test_help_answers_without_the_model_libraries() -> None:
+    probe = (
+        "import sys\n"
+        "from ringtrain.cli.eval import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as stop:\n"
+        "    print(stop.code, sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "0 []"
+    assert "--temperature" in done.stdout and "mt-bench" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    target = build_tiny_target(tmp_path_factory.mktemp("target"), seed=1, hybrid=False)
+    return target, write_drafter(tmp_path_factory.mktemp("run") / "drafter", target)
+
+
+def test_answers_longer_than_the_context_are_refused_before_the_models_load(
+    models: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, drafter = models
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": [5, 6, 7]}) + "\n")
+    args = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)]
+    assert main([*args, "--max-new-tokens", "40000000000"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "does not fit the target's context of 32768 positions" in err
+
+
+def _children(parent: int) -> dict[int, bytes]:
+    """The processes whose parent is ``parent``: {pid: command line}."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            children[int(entry.name)] = command
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
+def test_a_killed_worker_is_named_with_its_signal(
+    models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    target, drafter = models
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [5, 6, k]}) + "\n" for k in range(8)))
+    command = [
+        sys.executable, "-m", "ringtrain.cli.eval", "--target", str(target),
+        "--drafter", str(drafter), "--prompts", str(prompts), "--workers", "2",
+        "--threads", "1", "--device", "cpu", "--max-new-tokens", "64",
+    ]  # fmt: skip
+    evaluation = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers: dict[int, bytes] = {}
+        while not workers and time.monotonic() < deadline and evaluation.poll() is None:
+            children = _children(evaluation.pid)
+            workers = {pid: cmd for pid, cmd in children.items() if b"spawn_main" in cmd}
+        assert workers, "no worker process appeared"
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        _, err = evaluation.communicate(timeout=120)
+    finally:
+        if evaluation.poll() is None:
+            evaluation.kill()
+    assert evaluation.returncode == 128 + signal.SIGKILL
+    last = err.strip().splitlines()[-1]
+    assert (
+        last.startswith("ringtrain-eval: worker ")
+        and f"of 2 (pid {victim}) was killed by SIGKILL" in last
+    )
+    for unwanted in ("Traceback", "BrokenProcessPool", "leaked semaphore"):
+        assert unwanted not in err
+    assert not any(_alive(pid) for pid in _children(evaluation.pid) | workers)
