@@ -58,6 +58,29 @@ def test_the_first_loss_is_bounded_by_twice_ln_vocab() -> None:
     assert grad < unfitted_grad, f"first gradient norm {grad:.2f} (unfitted {unfitted_grad:.2f})"
 
 
+def test_the_fitted_output_gives_the_mask_state_logits_of_unit_spread() -> None:
+    """fit_output_scale's promise: the mask token's state, through the final norm, gets
+    logits of standard deviation 1 from the head; and a fresh drafter's block slots, whose
+    residual stream is mostly that state, come out near unit spread too."""
+    cfg = make_cfg()
+    torch.manual_seed(0)
+    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    head = trained_tied_head()
+    scale = model.fit_output_scale(head)
+    assert 0 < scale < 1, "a trained head's logits are wider than unit spread"
+    context = torch.randn(40, len(TAPS) * TARGET["hidden_size"], dtype=torch.float64)
+    block = torch.full((cfg.block_size,), model.spec.mask_token_id)
+    with torch.no_grad():
+        state = model.norm(head.embed[model.spec.mask_token_id])
+        assert float((head.lm_head @ state).std()) == pytest.approx(1.0, rel=1e-4)
+        slots = model(
+            context, torch.arange(40), head.embed[block], torch.arange(40, 40 + cfg.block_size),
+            [torch.ones(cfg.block_size, 40 + cfg.block_size, dtype=torch.bool)] * cfg.num_layers,
+        )  # fmt: skip
+    spread = (slots @ head.lm_head.T).std(dim=-1)
+    assert spread.min() > 0.9 and spread.max() < 1.1, spread
+
+
 def test_a_head_of_small_weights_keeps_the_unit_norm() -> None:
     cfg = make_cfg()
     model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, TAPS))
