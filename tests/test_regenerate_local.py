@@ -17,6 +17,8 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data.regen_client import Completion, Sampling
 from ringtrain.data.regen_local import LocalChat, LocalEngine
 from ringtrain.data.regen_lock import OutputLock
+from ringtrain.generate.continuous import Request, SlotDecoder
+from ringtrain.generate.local_model import LocalModel
 from ringtrain.target.tiny import CHAT_TEMPLATE, EOS_TOKEN_ID, build_tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -230,28 +232,46 @@ def test_local_and_server_exclude_each_other(
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_conversations_in_flight_share_a_batch(model_dir: Path) -> None:
+def test_conversations_in_flight_share_the_steps(model_dir: Path) -> None:
     sampling = Sampling(str(model_dir), MAX_TOKENS, chat_template_kwargs=TEMPLATE_KWARGS)
-    chat = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=4), sampling)
     questions = [[{"role": "user", "content": f"question {i}" * i}] for i in range(1, 7)]
 
-    async def ask_all() -> list[Completion]:
-        await chat.open()
-        try:
-            return await asyncio.gather(*(chat.complete(q) for q in questions))
-        finally:
-            await chat.aclose()
+    def answers(batch_size: int) -> list[Completion]:
+        chat = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=batch_size), sampling)
 
-    completions = asyncio.run(ask_all())
-    assert chat.requests == 6 and chat.batches == 2  # 4, then the 2 left
-    alone = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=1), sampling)
+        async def ask_all() -> list[Completion]:
+            await chat.open()
+            try:
+                return await asyncio.gather(*(chat.complete(q) for q in questions))
+            finally:
+                await chat.aclose()
 
-    async def ask_one_by_one() -> list[Completion]:
-        await alone.open()
-        try:
-            return [await alone.complete(q) for q in questions]
-        finally:
-            await alone.aclose()
+        completions = asyncio.run(ask_all())
+        assert chat.requests == 6
+        return completions
 
-    assert asyncio.run(ask_one_by_one()) == completions
-    assert alone.batches == 6
+    assert answers(4) == answers(1)
+
+
+def test_a_slot_takes_the_next_prompt_as_soon_as_its_answer_ends(model_dir: Path) -> None:
+    local = LocalModel.load(model_dir, "cpu", batch_size=1)
+    prompts = [[3 + i] * (4 + 5 * i) for i in range(5)]
+    limits = [2, 9, 4, 9, 3]  # answers of different lengths free their slots at different steps
+    alone = [local.answer([p], MAX_TOKENS)[0][0].tokens for p in prompts]
+    decoder = SlotDecoder(local.model, 2, MAX_TOKENS, local.stop_ids, local.pad_id, 1 << 30)
+    waiting = [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
+    answers, steps = {}, 0
+    with decoder.decoding():
+        while waiting or decoder.active:
+            taken, waiting = waiting[: decoder.free], waiting[decoder.free :]
+            settled = decoder.admit(taken) + decoder.step()
+            answers.update((request.key, answer) for request, answer in settled)
+            steps += 1
+            assert len(decoder.active) <= 2
+    for i, limit in enumerate(limits):
+        expected = alone[i][:limit]
+        assert answers[i].tokens == expected
+        assert answers[i].truncated == (EOS_TOKEN_ID not in expected)
+    # Two slots share the steps: fewer than answers decoded one after another take (the
+    # first token of each comes from its prompt's forward).
+    assert steps < sum(len(a.tokens) - 1 for a in answers.values())

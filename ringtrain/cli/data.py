@@ -35,10 +35,10 @@ from ringtrain.data.row_view import format_row, row_view
 from ringtrain.data.stats import dataset_statistics, format_statistics
 from ringtrain.generate.defaults import (
     BUDGET_FRACTION,
-    CPU_BATCH_SIZE,
     CPU_MAX_TOKENS,
     GPU_BATCH_SIZE,
     GPU_MAX_TOKENS,
+    REGENERATE_CPU_BATCH_SIZE,
 )
 
 if TYPE_CHECKING:
@@ -66,8 +66,9 @@ options do not apply). Each turn is regenerated given the conversation before it
 earlier assistant turns are the regenerated ones; a conversation ending with a user turn
 gets one new assistant turn.
 The output is appended record by record; rerunning the same command continues it.
-Records that fail are listed in <output>.errors.jsonl. The first Ctrl-C lets the answers
-in flight finish and writes their records; a second one aborts. Exit status: 0 all done,
+Records that fail are listed in <output>.errors.jsonl. With --local, the first Ctrl-C
+lets the answers in flight finish and writes their records; a second one aborts.
+Exit status: 0 all done,
 1 done but some records failed, 2 bad arguments or files, 3 the server stopped answering,
 130 interrupted."""
 SERVER_MAX_TOKENS = 4096
@@ -132,8 +133,8 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
     add(
         "--batch-size",
         type=int,
-        help=f"--local: answers at once (default {GPU_BATCH_SIZE} on GPU, {CPU_BATCH_SIZE} "
-        "on CPU; fewer when memory is short)",
+        help=f"--local: answers at once (default {GPU_BATCH_SIZE} on GPU, "
+        f"{REGENERATE_CPU_BATCH_SIZE} on CPU; fewer when memory is short)",
     )
     add(
         "--memory-limit",
@@ -220,7 +221,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         return 3
     except KeyboardInterrupt:
         print(
-            f"ringtrain-data: aborted; the records written are kept in {args.output}: "
+            f"ringtrain-data: interrupted; the records written are kept in {args.output}: "
             "rerun the same command to continue",
             file=sys.stderr,
         )

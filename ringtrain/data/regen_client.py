@@ -39,6 +39,10 @@ class RequestFailed(Exception):
         self.retry_after = retry_after
 
 
+class Stopped(Exception):
+    """The client is stopping (Ctrl-C): the request was not started and will not be."""
+
+
 @dataclass(frozen=True)
 class Completion:
     """One assistant answer and what the engine reported about it."""

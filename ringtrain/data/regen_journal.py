@@ -10,8 +10,9 @@ half-written.
 
 Beside it, `<output>.settings.json` holds the settings that decide the records (input,
 model, sampling); a rerun with other settings is refused rather than mixing two
-generations in one file. `<output>.errors.jsonl` lists the records that failed in the
-latest run (input line, file:line, reason); a rerun retries them.
+generations in one file (an empty output holds no records: its settings are replaced).
+`<output>.errors.jsonl` lists the records that failed in the latest run (input line,
+file:line, reason); a rerun retries them.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def check_settings(output: Path, settings: dict[str, Any], resume: bool) -> None
     stored = settings_path(output)
     if resume and not output.exists():
         raise DatasetError(f"{output}: nothing to resume (no such file)")
-    if output.exists() and stored.is_file():
+    if output.exists() and output.stat().st_size and stored.is_file():
         previous = json.loads(stored.read_text())
         changed = [key for key in settings if previous.get(key) != settings[key]]
         if changed:
@@ -96,6 +97,20 @@ def check_settings(output: Path, settings: dict[str, Any], resume: bool) -> None
     partial = stored.with_name(stored.name + ".partial")
     partial.write_text(json.dumps(settings, indent=1) + "\n")
     partial.replace(stored)
+
+
+def remove_if_empty(output: Path) -> bool:
+    """After a run: when `output` holds no record, remove it and its settings (and the
+    errors file unless it lists failures), so nothing blocks a run with other settings.
+    Returns whether the output was empty."""
+    if output.exists() and output.stat().st_size:
+        return False
+    output.unlink(missing_ok=True)
+    settings_path(output).unlink(missing_ok=True)
+    errors = errors_path(output)
+    if errors.exists() and not errors.stat().st_size:
+        errors.unlink()
+    return True
 
 
 class Journal:

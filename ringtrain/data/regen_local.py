@@ -1,60 +1,106 @@
 """Chat completions from a local model, for `ringtrain-data regenerate --local`.
 
 `LocalChat` has the interface of `regen_client.ChatClient` (`complete`, `open`,
-`aclose`, `check_model`, `sampling`, `requests`), so `regenerate` and
+`aclose`, `check_model`, `sampling`, `requests`, `stop`, `abort`), so `regenerate` and
 `regen_records.regenerate_record` drive it as they drive a server: many conversations
 in flight, the turns of each in order. Each `complete` renders its conversation with
-the tokenizer's chat template (and `chat_template_kwargs`), as a server does, and waits;
-one batching task gathers the waiting turns of up to `batch_size` conversations, answers
-them in one `LocalModel.answer` call (greedy, static KV cache), and hands each its
-`Completion`: the text decoded without special tokens, `finish_reason` `stop` or
-`length` (cut at `max_tokens`), and the prompt and answer token counts (the stop token
-counted, as servers count it).
+the tokenizer's chat template (and `chat_template_kwargs`), as a server does, and waits
+for its `Completion`: the text decoded without special tokens, `finish_reason` `stop`
+or `length` (cut at `max_tokens`), and the prompt and answer token counts (the stop
+token counted, as servers count it). A prompt whose length plus `max_tokens` exceeds
+the model's context (`max_position_embeddings`) is refused as a server refuses it
+(`RequestFailed`, listed in the errors file), never generated past the context.
 
-Generation blocks the event loop while a batch runs; in between, the conversations
-answered take their next turn or the next record, so the next batch is full again. A
-batch starts once `batch_size` turns wait or a pass of the event loop adds none (every
-conversation in flight is waiting).
+`prepare_local` sizes the run to the device before anything is written: the default
+`--max-tokens` and `--batch-size` of the CPU or the GPU, a `--max-tokens` beyond the
+context refused, `--device cuda` without CUDA refused, and one answer's memory
+(`generate.memory`) checked against what generation may use. Once the model is loaded,
+`open` plans how many answers fit at once (fewer than `--batch-size` when memory is
+short, said in `description`) and starts the generating thread (`regen_drivers`):
+continuous batching on a CPU, batches on a GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.regen_client import Completion, RequestFailed, Sampling
+from ringtrain.data.regen_client import Completion, RequestFailed, Sampling, Stopped
+from ringtrain.data.regen_drivers import BatchDriver, SlotDriver, Turn
 from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.continuous import DoesNotFit, TooLong, plan_slots
+from ringtrain.generate.defaults import REGENERATE_CPU_BATCH_SIZE
 from ringtrain.generate.greedy import Answer
-from ringtrain.generate.local_model import DEVICES, LocalModel, load_tokenizer
+from ringtrain.generate.local_model import (
+    DEVICES,
+    LocalModel,
+    context_length,
+    default_batch_size,
+    default_max_tokens,
+    load_tokenizer,
+    resolve_device,
+)
+from ringtrain.generate.memory import DecodeFootprint, format_gib, generation_budget
+from ringtrain.generate.model import supports_cache_rollback
 from ringtrain.generate.prompts import PromptFileError
-from ringtrain.target.loader import DTYPES
+from ringtrain.target.loader import DTYPES, resolve_dtype
 
 LOCAL_DTYPES = ("auto", *DTYPES)
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """Which local model answers, where, and how many conversations per batch."""
+    """Which local model answers, where, how many answers at once, and the memory
+    generation may use beside the model (None: ``BUDGET_FRACTION`` of what is free)."""
 
     model_dir: Path
     device: str = "auto"
     dtype: str = "auto"
     batch_size: int = 0  # 0: the device's default
+    memory_limit: int | None = None
 
 
-def check_local(engine: LocalEngine, sampling: Sampling) -> None:
-    """Refuse what `--local` cannot do before anything is written; raises DatasetError."""
+def prepare_local(engine: LocalEngine, sampling: Sampling) -> tuple[LocalEngine, Sampling]:
+    """``engine`` and ``sampling`` with the device's defaults filled in (``max_tokens``
+    None: the device's), checked before anything is written; raises DatasetError."""
+    _check_options(engine, sampling)
+    try:
+        device = resolve_device(engine.device)
+    except ValueError as exc:
+        raise DatasetError(f"--device {engine.device}: {exc}") from None
+    config = _model_config(engine.model_dir)
+    context = context_length(config)
+    max_tokens = sampling.max_tokens or default_max_tokens(device, context)
+    if context is not None and max_tokens > context:
+        raise DatasetError(
+            f"--max-tokens {max_tokens} is more than the model's context of {context} tokens "
+            f"(max_position_embeddings in {engine.model_dir / 'config.json'}): no answer "
+            "can be that long; lower --max-tokens"
+        )
+    footprint = DecodeFootprint.of(config, resolve_dtype(engine.dtype, device, "--dtype"))
+    try:
+        plan_slots(footprint, generation_budget(device, engine.memory_limit), 1, max_tokens)
+    except DoesNotFit as exc:
+        raise DatasetError(str(exc)) from None
+    cpu = REGENERATE_CPU_BATCH_SIZE
+    batch_size = engine.batch_size or (default_batch_size(device) if device.type == "cuda" else cpu)
+    return replace(engine, batch_size=batch_size), replace(sampling, max_tokens=max_tokens)
+
+
+def _check_options(engine: LocalEngine, sampling: Sampling) -> None:
+    """Refuse settings `--local` cannot use; raises DatasetError."""
     if sampling.temperature != 0:
         raise DatasetError(
             f"--local generates greedily only (temperature 0), not at temperature "
             f"{sampling.temperature}: drop --temperature, or serve the model with vLLM or "
             "SGLang and pass --server to sample"
         )
-    if sampling.max_tokens is None or sampling.max_tokens < 1:
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise DatasetError(f"--local needs --max-tokens of at least 1, not {sampling.max_tokens}")
     if engine.device not in DEVICES or engine.dtype not in LOCAL_DTYPES:
         raise DatasetError(
@@ -63,7 +109,13 @@ def check_local(engine: LocalEngine, sampling: Sampling) -> None:
         )
     if engine.batch_size < 0:
         raise DatasetError(f"--batch-size must be at least 1, not {engine.batch_size}")
-    directory = engine.model_dir
+
+
+def _model_config(directory: Path) -> object:
+    """The config of a local chat model directory (with a tokenizer and a chat template);
+    raises DatasetError naming what is missing."""
+    from transformers import AutoConfig
+
     if not (directory / "config.json").is_file():
         what = "no config.json in" if directory.is_dir() else "no such directory:"
         raise DatasetError(
@@ -78,99 +130,127 @@ def check_local(engine: LocalEngine, sampling: Sampling) -> None:
             "the instruct (chat) checkpoint, whose tokenizer_config.json (or "
             "chat_template.jinja) holds the chat template"
         )
+    try:
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (ValueError, OSError) as exc:
+        raise DatasetError(f"--local {directory}: unreadable config.json ({exc})") from None
 
 
-@dataclass
-class _Turn:
-    """A conversation waiting for its next answer."""
-
-    prompt: list[int]
-    answer: asyncio.Future
+def _failure(error: BaseException) -> BaseException:
+    """What a conversation learns when generation fails: out of memory (a GPU's
+    OutOfMemoryError, or the CPU allocator's RuntimeError) named, anything else as is."""
+    allocator = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    if isinstance(error, torch.OutOfMemoryError) or allocator:
+        return DatasetError(
+            "out of memory while generating; the records written are kept: rerun with a "
+            "smaller --batch-size (or --max-tokens, or a lower --memory-limit)"
+        )
+    return error
 
 
 class LocalChat:
-    """The `ChatClient` interface over a model in this process, batched across conversations."""
+    """The `ChatClient` interface over a model in this process."""
 
-    def __init__(self, engine: LocalEngine, sampling: Sampling) -> None:
+    def __init__(
+        self,
+        engine: LocalEngine,
+        sampling: Sampling,
+        on_tokens: Callable[[int], None] | None = None,
+    ) -> None:
         self.sampling = sampling
         self.requests = 0
-        self.batches = 0
+        self.description = ""
         self._engine = engine
-        self._model: LocalModel | None = None
+        self._on_tokens = on_tokens
         self._renderer: ChatRenderer | None = None
-        self._waiting: list[_Turn] = []
-        self._arrived = asyncio.Event()
-        self._batcher: asyncio.Task | None = None
+        self._driver: SlotDriver | BatchDriver | None = None
+        self._context: int | None = None
+        self._stopping = False
 
     async def open(self) -> None:
-        """Load the model and start the batching task (needs the running event loop)."""
-        engine = self._engine
-        self._model = LocalModel.load(
-            engine.model_dir, engine.device, engine.dtype, engine.batch_size
+        """Load the model, plan the answers at once and start generating (needs the
+        running event loop); raises DatasetError when not even one answer fits."""
+        engine, max_tokens = self._engine, int(self.sampling.max_tokens or 0)
+        model = await asyncio.to_thread(
+            LocalModel.load, engine.model_dir, engine.device, engine.dtype, engine.batch_size
         )
-        self._renderer = ChatRenderer(self._model.tokenizer, self.sampling.chat_template_kwargs)
-        self._batcher = asyncio.ensure_future(self._serve())
+        self._renderer = ChatRenderer(model.tokenizer, self.sampling.chat_template_kwargs)
+        config = model.model.config
+        self._context = context_length(config)
+        parameter = next(model.model.parameters())
+        budget = generation_budget(parameter.device, engine.memory_limit)
+        try:
+            slots, _ = plan_slots(
+                DecodeFootprint.of(config, parameter.dtype), budget, model.batch_size, max_tokens
+            )
+        except DoesNotFit as exc:
+            raise DatasetError(str(exc)) from None
+        continuous = parameter.device.type == "cpu" and supports_cache_rollback(config)
+        driver = SlotDriver if continuous else BatchDriver
+        model.batch_size = slots
+        self._driver = driver(model, slots, max_tokens, budget, self._on_tokens, _failure)
+        self.description = (
+            f"{engine.model_dir.name} on {parameter.device.type} "
+            f"({str(parameter.dtype).removeprefix('torch.')}), "
+            f"{'continuous batching' if continuous else 'batches'} of up to {slots} answers "
+            f"of at most {max_tokens} tokens; generation may use {format_gib(budget)}"
+        )
+        if slots < engine.batch_size:
+            self.description += (
+                f" (--batch-size {engine.batch_size} would need more: cut to {slots})"
+            )
 
     async def aclose(self) -> None:
-        """Stop the batching task."""
-        if self._batcher is not None:
-            self._batcher.cancel()
-            await asyncio.gather(self._batcher, return_exceptions=True)
+        """Stop generating and wait for the generating thread."""
+        if self._driver is not None:
+            await self._driver.close()
 
     async def check_model(self) -> None:
-        """Nothing to ask: `check_local` checked the directory and `open` loaded the model."""
+        """Nothing to ask: `prepare_local` checked the directory and `open` loaded it."""
+
+    def stop(self) -> None:
+        """Finish the answers in flight; turns not started fail with Stopped."""
+        self._stopping = True
+        if self._driver is not None:
+            self._driver.stop()
+
+    def abort(self) -> None:
+        """End generation at its next step."""
+        if self._driver is not None:
+            self._driver.abort()
 
     async def complete(self, messages: list[dict[str, str]]) -> Completion:
         """The model's greedy answer to `messages`; raises RequestFailed when the chat
-        template refuses them."""
-        assert self._renderer is not None, "open() first"
+        template refuses them or the context cannot hold the answer, Stopped once
+        stopping."""
+        assert self._renderer is not None and self._driver is not None, "open() first"
+        if self._stopping:
+            raise Stopped("stopping: the turn was not started")
         try:
             prompt = self._renderer.render(messages, "the conversation")
         except PromptFileError as exc:
             raise RequestFailed(str(exc), retryable=False) from None
-        turn = _Turn(prompt, asyncio.get_running_loop().create_future())
-        self._waiting.append(turn)
         self.requests += 1
-        self._arrived.set()
-        return await turn.answer
-
-    async def _serve(self) -> None:
-        """Answer the waiting turns, a batch at a time, until cancelled."""
-        assert self._model is not None
-        batch_size = self._model.batch_size
-        while True:
-            await self._arrived.wait()
-            self._arrived.clear()
-            waiting = -1
-            while waiting != len(self._waiting) and len(self._waiting) < batch_size:
-                waiting = len(self._waiting)
-                await asyncio.sleep(0)  # let the other conversations ask too
-            batch, self._waiting = self._waiting[:batch_size], self._waiting[batch_size:]
-            if self._waiting:
-                self._arrived.set()
-            self._answer(batch)
-
-    def _answer(self, batch: list[_Turn]) -> None:
-        """Generate the answers of one batch and hand each to its conversation."""
-        assert self._model is not None
+        self._check_context(len(prompt))
+        turn = Turn(prompt, asyncio.get_running_loop().create_future())
+        self._driver.submit(turn)
         try:
-            answers, _ = self._model.answer([t.prompt for t in batch], self.sampling.max_tokens)
-        except Exception as exc:  # every conversation of the batch learns why, and stops
-            error = exc
-            if isinstance(exc, torch.OutOfMemoryError):
-                error = DatasetError(
-                    f"out of memory generating a batch of {len(batch)} conversations; the "
-                    "records written are kept: rerun with a smaller --batch-size (or "
-                    "--max-tokens)"
-                )
-            for turn in batch:
-                if not turn.answer.done():
-                    turn.answer.set_exception(error)
-            return
-        self.batches += 1
-        for turn, answer in zip(batch, answers, strict=True):
-            if not turn.answer.done():
-                turn.answer.set_result(self._completion(turn.prompt, answer))
+            answer = await turn.answer
+        except TooLong as exc:
+            raise RequestFailed(str(exc), retryable=False) from None
+        return self._completion(prompt, answer)
+
+    def _check_context(self, prompt: int) -> None:
+        """Refuse a prompt the context cannot hold with its answer, as a server does."""
+        total = prompt + int(self.sampling.max_tokens or 0)
+        if self._context is not None and total > self._context:
+            raise RequestFailed(
+                f"too long: the prompt has {prompt} tokens and --max-tokens is "
+                f"{self.sampling.max_tokens}, {total} in all, more than the model's context "
+                f"of {self._context} tokens (a server refuses such a request); lower "
+                "--max-tokens or shorten the conversation",
+                retryable=False,
+            )
 
     def _completion(self, prompt: list[int], answer: Answer) -> Completion:
         """What a server returns for this answer."""

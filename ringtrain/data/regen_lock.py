@@ -6,7 +6,10 @@ finished, and the file would hold them twice. So a client takes an exclusive `fl
 the file; a second client finds the lock held and is refused with the first one's pid and
 host. The kernel drops the lock when its holder exits, however it exits, so the lock of a
 killed client is taken over by the next one (which says whose lock it took). The file
-stays beside the output, like the settings and errors files.
+stays beside the output, like the settings and errors files, except after a run that
+wrote nothing, which removes it while holding it (`release(remove=True)`); a client that
+locked the removed file meanwhile sees it is no longer the one at the path and locks
+the new one instead.
 """
 
 from __future__ import annotations
@@ -47,16 +50,21 @@ class OutputLock:
     def acquire(self) -> None:
         """Take the lock; raises DatasetError naming the client that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _owner(self.path.read_text(errors="replace"))
-            os.close(fd)
-            raise DatasetError(
-                f"{self.output}: another {self.command} client is writing it ({holder}, holding "
-                f"{self.path}); wait for it to finish or stop it, or choose another --output"
-            ) from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _owner(self.path.read_text(errors="replace"))
+                os.close(fd)
+                raise DatasetError(
+                    f"{self.output}: another {self.command} client is writing it ({holder}, "
+                    f"holding {self.path}); wait for it to finish or stop it, or choose "
+                    "another --output"
+                ) from None
+            if self._at_path(fd):
+                break
+            os.close(fd)  # its holder removed it before this lock: lock the new file
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if previous:
             self.taken_over = _owner(previous)
@@ -65,11 +73,22 @@ class OutputLock:
         os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
         self._fd = fd
 
-    def release(self) -> None:
-        """Empty the file (no owner) and drop the lock."""
+    def _at_path(self, fd: int) -> bool:
+        """Whether the file ``fd`` locks is still the one at the lock's path."""
+        try:
+            here, there = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+    def release(self, remove: bool = False) -> None:
+        """Empty the file (no owner), or with ``remove`` delete it, and drop the lock."""
         if self._fd is None:
             return
-        os.ftruncate(self._fd, 0)
+        if remove:
+            self.path.unlink(missing_ok=True)
+        else:
+            os.ftruncate(self._fd, 0)
         os.close(self._fd)
         self._fd = None
 

@@ -15,24 +15,35 @@ failed; one client at a time writes an output (`regen_lock`). Records that fail 
 input lines, requests that still fail after the retries of `regen_client`) go to
 `<output>.errors.jsonl` with the reason. When `max_failures` records in a row fail for
 a reason a retry could have fixed, the server is taken to be gone and the run stops with
-`ServerGone`. Progress (records, requests/s, generated tokens/s, errors, ETA) is a tqdm
-bar; the summary counts the answers cut at `max_tokens` (finish reason `length`).
+`ServerGone`. Progress (records, requests/s, errors, ETA, and with `local` the tokens
+generated and their rate, updated as the model generates them) is a tqdm bar; the
+summary counts the answers cut at `max_tokens` (finish reason `length`).
+
+With `local`, the first Ctrl-C stops taking new conversations: the answers in flight
+finish and their records are written, then the run ends (`RegenerateTotals.stopped`); a
+second Ctrl-C aborts at once (KeyboardInterrupt). With servers, whose answers in flight
+are not this process's work, the first Ctrl-C aborts. Either way the output keeps every
+record written and a rerun continues it. A run that leaves the output without a record
+removes it with its settings and lock files, so a failed first try never blocks the
+next one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.regen_client import ChatClient, RequestFailed, RetryPolicy, Sampling
-from ringtrain.data.regen_journal import Journal, check_settings, errors_path
+from ringtrain.data.regen_client import ChatClient, RequestFailed, RetryPolicy, Sampling, Stopped
+from ringtrain.data.regen_journal import Journal, check_settings, errors_path, remove_if_empty
 from ringtrain.data.regen_lock import OutputLock
 from ringtrain.data.regen_records import (
     REGENERATION_KEY,
@@ -70,10 +81,16 @@ class RegenerateOptions:
     local: LocalEngine | None = None
 
     def settings(self) -> dict[str, Any]:
-        """The settings that decide the output records (kept beside the output)."""
+        """The settings that decide the output records (kept beside the output); a local
+        model is named by its files' content, not its path."""
+        model = self.sampling.model
+        if self.local is not None:
+            from ringtrain.generate.fingerprint import model_fingerprint
+
+            model = f"local model, files {model_fingerprint(self.local.model_dir)}"
         return {
             "input": str(self.input.resolve()),
-            "model": self.sampling.model,
+            "model": model,
             "max_tokens": self.sampling.max_tokens,
             "temperature": self.sampling.temperature,
             "chat_template_kwargs": self.sampling.chat_template_kwargs,
@@ -92,10 +109,12 @@ class RegenerateTotals:
     generated_tokens: int = 0
     truncated: int = 0  # answers cut at max_tokens (finish reason "length")
     seconds: float = 0.0
+    stopped: bool = False  # ended early by Ctrl-C, after the answers in flight
 
 
 class _Run:
-    """The shared state of one run: totals, the failure streak, the progress bar."""
+    """The shared state of one run: totals, the failure streak, the progress bar, and
+    whether Ctrl-C asked it to stop."""
 
     def __init__(self, options: RegenerateOptions, journal: Journal, bar: tqdm) -> None:
         self.options = options
@@ -104,6 +123,10 @@ class _Run:
         self.totals = RegenerateTotals()
         self.streak = 0
         self.started = self.last_postfix = time.monotonic()
+        self.generating_since = self.started
+        self.live_tokens = 0  # generated so far, as the local model reports them
+        self.stopping = False
+        self.client: ChatClient | LocalChat | None = None
 
     def record_failed(self, line: int, reason: str, server_fault: bool) -> None:
         """List a failed record; raises ServerGone after `max_failures` server faults in a row."""
@@ -137,18 +160,44 @@ class _Run:
         self.streak = 0
         self._advance()
 
-    def _advance(self) -> None:
-        """One more record on the bar; the rates beside it at most every half second."""
-        now = time.monotonic()
-        if now - self.last_postfix >= POSTFIX_INTERVAL_S:
-            elapsed = now - self.started
-            self.bar.set_postfix_str(
-                f"{self.totals.requests / elapsed:.1f} req/s, "
-                f"{self.totals.generated_tokens / elapsed:.0f} tok/s, "
-                f"{self.totals.failed} errors",
-                refresh=False,
+    def tokens_generated(self, count: int) -> None:
+        """The local model generated `count` more tokens: the bar's token count and rate
+        move with them (redrawn at most every half second)."""
+        self.live_tokens += count
+        self._postfix(redraw=True)
+
+    def interrupt(self, task: asyncio.Task) -> None:
+        """Ctrl-C: the first stops taking conversations, the second aborts."""
+        if not self.stopping:
+            self.stopping = True
+            getattr(self.client, "stop", lambda: None)()
+            self.note(
+                "stopping: the answers in flight finish and their records are written; "
+                "press Ctrl-C again to abort"
             )
-            self.last_postfix = now
+            return
+        self.note("aborting")
+        getattr(self.client, "abort", lambda: None)()
+        task.cancel()
+
+    def _postfix(self, redraw: bool) -> None:
+        """The rates beside the bar, at most every half second."""
+        now = time.monotonic()
+        if now - self.last_postfix < POSTFIX_INTERVAL_S:
+            return
+        elapsed = now - self.started
+        tokens = self.live_tokens or self.totals.generated_tokens
+        rate = tokens / max(now - self.generating_since, 1e-9)
+        self.bar.set_postfix_str(
+            f"{self.totals.requests / elapsed:.1f} req/s, {tokens} tok at {rate:.0f} tok/s, "
+            f"{self.totals.failed} errors",
+            refresh=redraw,
+        )
+        self.last_postfix = now
+
+    def _advance(self) -> None:
+        """One more record on the bar, the rates beside it."""
+        self._postfix(redraw=False)
         self.bar.update(1)
 
 
@@ -162,6 +211,8 @@ async def _feed(queue: asyncio.Queue, run: _Run, workers: int) -> None:
     """Queue the input's conversations not done yet; bad lines go to the errors file."""
     with run.options.input.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
+            if run.stopping:
+                break
             if not line.strip() or number in run.journal.done:
                 continue
             try:
@@ -175,11 +226,16 @@ async def _feed(queue: asyncio.Queue, run: _Run, workers: int) -> None:
 
 
 async def _work(queue: asyncio.Queue, client: ChatClient | LocalChat, run: _Run) -> None:
-    """Regenerate queued conversations until the end-of-input marker."""
+    """Regenerate queued conversations until the end-of-input marker (once stopping,
+    the queued ones are left for the next run)."""
     while (record := await queue.get()) is not None:
         assert isinstance(record, InputRecord)
+        if run.stopping:
+            continue
         try:
             output, tokens = await regenerate_record(client, record)
+        except Stopped:
+            continue
         except RequestFailed as error:
             run.record_failed(record.line, str(error), server_fault=error.retryable)
         else:
@@ -204,12 +260,13 @@ async def _regenerate_all(run: _Run, client: ChatClient | LocalChat) -> None:
         task.result()
 
 
-def _client(options: RegenerateOptions) -> ChatClient | LocalChat:
+def _client(run: _Run) -> ChatClient | LocalChat:
     """The servers' client, or the local model's."""
+    options = run.options
     if options.local is not None:
         from ringtrain.data.regen_local import LocalChat  # torch: only when asked for
 
-        return LocalChat(options.local, options.sampling)
+        return LocalChat(options.local, options.sampling, run.tokens_generated)
     return ChatClient(
         options.servers,
         options.sampling,
@@ -221,16 +278,27 @@ def _client(options: RegenerateOptions) -> ChatClient | LocalChat:
 
 
 async def _main(run: _Run) -> None:
-    client = _client(run.options)
-    await client.open()
+    client = run.client = _client(run)
+    loop = asyncio.get_running_loop()
+    main_thread = threading.current_thread() is threading.main_thread()
+    hears_signals = run.options.local is not None and main_thread
+    if hears_signals:
+        loop.add_signal_handler(signal.SIGINT, run.interrupt, asyncio.current_task())
     try:
+        await client.open()
+        if run.options.local is not None:
+            run.note(f"generating with {client.description}")
+        run.generating_since = time.monotonic()
         try:
             await client.check_model()
         except RequestFailed as error:
             raise ServerGone(str(error)) from None
         await _regenerate_all(run, client)
     finally:
+        if hears_signals:
+            loop.remove_signal_handler(signal.SIGINT)
         run.totals.requests = client.requests
+        run.totals.stopped = run.stopping
         await client.aclose()
 
 
@@ -240,19 +308,26 @@ def regenerate(
     """Regenerate `options.input` into `options.output` (resuming it); returns the totals.
 
     Raises DatasetError for unusable settings or files or an output another client is
-    writing, ServerGone when the server stops answering; bad records and failed requests
-    are listed in the errors file instead."""
+    writing, ServerGone when the server stops answering, KeyboardInterrupt when aborted
+    (a second Ctrl-C); bad records and failed requests are listed in the errors file
+    instead. With `local`, the device's defaults fill in `sampling.max_tokens` (None)
+    and the batch size, and twice the batch size of conversations are in flight."""
     if not options.input.is_file():
         raise DatasetError(f"{options.input}: no such input file")
     if options.concurrency < 1:
         raise DatasetError(f"concurrency must be at least 1, not {options.concurrency}")
     if options.local is not None:
-        from ringtrain.data.regen_local import check_local  # torch: only when asked for
+        from ringtrain.data.regen_local import prepare_local  # torch: only when asked for
 
-        check_local(options.local, options.sampling)
+        local, sampling = prepare_local(options.local, options.sampling)
+        options = replace(options, local=local, sampling=sampling, concurrency=2 * local.batch_size)
     with OutputLock(options.output) as lock:
-        check_settings(options.output, options.settings(), options.resume)
-        return _regenerate_locked(options, progress, lock)
+        try:
+            check_settings(options.output, options.settings(), options.resume)
+            return _regenerate_locked(options, progress, lock)
+        finally:
+            if remove_if_empty(options.output):
+                lock.release(remove=True)
 
 
 def _regenerate_locked(
@@ -278,6 +353,8 @@ def _regenerate_locked(
         run.note(f"dropped the torn last line of {options.output} ({journal.cut_bytes} bytes)")
     try:
         asyncio.run(_main(run))
+    except asyncio.CancelledError:  # the second Ctrl-C
+        raise KeyboardInterrupt from None
     finally:
         bar.close()
         journal.close()

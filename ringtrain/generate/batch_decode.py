@@ -245,12 +245,14 @@ def decode_batch(
     kernel: str = "sdpa",
     graph: bool = True,
     sampler: TokenSampler | None = None,
+    on_check: Callable[[StepState], None] | None = None,
 ) -> torch.Tensor:
     """The greedy new tokens [B, max_new_tokens] of left-padded ``ids`` [B, W] (``valid``
     marks real tokens); after a row's stop token the row holds ``pad_id``.
 
     ``graph``: on CUDA, replay the decode step as a CUDA graph. ``sampler``: draw the
-    tokens from it instead of taking the greedy ones.
+    tokens from it instead of taking the greedy ones. ``on_check`` is called with the
+    step state whenever the loop checks for stopped rows (progress; it may raise to stop).
     """
     device = ids.device
     batch, width = ids.shape
@@ -280,23 +282,33 @@ def decode_batch(
         ).logits[:, -1]
         _record(state, logits)
         cache.position.fill_(width)
-        _decode_steps(model, cache, state, max_new_tokens - 1, graph and device.type == "cuda")
+        _decode_steps(
+            model, cache, state, max_new_tokens - 1, graph and device.type == "cuda", on_check
+        )
     return state.out
 
 
 def _decode_steps(
-    model: PreTrainedModel, cache: DecodeCache, state: StepState, steps: int, graph: bool
+    model: PreTrainedModel,
+    cache: DecodeCache,
+    state: StepState,
+    steps: int,
+    graph: bool,
+    on_check: Callable[[StepState], None] | None = None,
 ) -> None:
     """Run ``steps`` decode steps (captured once and replayed when ``graph``), stopping
-    early once every row has stopped."""
+    early once every row has stopped; ``on_check`` sees the state at each check."""
     replayed = None
     if graph and steps > 1:
         generator = state.sampler.generator if state.sampler is not None else None
         replayed = captured(lambda: _step(model, cache, state), generator)
         steps -= 1
     for done in range(steps):
-        if done % STOP_CHECK_EVERY == 0 and bool(state.done.all()):
-            return
+        if done % STOP_CHECK_EVERY == 0:
+            if on_check is not None:
+                on_check(state)
+            if bool(state.done.all()):
+                return
         if replayed is not None:
             replayed.replay()
         else:

@@ -25,14 +25,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
 from ringtrain.generate.batch_decode import (
     BATCH_DECODE,
     KERNELS,
+    StepState,
     attention_for_decoding,
     decode_batch,
 )
+from ringtrain.generate.memory import DecodeFootprint
 from ringtrain.generate.model import supports_cache_rollback
 from ringtrain.generate.sampling import TokenSampler
 
@@ -69,21 +71,28 @@ class GenerationStats:
 
 
 def length_batches(
-    lengths: Sequence[int], batch_size: int, max_tokens: int, new_tokens: int
+    lengths: Sequence[int],
+    batch_size: int,
+    max_tokens: int,
+    new_tokens: int,
+    fits: Callable[[int, int], bool] | None = None,
 ) -> list[list[int]]:
     """Indices of ``lengths`` grouped by length into batches of at most ``batch_size``
     prompts whose padded rows (longest prompt + ``new_tokens``) hold at most ``max_tokens``
-    in all: prefill attention and the cache grow with rows x width."""
+    in all: prefill attention and the cache grow with rows x width. ``fits(rows,
+    longest prompt)`` may refuse a batch besides (memory)."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches: list[list[int]] = []
     for i in order:
         width = lengths[i] + new_tokens
+        rows = len(batches[-1]) + 1 if batches else 1
         if (
             batches
-            and len(batches[-1]) < batch_size
-            and (len(batches[-1]) + 1) * width <= max_tokens
+            and rows <= batch_size
+            and rows * width <= max_tokens
+            and (fits is None or fits(rows, lengths[i]))
         ):
             batches[-1].append(i)
         else:
@@ -105,6 +114,45 @@ def left_padded(
     return ids, mask
 
 
+class TokenCounter:
+    """Reports the new tokens of a batch while it decodes: ``on_tokens`` gets the increase
+    since its last call (each row counted up to its first stop token)."""
+
+    def __init__(self, on_tokens: Callable[[int], None], stop_ids: Sequence[int]) -> None:
+        self.on_tokens = on_tokens
+        self.stop_ids = list(stop_ids) or [-1]
+        self.reported = 0
+
+    def seen(self, new: torch.Tensor) -> None:
+        """``new`` [B, n]: the tokens generated so far."""
+        stopped = torch.isin(new, torch.tensor(self.stop_ids, device=new.device))
+        first = stopped.int().argmax(dim=1) + 1
+        self.report(int(torch.where(stopped.any(dim=1), first, new.shape[1]).sum()))
+
+    def report(self, total: int) -> None:
+        """The batch has generated ``total`` tokens so far."""
+        if total > self.reported:
+            self.on_tokens(total - self.reported)
+            self.reported = total
+
+    def own_check(self, state: StepState) -> None:
+        """``decode_batch``'s check hook."""
+        self.seen(state.out[:, : int(state.column)])
+
+    def criterion(self, prompt_width: int) -> StoppingCriteria:
+        """A stopping criterion for transformers' ``generate`` that only counts."""
+        counter = self
+
+        class _Counting(StoppingCriteria):
+            def __call__(
+                self, input_ids: torch.Tensor, scores: object, **kwargs: object
+            ) -> torch.Tensor:
+                counter.seen(input_ids[:, prompt_width:])
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        return _Counting()
+
+
 def cut_answer(row: Sequence[int], stop_ids: set[int], max_new_tokens: int) -> Answer:
     """The answer in a generated row: up to and including the first stop token."""
     for i, token in enumerate(row[:max_new_tokens]):
@@ -121,9 +169,10 @@ def _generate_batch(
     pad_id: int,
     options: DecodeOptions,
     sampler: TokenSampler | None = None,
+    counter: TokenCounter | None = None,
 ) -> torch.Tensor:
     """The new tokens [B, <= max_new_tokens] of one batch (padding after a row's stop),
-    greedy or drawn from ``sampler``."""
+    greedy or drawn from ``sampler``; ``counter`` sees them as they come."""
     device = next(model.parameters()).device
     ids, mask = left_padded(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
@@ -138,12 +187,15 @@ def _generate_batch(
             options.kernel,
             options.graph,
             sampler,
+            counter.own_check if counter is not None else None,
         )
     extra: dict[str, object] = {"disable_compile": not options.compile}
     if options.cache == "static":
         extra["cache_implementation"] = "static"
     if sampler is not None:  # transformers draws from the global generator: seed it
         torch.manual_seed(sampler.fork_seed())
+    if counter is not None:
+        extra["stopping_criteria"] = StoppingCriteriaList([counter.criterion(ids.shape[1])])
     with torch.inference_mode():
         out = model.generate(
             ids,
@@ -200,11 +252,15 @@ def greedy_answers(
     options: DecodeOptions = DecodeOptions(),
     on_batch: Callable[[int], None] | None = None,
     sampler: TokenSampler | None = None,
+    memory_budget: int | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> tuple[list[Answer], GenerationStats]:
     """Greedy answers to ``prompts`` (in their order) and what generating them took.
 
-    A batch holds at most ``batch_size`` prompts and ``max_batch_tokens`` padded tokens.
-    ``on_batch`` is called with the number of prompts of each finished batch (progress).
+    A batch holds at most ``batch_size`` prompts and ``max_batch_tokens`` padded tokens,
+    and needs at most ``memory_budget`` bytes (``DecodeFootprint``) when one is given.
+    ``on_batch`` is called with the number of prompts of each finished batch, and
+    ``on_tokens`` with the new tokens as they are generated (every few decode steps).
     With a ``sampler`` the answers are drawn from it instead (temperature, top-p).
     """
     options = options.checked(model)
@@ -213,16 +269,20 @@ def greedy_answers(
     stops = set(stop_ids)
     answers: list[Answer | None] = [None] * len(prompts)
     lengths = [len(p) for p in prompts]
-    batches = length_batches(lengths, batch_size, max_batch_tokens, max_new_tokens)
+    fits = _memory_fit(model, memory_budget, max_new_tokens)
+    batches = length_batches(lengths, batch_size, max_batch_tokens, max_new_tokens, fits)
     started = time.perf_counter()
     with attention_for_decoding(model, options.attention()):
         for rows in batches:
             batch = [prompts[i] for i in rows]
+            counter = TokenCounter(on_tokens, stop_ids) if on_tokens is not None else None
             new = _generate_batch(
-                model, batch, max_new_tokens, list(stop_ids), pad_id, options, sampler
+                model, batch, max_new_tokens, list(stop_ids), pad_id, options, sampler, counter
             )
             for i, row in zip(rows, new.tolist(), strict=True):
                 answers[i] = cut_answer(row, stops, max_new_tokens)
+            if counter is not None:
+                counter.report(sum(len(answers[i].tokens) for i in rows))
             if on_batch is not None:
                 on_batch(len(rows))
     seconds = time.perf_counter() - started
@@ -234,3 +294,18 @@ def greedy_answers(
         batches=len(batches),
     )
     return done, stats
+
+
+def _memory_fit(
+    model: PreTrainedModel, budget: int | None, new_tokens: int
+) -> Callable[[int, int], bool] | None:
+    """Whether a batch of (rows, longest prompt) fits ``budget`` bytes (None: no budget)."""
+    if budget is None:
+        return None
+    footprint = DecodeFootprint.of(model.config, next(model.parameters()).dtype)
+
+    def fits(rows: int, longest: int) -> bool:
+        width = -(-longest // WIDTH_BUCKET) * WIDTH_BUCKET
+        return footprint.batch(rows, width, new_tokens) <= budget
+
+    return fits

@@ -17,13 +17,17 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ringtrain.generate.defaults import (
+    CPU_BATCH_SIZE,
+    CPU_MAX_TOKENS,
+    GPU_BATCH_SIZE,
+    GPU_MAX_TOKENS,
+)
 from ringtrain.generate.greedy import Answer, GenerationStats, greedy_answers
 from ringtrain.generate.model import load_causal_lm, stop_token_ids
 from ringtrain.generate.sampling import TokenSampler
 
 DEVICES = ("auto", "cpu", "cuda")
-GPU_BATCH_SIZE = 2048
-CPU_BATCH_SIZE = 64
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -33,12 +37,31 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r} is not one of {', '.join(DEVICES)}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device 'cuda' asked for, but torch {torch.__version__} sees no CUDA device "
+            "here; run on the cpu (or auto)"
+        )
     return torch.device(name)
 
 
 def default_batch_size(device: torch.device) -> int:
     """Prompts per batch when none is given: many on a GPU, few on a CPU."""
     return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
+
+
+def context_length(config: object) -> int | None:
+    """The positions the model is made for (``max_position_embeddings``), if it says."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    length = getattr(text, "max_position_embeddings", None)
+    return int(length) if length else None
+
+
+def default_max_tokens(device: torch.device, context: int | None) -> int:
+    """New tokens per answer when none is given: the device's default, at most half the
+    model's context."""
+    tokens = GPU_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
+    return tokens if context is None else max(1, min(tokens, context // 2))
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
@@ -100,9 +123,12 @@ class LocalModel:
         max_new_tokens: int,
         on_batch: Callable[[int], None] | None = None,
         sampler: TokenSampler | None = None,
+        memory_budget: int | None = None,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> tuple[list[Answer], GenerationStats]:
         """Greedy answers to ``prompts`` (token ids), in their order, and what they took;
-        with a ``sampler``, answers drawn from it."""
+        with a ``sampler``, answers drawn from it. Batches fit ``memory_budget`` bytes
+        when one is given; ``on_tokens`` hears of new tokens as they come."""
         return greedy_answers(
             self.model,
             prompts,
@@ -112,4 +138,6 @@ class LocalModel:
             batch_size=self.batch_size,
             on_batch=on_batch,
             sampler=sampler,
+            memory_budget=memory_budget,
+            on_tokens=on_tokens,
         )
