@@ -1,14 +1,18 @@
-"""Fixtures shared by several test modules (each module opts in by name)."""
+"""Fixtures shared by several test modules (each module opts in by name), and a live line
+for long tests: one that has run LIVE_AFTER_S gets a line naming it (again every
+LIVE_EVERY_S) and its duration when it ends, so a quiet terminal (-q, CI) shows what runs."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers.chat_data import write_chats, write_tokenizer
+from tests.chat_data import write_chats, write_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +35,41 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def chats(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests.chat_data's conversations as a chat JSONL file."""
     return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl")
+
+
+LIVE_AFTER_S = 30.0
+LIVE_EVERY_S = 60.0
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """Print `line` on a line of its own on the terminal, past pytest's output capture."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is None:
+        return
+    terminal = config.get_terminal_writer()
+    with capture.global_and_fixture_disabled():
+        if terminal.width_of_current_line:
+            terminal.line()
+        terminal.line(line)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Name a test that runs long while it runs, and give its duration when it ends."""
+    started, done = time.monotonic(), threading.Event()
+
+    def watch() -> None:
+        wait = LIVE_AFTER_S
+        while not done.wait(wait):
+            _say(item.config, f"... {item.nodeid}: running for {time.monotonic() - started:.0f} s")
+            wait = LIVE_EVERY_S
+
+    watcher = threading.Thread(target=watch, name="live-line", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        if (seconds := time.monotonic() - started) >= LIVE_AFTER_S:
+            _say(item.config, f"... {item.nodeid}: {seconds:.0f} s")
