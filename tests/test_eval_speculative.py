@@ -41,26 +41,31 @@ def _tapped_features(target: VerifyingTarget, tokens: list[int]) -> torch.Tensor
     return torch.cat([out.hidden_states[layer + 1][0] for layer in TAPS], dim=-1)
 
 
+# 30 tokens after the first (which the prompt's own forward gives): a whole number of
+# verification forwards at 1, 3 and 6 tokens each, so every figure below is exact.
+EXACT_TOKENS = 31
+
+
 @pytest.mark.parametrize("correct", [0, 2, BLOCK - 1])
-def test_output_equals_greedy_and_tau_counts_accepted_drafts(
+def test_a_drafter_right_on_its_first_k_positions_gives_tau_k_plus_one(
     target_dir: Path, correct: int
 ) -> None:
     target = load_verifying_target(target_dir, TAPS)
     prompt = _prompt(12, seed=correct)
-    greedy = greedy_generate(target, prompt, NEW_TOKENS)
-    assert len(greedy.tokens) == NEW_TOKENS
+    greedy = greedy_generate(target, prompt, EXACT_TOKENS)
+    assert len(greedy.tokens) == EXACT_TOKENS
     drafter = ScriptedDrafter(prompt.tolist() + greedy.tokens, correct, target.vocab_size)
-    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS)
+    spec = speculative_generate(target, drafter, prompt, EXACT_TOKENS)
     assert spec.tokens == greedy.tokens
-    assert spec.accepted[:-1] == [correct] * (len(spec.accepted) - 1)
+    forwards = (EXACT_TOKENS - 1) // (correct + 1)
+    assert spec.accepted == [correct] * forwards
     report = summarize([PromptOutcome(0, len(prompt), spec, greedy)], BLOCK)
     assert report.lossless
-    assert report.verify_forwards == len(spec.accepted)
-    expected_forwards = -(-(NEW_TOKENS - 1) // (correct + 1))
-    assert report.verify_forwards == expected_forwards
-    assert report.acceptance[correct:] == [0.0] * (BLOCK - 1 - correct)
-    if correct:
-        assert report.acceptance[correct - 1] > 0.5
+    assert (report.prompts, report.generated_tokens) == (1, EXACT_TOKENS)
+    assert report.verify_forwards == forwards
+    assert report.tau_real == correct + 1
+    assert report.acceptance == [1.0] * correct + [0.0] * (BLOCK - 1 - correct)
+    assert report.as_dict()["tau_real"] == correct + 1
 
 
 def test_drafter_sees_the_targets_tapped_features(target_dir: Path) -> None:

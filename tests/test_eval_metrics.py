@@ -1,0 +1,77 @@
+"""The figures of an evaluation report, worked out by hand from outcomes of known counts and
+times: tau_real, acceptance per block position, both token rates and the speedup, overall,
+per set of prompts and per category, and as the JSON and the table show them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtrain.eval import Generation, PromptOutcome, summarize
+
+BLOCK = 6
+
+
+def outcome(
+    index: int, tokens: int, accepted: list[int], seconds: float, plain_seconds: float, **where
+) -> PromptOutcome:
+    """A lossless turn: `tokens` tokens in `seconds` speculatively, in `plain_seconds` alone."""
+    ids = list(range(tokens))
+    return PromptOutcome(
+        index, 4, Generation(ids, accepted, seconds), Generation(ids, [], plain_seconds), **where
+    )
+
+
+OUTCOMES = [
+    outcome(0, 13, [2, 0, 5, 1], 0.5, 2.0, benchmark="code", category="easy"),
+    outcome(1, 7, [3, 1], 0.25, 1.0, benchmark="code", category="hard"),
+    outcome(0, 4, [0, 0, 0], 0.25, 0.5, benchmark="chat"),
+]
+
+
+def test_overall_figures_are_the_counts_over_all_forwards() -> None:
+    report = summarize(OUTCOMES, BLOCK)
+    # accepted drafts 2+0+5+1 + 3+1 + 0+0+0 = 12 over 9 forwards, plus one bonus each
+    assert (report.prompts, report.verify_forwards, report.generated_tokens) == (3, 9, 24)
+    assert report.tau_real == pytest.approx(21 / 9)
+    # forwards that accepted at least k drafts: k=1: 2,5,1,3,1; k=2: 2,5,3; k=3: 5,3; 4, 5: 5
+    assert report.acceptance == pytest.approx([5 / 9, 3 / 9, 2 / 9, 1 / 9, 1 / 9])
+    assert report.speculative_tokens_per_s == pytest.approx(24 / 1.0)
+    assert report.greedy_tokens_per_s == pytest.approx(24 / 3.5)
+    assert report.speedup == pytest.approx(3.5)
+    assert report.tau_real == pytest.approx(1 + sum(report.acceptance))
+
+
+def test_each_set_and_category_has_its_own_figures() -> None:
+    report = summarize(OUTCOMES, BLOCK)
+    assert list(report.benchmarks) == ["code", "chat"]
+    code, chat = report.benchmarks["code"], report.benchmarks["chat"]
+    assert (code.prompts, code.verify_forwards, code.generated_tokens) == (2, 6, 20)
+    assert code.tau_real == pytest.approx(18 / 6)
+    assert code.acceptance == pytest.approx([5 / 6, 3 / 6, 2 / 6, 1 / 6, 1 / 6])
+    assert code.speedup == pytest.approx((20 / 0.75) / (20 / 3.0))
+    assert (chat.tau_real, chat.acceptance) == (1.0, [0.0] * 5)
+    assert chat.speedup == pytest.approx((4 / 0.25) / (4 / 0.5))
+    assert list(code.categories) == ["easy", "hard"]
+    hard = code.categories["hard"]
+    assert (hard.verify_forwards, hard.tau_real) == (2, pytest.approx(3.0))
+    assert hard.acceptance == pytest.approx([1.0, 0.5, 0.5, 0.0, 0.0])
+
+
+def test_the_json_and_the_table_show_the_same_figures() -> None:
+    report = summarize(OUTCOMES, BLOCK)
+    figures = report.as_dict()
+    assert figures["tau_real"] == report.tau_real
+    assert figures["acceptance"] == report.acceptance
+    assert figures["speedup"] == report.speedup
+    assert figures["lossless"] is True and figures["numerical_ties"] == 0
+    assert figures["benchmarks"]["code"]["tau_real"] == pytest.approx(3.0)
+    assert figures["benchmarks"]["code"]["categories"]["hard"]["verify_forwards"] == 2
+    table = report.table()
+    assert "tau_real           2.333  (block size 6)" in table
+    assert "24.0 speculative, 6.9 greedy (3.50x)" in table
+    assert "acceptance by pos  1:0.56 2:0.33 3:0.22 4:0.11 5:0.11" in table
+
+
+def test_no_forwards_give_zero_figures_not_an_error() -> None:
+    report = summarize([outcome(0, 1, [], 0.0, 0.0)], BLOCK)
+    assert (report.tau_real, report.speedup, report.acceptance) == (0.0, 0.0, [0.0] * 5)
