@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.chat_data import write_chats, write_tokenizer
+from tests.helpers.chat_data import write_chats, write_tokenizer
 
 
 @pytest.fixture(scope="module")
