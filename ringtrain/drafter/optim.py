@@ -26,12 +26,12 @@ checkpoint's is refused before that (trainer/plan.py): its state cannot continue
 from __future__ import annotations
 
 import math
-import typing
 from typing import Any
 
 import torch
 from torch import nn
 
+from ringtrain.choices import choice_table
 from ringtrain.drafter.config import OptimConfig
 from ringtrain.drafter.muon import MuonAdamW
 from ringtrain.drafter.schedules import saved_schedule_fields, schedule_of
@@ -113,13 +113,9 @@ class MuonOnHidden:
         return MuonAdamW(muon, _adamw(cfg, rest))
 
 
-OPTIMIZERS: dict[str, type[AdamWOnAll | MuonOnHidden]] = {"adamw": AdamWOnAll, "muon": MuonOnHidden}
-_CONFIG_CHOICES = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
-if set(_CONFIG_CHOICES) != OPTIMIZERS.keys():
-    raise ImportError(
-        f"[optim] name choices {_CONFIG_CHOICES} (drafter/config.py) and the optimisers "
-        f"{sorted(OPTIMIZERS)} (drafter/optim.py) differ: list each optimiser in both"
-    )
+OPTIMIZERS: dict[str, type[AdamWOnAll | MuonOnHidden]] = choice_table(
+    OptimConfig, "name", {"adamw": AdamWOnAll, "muon": MuonOnHidden}
+)
 
 
 def build_optimizer(

@@ -11,7 +11,9 @@ versions) is refused with a message naming the file and the fix.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -32,19 +34,32 @@ class StreamCursor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class StreamIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Everything that decides the targets' batch sequence (see trainer/plan.py)."""
+    """Everything that decides the targets' batch sequence (see trainer/plan.py). Each
+    field names what it records (`recorded_settings`), settings first, so the resume
+    check names a changed setting before the rows it changes."""
 
-    data_seed: int
-    token_budget: int
-    bucket: int
-    max_len: int
-    truncate: bool
-    targets: int  # target ranks in all: layout.targets_per_node x nodes
-    target_tp: int
-    data_path: str
-    dataset_rows: int
-    dataset_tokens: int
-    row_lengths_hash: str  # blake2b of the dataset's row lengths
+    data_seed: Annotated[int, msgspec.Meta(description="data.seed")]
+    token_budget: Annotated[int, msgspec.Meta(description="data.token_budget")]
+    bucket: Annotated[int, msgspec.Meta(description="data.bucket")]
+    max_len: Annotated[int, msgspec.Meta(description="data.max_len")]
+    truncate: Annotated[bool, msgspec.Meta(description="data.truncate")]
+    targets: Annotated[
+        int, msgspec.Meta(description="target count (layout.targets_per_node x nodes)")
+    ]
+    target_tp: Annotated[int, msgspec.Meta(description="layout.target_tp")]
+    data_path: Annotated[str, msgspec.Meta(description="data.path")]
+    dataset_rows: Annotated[int, msgspec.Meta(description="dataset rows")]
+    dataset_tokens: Annotated[int, msgspec.Meta(description="dataset tokens")]
+    # blake2b of the dataset's row lengths
+    row_lengths_hash: Annotated[str, msgspec.Meta(description="dataset row lengths (hash)")]
+
+
+def recorded_settings() -> dict[str, str]:
+    """What each field of StreamIdentity records, by field name, in field order."""
+    hints = typing.get_type_hints(StreamIdentity, include_extras=True)
+    return {
+        name: hints[name].__metadata__[0].description for name in StreamIdentity.__struct_fields__
+    }
 
 
 class ResumeRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -13,15 +13,15 @@ Both start with a linear warm-up over `warmup_fraction` of the steps and end at
 A schedule holds plain numbers only, so LambdaLR's state_dict stays a plain dict (a
 checkpoint records them, see `saved_schedule_fields`). A new schedule is a class with these
 members and an entry in `SCHEDULES` (and its name among the config's choices,
-drafter/config.py).
+drafter/config.py: ringtrain/choices.py checks both).
 """
 
 from __future__ import annotations
 
 import math
-import typing
 from typing import Any
 
+from ringtrain.choices import choice_table
 from ringtrain.drafter.config import OptimConfig
 
 
@@ -38,6 +38,17 @@ class WarmupCosine:
     def from_config(cls, cfg: OptimConfig, total_steps: int) -> WarmupCosine:
         """The schedule cfg describes, over `total_steps` steps."""
         return cls(total_steps, cfg.warmup_fraction, cfg.min_lr_ratio)
+
+    @staticmethod
+    def problem(cfg: OptimConfig) -> str | None:
+        """Why cfg's fractions leave no steps for the decay (None: they leave some)."""
+        if cfg.warmup_fraction < 1.0:
+            return None
+        return (
+            f"optim.warmup_fraction = {cfg.warmup_fraction:g} leaves the cosine schedule no "
+            "steps to decay (the run would end at the peak lr, not at optim.min_lr_ratio); "
+            "use a warm-up fraction below 1 (default 0.04)"
+        )
 
     def __call__(self, step: int) -> float:
         """The learning-rate multiplier at `step` (0-based)."""
@@ -75,6 +86,18 @@ class WarmupStableDecay:
         """The schedule cfg describes, over `total_steps` steps."""
         return cls(total_steps, cfg.warmup_fraction, cfg.min_lr_ratio, cfg.decay_fraction)
 
+    @staticmethod
+    def problem(cfg: OptimConfig) -> str | None:
+        """Why cfg's fractions leave no room for the decay (None: they leave some)."""
+        if cfg.warmup_fraction + cfg.decay_fraction <= 1.0:
+            return None
+        return (
+            f"optim.warmup_fraction = {cfg.warmup_fraction:g} + optim.decay_fraction = "
+            f"{cfg.decay_fraction:g} exceed 1: the wsd decay starts only when the warm-up "
+            "ends, so it would get fewer steps than asked (none at a warm-up fraction of 1: "
+            "the run would end at the peak lr); make the two sum to at most 1"
+        )
+
     def __call__(self, step: int) -> float:
         """The learning-rate multiplier at `step` (0-based)."""
         if step < self.decay_start:  # the warm-up reaches 1 at its last step, then holds
@@ -92,13 +115,15 @@ class WarmupStableDecay:
 
 
 Schedule = WarmupCosine | WarmupStableDecay
-SCHEDULES: dict[str, type[Schedule]] = {"cosine": WarmupCosine, "wsd": WarmupStableDecay}
-_CONFIG_CHOICES = typing.get_args(typing.get_type_hints(OptimConfig)["schedule"])
-if set(_CONFIG_CHOICES) != SCHEDULES.keys():
-    raise ImportError(
-        f"[optim] schedule choices {_CONFIG_CHOICES} (drafter/config.py) and the schedules "
-        f"{sorted(SCHEDULES)} (drafter/schedules.py) differ: list each schedule in both"
-    )
+SCHEDULES: dict[str, type[Schedule]] = choice_table(
+    OptimConfig, "schedule", {"cosine": WarmupCosine, "wsd": WarmupStableDecay}
+)
+
+
+def schedule_problem(cfg: OptimConfig) -> str | None:
+    """Why cfg's warm-up and decay fractions leave its schedule no room to decay to
+    min_lr_ratio (None when they leave some): checked when the config is loaded."""
+    return SCHEDULES[cfg.schedule].problem(cfg)
 
 
 def schedule_of(cfg: OptimConfig, total_steps: int) -> Schedule:

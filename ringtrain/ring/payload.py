@@ -11,11 +11,11 @@ name `ring.transport` gives (its index is the code the control block stores).
 
 from __future__ import annotations
 
-import typing
 from typing import ClassVar, Protocol
 
 import torch
 
+from ringtrain.choices import choice_table
 from ringtrain.ring.config import RingConfig
 from ringtrain.ring.control import ControlBlock
 from ringtrain.ring.device_payload import DevicePayload
@@ -69,15 +69,11 @@ class Payload(Protocol):
         ...
 
 
-TRANSPORTS: dict[str, type[Payload]] = {"host": HostPayload, "device": DevicePayload}
-# "auto" picks one of them (resolve_transport); the config lists the same names.
+# "auto" picks one of the transports (resolve_transport).
 AUTO = "auto"
-_CONFIG_CHOICES = typing.get_args(typing.get_type_hints(RingConfig)["transport"])
-if set(_CONFIG_CHOICES) != {AUTO, *TRANSPORTS}:
-    raise ImportError(
-        f"ring.transport choices {_CONFIG_CHOICES} (ring/config.py) and the transports "
-        f"{[AUTO, *TRANSPORTS]} (ring/payload.py) differ: list each transport in both"
-    )
+TRANSPORTS: dict[str, type[Payload]] = choice_table(
+    RingConfig, "transport", {"host": HostPayload, "device": DevicePayload}, beside=(AUTO,)
+)
 
 
 def transport_code(name: str) -> int:

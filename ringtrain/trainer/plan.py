@@ -32,12 +32,14 @@ from ringtrain.data.prepare import load_tokenizer
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
 from ringtrain.drafter.checkpoint import checkpoint_spec, saved_optimizer_state
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.limits import check_limits
 from ringtrain.drafter.mask_token import choose_mask_token
 from ringtrain.drafter.optim import saved_optimizer_name
 from ringtrain.drafter.resume_record import (
     CheckpointFormatError,
     StreamIdentity,
     read_resume_record,
+    recorded_settings,
 )
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
@@ -100,23 +102,6 @@ def check_resume_optimizer(checkpoint: Path, cfg: OptimConfig) -> None:
         )
 
 
-# How messages name each field of StreamIdentity (the setting, or what of the dataset);
-# in field order: settings first, so a changed setting is named before the rows it changes.
-STREAM_SETTINGS = {
-    "data_seed": "data.seed",
-    "token_budget": "data.token_budget",
-    "bucket": "data.bucket",
-    "max_len": "data.max_len",
-    "truncate": "data.truncate",
-    "targets": "target count (layout.targets_per_node x nodes)",
-    "target_tp": "layout.target_tp",
-    "data_path": "data.path",
-    "dataset_rows": "dataset rows",
-    "dataset_tokens": "dataset tokens",
-    "row_lengths_hash": "dataset row lengths (hash)",
-}
-
-
 def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> StreamIdentity:
     """Everything that decides the targets' batch sequence: the dataset (path, kept rows,
     tokens and a hash of the row lengths, cheap to compute and sensitive to any change of
@@ -152,7 +137,7 @@ def check_resume_stream(checkpoint: Path, stream: StreamIdentity, announce: bool
                 checkpoint,
             )
         return
-    for field, setting in STREAM_SETTINGS.items():
+    for field, setting in recorded_settings().items():
         was, now = getattr(saved, field), getattr(stream, field)
         if field == "data_path" or was == now:
             continue
@@ -204,6 +189,10 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
     spec = _drafter_spec(config, target_path, target_config, taps, info, checkpoint)
+    try:  # values the drafter cannot hold, before the ring is up
+        check_limits(config.drafter, config.optim, spec, config.data.token_budget, info.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     if checkpoint is not None:
         check_resume_spec(checkpoint, spec)
