@@ -188,9 +188,6 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
     spec = _drafter_spec(config, target_path, target_config, taps, info, checkpoint)
-    try:  # values the drafter cannot hold, before the ring is up
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     if checkpoint is not None:
         check_resume_spec(checkpoint, spec)
