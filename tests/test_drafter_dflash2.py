@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from ringtrain.drafter.dflash2 import DFlash2Drafter, selector_loss_sum
-from ringtrain.drafter.model import DFlashDrafter
 from safetensors.torch import load_file
 from torch import nn
 
@@ -28,6 +26,9 @@ from ringtrain.drafter import (
     load_checkpoint,
     save_checkpoint,
 )
+from ringtrain.drafter.arch.dflash.model import DFlashDrafter
+from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter
+from ringtrain.drafter.arch.dflash2.selector import SelectorSums, selector_loss_sum
 from ringtrain.drafter.config import OptimConfig
 from tests.helpers.launcher import run_training, step_records
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
@@ -272,16 +273,19 @@ def test_the_selector_loss_is_reported_apart_and_is_part_of_the_loss() -> None:
     dflash2.load_state_dict(dflash.state_dict(), strict=False)  # a fresh DFlash2 is DFlash
     plain = objective(dflash, head, batch, cfg, seed=3)
     with_selector = objective(dflash2, head, batch, make_cfg(**DFLASH2), seed=3)
-    assert float(plain.selector_loss_sum) == 0.0
+    assert type(plain) is ObjectiveSums and type(with_selector) is SelectorSums
     assert "selector_loss" not in ObjectiveSums.summarise(plain.as_vector(), cfg.block_size)
     assert float(with_selector.selector_loss_sum) > 0.0
     torch.testing.assert_close(
         with_selector.loss_sum, plain.loss_sum + with_selector.selector_loss_sum
     )
-    metrics = ObjectiveSums.summarise(with_selector.as_vector(), cfg.block_size)
+    metrics = SelectorSums.summarise(with_selector.as_vector(), cfg.block_size)
     assert metrics["selector_loss"] == pytest.approx(
         float(with_selector.selector_loss_sum / with_selector.weight_sum)
     )
+    assert SelectorSums.step_metrics(metrics)["loss_parts"] == {
+        "selector_loss": metrics["selector_loss"]
+    }
 
 
 def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> None:

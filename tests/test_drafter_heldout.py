@@ -15,6 +15,7 @@ from ringtrain.drafter import (
     EvalSums,
     FrozenHead,
     block_objective,
+    block_step,
     build_drafter,
     build_optimizer,
     compiled_graph_count,
@@ -22,7 +23,6 @@ from ringtrain.drafter import (
     evaluate_batch,
     optimizer_step,
 )
-from ringtrain.drafter import objective as objective_module
 from ringtrain.drafter.blocks import pack_context
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.heldout import replay_sums
@@ -150,15 +150,15 @@ def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -
         slot = torch.arange(hidden.shape[0]) % (block - 1) + 1
         return HeadLoss(row_weights.sum() * 0.0, slot <= j, labels.new_empty((len(slot), 0)))
 
-    monkeypatch.setattr(objective_module, "chunked_head_loss", scripted_loss)
+    monkeypatch.setattr(block_step, "chunked_head_loss", scripted_loss)
     sums = evaluate(model, head, batch, cfg, max_tokens=2 * doc)
-    metrics = EvalSums.summarise(sums.as_vector(), block)
+    metrics = EvalSums.summarise(sums.as_vector(), type(sums.blocks), block)
     assert metrics["tau_sim"] == j + 1
     assert metrics["replay_steps"] == 2 * 20
     assert metrics["replay_tokens"] == 2 * (response - 1)
     # Uniform anchors q .. r - 1 accept min(j, r - p): j everywhere but near the end.
     per_span = [min(j, response - 1 - i) for i in range(response - 1)]
-    assert int(sums.block_count) == 2 * len(per_span)
+    assert int(sums.blocks.block_count) == 2 * len(per_span)
     assert metrics["tau_uniform"] == pytest.approx(1 + sum(per_span) / len(per_span))
     assert metrics["tau_uniform"] < metrics["tau_sim"]
     assert metrics["accuracy_per_slot"][:j] == [1.0] * j
@@ -179,11 +179,11 @@ def test_evaluation_runs_without_grad_and_changes_nothing(trained) -> None:
     sums = evaluate(model, head, batch, cfg)
     vector = sums.as_vector()
     assert torch.isfinite(vector).all()
-    assert not any(getattr(sums, name).requires_grad for name in ("loss_sum", "correct"))
+    assert not any(getattr(sums.blocks, name).requires_grad for name in ("loss_sum", "correct"))
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
-    metrics = EvalSums.summarise(vector, cfg.block_size)
+    metrics = EvalSums.summarise(vector, type(sums.blocks), cfg.block_size)
     assert metrics["replay_steps"] > 0 and 1.0 <= metrics["tau_sim"] <= cfg.block_size
     assert metrics["tau_uniform"] > 1.0, "the checks below need some accepted drafts"
 
@@ -192,7 +192,7 @@ def test_evaluation_equals_the_objective_over_every_anchor(trained) -> None:
     """Training with a quota of every eligible row samples exactly the evaluation anchors."""
     _, model, head, batch = trained
     every = make_cfg(num_anchors=40, max_anchors=MAX_TOKENS + 96)  # quota = doc length
-    ours = evaluate(model, head, batch, make_cfg(max_anchors=16))
+    ours = evaluate(model, head, batch, make_cfg(max_anchors=16)).blocks
     with torch.no_grad():
         theirs = objective(model, head, batch, every, seed=0)
     assert math.isclose(float(ours.loss_sum), float(theirs.loss_sum), rel_tol=1e-9)
@@ -231,8 +231,8 @@ def test_tau_sim_equals_a_replay_of_inference_drafts(trained) -> None:
     assert any(per_row[p] for p in visited), "the check needs accepted drafts on the walk"
     sums = evaluate(model, head, batch, make_cfg(max_anchors=16))
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
-    assert int(sums.accepted_sum) == sum(accepted.values())
-    assert int(sums.block_count) == len(accepted)
+    assert int(sums.blocks.accepted_sum) == sum(accepted.values())
+    assert int(sums.blocks.block_count) == len(accepted)
 
 
 def test_dflash2_tau_sim_replays_the_selector_walk_not_the_argmax() -> None:
@@ -257,7 +257,7 @@ def test_dflash2_tau_sim_replays_the_selector_walk_not_the_argmax() -> None:
     assert want[:2] != by_argmax[:2], "the check needs a walk that leaves the argmax"
     sums = evaluate(model, head, batch, make_cfg(max_anchors=16, **DFLASH2))
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == want[:2]
-    assert int(sums.accepted_sum) == sum(walked.values())
+    assert int(sums.blocks.accepted_sum) == sum(walked.values())
 
 
 def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None:
@@ -307,7 +307,7 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
     assert tokens > steps, "the check needs accepted drafts"
     sums = evaluate(model, head, batch, cfg, max_tokens=batch.num_tokens)
     assert (int(sums.replay_tokens), int(sums.replay_steps)) == (tokens, steps)
-    metrics = EvalSums.summarise(sums.as_vector(), cfg.block_size)
+    metrics = EvalSums.summarise(sums.as_vector(), type(sums.blocks), cfg.block_size)
     assert metrics["tau_sim"] == tokens / steps
 
 
@@ -341,8 +341,8 @@ def test_compiled_evaluation_between_training_steps_never_recompiles() -> None:
         sums, batch = train_then_evaluate(lengths, 2 + i)
         mask, bounds = batch.loss_mask.tolist(), batch.cu_seqlens.tolist()
         anchors = sum(r - q for q, r in spans_of(mask, bounds))
-        assert int(sums.block_count) == anchors
+        assert int(sums.blocks.block_count) == anchors
         assert torch.isfinite(sums.as_vector()).all()
-        metrics = EvalSums.summarise(sums.as_vector(), cfg.block_size)
+        metrics = EvalSums.summarise(sums.as_vector(), type(sums.blocks), cfg.block_size)
         assert 1.0 <= metrics["tau_sim"] <= cfg.block_size
     assert compiled_graph_count() == before

@@ -18,10 +18,10 @@ from ringtrain.drafter import (
     DFlashDrafter,
     EvalSums,
     FrozenHead,
-    ObjectiveSums,
     build_optimizer,
     drafter_spec_from_target,
 )
+from ringtrain.drafter.arch.dflash2.selector import SelectorSums
 from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_resume_record
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
@@ -169,9 +169,10 @@ def test_a_run_of_non_finite_steps_stops_naming_the_count() -> None:
     assert same(reporter.weights[0], weights(loop))
 
 
-def objective_sums(scale: float, block_size: int = BLOCK) -> ObjectiveSums:
+def objective_sums(scale: float, block_size: int = BLOCK) -> SelectorSums:
+    """Sums with a loss part (DFlash2's) of a quarter of the loss."""
     slots = block_size - 1
-    return ObjectiveSums(
+    return SelectorSums(
         loss_sum=torch.tensor(2.0 * scale), weight_sum=torch.tensor(4.0 * scale),
         correct=torch.arange(slots, dtype=torch.float64) * scale,
         counted=torch.full((slots,), 10.0 * scale), accepted_sum=torch.tensor(6.0 * scale),
@@ -180,16 +181,15 @@ def objective_sums(scale: float, block_size: int = BLOCK) -> ObjectiveSums:
 
 
 def eval_sums(scale: float) -> EvalSums:
-    base = objective_sums(scale)
     return EvalSums(
-        **vars(base),
+        objective_sums(scale),
         replay_tokens=torch.tensor(9.0 * scale),
         replay_steps=torch.tensor(3.0 * scale),
     )
 
 
 def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
-    sums = StepSums(BLOCK, drafters=3, device=torch.device("cpu"))
+    sums = StepSums(BLOCK, drafters=3, device=torch.device("cpu"), sums_type=SelectorSums)
     meta = BatchMeta(batch_id=7, epoch=1, seq=4, producer=2)
     sums.add_training(1, objective_sums(1.0), tokens=120, meta=meta)
     sums.add_evaluation(eval_sums(1.0))
@@ -200,6 +200,9 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
     assert torch.equal(reduced.objective, objective_sums(1.0).as_vector())
     assert reduced.summary()["loss"] == 0.5 and reduced.summary()["tau_uniform"] == 3.0
     assert reduced.summary()["selector_loss"] == 0.125
+    step_metrics = reduced.step_metrics(reduced.summary())
+    assert step_metrics["loss"] == 0.5 and step_metrics["loss_parts"] == {"selector_loss": 0.125}
+    assert step_metrics["accuracy"] == reduced.summary()["accuracy_per_slot"]
     assert reduced.eval_batches == 2
     assert torch.equal(reduced.eval, eval_sums(3.0).as_vector())
     assert not sums.vector.any()
@@ -208,14 +211,14 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
 
 
 def test_eval_tally_completes_a_round_by_batch_count() -> None:
-    tally = EvalTally(total_batches=3, block_size=BLOCK)
+    tally = EvalTally(total_batches=3, block_size=BLOCK, sums_type=SelectorSums)
     vector = eval_sums(1.0).as_vector()
     assert tally.absorb(0, torch.zeros_like(vector)) is None
     assert tally.absorb(2, 2 * vector) is None
     metrics = tally.absorb(1, vector)
-    assert metrics == EvalSums.summarise(3 * vector, BLOCK)
+    assert metrics == EvalSums.summarise(3 * vector, SelectorSums, BLOCK)
     assert metrics["tau_sim"] == 3.0
-    assert tally.absorb(3, 5 * vector) == EvalSums.summarise(5 * vector, BLOCK)
+    assert tally.absorb(3, 5 * vector) == EvalSums.summarise(5 * vector, SelectorSums, BLOCK)
 
 
 def test_eval_rounds_every_eval_every_steps_and_after_the_last() -> None:
