@@ -3,7 +3,10 @@
 Every section is a msgspec Struct that forbids unknown fields, so a misspelt key or a
 value of the wrong type fails at load time with an error naming the key and the file.
 Every number declares its bounds beside it (`Annotated[int, msgspec.Meta(ge=1)]`), checked
-at the same time, and no float may be infinite or NaN (TOML allows both).
+at the same time, no float may be infinite or NaN (TOML allows both), and the schedule's
+warm-up and decay fractions must leave room for the decay (drafter/schedules.py). Values
+whose bounds follow from the target and the device are checked once both are known
+(trainer/plan.py, drafter/limits.py).
 Sections live beside the code they configure; this module assembles them.
 """
 
@@ -27,6 +30,7 @@ else:
 
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.schedules import schedule_problem
 from ringtrain.ring.config import RingConfig
 from ringtrain.target.config import TargetConfig
 
@@ -142,6 +146,8 @@ def parse_config(text: str, source: str = "<string>", overrides: Sequence[str] =
             fix = "fix that value, or remove the key for the default"
         raise ConfigError(f"{source}: {exc} ({fix})") from None
     _check_finite(config, source)
+    if problem := schedule_problem(config.optim):
+        raise ConfigError(f"{source}: {problem}")
     return config
 
 

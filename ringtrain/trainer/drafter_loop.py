@@ -183,6 +183,7 @@ class DrafterLoop:
         self.eval_batches_per_round = eval_batches_per_round
         self.rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
         self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
+        self.applied_steps = 0  # steps of this session whose update reached the weights
         self._waiting_since: float | None = None  # set while the session's first item is due
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
@@ -235,6 +236,7 @@ class DrafterLoop:
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
                 save(state)
                 last_saved = step
+        self._fail_if_nothing_trained(state.step - first_step + 1)
         if save is not None and state.step != last_saved:
             save(state)
         if state.step == run.max_steps:
@@ -335,6 +337,7 @@ class DrafterLoop:
         record.skipped = grad_norm is None or not math.isfinite(grad_norm)
         if not record.skipped:
             self.nonfinite_in_a_row = 0
+            self.applied_steps += 1
             return
         self.nonfinite_in_a_row += 1
         what = f"loss {record.loss}" if grad_norm is None else f"gradient norm {grad_norm}"
@@ -343,6 +346,17 @@ class DrafterLoop:
             "optim.max_nonfinite_steps = %d)", record.step, what, self.nonfinite_in_a_row,
             self.config.optim.max_nonfinite_steps,
         )  # fmt: skip
+
+    def _fail_if_nothing_trained(self, steps: int) -> None:
+        """A session whose every step was skipped trained nothing: it fails, named, before
+        its final checkpoint (which would hold the weights it started from)."""
+        if steps > 0 and self.applied_steps == 0:
+            raise FloatingPointError(
+                f"all {steps} steps of this session were skipped for a non-finite loss or "
+                "gradient norm: the drafter trained nothing and no final checkpoint was "
+                "written; lower optim.lr or the loss weights (drafter.selector_loss_weight), "
+                "or check the data"
+            )
 
     def _stop_after_nonfinite_run(self, step: int) -> None:
         limit = self.config.optim.max_nonfinite_steps

@@ -32,6 +32,7 @@ from ringtrain.data.prepare import load_tokenizer
 from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
 from ringtrain.drafter.checkpoint import checkpoint_spec, saved_optimizer_state
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.limits import check_limits
 from ringtrain.drafter.mask_token import choose_mask_token
 from ringtrain.drafter.optim import saved_optimizer_name
 from ringtrain.drafter.resume_record import (
@@ -188,6 +189,10 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
     spec = _drafter_spec(config, target_path, target_config, taps, info, checkpoint)
+    try:  # values the drafter cannot hold, before the ring is up
+        check_limits(config.drafter, config.optim, spec, config.data.token_budget, info.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     if checkpoint is not None:
         check_resume_spec(checkpoint, spec)
