@@ -50,17 +50,6 @@ class WarmupCosine:
             "use a warm-up fraction below 1 (default 0.04)"
         )
 
-    @staticmethod
-    def problem(cfg: OptimConfig) -> str | None:
-        """Why cfg's fractions leave no steps for the decay (None: they leave some)."""
-        if cfg.warmup_fraction < 1.0:
-            return None
-        return (
-            f"optim.warmup_fraction = {cfg.warmup_fraction:g} leaves the cosine schedule no "
-            "steps to decay (the run would end at the peak lr, not at optim.min_lr_ratio); "
-            "use a warm-up fraction below 1 (default 0.04)"
-        )
-
     def __call__(self, step: int) -> float:
         """The learning-rate multiplier at `step` (0-based)."""
         if step < self.warmup_steps:
@@ -109,18 +98,6 @@ class WarmupStableDecay:
             "the run would end at the peak lr); make the two sum to at most 1"
         )
 
-    @staticmethod
-    def problem(cfg: OptimConfig) -> str | None:
-        """Why cfg's fractions leave no room for the decay (None: they leave some)."""
-        if cfg.warmup_fraction + cfg.decay_fraction <= 1.0:
-            return None
-        return (
-            f"optim.warmup_fraction = {cfg.warmup_fraction:g} + optim.decay_fraction = "
-            f"{cfg.decay_fraction:g} exceed 1: the wsd decay starts only when the warm-up "
-            "ends, so it would get fewer steps than asked (none at a warm-up fraction of 1: "
-            "the run would end at the peak lr); make the two sum to at most 1"
-        )
-
     def __call__(self, step: int) -> float:
         """The learning-rate multiplier at `step` (0-based)."""
         if step < self.decay_start:  # the warm-up reaches 1 at its last step, then holds
@@ -141,12 +118,6 @@ Schedule = WarmupCosine | WarmupStableDecay
 SCHEDULES: dict[str, type[Schedule]] = choice_table(
     OptimConfig, "schedule", {"cosine": WarmupCosine, "wsd": WarmupStableDecay}
 )
-
-
-def schedule_problem(cfg: OptimConfig) -> str | None:
-    """Why cfg's warm-up and decay fractions leave its schedule no room to decay to
-    min_lr_ratio (None when they leave some): checked when the config is loaded."""
-    return SCHEDULES[cfg.schedule].problem(cfg)
 
 
 def schedule_problem(cfg: OptimConfig) -> str | None:
