@@ -3,7 +3,7 @@ signals end every rank at once.
 
 The ring checks (progress per phase, a watchdog that names its own stuck main thread)
 run on an in-process ring pair; the end-to-end cases use real torchrun runs of the
-embedded default on CPU: a SIGSTOPped target, a drafter whose main thread spins (SIGUSR1
+embedded default on CPU: a SIGSTOPped target, a drafter whose main thread blocks (SIGUSR1
 through ringtrain/testing/spin_hook, its heartbeat thread alive), and SIGTERM while every rank waits
 in start-up. Every wait polls processes or files against a deadline.
 """
@@ -53,7 +53,11 @@ def _pair(progress_timeout_s: float, startup_timeout_s: float) -> tuple[Ring, Ri
 
 
 def _age_progress(ring: Ring, index: int, seconds: float) -> None:
-    ring.control.rank["progress_ns"][index] = time.monotonic_ns() - int(seconds * 1e9)
+    """Make rank `index` look silent and idle for `seconds` (its heartbeat thread's next
+    sample of this test's main thread may refresh the activity again)."""
+    then = time.monotonic_ns() - int(seconds * 1e9)
+    for field in ("progress_ns", "active_ns", "still_ns"):
+        ring.control.rank[field][index] = then
 
 
 def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
@@ -93,7 +97,7 @@ def test_the_watchdog_names_its_own_stuck_main_thread() -> None:
         assert done.wait(DETECT_S)
         assert isinstance(fired[0], RankHung) and fired[0].rank == 10
         assert "while producing batches" in str(fired[0])
-        assert "its main thread is at" in str(fired[0])
+        assert "its main thread is blocked at" in str(fired[0])
     finally:
         drafter.close(clean=False)
         target.close(clean=False)
