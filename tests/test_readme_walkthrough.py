@@ -1,7 +1,7 @@
-"""The README's "Training your own drafter", walked on a tiny chat model written with
+"""docs/training.md, "Training your own drafter", walked on a tiny chat model written with
 save_pretrained: regenerate --local, prepare, inspect (and --row), train, stop, resume,
-eval and plot, each a real command that exits 0 and prints what the README says; and
-launch/single_node.sh as the README runs it, in a shell whose python3 is not the project's
+eval and plot, each a real command that exits 0 and prints what the page says; and
+launch/single_node.sh as the page runs it, in a shell whose python3 is not the project's
 (the launch scripts find the project's environment themselves)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ compile = false
 
 
 def run(root: Path, *command: str) -> str:
-    """A README command, run from `root`; its output, after checking it exited 0."""
+    """A command of docs/training.md, run from `root`; its output, after checking it exited 0."""
     proc = subprocess.run(
         command, cwd=root, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
@@ -73,7 +73,7 @@ def run(root: Path, *command: str) -> str:
 
 
 def train_command(*flags: str) -> list[str]:
-    """README step 3's command by hand (`ringtrain-launch`, as `python -m ringtrain.launch`)."""
+    """Step 3's command by hand (`ringtrain-launch`, as `python -m ringtrain.launch`)."""
     return [
         sys.executable, "-m", "ringtrain.launch", "--standalone", "--nproc-per-node", "2",
         "--config", "walk.toml", *flags,
@@ -81,7 +81,7 @@ def train_command(*flags: str) -> list[str]:
 
 
 def prepared_dataset(root: Path) -> None:
-    """README step 1: regenerate the chats with the target, prepare and inspect."""
+    """Step 1 of docs/training.md: regenerate the chats with the target, prepare and inspect."""
     build_tiny_target(root / "models" / "chat", hybrid=False, num_layers=6, hidden_size=32)
     (root / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CHATS))
     out = run(
@@ -106,7 +106,7 @@ def prepared_dataset(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def walk_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory with README step 1 done (the tiny chat model, its chats, the prepared
+    """A directory with step 1 of docs/training.md done (the tiny chat model, its chats, the prepared
     dataset) and step 2's config, walk.toml."""
     root = tmp_path_factory.mktemp("walk")
     prepared_dataset(root)
@@ -115,7 +115,7 @@ def walk_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def trained_stopped_and_resumed(root: Path) -> Path:
-    """README steps 3-4: a launch stopped with SIGTERM, then --resume."""
+    """Steps 3-4 of docs/training.md: a launch stopped with SIGTERM, then --resume."""
     run_dir = root / "runs" / "walk"
     output = root / "train.out"
     with output.open("wb") as sink:
@@ -180,7 +180,7 @@ def shell_without_the_project() -> dict[str, str]:
 
 
 def test_single_node_sh_runs_as_written_in_a_shell_without_the_project(walk_root: Path) -> None:
-    """README step 3's `launch/single_node.sh CONFIG`: launch/python.sh finds .venv at the
+    """Step 3's `launch/single_node.sh CONFIG`: launch/python.sh finds .venv at the
     project root, single_node.sh takes --nproc-per-node from [layout] (1 target + 1
     drafter), and the run prints step 4's progress lines and end-of-run role split."""
     as_a_set_up_clone(walk_root)
