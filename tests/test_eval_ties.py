@@ -9,14 +9,16 @@ decoding commits b where greedy committed a.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ringtrain.cli.eval import mismatch_error
+from ringtrain.cli.eval import main, mismatch_error
 from ringtrain.eval import (
     GreedyReference,
     PromptOutcome,
@@ -29,7 +31,7 @@ from ringtrain.eval import (
 from ringtrain.eval.ties import ulp
 from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
-from tests.helpers.eval_drafters import BLOCK, TAPS, ScriptedDrafter
+from tests.helpers.eval_drafters import BLOCK, TAPS, ScriptedDrafter, write_drafter
 
 NEW_TOKENS = 40
 
@@ -134,3 +136,111 @@ def test_ulp_follows_the_dtype() -> None:
     assert ulp(1.5, torch.bfloat16) == 2**-7
     assert ulp(20.0, torch.float16) == 2**-6
     assert ulp(20.0, torch.float32) == 0.0
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in model in ``dtype`` whose next-token logits are always ``logits``."""
+
+    def __init__(self, logits: list[float], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+        self.logits = torch.tensor([[logits]])
+
+    def forward(self, input_ids: torch.Tensor, **_kwargs: object) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.logits)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "ulp_at_20"), [(torch.bfloat16, 0.125), (torch.float16, 2**-6)], ids=["bf16", "fp16"]
+)
+@pytest.mark.parametrize("ulps", [0.0, 1.0, 4.0, 4.5, 5.0, 40.0])
+def test_the_default_rule_ties_a_margin_of_at_most_four_ulps(
+    dtype: torch.dtype, ulp_at_20: float, ulps: float
+) -> None:
+    """Top logit 20 (greedy's token 0), the speculative token 1 below it by `ulps` ulps."""
+    judge = TieJudge(FixedLogits([20.0, 20.0 - ulps * ulp_at_20, 3.0], dtype))
+    verdict = judge.judge(torch.tensor([5, 6]), 7, speculative=1, greedy=0)
+    assert verdict.margin == ulps * ulp_at_20
+    assert verdict.tolerance == 4 * ulp_at_20
+    assert verdict.tie == (ulps <= 4.0)
+    loose = TieJudge(FixedLogits([20.0, 20.0 - ulps * ulp_at_20, 3.0], dtype), tie_ulps=4.5)
+    assert loose.judge(torch.tensor([5, 6]), 7, 1, 0).tie == (ulps <= 4.5)
+
+
+def test_float32_has_no_ties_whatever_the_tolerance() -> None:
+    judge = TieJudge(FixedLogits([20.0, 20.0, 3.0], torch.float32), tie_ulps=1000.0)
+    verdict = judge.judge(torch.tensor([5]), 0, speculative=1, greedy=0)
+    assert (verdict.margin, verdict.tolerance, verdict.tie) == (0.0, 0.0, False)
+
+
+# Row b of the trailing target's LM head is this times row a: where a tops the logits, b
+# trails it by a few percent of a's logit, a few bf16 ulps.
+TRAILING_SCALE = 0.97
+NUDGE = 0.2  # what the nudged verification adds to logit b: more than b trails by
+
+
+@pytest.fixture(scope="module")
+def trailing_target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, int]:
+    """(target, drafter, prompts file, token b) where the target's LM-head row b is a
+    shrunk copy of row a, the commonest token of the prompt's greedy continuation."""
+    root = tmp_path_factory.mktemp("trailing")
+    directory = build_tiny_target(root / "target", seed=3, hybrid=False)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    greedy = greedy_generate(VerifyingTarget(model, TAPS), _prompt(), NEW_TOKENS).tokens
+    a = Counter(greedy).most_common(1)[0][0]
+    b = model.config.vocab_size - 2
+    with torch.no_grad():
+        model.lm_head.weight[b] = TRAILING_SCALE * model.lm_head.weight[a]
+    model.save_pretrained(directory)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": _prompt().tolist()}) + "\n")
+    return directory, write_drafter(root / "drafter", directory), prompts, b
+
+
+def _eval_nudged(
+    trailing_target: tuple[Path, Path, Path, int],
+    tie_ulps: float,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, dict]:
+    """ringtrain-eval in bf16 with --tie-ulps `tie_ulps`, its verification forwards nudged
+    towards token b; (exit status, the JSON report)."""
+    directory, drafter, prompts, b = trailing_target
+    verify = VerifyingTarget._forward
+
+    def nudged(self, tokens: torch.Tensor, features: torch.Tensor, keep: int) -> torch.Tensor:
+        logits = verify(self, tokens, features, keep).float()
+        if keep > 1:
+            logits[:, b] += NUDGE
+        return logits
+
+    monkeypatch.setattr(VerifyingTarget, "_forward", nudged)
+    code = main(
+        [
+            "--target", str(directory), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu", "--dtype", "bfloat16",
+            "--mode", "cache", "--tie-ulps", repr(tie_ulps), "--json",
+        ]
+    )  # fmt: skip
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_tie_ulps_sets_the_boundary_of_a_tie_through_the_cli(
+    trailing_target, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first divergence is a tie under a huge tolerance; at --tie-ulps equal to its
+    margin in ulps it still is (the boundary belongs to the tie), and just below that it
+    is a mismatch that stops decoding there and fails the run."""
+    code, wide = _eval_nudged(trailing_target, 1e6, monkeypatch, capsys)
+    assert code == 0 and wide["lossless"] and wide["ties"], wide
+    first = wide["ties"][0]
+    ulps = first["margin"] / (first["tolerance"] / 1e6)  # exact: an ulp is a power of two
+    assert 0 < ulps < 100, first
+    _, at = _eval_nudged(trailing_target, ulps, monkeypatch, capsys)
+    assert at["ties"][0] == {**first, "tolerance": first["margin"]}
+    assert f"within {ulps:g} ulps" in at["tie_rule"]
+    code, below = _eval_nudged(trailing_target, ulps * (1 - 1e-6), monkeypatch, capsys)
+    assert code == 1 and below["lossless"] is False and below["ties"] == []
+    assert [(m["position"], m["margin"]) for m in below["mismatches"]] == [
+        (first["position"], first["margin"])
+    ]
