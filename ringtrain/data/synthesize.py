@@ -213,9 +213,12 @@ def _run(
         _note(f"dropped the torn last line of {output.path} ({output.cut_bytes} bytes)")
     try:
         if totals.done_before < options.num:
-            model = LocalModel.load(
-                options.target, options.device, options.dtype, options.batch_size
-            )
+            try:
+                model = LocalModel.load(
+                    options.target, options.device, options.dtype, options.batch_size
+                )
+            except ValueError as exc:  # weights that do not fit the model
+                raise DatasetError(f"--target {exc}") from None
             synthesizer = Synthesizer(
                 model,
                 options.round_settings(),

@@ -41,7 +41,17 @@ def load_causal_lm(
             f"{path}: no config.json; the target must be a local Hugging Face model directory"
         )
     device = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device, setting="dtype"), local_files_only=True
+    model, loading = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=resolve_dtype(dtype, device, setting="dtype"),
+        local_files_only=True,
+        output_loading_info=True,
     )
+    if loading["missing_keys"]:  # transformers filled them with random values
+        missing = sorted(loading["missing_keys"])
+        raise ValueError(
+            f"{path}: the weight files lack {len(missing)} of the model's weights "
+            f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}); the directory is "
+            "incomplete or its weights belong to another model"
+        )
     return model.to(device).eval().requires_grad_(False)
