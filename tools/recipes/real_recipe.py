@@ -280,16 +280,25 @@ def train_command(
 
 
 def train(recipe: RealRecipe) -> None:
-    """Step 4: every size's drafter at once, each in a fresh run directory."""
-    commands = {}
+    """Step 4: every size's drafter at once, each in a fresh run directory (a run that an
+    earlier recipe finished with the same command is reused)."""
+    runs = {}
     for size in recipe.settings.train_prompts:
-        shutil.rmtree(recipe.run_dir(size), ignore_errors=True)
-        commands[f"train_{size}"] = train_command(
-            recipe, recipe.run_dir(size), recipe.train_set(size), recipe.overrides, recipe.config
+        run_dir = recipe.run_dir(size)
+        command = train_command(
+            recipe, run_dir, recipe.train_set(size), recipe.overrides, recipe.config
         )
+        if reusable(run_dir / "recipe.json", {"command": command[1:]}, recipe.fresh):
+            log(f"train {size}: reusing {run_dir}")
+            continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+        runs[f"train_{size}"] = (run_dir, command)
+    commands = {name: command for name, (_, command) in runs.items()}
     with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, "train"):
         for name, proc in run_children(commands).items():
             checked(proc, name)
+            run_dir, command = runs[name]
+            (run_dir / "recipe.json").write_text(json.dumps({"command": command[1:]}) + "\n")
 
 
 def trains_under_mps(recipe: RealRecipe, shared: bool) -> bool:
