@@ -9,13 +9,15 @@ turns the filters drop and the first turns near a kept one are counted by reason
 
 With two turns, each kept first turn is answered greedily by the target (the answer
 ``regenerate`` would give under the same token limit), then the follow-up user turn is
-written the same way after that answer.
+written the same way after that answer. A round reports its generated tokens as they
+come (``on_tokens``), so progress shows while it decodes.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +89,16 @@ class Synthesizer:
         return encode_prefix(self.tokenizer, text)
 
     def _write_turns(
-        self, prompts: list[list[int]], sampler: TokenSampler, result: RoundResult
+        self,
+        prompts: list[list[int]],
+        sampler: TokenSampler,
+        result: RoundResult,
+        on_tokens: Callable[[int], None] | None,
     ) -> list[str | None]:
         """The user turns the model writes after ``prompts``; None for each one dropped."""
-        answers, stats = self.model.answer(prompts, self.settings.max_tokens, sampler=sampler)
+        answers, stats = self.model.answer(
+            prompts, self.settings.max_tokens, sampler=sampler, on_tokens=on_tokens
+        )
         result.tokens += stats.new_tokens
         turns: list[str | None] = []
         for answer in answers:
@@ -103,9 +111,12 @@ class Synthesizer:
             turns.append(None if reason else text)
         return turns
 
-    def run(self, number: int, rows: int) -> RoundResult:
+    def run(
+        self, number: int, rows: int, on_tokens: Callable[[int], None] | None = None
+    ) -> RoundResult:
         """Round ``number``: ``rows`` first turns written, filtered, deduplicated (and with
-        two turns answered and followed up)."""
+        two turns answered and followed up); ``on_tokens`` hears of generated tokens as
+        they come (every few decode steps)."""
         settings = self.settings
         first_row = number * rows
         row_steering = [self.steering[(first_row + j) % len(self.steering)] for j in range(rows)]
@@ -114,7 +125,7 @@ class Synthesizer:
             settings.temperature, settings.top_p, round_seed(settings.seed, number), self._device
         )
         result = RoundResult([], rows, 0, Counter())
-        firsts = self._write_turns(prompts, sampler, result)
+        firsts = self._write_turns(prompts, sampler, result, on_tokens)
         kept = [(s, text) for s, text in zip(row_steering, firsts, strict=True) if text]
         fresh = self.index.keep([text for _, text in kept])
         result.rejected[synth_filters.NEAR_DUPLICATE] += fresh.count(False)
@@ -124,7 +135,7 @@ class Synthesizer:
             if new
         ]
         if settings.turns == 2:
-            conversations = self._follow_up(conversations, sampler, result)
+            conversations = self._follow_up(conversations, sampler, result, on_tokens)
         for steer, messages in conversations:
             synthesis: dict[str, Any] = {"round": number}
             if steer.topic is not None:
@@ -141,6 +152,7 @@ class Synthesizer:
         conversations: list[tuple[Steering, list[dict[str, str]]]],
         sampler: TokenSampler,
         result: RoundResult,
+        on_tokens: Callable[[int], None] | None,
     ) -> list[tuple[Steering, list[dict[str, str]]]]:
         """Each conversation answered greedily and given a written follow-up user turn;
         those whose follow-up is dropped are dropped."""
@@ -149,7 +161,9 @@ class Synthesizer:
         prompts = [
             self.renderer.render(messages, "a written user turn") for _, messages in conversations
         ]
-        answers, stats = self.model.answer(prompts, self.settings.answer_tokens)
+        answers, stats = self.model.answer(
+            prompts, self.settings.answer_tokens, on_tokens=on_tokens
+        )
         result.tokens += stats.new_tokens
         answered, follow_prompts = [], []
         for (steer, messages), answer in zip(conversations, answers, strict=True):
@@ -157,7 +171,7 @@ class Synthesizer:
             answered.append((steer, [*messages, reply]))
             history = [*steer.writing_history(self.settings.topic_hint), *messages[-1:], reply]
             follow_prompts.append(self._prefix(history))
-        follow_ups = self._write_turns(follow_prompts, sampler, result)
+        follow_ups = self._write_turns(follow_prompts, sampler, result, on_tokens)
         return [
             (steer, [*messages, {"role": "user", "content": text}])
             for (steer, messages), text in zip(answered, follow_ups, strict=True)

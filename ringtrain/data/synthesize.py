@@ -193,8 +193,6 @@ def _run(
     progress: TextIO | None,
 ) -> SynthesisTotals:
     """`synthesize` once the output is locked and open."""
-    from ringtrain.generate.local_model import LocalModel
-
     totals = SynthesisTotals(asked=options.num, done_before=len(output.records))
     started = time.monotonic()
     index.keep([record.first_user_turn for record in output.records])
@@ -213,24 +211,42 @@ def _run(
         _note(f"dropped the torn last line of {output.path} ({output.cut_bytes} bytes)")
     try:
         if totals.done_before < options.num:
-            try:
-                model = LocalModel.load(
-                    options.target, options.device, options.dtype, options.batch_size
-                )
-            except ValueError as exc:  # weights that do not fit the model
-                raise DatasetError(f"--target {exc}") from None
-            synthesizer = Synthesizer(
-                model,
-                options.round_settings(),
-                steerings(options.systems, options.topics),
-                filters,
-                index,
-            )
-            _rounds(synthesizer, output, options, totals, bar)
+            synthesizer = _synthesizer(options, filters, index)
+            # Created once the model is loaded, so that its rate is generation's alone.
+            with _token_bar(progress) as tokens:
+                _rounds(synthesizer, output, options, totals, bar, tokens)
     finally:
         bar.close()
         totals.seconds = time.monotonic() - started
     return totals
+
+
+def _synthesizer(
+    options: SynthesisOptions, filters: FilterSettings, index: NearDuplicateIndex
+) -> Synthesizer:
+    """The target loaded, ready to write rounds."""
+    from ringtrain.generate.local_model import LocalModel
+
+    try:
+        model = LocalModel.load(options.target, options.device, options.dtype, options.batch_size)
+    except ValueError as exc:  # weights that do not fit the model
+        raise DatasetError(f"--target {exc}") from None
+    return Synthesizer(
+        model, options.round_settings(), steerings(options.systems, options.topics), filters, index
+    )
+
+
+def _token_bar(progress: TextIO | None) -> tqdm:
+    """The second bar: tokens generated and their rate, advancing while a round decodes
+    (a round of many long turns takes minutes on a CPU)."""
+    return tqdm(
+        desc="generate",
+        unit="tok",
+        file=progress,
+        disable=progress is None,
+        dynamic_ncols=True,
+        position=1,
+    )
 
 
 def _rounds(
@@ -239,13 +255,14 @@ def _rounds(
     options: SynthesisOptions,
     totals: SynthesisTotals,
     bar: tqdm,
+    tokens: tqdm,
 ) -> None:
-    """Run rounds until ``options.num`` conversations are written."""
+    """Run rounds until ``options.num`` conversations are written; ``bar`` counts them,
+    ``tokens`` the tokens generated."""
     number = output.next_round
     barren = 0
-    started = time.monotonic()
     while totals.done_before + totals.written < options.num:
-        result = synthesizer.run(number, synthesizer.model.batch_size)
+        result = synthesizer.run(number, synthesizer.model.batch_size, tokens.update)
         totals.rounds += 1
         totals.candidates += result.candidates
         totals.tokens += result.tokens
@@ -255,9 +272,8 @@ def _rounds(
             output.write(record)
         totals.written += min(wanted, len(result.records))
         bar.update(min(wanted, len(result.records)))
-        rate = totals.tokens / max(time.monotonic() - started, 1e-9)
         kept = (totals.written / totals.candidates) if totals.candidates else 0.0
-        bar.set_postfix_str(f"{rate:.0f} tok/s, {kept:.0%} kept", refresh=False)
+        bar.set_postfix_str(f"{kept:.0%} kept", refresh=False)
         barren = 0 if result.records else barren + 1
         if barren >= STALL_ROUNDS:
             raise DatasetError(
