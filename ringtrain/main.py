@@ -31,6 +31,7 @@ from ringtrain.config import (
     parse_config,
 )
 from ringtrain.ring import PeerDied
+from ringtrain.trainer.context import SessionContext
 from ringtrain.trainer.groups import RankGroups, new_groups
 from ringtrain.trainer.logs import (
     FILE_ONLY,
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     console = FILE_ONLY if launched() else None
     try:
         groups = init_distributed(info)
-        outcome = run_session(config, info, run_dir, plan, groups, stop, resume=args.resume)
+        outcome = run_session(SessionContext(config, info, run_dir, plan, groups, stop))
     except PeerDied as exc:  # another rank failed first: name it and point at its log
         log.error("%s stopped: %s", info.tag, exc, extra=console)
         report_outcome(peer_failure(info.rank, exc, run_dir, log_path))

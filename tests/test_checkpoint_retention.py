@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ringtrain.drafter.checkpoint import REQUIRED_FILES
-from ringtrain.drafter.retention import prune_checkpoints
+from ringtrain.checkpoint.layout import REQUIRED_FILES
+from ringtrain.checkpoint.retention import prune_checkpoints
 
 
 def _fake_checkpoint(root: Path, name: str, files: tuple[str, ...] = REQUIRED_FILES) -> Path:

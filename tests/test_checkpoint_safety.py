@@ -12,16 +12,14 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from ringtrain.checkpoint.layout import CheckpointError
+from ringtrain.checkpoint.load import load_checkpoint
+from ringtrain.checkpoint.resume_record import ResumeRecord
+from ringtrain.checkpoint.save import save_checkpoint
+from ringtrain.checkpoint.verify import latest_checkpoint
 from ringtrain.drafter import DFlashDrafter, build_optimizer, drafter_spec_from_target
-from ringtrain.drafter.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import resume_settings, schedule_at
-from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupCosine
 from tests.helpers.tiny_drafter import PAPER_DRAFTER, paper_optim
 

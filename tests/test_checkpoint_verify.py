@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringtrain.drafter import latest_checkpoint, load_checkpoint, save_checkpoint
-from ringtrain.drafter.checkpoint import (
-    STATE_FILE,
-    WEIGHTS_FILE,
-    CheckpointError,
-    checkpoint_problem,
-    checkpoint_spec,
-)
-from ringtrain.drafter.resume_record import RESUME_FILE, ResumeRecord
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.checkpoint.layout import STATE_FILE, WEIGHTS_FILE, CheckpointError
+from ringtrain.checkpoint.resume_record import RESUME_FILE, ResumeRecord
+from ringtrain.checkpoint.verify import checkpoint_problem, checkpoint_spec
 from tests.helpers.checkpoints import trained_state
 
 NAN_FP32 = b"\x00\x00\xc0\x7f"

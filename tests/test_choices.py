@@ -8,12 +8,12 @@ from typing import Literal
 import msgspec
 import pytest
 
+from ringtrain.checkpoint.resume_record import StreamIdentity, recorded_settings
 from ringtrain.choices import choice_table, config_choices
 from ringtrain.drafter.arch import ARCHITECTURES
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.objectives import OBJECTIVES
 from ringtrain.drafter.optim import OPTIMIZERS
-from ringtrain.drafter.resume_record import StreamIdentity, recorded_settings
 from ringtrain.drafter.schedules import SCHEDULES
 from ringtrain.ring.config import RingConfig
 from ringtrain.ring.payload import AUTO, TRANSPORTS

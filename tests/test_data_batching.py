@@ -8,6 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ringtrain.checkpoint.resume_record import (
+    RESUME_FILE,
+    ResumeRecord,
+    StreamCursor,
+    encode_resume_record,
+    read_resume_record,
+)
 from ringtrain.data import (
     BatchStream,
     DatasetError,
@@ -17,13 +24,6 @@ from ringtrain.data import (
 )
 from ringtrain.data.batching import BATCH_ID_STRIDE
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.drafter.resume_record import (
-    RESUME_FILE,
-    ResumeRecord,
-    StreamCursor,
-    encode_resume_record,
-    read_resume_record,
-)
 from ringtrain.trainer.ledger import BatchLedger
 
 BUDGET, BUCKET, BLOCK = 2048, 32, 4

@@ -10,19 +10,17 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config
 
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.checkpoint.resume_record import ResumeRecord, StreamCursor
 from ringtrain.drafter import (
     build_optimizer,
     drafter_spec_from_target,
-    latest_checkpoint,
-    load_checkpoint,
     load_frozen_head,
     optimizer_step,
-    save_checkpoint,
 )
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.hf_config import hf_config_dict, spec_from_hf_config
 from ringtrain.drafter.optim import resume_settings, schedule_at
-from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor
 from tests.helpers.checkpoints import TARGET, trained_state
 from tests.helpers.tiny_drafter import paper_optim
 

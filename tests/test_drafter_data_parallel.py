@@ -20,10 +20,7 @@ import torch.distributed as dist
 
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
-from ringtrain.drafter import (
-    block_objective,
-    optimizer_step,
-)
+from ringtrain.drafter import block_objective, optimizer_step
 from ringtrain.trainer.data_parallel import wrap_data_parallel
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee, anchor_seed
 from ringtrain.trainer.ledger import BatchLedger

@@ -16,15 +16,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from ringtrain.checkpoint import ResumeRecord, load_checkpoint, save_checkpoint
 from ringtrain.drafter import (
     FrozenHead,
     ObjectiveSums,
-    ResumeRecord,
     build_drafter,
     build_optimizer,
     drafter_spec_from_target,
-    load_checkpoint,
-    save_checkpoint,
 )
 from ringtrain.drafter.arch.dflash.model import DFlashDrafter
 from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter

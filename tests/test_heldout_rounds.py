@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.drafter import latest_checkpoint, load_checkpoint
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     run_training,

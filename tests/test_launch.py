@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.drafter import latest_checkpoint, load_checkpoint
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint
 from ringtrain.trainer.outcome import FAILED, PEER_FAILED, REFUSED, STOPPED, Outcome
 from ringtrain.trainer.report import describe_end
 from tests.helpers.checkpoints import plant_torn_checkpoints

@@ -16,19 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ringtrain.checkpoint.layout import WEIGHTS_FILE
+from ringtrain.checkpoint.load import load_checkpoint, saved_optimizer_state
+from ringtrain.checkpoint.resume_checks import check_resume_optimizer
+from ringtrain.checkpoint.resume_record import ResumeRecord
+from ringtrain.checkpoint.save import save_checkpoint
 from ringtrain.config import ConfigError
-from ringtrain.drafter import (
-    DFlashDrafter,
-    DrafterSpec,
-    build_optimizer,
-    drafter_spec_from_target,
-)
-from ringtrain.drafter.checkpoint import (
-    WEIGHTS_FILE,
-    load_checkpoint,
-    save_checkpoint,
-    saved_optimizer_state,
-)
+from ringtrain.drafter import DFlashDrafter, DrafterSpec, build_optimizer, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.optim import (
     ALGORITHM_KEY,
@@ -37,9 +31,7 @@ from ringtrain.drafter.optim import (
     saved_optimizer_name,
     schedule_at,
 )
-from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.drafter.schedules import WarmupStableDecay
-from ringtrain.trainer.plan import check_resume_optimizer
 from tests.helpers.launcher import run_training, step_records, trained_batches
 from tests.helpers.tiny_drafter import PAPER_DRAFTER
 

@@ -22,19 +22,13 @@ import pyarrow.ipc
 import pytest
 import torch
 
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.checkpoint.layout import CheckpointError
+from ringtrain.checkpoint.resume_record import ResumeRecord
 from ringtrain.data import write_synthetic_dataset
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.drafter import (
-    DFlashDrafter,
-    build_optimizer,
-    drafter_spec_from_target,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from ringtrain.drafter.checkpoint import CheckpointError
+from ringtrain.drafter import DFlashDrafter, build_optimizer, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.resume_record import ResumeRecord
 from ringtrain.monitor.stat_view import format_snapshot
 from ringtrain.target import build_tiny_target, read_target_config
 from ringtrain.target.taps import default_tap_layers

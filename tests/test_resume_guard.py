@@ -22,12 +22,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ringtrain.drafter.checkpoint import WEIGHTS_FILE, latest_checkpoint
-from ringtrain.drafter.resume_record import (
+from ringtrain.checkpoint.layout import WEIGHTS_FILE
+from ringtrain.checkpoint.resume_record import (
     RESUME_FILE,
     encode_resume_record,
     read_resume_record,
 )
+from ringtrain.checkpoint.verify import latest_checkpoint
 from ringtrain.drafter.schedules import WarmupCosine
 from ringtrain.trainer.run_dir import read_run_id
 from tests.helpers.launcher import (

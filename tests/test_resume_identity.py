@@ -11,10 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ringtrain.config import Config, ConfigError
-from ringtrain.data import open_dataset, write_synthetic_dataset
-from ringtrain.data.config import DataConfig
-from ringtrain.drafter.resume_record import (
+from ringtrain.checkpoint.resume_checks import check_resume_stream, stream_identity
+from ringtrain.checkpoint.resume_record import (
     RESUME_FILE,
     CheckpointFormatError,
     ResumeRecord,
@@ -22,7 +20,9 @@ from ringtrain.drafter.resume_record import (
     encode_resume_record,
     read_resume_record,
 )
-from ringtrain.trainer.plan import check_resume_stream, stream_identity
+from ringtrain.config import Config, ConfigError
+from ringtrain.data import open_dataset, write_synthetic_dataset
+from ringtrain.data.config import DataConfig
 
 BLOCK = 8
 

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 import torch
 
+from ringtrain.checkpoint.resume_record import ResumeRecord, StreamCursor, encode_resume_record
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
@@ -22,7 +23,6 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
 )
 from ringtrain.drafter.arch.dflash2.selector import SelectorSums
-from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, encode_resume_record
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
 from ringtrain.trainer.heldout import EvalRounds, EvalTally

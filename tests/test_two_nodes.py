@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringtrain.drafter import latest_checkpoint, load_checkpoint
+from ringtrain.checkpoint import latest_checkpoint, load_checkpoint
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, shm_entries, step_records, wait_for_step
 
 pytestmark = pytest.mark.slow

@@ -1,19 +1,13 @@
-"""The drafter: architectures, block objective, held-out evaluation, optimiser, checkpoints."""
+"""The drafter: architectures, block objective, held-out evaluation, optimiser (its
+checkpoints: ringtrain.checkpoint)."""
 
 from ringtrain.drafter.arch import build_drafter, seeded_drafter
 from ringtrain.drafter.arch.dflash.model import DFlashDrafter
 from ringtrain.drafter.block_step import block_objective, compiled_graph_count
-from ringtrain.drafter.checkpoint import (
-    LoadedCheckpoint,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
 from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.hf_config import drafter_spec_from_target
 from ringtrain.drafter.optim import build_optimizer, optimizer_step
-from ringtrain.drafter.resume_record import ResumeRecord, StreamCursor, read_resume_record
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.drafter.sums import ObjectiveSums
 
@@ -22,21 +16,14 @@ __all__ = [
     "DrafterSpec",
     "EvalSums",
     "FrozenHead",
-    "LoadedCheckpoint",
     "ObjectiveSums",
-    "ResumeRecord",
-    "StreamCursor",
     "block_objective",
     "build_drafter",
     "build_optimizer",
     "compiled_graph_count",
     "drafter_spec_from_target",
     "evaluate_batch",
-    "latest_checkpoint",
-    "load_checkpoint",
     "load_frozen_head",
     "optimizer_step",
-    "read_resume_record",
-    "save_checkpoint",
     "seeded_drafter",
 ]

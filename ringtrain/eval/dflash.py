@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter, latest_checkpoint
-from ringtrain.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, checkpoint_spec
+from ringtrain.checkpoint import checkpoint_spec, latest_checkpoint
+from ringtrain.checkpoint.layout import CONFIG_FILE, WEIGHTS_FILE
+from ringtrain.drafter import DrafterSpec, FrozenHead, build_drafter
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.eval.target import VerifyingTarget
 from ringtrain.generate.sampling import TokenSampler

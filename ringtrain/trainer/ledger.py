@@ -10,7 +10,7 @@ trained twice and none is skipped.
 
 from __future__ import annotations
 
-from ringtrain.drafter import StreamCursor
+from ringtrain.checkpoint import StreamCursor
 
 
 class BatchLedger:

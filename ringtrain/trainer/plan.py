@@ -5,15 +5,13 @@ dataset, drafter shape, /dev/shm) is checked on every rank, so bad input fails i
 seconds with a message that names the problem and the fix. The plan also derives what
 every rank must agree on: the node's ring spec and each target's batch stream.
 
-A resume must train the batch sequence the checkpoint was trained on, or each target's
-cursor would point into another sequence (batches trained twice or never): every
-checkpoint's resume record holds what decides it (`stream_identity`) and `--resume`
-refuses any change, naming the setting and both values. A moved dataset with the same rows is accepted.
+With --resume the plan names the newest complete checkpoint the session continues from
+(`Plan.resume_from`), once it passed the checks of checkpoint/resume_checks.py: the same
+drafter shape, batch sequence and optimiser.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -21,26 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 import torch
 
 from ringtrain.batch import slot_fields
+from ringtrain.checkpoint.resume_checks import check_resume, stream_identity
+from ringtrain.checkpoint.resume_record import CheckpointFormatError, StreamIdentity
+from ringtrain.checkpoint.verify import checkpoint_spec, latest_checkpoint
 from ringtrain.config import Config, ConfigError
 from ringtrain.data import BatchStream, DatasetError, TokenDataset, open_dataset
 from ringtrain.data.batching import max_docs_per_batch
 from ringtrain.data.prepare import load_tokenizer
-from ringtrain.drafter import DrafterSpec, drafter_spec_from_target, latest_checkpoint
-from ringtrain.drafter.checkpoint import checkpoint_spec, saved_optimizer_state
-from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter import DrafterSpec, drafter_spec_from_target
+from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.limits import check_limits
 from ringtrain.drafter.mask_token import choose_mask_token
-from ringtrain.drafter.optim import saved_optimizer_name
-from ringtrain.drafter.resume_record import (
-    CheckpointFormatError,
-    StreamIdentity,
-    read_resume_record,
-    recorded_settings,
-)
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
@@ -70,89 +62,7 @@ class Plan:
     max_docs: int  # most documents one batch can hold (sizes the ring's slots)
     eval_dataset: TokenDataset | None  # held-out split (None: no evaluation)
     stream: StreamIdentity  # what decides the batch sequence (stream_identity)
-
-
-def check_resume_spec(checkpoint: Path, spec: DrafterSpec) -> None:
-    """Raise ConfigError if `checkpoint` holds a drafter of another shape than `spec`."""
-    saved = checkpoint_spec(checkpoint)
-    if saved == spec:
-        return
-    differences = ", ".join(
-        f"{field} {getattr(saved, field)} in the checkpoint vs {getattr(spec, field)} now"
-        for field in spec.__struct_fields__
-        if getattr(saved, field) != getattr(spec, field)
-    )
-    raise ConfigError(
-        f"--resume: checkpoint {checkpoint} was trained for another drafter shape "
-        f"({differences}); resume with the original config and target, or start a new "
-        "run directory"
-    )
-
-
-def check_resume_optimizer(checkpoint: Path, cfg: OptimConfig) -> None:
-    """Raise ConfigError if `checkpoint` was trained with another optimiser than cfg.name
-    (its state, moments or momenta, cannot continue under another one)."""
-    saved = saved_optimizer_name(saved_optimizer_state(checkpoint))
-    if saved != cfg.name:
-        raise ConfigError(
-            f"--resume: optim.name is {cfg.name!r} but checkpoint {checkpoint} was trained "
-            f"with {saved!r}; its optimiser state does not carry over to another optimiser: "
-            f"resume with optim.name = {saved!r}, or start a new run (--overwrite, or another "
-            "run.run_dir)"
-        )
-
-
-def stream_identity(config: Config, dataset: TokenDataset, targets: int) -> StreamIdentity:
-    """Everything that decides the targets' batch sequence: the dataset (path, kept rows,
-    tokens and a hash of the row lengths, cheap to compute and sensitive to any change of
-    the rows), the [data] settings, the target count and the target group size (together:
-    the producer count, which shards the data)."""
-    return StreamIdentity(
-        data_seed=config.data.seed,
-        token_budget=config.data.token_budget,
-        bucket=config.data.bucket,
-        max_len=config.data.max_len,
-        truncate=config.data.truncate,
-        targets=targets,
-        target_tp=config.layout.target_tp,
-        data_path=str(dataset.path),
-        dataset_rows=dataset.num_rows,
-        dataset_tokens=dataset.num_tokens,
-        row_lengths_hash=hashlib.blake2b(
-            np.ascontiguousarray(dataset.row_length, dtype=np.int64).tobytes(), digest_size=8
-        ).hexdigest(),
-    )
-
-
-def check_resume_stream(checkpoint: Path, stream: StreamIdentity, announce: bool) -> None:
-    """Raise ConfigError if the checkpoint was trained on another batch sequence than
-    `stream` describes; a checkpoint that does not record its sequence gets a warning
-    (logged where `announce`: one rank says it)."""
-    saved = read_resume_record(checkpoint).stream
-    if saved is None:
-        if announce:
-            get_logger().warning(
-                "--resume: checkpoint %s does not record its batch sequence (written by an "
-                "older version): it cannot be checked that the data settings are unchanged",
-                checkpoint,
-            )
-        return
-    for field, setting in recorded_settings().items():
-        was, now = getattr(saved, field), getattr(stream, field)
-        if field == "data_path" or was == now:
-            continue
-        raise ConfigError(
-            f"--resume: {setting} is {now!r} but checkpoint {checkpoint} was trained with "
-            f"{was!r}; the batch sequence would change (batches trained twice or "
-            f"never): resume with the original value, or start a new run (--overwrite, or "
-            "another run.run_dir)"
-        )
-    if saved.data_path != stream.data_path and announce:
-        get_logger().info(
-            "--resume: the dataset moved from %s to %s (same rows)",
-            saved.data_path,
-            stream.data_path,
-        )
+    resume_from: Path | None  # the checkpoint --resume continues from (None: a fresh start)
 
 
 def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool = False) -> Plan:
@@ -188,6 +98,10 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         )
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
+    if resume and checkpoint is None:
+        get_logger().warning(
+            "--resume: no complete checkpoint under %s; starting fresh", checkpoints
+        )
     spec = _drafter_spec(config, target_path, target_config, taps, info, checkpoint)
     try:  # values the drafter cannot hold, before the ring is up
         check_limits(config.drafter, config.optim, spec, config.data.token_budget, info.device)
@@ -195,9 +109,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         raise ConfigError(str(exc)) from None
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     if checkpoint is not None:
-        check_resume_spec(checkpoint, spec)
-        check_resume_stream(checkpoint, stream, announce=info.rank == 0)
-        check_resume_optimizer(checkpoint, config.optim)
+        check_resume(checkpoint, spec, stream, config.optim, announce=info.rank == 0)
     cuda = info.device.type == "cuda"
     wanted = config.target.dtype
     dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
@@ -205,7 +117,16 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     data = config.data
     max_docs = max(max_docs_per_batch(split, data.token_budget, data.bucket) for split in splits)
     plan = Plan(
-        target_path, target_config, taps, dataset, spec, dtype, max_docs, eval_dataset, stream
+        target_path,
+        target_config,
+        taps,
+        dataset,
+        spec,
+        dtype,
+        max_docs,
+        eval_dataset,
+        stream,
+        checkpoint,
     )
     try:
         ring = ring_spec(config, info, run_dir, plan)

@@ -18,7 +18,7 @@ refused unless --overwrite (which deletes the old checkpoints and metrics); the 
 of an earlier run that left no checkpoint move aside (`metrics.<its run id>.jsonl`), so a
 fresh start has nothing to supersede; a fresh start draws a new run id (`<run_dir>/run_id`), a resume keeps it; partial
 checkpoints that interrupted saves left are removed. Every checkpoint records the run id,
-and a resume takes only checkpoints of its own run (drafter/checkpoint.py).
+and a resume takes only checkpoints of its own run (ringtrain/checkpoint/verify.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import time
 import uuid
 from pathlib import Path
 
+from ringtrain.checkpoint.save import remove_partial_checkpoints
+from ringtrain.checkpoint.verify import latest_checkpoint
 from ringtrain.config import ConfigError
-from ringtrain.drafter.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from ringtrain.trainer.roles import RankInfo
 
 LOCK_FILE = ".lock"

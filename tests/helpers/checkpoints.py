@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
+from ringtrain.checkpoint.layout import WEIGHTS_FILE
 from ringtrain.drafter import (
     DFlashDrafter,
     build_optimizer,
     drafter_spec_from_target,
     optimizer_step,
 )
-from ringtrain.drafter.checkpoint import WEIGHTS_FILE
 from ringtrain.drafter.config import DrafterConfig
 from tests.helpers.tiny_drafter import PAPER_DRAFTER, paper_optim
 

@@ -31,10 +31,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringtrain.checkpoint import read_resume_record
+from ringtrain.checkpoint.layout import STATE_FILE, STEP_DIR, WEIGHTS_FILE
+from ringtrain.checkpoint.resume_record import RESUME_FILE
+from ringtrain.checkpoint.verify import checkpoint_problem
 from ringtrain.data.regen_lock import lock_path
-from ringtrain.drafter import read_resume_record
-from ringtrain.drafter.checkpoint import STATE_FILE, STEP_DIR, WEIGHTS_FILE, checkpoint_problem
-from ringtrain.drafter.resume_record import RESUME_FILE
 from ringtrain.testing.chat_server import ChatServer, Faults
 from ringtrain.testing.regenerate_chats import MODEL, assert_all_regenerated, write_chats
 

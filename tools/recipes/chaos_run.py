@@ -51,8 +51,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ringtrain.drafter import StreamCursor, latest_checkpoint, read_resume_record
-from ringtrain.drafter.checkpoint import STEP_DIR, WEIGHTS_FILE
+from ringtrain.checkpoint import StreamCursor, latest_checkpoint, read_resume_record
+from ringtrain.checkpoint.layout import STEP_DIR, WEIGHTS_FILE
 from ringtrain.ring import RingReader, discover
 from ringtrain.ring.liveness import process_state
 from ringtrain.testing import SPIN_HOOK

@@ -34,7 +34,7 @@ class StreamCursor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class StreamIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Everything that decides the targets' batch sequence (see trainer/plan.py). Each
+    """Everything that decides the targets' batch sequence (see resume_checks.py). Each
     field names what it records (`recorded_settings`), settings first, so the resume
     check names a changed setting before the rows it changes."""
 

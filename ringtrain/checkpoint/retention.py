@@ -1,7 +1,7 @@
 """Checkpoint retention: after each checkpoint write, keep only the newest `run.keep_checkpoints`.
 
 Only complete step_N directories are counted and deleted; a save in progress writes into
-a hidden temporary (see checkpoint.py), which is no step_N directory and never touched.
+a hidden temporary (see save.py), which is no step_N directory and never touched.
 The checkpoint just written counts as the newest and is never deleted. Each deleted
 checkpoint is first renamed to a hidden `.old-*` name (atomic), then removed, so an
 interrupted deletion never leaves an incomplete step_N directory behind; the next save
@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ringtrain.drafter.checkpoint import complete_checkpoints
+from ringtrain.checkpoint.layout import complete_checkpoints
 
 log = logging.getLogger(__name__)
 
