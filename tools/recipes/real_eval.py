@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tools.recipes.children import run_all
 from tools.recipes.mps import mps_daemon
-
-if TYPE_CHECKING:
-    from tools.recipes.real_recipe import RealRecipe
+from tools.recipes.real_base import RealRecipe
 
 
 def evaluates_under_mps(recipe: RealRecipe) -> bool:

@@ -37,11 +37,9 @@ import msgspec
 from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
+from tools.recipes.real_base import ROOT, RealRecipe, Timed
 from tools.recipes.real_eval import evaluate_drafter
 from tools.recipes.real_recipe import (
-    ROOT,
-    RealRecipe,
-    Timed,
     held_out,
     load_recipe,
     log,

@@ -1,0 +1,111 @@
+"""What one run of the real-model recipes is: its settings, its paths, its timed steps.
+
+Shared by tools/recipes/real_recipe.py (the recipe), real_eval.py (its evaluation) and
+real_variants.py (the training variants side by side).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ringtrain.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "configs" / "recipes" / "smollm2.toml"
+
+
+class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One device's section of configs/recipes/smollm2.toml."""
+
+    config: str
+    train_prompts: list[int]
+    max_new_tokens: int
+    eval_limit: int = 0
+    eval_max_new_tokens: int = 256
+    # ringtrain-eval --workers: processes sharing the device, each decoding a share.
+    eval_workers: int = 1
+    # Run them under the CUDA MPS daemon (kernels side by side instead of time-sliced).
+    eval_mps: bool = False
+    # Train under the CUDA MPS daemon too: the target and drafter ranks share the one GPU.
+    train_mps: bool = False
+    # Share of the training prompts written by the target itself (ringtrain-data
+    # synthesize); the rest are code prompts (tools/recipes/real_prompts.py).
+    synth_fraction: float = 0.0
+    # ringtrain-eval --benchmark of every evaluation (built-in names or prompt files).
+    benchmarks: list[str] = msgspec.field(default_factory=lambda: ["humaneval"])
+    # Temperatures evaluated: 0 greedy (in every dtype), others with the sampling rule.
+    temperatures: list[float] = msgspec.field(default_factory=lambda: [0.0])
+    regen_dtype: str = "auto"
+    eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
+    # Training-config overrides of this device (section.key=value), before --set's.
+    sets: list[str] = msgspec.field(default_factory=list)
+
+
+@dataclass
+class RealRecipe:
+    """What one recipe run does and where its files go."""
+
+    device: str
+    settings: RealRecipeSettings
+    config: Config
+    overrides: list[str]
+    fresh: bool
+    gguf: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return ROOT
+
+    @property
+    def target(self) -> Path:
+        return ROOT / self.config.target.path
+
+    @property
+    def largest(self) -> int:
+        return max(self.settings.train_prompts)
+
+    def dataset(self, split: str) -> Path:
+        return ROOT / (self.config.data.path if split == "train" else self.config.data.eval_path)
+
+    def prompts(self, split: str) -> Path:
+        return self.dataset(split).with_name(self.dataset(split).name + "-prompts.jsonl")
+
+    def train_set(self, size: int) -> Path:
+        full = self.dataset("train")
+        return full if size == self.largest else full.with_name(f"{full.name}-{size}")
+
+    def run_dir(self, size: int) -> Path:
+        base = ROOT / self.config.run.run_dir
+        return base if size == self.largest else base.with_name(f"{base.name}-{size}")
+
+
+def log(message: str) -> None:
+    """Recipe progress on stderr."""
+    print(f"[real_recipe] {message}", file=sys.stderr, flush=True)
+
+
+class Timed:
+    """A context that adds its wall time to ``recipe.timings[name]``."""
+
+    def __init__(self, recipe: RealRecipe, name: str) -> None:
+        self.recipe, self.name = recipe, name
+
+    def __enter__(self) -> None:
+        log(f"{self.name} ...")
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        seconds = time.perf_counter() - self.started
+        self.recipe.timings[self.name] = self.recipe.timings.get(self.name, 0.0) + seconds
+
+
+def reusable(stamp_file: Path, stamp: dict, fresh: bool) -> bool:
+    """Whether ``stamp_file`` records exactly ``stamp`` (the step's settings)."""
+    return not fresh and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
