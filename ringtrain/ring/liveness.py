@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 _MISSING = -1
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -121,9 +122,10 @@ class ThreadSampler:
             return None
         where = frame_location(frame)
         stack = []
-        while frame is not None:
-            stack.append((id(frame.f_code), frame.f_lineno or 0))
-            frame = frame.f_back
+        walk: FrameType | None = frame
+        while walk is not None:
+            stack.append((id(walk.f_code), walk.f_lineno or 0))
+            walk = walk.f_back
         moved, self._stack = tuple(stack) != self._stack, tuple(stack)
         used, elapsed = cpu_s - (self._cpu_s or 0.0), max(now - self._sampled, 1e-6)
         self._cpu_s, self._sampled = cpu_s, now
@@ -131,11 +133,11 @@ class ThreadSampler:
         return ThreadActivity(moved, busy, _peer_waits > 0, where)
 
 
-def frame_location(frame: object) -> str:
+def frame_location(frame: FrameType) -> str:
     """`frame`'s place in words: the last path components, the line and the function."""
-    code = frame.f_code  # type: ignore[attr-defined]
+    code = frame.f_code
     path = "/".join(Path(code.co_filename).parts[-WHERE_PATH_PARTS:])
-    return f"{path}:{frame.f_lineno} in {code.co_name}"  # type: ignore[attr-defined]
+    return f"{path}:{frame.f_lineno} in {code.co_name}"
 
 
 _peer_waits = 0  # spans of waiting_on_peers the main thread is in (nested)
