@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = init_distributed(info)
         outcome = run_session(SessionContext(config, info, run_dir, plan, groups, stop))
     except PeerDied as exc:  # another rank failed first: name it and point at its log
-        log.error("%s stopped: %s", info.tag, exc, extra=console)
+        log.error("%s; stopping this rank", exc, extra=console)
         report_outcome(peer_failure(info.rank, exc, run_dir, log_path))
         return 1
     except Exception as exc:
