@@ -18,7 +18,8 @@ from ringtrain.ring.spec import SlotLayout
 from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
-JOIN_S = 60
+# Spawned ranks import torch first: tens of seconds each on a busy 2-core machine.
+JOIN_S = 240
 
 
 def run_id() -> str:
@@ -64,13 +65,21 @@ def test_spec_round_trips_and_slots_are_aligned() -> None:
     assert layout.used_bytes(3) == layout.offsets[HIDDEN] + 3 * row_bytes
 
 
+# Rows of 64 KiB: a full item is 4 MiB, whose copy out of a slot takes a while.
+STRESS_WIDTH = 16384
+
+
 def test_mpmc_stress_nothing_lost_duplicated_or_corrupted() -> None:
+    """Two producers of large items against two consumers that check every item. The
+    consumers, which copy and check, are the slower side, so a producer mostly waits for
+    its next free slot and writes the slot's end first the moment it gets it: a slot
+    handed back before its copy is finished shows as a corrupted item."""
     run = run_id()
-    spec = rw.make_spec(run, producers=2, consumers=2, slots=3)
-    items = 150
+    spec = rw.make_spec(run, producers=2, consumers=2, slots=2, width=STRESS_WIDTH)
+    items = 40
     jobs = {
-        0: ("produce_random", items, 1),
-        1: ("produce_random", items, 2),
+        0: ("produce_random", items, 1, True),
+        1: ("produce_random", items, 2, True),
         2: ("consume_verify",),
         3: ("consume_verify",),
     }

@@ -2,7 +2,8 @@
 
 Every worker reports through a multiprocessing queue as (tag, local index, payload).
 Items carry a verifiable pattern: hidden rows = producer * 1e5 + seq, input_ids =
-seq + row, cu_seqlens = [0, n], meta = {"producer", "seq"}.
+seq + row, cu_seqlens = [0, n], meta = {"producer", "seq"}. The hidden width is the
+ring's (``make_spec(width=...)``; WIDTH unless given).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def make_spec(
     slots: int = 2,
     heartbeat_timeout_s: float = 30.0,
     transport: str = "host",
+    width: int = WIDTH,
 ) -> RingSpec:
     """A small CPU ring: producers first, then consumers, labelled as a run labels its
     targets and drafters; global rank = 10 + local index."""
@@ -42,19 +44,27 @@ def make_spec(
         slots_per_producer=slots,
         max_tokens=MAX_TOKENS,
         max_docs=4,
-        fields=slot_fields(1, WIDTH, "float32"),
+        fields=slot_fields(1, width, "float32"),
         transport=transport,
         wait_timeout_s=0.2,
         heartbeat_timeout_s=heartbeat_timeout_s,
     )
 
 
-def write_item(slot, producer: int, seq: int, num_tokens: int, device: torch.device) -> None:
-    """Stamp the test pattern into a WriteSlot from tensors built on `device`."""
+def write_item(
+    slot, producer: int, seq: int, num_tokens: int, device: torch.device, tail_first: bool = False
+) -> None:
+    """Stamp the test pattern into a WriteSlot from tensors built on `device`. With
+    `tail_first`, the last hidden row is written before anything else: the end of the slot
+    that a consumer copying from its start reaches last."""
     n = num_tokens
+    width = slot.arrays["hidden"].shape[1]
+    value = float(producer * 100_000 + seq)
+    if tail_first:
+        slot.arrays["hidden"][n - 1].fill_(value)
     rows = torch.arange(n, dtype=torch.int32, device=device)
     parts = {
-        "hidden": torch.full((n, WIDTH), float(producer * 100_000 + seq), device=device),
+        "hidden": torch.full((n, width), value, device=device),
         "input_ids": rows + seq,
         "loss_mask": torch.full((n,), seq % 2, dtype=torch.uint8, device=device),
         "position_ids": rows,
@@ -70,7 +80,7 @@ def item_ok(item) -> bool:
     return (
         item.seq == seq
         and item.num_docs == 1
-        and item.hidden.shape == (n, WIDTH)
+        and item.hidden.shape[0] == n
         and bool((item.hidden == float(producer * 100_000 + seq)).all())
         and bool((item.input_ids.cpu() == torch.arange(n, dtype=torch.int32) + seq).all())
         and bool((item.loss_mask.cpu() == seq % 2).all())
@@ -100,15 +110,16 @@ def rank_main(spec: RingSpec, index: int, barrier, results, job: str, *args) -> 
         ring.close(clean=True)
 
 
-def produce_random(ring: Ring, items: int, seed: int) -> tuple[int, str]:
-    """Publish `items` items of random sizes; returns (count, transport used)."""
+def produce_random(ring: Ring, items: int, seed: int, tail_first: bool = False) -> tuple[int, str]:
+    """Publish `items` items of random sizes (written `tail_first` or not, see write_item);
+    returns (count, transport used)."""
     rng = random.Random(seed)
     producer = ring.producer()
     me = ring.spec.producers.index(ring.local_index)
     for seq in range(items):
         n = rng.randint(1, MAX_TOKENS)
         slot = producer.acquire()
-        write_item(slot, me, seq, n, ring.device)
+        write_item(slot, me, seq, n, ring.device, tail_first)
         producer.publish(slot, n, 1, {"producer": me, "seq": seq})
     producer.finish()
     return items, ring.transport
