@@ -28,6 +28,7 @@ from tests.helpers.launcher import (
     expected_batch_ids,
     launch_command,
     rank_log,
+    ring_reader,
     run_env,
     shm_entries,
     step_records,
@@ -153,7 +154,14 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
     _assert_quiet(text)
     assert f"resumed from {checkpoint} at step {stopped}" in rank_log(run_dir, 2, "drafter")
     progress = [line for line in text.splitlines() if re.search(r"\] step \d+/10 \|", line)]
-    assert f"tau_sim {evaluated['tau_sim']:.3f} (step {evaluated['step']})" in progress[0], text
+    # The first line shows the run's newest held-out figure: the round due at the stopped
+    # step where the first session stopped before reporting it (the resume scores it first,
+    # with that step's weights), else the first session's last round.
+    if stopped % 2 == 0 and evaluated["step"] < stopped:
+        [due] = [r for r in eval_records(run_dir) if r["step"] == stopped]
+        assert f"tau_sim {due['tau_sim']:.3f} (step {stopped})" in progress[0], text
+    else:
+        assert f"tau_sim {evaluated['tau_sim']:.3f} (step {evaluated['step']})" in progress[0], text
     done = f"done: this session {10 - stopped} steps ({stopped + 1} to 10), "
     assert done in text and "; run: 10 steps |" in text, text[-4000:]
     session = rank_log(run_dir, 0, "target").split("exiting with code")[1]
@@ -162,6 +170,35 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
     records = step_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, 11))
     _assert_each_stream_trained_in_order(run_dir, trained_batches(records))
+    assert shm_entries(name) == []
+
+
+@pytest.mark.slow
+def test_a_rank_killed_for_real_is_named_with_its_log_in_the_last_line(tmp_path: Path) -> None:
+    """SIGKILL of one drafter mid-run: the launcher's last line names that rank (not a peer
+    that noticed), how it ended and its log; the exit code is not 0 and nothing is left in
+    /dev/shm."""
+    name = f"killed{os.getpid()}"
+    run_dir = tmp_path / "run"
+    overrides = ["run.max_steps=1000", "run.log_every=1", "run.eval_every=0"]
+    overrides += ["run.checkpoint_every=0", f'run.name="{name}"']
+    proc, output = _launch(run_dir, 1, 2, overrides)
+    try:
+        wait_for_step(proc, run_dir, 2, output.read_text)
+        reader = ring_reader(name)
+        try:
+            victim = reader.snapshot().ranks[2]
+        finally:
+            reader.close()
+        os.kill(victim.pid, signal.SIGKILL)
+    finally:
+        text = _finish(proc, output)
+    assert proc.returncode != 0, text[-4000:]
+    _assert_quiet(text)
+    last = _launcher_lines(text)[-1]
+    assert f"rank 2 (drafter, pid {victim.pid})" in last, text[-4000:]
+    assert "SIGKILL" in last, last
+    assert last.endswith(f"(its log: {run_dir / 'logs' / 'rank2-drafter.log'})"), last
     assert shm_entries(name) == []
 
 

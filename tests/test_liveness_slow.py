@@ -142,9 +142,11 @@ def test_cpu_use_in_one_place_counts_as_work_up_to_the_startup_allowance() -> No
 # ---- whole runs ------------------------------------------------------------------------
 
 
-def _launch(tmp_path: Path, name: str, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
-    """ringtrain-launch of the embedded default (1 target + 2 drafters), the stall hook on
-    every rank's PYTHONPATH, its console in a file."""
+def _launch(
+    tmp_path: Path, name: str, overrides: list[str], launcher_flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, Path]:
+    """ringtrain-launch of the embedded default (1 target + 2 drafters) with torchrun's
+    `launcher_flags`, the stall hook on every rank's PYTHONPATH, its console in a file."""
     env = run_env()
     env["PYTHONPATH"] = os.pathsep.join([str(STALL_HOOK), env.get("PYTHONPATH", "")])
     env["STALL_HOOK_BUSY_S"] = str(SLOW_S)
@@ -160,7 +162,7 @@ def _launch(tmp_path: Path, name: str, overrides: list[str]) -> tuple[subprocess
     output = tmp_path / "console.txt"
     with output.open("wb") as sink:
         proc = subprocess.Popen(
-            launch_command(tmp_path / "run", 1, 2, overrides),
+            launch_command(tmp_path / "run", 1, 2, overrides, launcher_flags=launcher_flags),
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -200,9 +202,10 @@ def _finish(proc: subprocess.Popen, output: Path, timeout_s: float) -> str:
 @pytest.mark.slow
 def test_a_slow_step_is_not_hung_and_a_stop_during_it_waits_and_exits_0(tmp_path: Path) -> None:
     """A drafter computes three allowances in one place: it says it is slow, nobody calls it
-    hung; SIGTERM to the launcher meanwhile waits for the step, checkpoints, exits 0."""
+    hung; SIGTERM to the launcher meanwhile waits for the step, checkpoints, exits 0,
+    although the step takes far longer than torchrun's --shutdown-timeout (1 s here)."""
     name = f"slow{os.getpid()}"
-    proc, output = _launch(tmp_path, name, [])
+    proc, output = _launch(tmp_path, name, [], launcher_flags=("--shutdown-timeout", "1"))
     run_dir = tmp_path / "run"
     try:
         victim = _drafter(name, proc, run_dir, output)

@@ -171,10 +171,16 @@ def run_gloo_pair(worker: Callable[[int, str, str], None], tmp_path: Path) -> li
 
 
 def launch_command(
-    run_dir: Path, targets: int, drafters: int, overrides: list[str], resume: bool = False
+    run_dir: Path,
+    targets: int,
+    drafters: int,
+    overrides: list[str],
+    resume: bool = False,
+    launcher_flags: Sequence[str] = (),
 ) -> list[str]:
     """The run of `torchrun_command` started through ringtrain-launch (python -m
-    ringtrain.launch: torchrun's options, then ringtrain.main's)."""
+    ringtrain.launch: torchrun's options, `launcher_flags` among them, then
+    ringtrain.main's)."""
     command = torchrun_command(run_dir, targets, drafters, overrides, resume)
     module = command.index("ringtrain.main")
     return [
@@ -182,6 +188,7 @@ def launch_command(
         "-m",
         "ringtrain.launch",
         *command[3 : module - 1],
+        *launcher_flags,
         *command[module + 1 :],
     ]
 
