@@ -194,3 +194,29 @@ def test_answers_without_content_are_retried_until_one_has_it(tmp_path: Path) ->
     )
     assert injected > 2 and totals.failed == 0
     assert_all_regenerated(chats, output, good)
+
+
+def test_the_api_key_is_sent_as_a_bearer_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A server that answers only requests carrying its key: --api-key (or $OPENAI_API_KEY)
+    reaches it on every request; without the key the run fails naming HTTP 401."""
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 4)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with ChatServer(api_key="sk-test") as server:
+        extra = ("--no-progress", "--api-key", "sk-test")
+        assert data_main(_args([server], chats, output, *extra)) == 0
+        assert server.refused == 0 and len(server.requests) == 6
+        assert_all_regenerated(chats, output, good)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        from_env = tmp_path / "from_env.jsonl"
+        assert data_main(_args([server], chats, from_env, "--no-progress")) == 0
+        assert_all_regenerated(chats, from_env, good)
+        capsys.readouterr()
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        refused = tmp_path / "refused.jsonl"
+        assert data_main(_args([server], chats, refused, "--no-progress")) != 0
+        assert server.refused > 0 and len(server.requests) == 12
+    error = capsys.readouterr().err
+    assert "HTTP 401" in error and "Traceback" not in error, error

@@ -9,7 +9,9 @@ it lets the regenerate -> prepare flow be tried without a GPU:
         --input chats.jsonl --output regenerated.jsonl
 
 The answer to a conversation is a function of the whole conversation (`answer_for`), so
-a test can check what each request contained. `Faults` injects what real servers do:
+a test can check what each request contained. With an ``api_key`` it answers only requests
+that carry it (``Authorization: Bearer KEY``), as a hosted endpoint does, and HTTP 401
+otherwise. `Faults` injects what real servers do:
 HTTP 429/500/503, dropped connections, answers whose message lacks `content`, requests left unanswered past the client's
 timeout, a server that stops answering after N requests, and a gate that holds answers
 back until it is opened.
@@ -85,8 +87,16 @@ class Faults:
 class ChatServer:
     """The server on 127.0.0.1 in a background thread; `url` is its OpenAI base URL."""
 
-    def __init__(self, model: str = "echo", faults: Faults | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        model: str = "echo",
+        faults: Faults | None = None,
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
         self.model = model
+        self.api_key = api_key
+        self.refused = 0  # requests answered 401 for want of the API key
         self.faults = faults or Faults()
         self.requests: list[dict[str, Any]] = []  # bodies of the answered requests
         self.injected: Counter[str] = Counter()  # injected faults by kind
@@ -159,6 +169,14 @@ class ChatServer:
                 del message["content"]
         return response
 
+    def authorized(self, header: str | None) -> bool:
+        """Whether a request with this Authorization header may be answered (counted if not)."""
+        if self.api_key is None or header == f"Bearer {self.api_key}":
+            return True
+        with self._lock:
+            self.refused += 1
+        return False
+
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record the request and build its answer."""
         with self._lock:
@@ -184,7 +202,16 @@ def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refuse_unauthorized(self) -> bool:
+            """Answer 401 (and True) unless the request carries the server's API key."""
+            if server.authorized(self.headers.get("Authorization")):
+                return False
+            self._send(401, {"error": {"message": "Incorrect API key provided"}})
+            return True
+
         def do_GET(self) -> None:
+            if self._refuse_unauthorized():
+                return
             if self.path.rstrip("/") != "/v1/models":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -192,6 +219,8 @@ def _handler_class(server: ChatServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self._refuse_unauthorized():
+                return
             if self.path != "/v1/chat/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
