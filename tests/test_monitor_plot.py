@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -96,11 +97,29 @@ def test_a_finished_run_renders_one_png(tmp_path: Path, capsys: pytest.CaptureFi
     assert (tmp_path / "cpu" / "run.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_a_skipped_step_with_a_non_finite_loss_is_plotted_as_a_gap(tmp_path: Path) -> None:
-    records = [step_record(step) for step in range(1, 6)]
-    records[2] |= {"loss": None, "skipped": True}  # NaN is null in JSON
+def test_a_skipped_step_with_a_non_finite_loss_is_plotted_as_a_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss curve drawn has no point at the skipped step (a NaN: matplotlib breaks the
+    line there) and a point at every other step; the smoothed curve picks up again once its
+    window has passed the gap."""
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    from ringtrain.monitor import figure
+
+    drawn = []
+    monkeypatch.setattr(figure.plt, "close", drawn.append)  # keep the figure to inspect it
+    records = [step_record(step) for step in range(1, 41)]
+    records[9] |= {"loss": None, "skipped": True}  # step 10; NaN is null in JSON
     assert plot_main([str(write_run(tmp_path / "run", records))]) == 0
     assert (tmp_path / "run" / "run.png").read_bytes().startswith(PNG_MAGIC)
+    raw, smoothed = drawn[0].axes[0].get_lines()[:2]
+    assert list(raw.get_xdata()) == list(range(1, 41))
+    assert [s for s, y in zip(range(1, 41), raw.get_ydata(), strict=True) if math.isnan(y)] == [10]
+    assert [r["loss"] for r in records if r["step"] != 10] == [
+        y for y in raw.get_ydata() if math.isfinite(y)
+    ]
+    gap = [s for s, y in zip(range(1, 41), smoothed.get_ydata(), strict=True) if math.isnan(y)]
+    assert gap[0] == 10 and len(gap) == 40 // 20, gap
 
 
 def test_malformed_records_are_skipped_and_named(
