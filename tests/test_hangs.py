@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 from ringtrain.ring import PeerDied, RankHung, Ring
+from ringtrain.ring.watch import HEARTBEAT_INTERVAL_S
 from ringtrain.testing import SPIN_HOOK
 from ringtrain.trainer import phases
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
+    RUN_TIMEOUT_S,
     launch,
     pid_alive,
     rank_log,
@@ -36,7 +38,10 @@ from tests.helpers.launcher import (
     wait_gone,
 )
 
-DETECT_S = 5.0
+ALLOWANCE_S = 2.0  # ring.progress_timeout_s of the in-process pairs
+# The watchdog sees a hang within the allowance, one heartbeat sample of the main thread and
+# one of its rounds (the ring's wait_timeout_s); the rest is a busy 2-core machine's margin.
+DETECT_S = ALLOWANCE_S + HEARTBEAT_INTERVAL_S + rw.make_spec("t", 1, 1).wait_timeout_s + 10.0
 POLL_S = 0.05
 
 
@@ -61,7 +66,7 @@ def _age_progress(ring: Ring, index: int, seconds: float) -> None:
 
 
 def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
-    target, drafter = _pair(progress_timeout_s=2.0, startup_timeout_s=30.0)
+    target, drafter = _pair(progress_timeout_s=ALLOWANCE_S, startup_timeout_s=30.0)
     try:
         target.set_phase(phases.LOADING_TARGET)
         _age_progress(target, 0, 10.0)
@@ -82,7 +87,7 @@ def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
 
 
 def test_the_watchdog_names_its_own_stuck_main_thread() -> None:
-    target, drafter = _pair(progress_timeout_s=2.0, startup_timeout_s=30.0)
+    target, drafter = _pair(progress_timeout_s=ALLOWANCE_S, startup_timeout_s=30.0)
     try:
         fired: list[PeerDied] = []
         done = threading.Event()
@@ -105,10 +110,14 @@ def test_the_watchdog_names_its_own_stuck_main_thread() -> None:
 
 # ---- whole runs ----------------------------------------------------------------------------
 
-# A hung rank's run must be gone this long after the fault, detection included (the
-# progress and heartbeat allowances below are 6-8 s; torchrun's own grace is 30 s).
-END_AFTER_HANG_S = 20.0
-END_AFTER_STARTUP_SIGNAL_S = 5.0
+# A hung rank's run must be gone within its allowance (the progress and heartbeat timeouts
+# each run sets) and this margin for the peers to see it and every rank to exit.
+END_AFTER_HANG_MARGIN_S = 15.0
+# torchrun passes a SIGTERM on to its workers and SIGKILLs those left after its shutdown
+# timeout (30 s unless --shutdown-timeout says otherwise): ranks that leave at once, as
+# start-up promises, are gone well within half of it.
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 30.0
+END_AFTER_STARTUP_SIGNAL_S = TORCHRUN_SHUTDOWN_TIMEOUT_S / 2
 
 
 def _hang_ends_run(
@@ -141,8 +150,8 @@ def _hang_ends_run(
             reader.close()
         victim = ranks[targets - 1 if fault == signal.SIGSTOP else targets + drafters - 1]
         os.kill(victim.pid, fault)
-        wait_gone([r.pid for r in ranks.values()], END_AFTER_HANG_S)
-        launched.proc.wait(END_AFTER_HANG_S)
+        wait_gone([r.pid for r in ranks.values()], timeout_s + END_AFTER_HANG_MARGIN_S)
+        launched.proc.wait(END_AFTER_HANG_MARGIN_S)
     finally:
         stop_all(launched)
     output = launched.text()
@@ -195,7 +204,7 @@ def test_sigterm_during_start_up_ends_every_rank_at_once(tmp_path: Path) -> None
         fcntl.lockf(lock, fcntl.LOCK_EX)
         launched = launch(run_dir, 2, 1, [f'run.name="{name}"'])
         try:
-            deadline = time.monotonic() + 300
+            deadline = time.monotonic() + RUN_TIMEOUT_S
             while len(ranks := _lock_waiters(lock_path)) < 3:
                 assert launched.proc.poll() is None, launched.text()[-3000:]
                 assert time.monotonic() < deadline, "the ranks never reached the lock"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from ringtrain.data.prepare import prepare_dataset
 from tests.helpers.chat_data import CONVERSATIONS
 
 FAILURE_TIMEOUT_S = 120
+POLL_S = 0.01
 
 
 def test_wrong_tokenizer_directory_fails_once_before_workers(
@@ -99,11 +101,13 @@ def test_killed_worker_stops_the_command(tmp_path: Path, tokenizer_dir: Path) ->
 
 def _worker_pid(pid: int) -> int:
     """The pid of a pool worker of ``pid`` (a spawned child that is not multiprocessing's
-    resource tracker), once one exists: a bounded watch of /proc."""
+    resource tracker), once one exists; /proc is watched until FAILURE_TIMEOUT_S."""
     children = Path(f"/proc/{pid}/task/{pid}/children")
-    for _ in range(1_000_000):
+    deadline = time.monotonic() + FAILURE_TIMEOUT_S
+    while time.monotonic() < deadline:
         for child in children.read_text().split():
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
                 return int(child)
-    raise AssertionError(f"process {pid} started no worker")
+        time.sleep(POLL_S)
+    raise AssertionError(f"process {pid} started no worker in {FAILURE_TIMEOUT_S} s")
