@@ -17,9 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtrain.data.mixture import Mixture, Source, write_mixture
-
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
+from ringtrain.data.mixture import Mixture, Source, write_mixture
 
 # Synthesized user turns: sampled at the temperature the method uses; short requests.
 SYNTH_TEMPERATURE = 1.0
