@@ -1,7 +1,8 @@
 """GGUF -> Hugging Face directory conversion (ringtrain.target.gguf, ringtrain-convert-gguf).
 
 Each test writes a tiny llama GGUF with the gguf package's writer (tests/helpers/tiny_gguf.py).
-The converted directory is compared with transformers' own reading of the same GGUF file.
+The converted weights are compared with the arrays the test wrote, and the converted
+directory with transformers' own reading of the same GGUF file.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -23,7 +25,17 @@ from ringtrain.target.structure import read_target_config
 from ringtrain.target.tiny import CHAT_TEMPLATE
 
 pytest.importorskip("gguf")
-from tests.helpers.tiny_gguf import ENDOFTEXT, IM_END, IM_START, LAYERS, TOKENS, write_tiny_gguf
+from tests.helpers.tiny_gguf import (
+    ENDOFTEXT,
+    HEADS,
+    IM_END,
+    IM_START,
+    KV_HEADS,
+    LAYERS,
+    TOKENS,
+    tiny_tensors,
+    write_tiny_gguf,
+)
 
 CHAT = [{"role": "user", "content": "hello world"}]
 
@@ -32,6 +44,50 @@ def _logits(model: torch.nn.Module) -> torch.Tensor:
     ids = torch.tensor([[IM_START, *range(40, 60), IM_END, TOKENS.index("Ġworld")]])
     with torch.no_grad():
         return model(ids).logits
+
+
+# llama.cpp's tensor names -> Hugging Face's, per layer and for the whole model.
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}  # fmt: skip
+MODEL_NAMES = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+}  # fmt: skip
+
+
+def hugging_face_name(gguf_name: str) -> str:
+    """The Hugging Face name of a llama.cpp tensor name."""
+    parts = gguf_name.removesuffix(".weight").split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.weight"
+    return f"{MODEL_NAMES[parts[0]]}.weight"
+
+
+def unrotate(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp stores each head's q or k rows with the two rotary halves interleaved (row
+    pairs i, i + d/2 of a head of d rows next to each other): put the halves back."""
+    rows = weight.shape[0] // heads
+    return weight.reshape(heads, rows // 2, 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_converted_weights_are_the_arrays_written(tmp_path: Path, tied: bool) -> None:
+    """Every weight of the output is the array the test put in the GGUF file, renamed, q and
+    k rows put back in rotary-halves order, float16 widened exactly to float32."""
+    written = tiny_tensors(tied)
+    output = convert_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", tied=tied), tmp_path / "hf")
+    heads = {"attn_q": HEADS, "attn_k": KV_HEADS}
+    with safe_open(output / "model.safetensors", "np") as weights:
+        assert set(weights.keys()) == {hugging_face_name(name) for name in written}
+        for name, array in written.items():
+            kind = name.split(".")[-2]
+            expected = unrotate(array, heads[kind]) if kind in heads else array
+            converted = weights.get_tensor(hugging_face_name(name))
+            assert converted.dtype == np.float32, name
+            assert np.array_equal(converted, expected.astype(np.float32)), name
 
 
 @pytest.mark.parametrize(("tied", "dtype"), [(True, torch.float32), (False, torch.bfloat16)])
