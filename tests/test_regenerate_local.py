@@ -76,7 +76,7 @@ def _write_chats(path: Path) -> Path:
 def _args(model: Path, chats: Path, output: Path, *extra: str) -> list[str]:
     return [
         "regenerate",
-        *("--local", str(model), "--device", "cpu", "--input", str(chats)),
+        *("--local", str(model), "--device", "cpu", "--threads", "1", "--input", str(chats)),
         *("--output", str(output), "--max-tokens", str(MAX_TOKENS)),
         *("--chat-template-kwargs", json.dumps(TEMPLATE_KWARGS), *extra),
     ]
@@ -237,7 +237,9 @@ def test_conversations_in_flight_share_the_steps(model_dir: Path) -> None:
     questions = [[{"role": "user", "content": f"question {i}" * i}] for i in range(1, 7)]
 
     def answers(batch_size: int) -> list[Completion]:
-        chat = LocalChat(LocalEngine(model_dir, device="cpu", batch_size=batch_size), sampling)
+        chat = LocalChat(
+            LocalEngine(model_dir, device="cpu", batch_size=batch_size, threads=1), sampling
+        )
 
         async def ask_all() -> list[Completion]:
             await chat.open()

@@ -71,7 +71,7 @@ def _chats(path: Path, count: int, long_lines: tuple[int, ...] = ()) -> Path:
 def _args(model: Path, chats: Path, output: Path, *extra: str) -> list[str]:
     return [
         "regenerate",
-        *("--local", str(model), "--device", "cpu", "--input", str(chats)),
+        *("--local", str(model), "--device", "cpu", "--threads", "1", "--input", str(chats)),
         *("--output", str(output), "--no-progress", *extra),
     ]
 
@@ -211,7 +211,9 @@ def test_progress_hears_every_token_as_it_is_generated(tmp_path: Path, hybrid: b
     answer_tokens = 40
     sampling = Sampling(str(model), answer_tokens)
     heard: list[int] = []
-    chat = LocalChat(LocalEngine(model, device="cpu", batch_size=2), sampling, heard.append)
+    chat = LocalChat(
+        LocalEngine(model, device="cpu", batch_size=2, threads=1), sampling, heard.append
+    )
     questions = [[{"role": "user", "content": f"question {i}"}] for i in range(3)]
 
     async def ask_all() -> list[int]:

@@ -124,6 +124,12 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
         help="stop after this many failed records in a row (default 32)",
     )
     add("--no-progress", action="store_true", help="no progress bar")
+    _add_local_options(regenerate)
+
+
+def _add_local_options(regenerate: argparse.ArgumentParser) -> None:
+    """The options of `regenerate --local` alone."""
+    add = regenerate.add_argument
     add("--device", choices=["auto", "cpu", "cuda"], help="--local: default auto (GPU if any)")
     add(
         "--dtype",
@@ -142,9 +148,14 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
         help="--local: memory generation may use beside the model, e.g. 4GiB (default: "
         f"{round(100 * BUDGET_FRACTION)}%% of what is free when it starts)",
     )
+    add(
+        "--threads",
+        type=int,
+        help="--local: CPU threads (default: the cores other processes leave idle, at least 1)",
+    )
 
 
-LOCAL_ONLY = ("device", "dtype", "batch_size", "memory_limit")
+LOCAL_ONLY = ("device", "dtype", "batch_size", "memory_limit", "threads")
 
 
 def _engine_arguments(args: argparse.Namespace) -> None:
@@ -167,8 +178,10 @@ def _local_engine(args: argparse.Namespace) -> LocalEngine:
     from ringtrain.data.regen_local import LocalEngine
     from ringtrain.generate.memory import parse_size
 
-    if args.batch_size is not None and args.batch_size < 1:
-        raise DatasetError(f"--batch-size must be at least 1, not {args.batch_size}")
+    for name in ("batch_size", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise DatasetError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     limit = None
     if args.memory_limit is not None:
         try:
@@ -181,6 +194,7 @@ def _local_engine(args: argparse.Namespace) -> LocalEngine:
         args.dtype or "auto",
         args.batch_size or 0,
         limit,
+        args.threads or 0,
     )
 
 

@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ringtrain.data.regen_client import Stopped
-from ringtrain.generate.continuous import Request, SlotDecoder
-from ringtrain.generate.greedy import Answer
+from ringtrain.generate.continuous import Request, SlotDecoder, TooLong
+from ringtrain.generate.greedy import WIDTH_BUCKET, Answer
 from ringtrain.generate.local_model import LocalModel
+from ringtrain.generate.memory import DecodeFootprint
 
 
 class Aborted(Exception):
@@ -189,6 +190,8 @@ class BatchDriver:
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.budget = budget
+        parameter = next(model.model.parameters())
+        self._footprint = DecodeFootprint.of(model.model.config, parameter.dtype)
         self.batches = 0
         self._settler = _Settler(on_tokens)
         self._translate = translate
@@ -200,7 +203,16 @@ class BatchDriver:
         self._batcher = asyncio.ensure_future(self._serve())
 
     def submit(self, turn: Turn) -> None:
-        """Queue ``turn`` for the next batch."""
+        """Queue ``turn`` for the next batch; one whose answer alone does not fit the
+        memory budget fails with TooLong."""
+        prompt = len(turn.prompt)
+        width = -(-prompt // WIDTH_BUCKET) * WIDTH_BUCKET
+        need = self._footprint.batch(1, width, self.max_new_tokens)
+        if need > self.budget:
+            self._settler.settle(
+                turn, TooLong.of(prompt, self.max_new_tokens, need, self.budget, 1)
+            )
+            return
         self._waiting.append(turn)
         self._arrived.set()
 

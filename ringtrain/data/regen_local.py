@@ -41,6 +41,7 @@ from ringtrain.generate.local_model import (
     LocalModel,
     context_length,
     default_batch_size,
+    default_cpu_threads,
     default_max_tokens,
     load_tokenizer,
     resolve_device,
@@ -55,14 +56,16 @@ LOCAL_DTYPES = ("auto", *DTYPES)
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """Which local model answers, where, how many answers at once, and the memory
-    generation may use beside the model (None: ``BUDGET_FRACTION`` of what is free)."""
+    """Which local model answers, where, how many answers at once, the memory generation
+    may use beside the model (None: ``BUDGET_FRACTION`` of what is free) and the CPU
+    threads (0: ``default_cpu_threads``)."""
 
     model_dir: Path
     device: str = "auto"
     dtype: str = "auto"
     batch_size: int = 0  # 0: the device's default
     memory_limit: int | None = None
+    threads: int = 0
 
 
 def prepare_local(engine: LocalEngine, sampling: Sampling) -> tuple[LocalEngine, Sampling]:
@@ -109,6 +112,8 @@ def _check_options(engine: LocalEngine, sampling: Sampling) -> None:
         )
     if engine.batch_size < 0:
         raise DatasetError(f"--batch-size must be at least 1, not {engine.batch_size}")
+    if engine.threads < 0:
+        raise DatasetError(f"--threads must be at least 1, not {engine.threads}")
 
 
 def _model_config(directory: Path) -> object:
@@ -171,6 +176,8 @@ class LocalChat:
         """Load the model, plan the answers at once and start generating (needs the
         running event loop); raises DatasetError when not even one answer fits."""
         engine, max_tokens = self._engine, int(self.sampling.max_tokens or 0)
+        if engine.threads or resolve_device(engine.device).type == "cpu":
+            torch.set_num_threads(engine.threads or default_cpu_threads())
         model = await asyncio.to_thread(
             LocalModel.load, engine.model_dir, engine.device, engine.dtype, engine.batch_size
         )
@@ -189,9 +196,11 @@ class LocalChat:
         driver = SlotDriver if continuous else BatchDriver
         model.batch_size = slots
         self._driver = driver(model, slots, max_tokens, budget, self._on_tokens, _failure)
+        count = torch.get_num_threads()
+        threads = f", {count} thread{'s' * (count > 1)}" if parameter.device.type == "cpu" else ""
         self.description = (
             f"{engine.model_dir.name} on {parameter.device.type} "
-            f"({str(parameter.dtype).removeprefix('torch.')}), "
+            f"({str(parameter.dtype).removeprefix('torch.')}{threads}), "
             f"{'continuous batching' if continuous else 'batches'} of up to {slots} answers "
             f"of at most {max_tokens} tokens; generation may use {format_gib(budget)}"
         )

@@ -45,6 +45,16 @@ LENGTH_STEP = 256
 class TooLong(Exception):
     """A prompt whose answer needs more memory than the budget allows."""
 
+    @classmethod
+    def of(cls, prompt: int, new_tokens: int, need: int, budget: int, answers: int) -> TooLong:
+        """The refusal of a ``prompt``-token prompt whose ``new_tokens`` answer needs
+        ``need`` bytes at ``answers`` answers at once."""
+        return cls(
+            f"a prompt of {prompt} tokens with {new_tokens} new ones needs {format_gib(need)} "
+            f"at {answers} answers at once and generation may use {format_gib(budget)}: "
+            "rerun with a smaller --batch-size or --max-tokens (or a higher --memory-limit)"
+        )
+
 
 class DoesNotFit(Exception):
     """Not even one answer fits the memory budget; the message says what to change."""
@@ -237,12 +247,7 @@ class SlotDecoder:
             total = self.footprint.cache(self.slots, length) + _prefill_bytes(
                 self.footprint, 1, prompt
             )
-            raise TooLong(
-                f"a prompt of {prompt} tokens with {request.max_new_tokens} new ones needs "
-                f"{format_gib(total)} at {self.slots} answers in flight and generation may "
-                f"use {format_gib(self.budget)}: rerun with a smaller --batch-size (or "
-                "--max-tokens)"
-            )
+            raise TooLong.of(prompt, request.max_new_tokens, total, self.budget, self.slots)
         if length > self.cache.length:
             self.cache.grow(length)
             keep = self._keep(length)

@@ -11,7 +11,7 @@ and answers never take more than half the model's context by default.
 
 GPU_BATCH_SIZE = 2048
 CPU_BATCH_SIZE = 64
-REGENERATE_CPU_BATCH_SIZE = 8
+REGENERATE_CPU_BATCH_SIZE = 16
 GPU_MAX_TOKENS = 4096
 CPU_MAX_TOKENS = 512
 # The share of the memory available when generation starts that it plans to use: the

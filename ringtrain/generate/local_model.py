@@ -10,6 +10,7 @@ left-padded batches, a static KV cache).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,15 @@ def resolve_device(name: str) -> torch.device:
 def default_batch_size(device: torch.device) -> int:
     """Prompts per batch when none is given: many on a GPU, few on a CPU."""
     return GPU_BATCH_SIZE if device.type == "cuda" else CPU_BATCH_SIZE
+
+
+def default_cpu_threads() -> int:
+    """Threads for matrix products on a CPU: the cores this process may use, less those
+    that other processes keep busy (the 1-minute load average), at least one. OpenMP
+    threads meet at every operation, so one whose core another process holds stalls
+    the rest: on a busy 2-core machine one thread decodes several times faster than two."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores - int(os.getloadavg()[0]))
 
 
 def context_length(config: object) -> int | None:
