@@ -277,3 +277,33 @@ def test_a_slot_takes_the_next_prompt_as_soon_as_its_answer_ends(model_dir: Path
     # Two slots share the steps: fewer than answers decoded one after another take (the
     # first token of each comes from its prompt's forward).
     assert steps < sum(len(a.tokens) - 1 for a in answers.values())
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_batches_answer_alike_and_report_tokens_as_they_decode(model_dir: Path) -> None:
+    """On CUDA the turns are answered a batch at a time (CUDA graphs) as the CPU's
+    continuous batching answers them, and tokens are reported during the batch."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    sampling = Sampling(str(model_dir), 40, chat_template_kwargs=TEMPLATE_KWARGS)
+    questions = [[{"role": "user", "content": f"question {i}" * i}] for i in range(1, 7)]
+
+    def answers(device: str, heard: list[int]) -> list[Completion]:
+        engine = LocalEngine(model_dir, device, "float32", batch_size=8, threads=1)
+        chat = LocalChat(engine, sampling, heard.append)
+
+        async def ask_all() -> list[Completion]:
+            await chat.open()
+            try:
+                return await asyncio.gather(*(chat.complete(q) for q in questions))
+            finally:
+                await chat.aclose()
+
+        return asyncio.run(ask_all())
+
+    on_gpu: list[int] = []
+    completions = answers("cuda", on_gpu)
+    assert completions == answers("cpu", [])
+    assert sum(on_gpu) == sum(c.completion_tokens for c in completions)
+    longest = max(c.completion_tokens for c in completions)
+    assert len(on_gpu) >= 1 + longest // 16  # a report at every stop check, not per batch
