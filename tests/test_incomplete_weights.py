@@ -70,3 +70,19 @@ def test_synthesize_refuses_the_model_in_one_line(
     last = errors.splitlines()[-1]
     assert last.startswith("ringtrain-data: error: --target ") and MLP_WEIGHTS[0] in last
     assert not output.exists() or output.read_text() == ""
+
+
+def test_regenerate_local_refuses_the_model_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _without_mlp(build_word_chat_model(tmp_path / "model"))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "hello"}]}\n')
+    output = tmp_path / "out.jsonl"
+    argv = ["regenerate", "--local", str(model), "--device", "cpu", "--threads", "1"]
+    assert data_main([*argv, "--input", str(chats), "--output", str(output)]) == 2
+    errors = capsys.readouterr().err
+    assert "Traceback" not in errors
+    last = errors.splitlines()[-1]
+    assert "--local " in last and MLP_WEIGHTS[0] in last, last
+    assert not output.exists()

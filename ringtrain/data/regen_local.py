@@ -47,7 +47,7 @@ from ringtrain.generate.local_model import (
     resolve_device,
 )
 from ringtrain.generate.memory import DecodeFootprint, format_gib, generation_budget
-from ringtrain.generate.model import supports_cache_rollback
+from ringtrain.generate.model import IncompleteModelError, supports_cache_rollback
 from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.loader import DTYPES, resolve_dtype
 
@@ -178,9 +178,12 @@ class LocalChat:
         engine, max_tokens = self._engine, int(self.sampling.max_tokens or 0)
         if engine.threads or resolve_device(engine.device).type == "cpu":
             torch.set_num_threads(engine.threads or default_cpu_threads())
-        model = await asyncio.to_thread(
-            LocalModel.load, engine.model_dir, engine.device, engine.dtype, engine.batch_size
-        )
+        try:
+            model = await asyncio.to_thread(
+                LocalModel.load, engine.model_dir, engine.device, engine.dtype, engine.batch_size
+            )
+        except IncompleteModelError as exc:
+            raise DatasetError(f"--local {exc}") from None
         self._renderer = ChatRenderer(model.tokenizer, self.sampling.chat_template_kwargs)
         config = model.model.config
         self._context = context_length(config)

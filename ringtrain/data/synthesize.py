@@ -226,10 +226,11 @@ def _synthesizer(
 ) -> Synthesizer:
     """The target loaded, ready to write rounds."""
     from ringtrain.generate.local_model import LocalModel
+    from ringtrain.generate.model import IncompleteModelError
 
     try:
         model = LocalModel.load(options.target, options.device, options.dtype, options.batch_size)
-    except ValueError as exc:  # weights that do not fit the model
+    except IncompleteModelError as exc:
         raise DatasetError(f"--target {exc}") from None
     return Synthesizer(
         model, options.round_settings(), steerings(options.systems, options.topics), filters, index

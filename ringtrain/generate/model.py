@@ -31,6 +31,10 @@ def stop_token_ids(config: object) -> list[int]:
     return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
 
 
+class IncompleteModelError(ValueError):
+    """A local model directory whose weight files lack some of the model's weights."""
+
+
 def load_causal_lm(
     path: str | Path, device: torch.device | str = "cpu", dtype: str = "auto"
 ) -> PreTrainedModel:
@@ -49,7 +53,7 @@ def load_causal_lm(
     )
     if loading["missing_keys"]:  # transformers filled them with random values
         missing = sorted(loading["missing_keys"])
-        raise ValueError(
+        raise IncompleteModelError(
             f"{path}: the weight files lack {len(missing)} of the model's weights "
             f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}); the directory is "
             "incomplete or its weights belong to another model"
