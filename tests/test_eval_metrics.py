@@ -75,3 +75,16 @@ def test_the_json_and_the_table_show_the_same_figures() -> None:
 def test_no_forwards_give_zero_figures_not_an_error() -> None:
     report = summarize([outcome(0, 1, [], 0.0, 0.0)], BLOCK)
     assert (report.tau_real, report.speedup, report.acceptance) == (0.0, 0.0, [0.0] * 5)
+
+
+def test_each_rate_counts_its_own_decodings_tokens() -> None:
+    """Where the two decodings differ in length (a real mismatch stopped the speculative
+    one), each rate is its own tokens over its own time."""
+    speculative = Generation([1, 2, 9], [1, 0], 0.5)
+    plain = Generation([1, 2, 3, 4, 5, 6], [], 2.0)
+    report = summarize([PromptOutcome(0, 4, speculative, plain)], BLOCK)
+    assert (report.generated_tokens, report.verify_forwards) == (3, 2)
+    assert report.speculative_tokens_per_s == 3 / 0.5
+    assert report.greedy_tokens_per_s == 6 / 2.0
+    assert report.speedup == pytest.approx(2.0)
+    assert report.lossless is False and report.mismatches[0]["position"] == 2
