@@ -167,6 +167,13 @@ def test_the_default_rule_ties_a_margin_of_at_most_four_ulps(
     assert loose.judge(torch.tensor([5, 6]), 7, 1, 0).tie == (ulps <= 4.5)
 
 
+def test_tie_ulps_0_allows_no_tie_not_even_an_exact_one() -> None:
+    judge = TieJudge(FixedLogits([20.0, 20.0, 3.0], torch.bfloat16), tie_ulps=0.0)
+    verdict = judge.judge(torch.tensor([5]), 0, speculative=1, greedy=0)
+    assert (verdict.margin, verdict.tolerance, verdict.tie) == (0.0, 0.0, False)
+    assert judge.describe() == "exact (bfloat16: every divergence from greedy fails)"
+
+
 def test_float32_has_no_ties_whatever_the_tolerance() -> None:
     judge = TieJudge(FixedLogits([20.0, 20.0, 3.0], torch.float32), tie_ulps=1000.0)
     verdict = judge.judge(torch.tensor([5]), 0, speculative=1, greedy=0)
