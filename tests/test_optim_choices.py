@@ -31,7 +31,7 @@ from ringtrain.drafter.optim import (
     saved_optimizer_name,
     schedule_at,
 )
-from ringtrain.drafter.schedules import WarmupStableDecay
+from ringtrain.drafter.schedules import WarmupCosine, WarmupStableDecay
 from tests.helpers.launcher import run_training, step_records, trained_batches
 from tests.helpers.tiny_drafter import PAPER_DRAFTER
 
@@ -67,6 +67,15 @@ def train_step(
     )  # fmt: skip
     out.square().mean().backward()
     return optimizer_step(model, optimizer, scheduler, cfg)
+
+
+def test_cosine_warms_up_then_falls_along_half_a_cosine_to_its_floor() -> None:
+    schedule = WarmupCosine(20, warmup_fraction=0.1, min_lr_ratio=0.1)
+    assert [schedule(s) for s in range(2)] == [0.5, 1.0]
+    for step in range(2, 20):
+        half_cosine = 0.5 * (1 + math.cos(math.pi * (step - 2) / 18))
+        assert schedule(step) == pytest.approx(0.1 + 0.9 * half_cosine)
+    assert schedule(11) == pytest.approx(0.55) and schedule(20) == pytest.approx(0.1)
 
 
 def test_wsd_warms_up_holds_then_decays_with_one_minus_sqrt() -> None:
