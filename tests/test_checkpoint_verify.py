@@ -13,19 +13,26 @@ import pytest
 import torch
 
 from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from ringtrain.checkpoint.layout import STATE_FILE, WEIGHTS_FILE, CheckpointError
+from ringtrain.checkpoint.layout import REQUIRED_FILES, STATE_FILE, WEIGHTS_FILE, CheckpointError
 from ringtrain.checkpoint.resume_record import RESUME_FILE, ResumeRecord
 from ringtrain.checkpoint.verify import checkpoint_problem, checkpoint_spec
 from tests.helpers.checkpoints import trained_state
 
 NAN_FP32 = b"\x00\x00\xc0\x7f"
+INF_FP32 = b"\x00\x00\x80\x7f"
 
 
-def _nan_weights(step: Path) -> None:
-    """Flip the bytes of the last fp32 weight to a NaN."""
-    with (step / WEIGHTS_FILE).open("r+b") as weights:
-        weights.seek(-4, 2)
-        weights.write(NAN_FP32)
+def _last_weight(value: bytes) -> Callable[[Path], None]:
+    def flip(step: Path) -> None:
+        """Overwrite the bytes of the last fp32 weight with `value`."""
+        with (step / WEIGHTS_FILE).open("r+b") as weights:
+            weights.seek(-4, 2)
+            weights.write(value)
+
+    return flip
+
+
+_nan_weights = _last_weight(NAN_FP32)
 
 
 def _truncate(name: str, keep: float) -> Callable[[Path], None]:
@@ -42,6 +49,7 @@ def _bad_json(step: Path) -> None:
 
 CORRUPTIONS = {
     "nan-weights": (_nan_weights, WEIGHTS_FILE, "weight values are not finite"),
+    "inf-weights": (_last_weight(INF_FP32), WEIGHTS_FILE, "weight values are not finite"),
     "truncated-weights": (_truncate(WEIGHTS_FILE, 0.5), WEIGHTS_FILE, "cannot be read"),
     "empty-weights": (_truncate(WEIGHTS_FILE, 0), WEIGHTS_FILE, "cannot be read"),
     "truncated-state": (_truncate(STATE_FILE, 0.5), STATE_FILE, "cannot be read"),
@@ -75,6 +83,15 @@ def test_a_bad_newest_checkpoint_falls_back_to_the_newest_good_one(
     problem = checkpoint_problem(newest)
     assert problem is not None and str(newest / file) in problem
     assert load_checkpoint(good.parent, "cpu").record.step == 50
+
+
+@pytest.mark.parametrize("name", REQUIRED_FILES)
+def test_a_checkpoint_missing_a_file_is_named_as_such(
+    two_checkpoints: tuple[Path, Path], name: str
+) -> None:
+    _, newest = two_checkpoints
+    (newest / name).unlink()
+    assert checkpoint_problem(newest) == f"{newest / name} is missing"
 
 
 def test_evaluation_refuses_a_drafter_with_non_finite_weights(
