@@ -271,7 +271,8 @@ def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
         snapshot = drafter.snapshot()
         assert "target group 0 (ranks 0,1)" in format_snapshot(snapshot)
         assert [r.is_producer for r in snapshot.ranks] == [True, False, False]
-        member.control.rank["progress_ns"][1] -= int(10e9)
+        for field in ("progress_ns", "active_ns", "still_ns"):  # silent and idle: stuck
+            member.control.rank[field][1] -= int(10e9)
         with pytest.raises(RankHung, match=r"rank 1 \(target, group 0 member 1, pid \d+\) is hung"):
             drafter.check_peers()
         member.close()
