@@ -28,7 +28,7 @@ from ringtrain.drafter.arch.dflash.model import DFlashDrafter
 from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter
 from ringtrain.drafter.arch.dflash2.selector import SelectorSums, selector_loss_sum
 from ringtrain.drafter.config import OptimConfig
-from tests.helpers.launcher import run_training, step_records
+from tests.helpers.launcher import eval_records, run_training, step_records
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -330,12 +330,19 @@ def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> 
         torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
+# What 40 steps of the defaults must add to the held-out tau_sim of an untrained drafter
+# (measured: 5.07 against 1.00).
+LEARNED_TAU_SIM = 1.0
+
+
 @pytest.mark.slow
 def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
-    """DFlash2 with the other defaults (D-PACE, Muon, WSD) learns and writes a DFlash2
-    checkpoint."""
+    """DFlash2 with the other defaults (D-PACE, Muon, WSD) learns: its held-out tau_sim
+    after 40 steps is clearly above that of the drafter the run starts from (measured by
+    a run of one step at a learning rate too small to change any weight); it writes a
+    DFlash2 checkpoint."""
     run_dir = tmp_path / "run"
-    overrides = ['drafter.architecture="dflash2"', "run.max_steps=40", "run.eval_every=0",
+    overrides = ['drafter.architecture="dflash2"', "run.max_steps=40", "run.eval_every=40",
                  "run.checkpoint_every=40", "run.name=d2"]  # fmt: skip
     proc = run_training(run_dir, 1, 1, overrides)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -348,3 +355,9 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
     assert sum(losses[-5:]) < 0.95 * sum(losses[:5])
     config = json.loads(next((run_dir / "checkpoints").glob("step_*/config.json")).read_text())
     assert config["architectures"] == ["DFlash2DraftModel"]
+    untrained_dir = tmp_path / "untrained"
+    unchanged = ["run.max_steps=1", "run.eval_every=1", "run.checkpoint_every=0", "optim.lr=1e-30"]
+    proc = run_training(untrained_dir, 1, 1, [*overrides[:1], *unchanged, "run.name=d2u"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    trained, untrained = eval_records(run_dir)[-1], eval_records(untrained_dir)[-1]
+    assert trained["tau_sim"] > untrained["tau_sim"] + LEARNED_TAU_SIM, (trained, untrained)
