@@ -1,0 +1,246 @@
+"""Mutation check: does the suite notice a one-line change to what users read?
+
+    python -m tools.mutation.check --clone /tmp/mut            # every mutant
+    python -m tools.mutation.check --clone /tmp/mut --only ties --only metrics
+    python -m tools.mutation.check --list
+
+It clones the project's committed state into --clone (a directory that must not exist
+yet), then for each mutant in MUTANTS changes one line of one module in the clone, runs
+that module's tests there (`python -m pytest -x` with the clone first on PYTHONPATH; the
+tests marked slow or gpu left out), and puts the line back. A mutant is killed when the
+tests fail. The tests of each group are first run on the unchanged clone: a group whose
+tests fail already is reported and skipped. Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One line of `module` changed from `old` to `new` (the text must occur exactly once)."""
+
+    label: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """The mutants of one module and the tests that cover it."""
+
+    name: str
+    module: str
+    tests: tuple[str, ...]
+    mutants: tuple[Mutant, ...]
+
+
+EVAL_TESTS = (
+    "tests/test_eval_metrics.py",
+    "tests/test_eval_speculative.py",
+    "tests/test_eval_cli.py",
+)
+OBJECTIVE_TESTS = (
+    "tests/test_defaults.py", "tests/test_drafter_loss.py", "tests/test_drafter_objective.py",
+)  # fmt: skip
+SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.py")
+CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
+
+MUTANTS = (
+    Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
+        Mutant("tau_real counts one more token per prompt",
+               "tau_real=(sum(accepted) + forwards) / forwards",
+               "tau_real=(sum(accepted) + forwards + len(outcomes)) / forwards"),
+        Mutant("acceptance at k counts forwards past k",
+               "sum(count >= k for count in accepted)", "sum(count > k for count in accepted)"),
+        Mutant("acceptance starts at position 0",
+               "for k in range(1, block_size)]", "for k in range(0, block_size - 1)]"),
+        Mutant("speculative tokens/s from the plain tokens",
+               "speculative_tokens_per_s = spec_tokens / spec_seconds",
+               "speculative_tokens_per_s = plain_tokens / spec_seconds"),
+        Mutant("generated tokens one more per prompt",
+               "spec_tokens = sum(len(o.speculative.tokens) for o in outcomes)",
+               "spec_tokens = sum(len(o.speculative.tokens) + 1 for o in outcomes)"),
+        Mutant("speedup inverted",
+               "speedup=speculative_tokens_per_s / plain_tokens_per_s",
+               "speedup=plain_tokens_per_s / speculative_tokens_per_s"),
+        Mutant("a set's report of every outcome",
+               "members = [o for o in outcomes if o.benchmark == name]", "members = outcomes"),
+        Mutant("a category's report of its whole set",
+               "chosen = [o for o in members if o.category == category]", "chosen = members"),
+        Mutant("mismatches never counted",
+               "if checked and (m := _mismatch(o)) is not None]",
+               "if not checked and (m := _mismatch(o)) is not None]"),
+    )),
+    Group("ties", "ringtrain/eval/ties.py", ("tests/test_eval_ties.py",), (
+        Mutant("tolerance 10x looser", "tolerance = self.tie_ulps * ulp(",
+               "tolerance = 10 * self.tie_ulps * ulp("),
+        Mutant("the boundary margin is no tie",
+               "tie = self.allows_ties and margin <= tolerance",
+               "tie = self.allows_ties and margin < tolerance"),
+        Mutant("ulp one bit too coarse", "return math.ldexp(1.0, exponent - (bits - 1))",
+               "return math.ldexp(1.0, exponent - bits + 2)"),
+        Mutant("margin from the higher of the two logits",
+               "margin = top - min(float(logits[speculative]), float(logits[greedy]))",
+               "margin = top - max(float(logits[speculative]), float(logits[greedy]))"),
+        Mutant("fp16 with bf16's precision", "torch.float16: 11}", "torch.float16: 8}"),
+        Mutant("ties allowed at tie_ulps 0",
+               "return self.dtype in SIGNIFICANT_BITS and self.tie_ulps > 0",
+               "return self.dtype in SIGNIFICANT_BITS and self.tie_ulps >= 0"),
+    )),
+    Group("tie default", "ringtrain/eval/settings.py", ("tests/test_eval_ties.py",), (
+        Mutant("default tolerance 40 ulps", "DEFAULT_TIE_ULPS = 4.0", "DEFAULT_TIE_ULPS = 40.0"),
+    )),
+    Group("defaults", "ringtrain/drafter/config.py", ("tests/test_defaults.py",), (
+        Mutant("default objective decayed_ce",
+               'objective: Literal["decayed_ce", "dpace"] = "dpace"',
+               'objective: Literal["decayed_ce", "dpace"] = "decayed_ce"'),
+        Mutant("default architecture dflash",
+               'architecture: Literal["dflash", "dflash2"] = "dflash2"',
+               'architecture: Literal["dflash", "dflash2"] = "dflash"'),
+        Mutant("default optimiser adamw", 'name: Literal["adamw", "muon"] = "muon"',
+               'name: Literal["adamw", "muon"] = "adamw"'),
+        Mutant("default schedule cosine", 'schedule: Literal["cosine", "wsd"] = "wsd"',
+               'schedule: Literal["cosine", "wsd"] = "cosine"'),
+        Mutant("default decay fraction 0.1", "msgspec.Meta(ge=0.0, le=1.0)] = 0.2",
+               "msgspec.Meta(ge=0.0, le=1.0)] = 0.1"),
+    )),
+    Group("objectives", "ringtrain/drafter/objectives.py", OBJECTIVE_TESTS, (
+        Mutant("gamma 4 for block 16", "PAPER_GAMMA = {16: 7.0,", "PAPER_GAMMA = {16: 4.0,"),
+        Mutant("slot weights one slot early", "torch.exp(-(slots - 1) / loss_gamma(cfg))",
+               "torch.exp(-slots / loss_gamma(cfg))"),
+        Mutant("decayed CE weights shifted a slot",
+               "slot_weights(self.cfg, scored.device, dtype)[1:] * scored",
+               "slot_weights(self.cfg, scored.device, dtype)[:-1] * scored"),
+        Mutant("D-PACE blocks one slot longer", "slots=cfg.block_size - 1",
+               "slots=cfg.block_size"),
+    )),
+    Group("loss", "ringtrain/drafter/loss.py", OBJECTIVE_TESTS, (
+        Mutant("D-PACE confidence squared",
+               "alpha + (1.0 - alpha) * torch.exp(-ce.view(-1, slots))",
+               "alpha + (1.0 - alpha) * torch.exp(-2 * ce.view(-1, slots))"),
+        Mutant("D-PACE run length from the next slot",
+               "from_here = reach.sum(1, keepdim=True) - reach.cumsum(1) + reach",
+               "from_here = reach.sum(1, keepdim=True) - reach.cumsum(1)"),
+        Mutant("chunk loss a mean", "return logits, lse, scale, (ce * scale).sum()",
+               "return logits, lse, scale, (ce * scale).mean()"),
+        Mutant("gradient without the row weights",
+               "- one_hot.to(lse.dtype)) * scale[:, None]", "- one_hot.to(lse.dtype))"),
+    )),
+    Group("output scale", "ringtrain/drafter/arch/dflash/model.py",
+          ("tests/test_drafter_first_step.py",), (
+        Mutant("output scale 0.3x", "scale = min(1.0, 1.0 / spread)",
+               "scale = min(1.0, 0.3 / spread)"),
+        Mutant("mask state not brought to RMS 1",
+               "unit_rms = mask_embed * mask_embed.pow(2).mean().clamp_min(1e-12).rsqrt()",
+               "unit_rms = mask_embed"),
+    )),
+    Group("schedules", "ringtrain/drafter/schedules.py", SCHEDULE_TESTS, (
+        Mutant("warm-up one step late", "return (step + 1) / self.warmup_steps",
+               "return step / self.warmup_steps"),
+        Mutant("cosine a quarter period", "cosine = 0.5 * (1.0 + math.cos(math.pi * progress))",
+               "cosine = 0.5 * (1.0 + math.cos(0.5 * math.pi * progress))"),
+        Mutant("wsd decay linear", "(1.0 - math.sqrt(progress))", "(1.0 - progress)"),
+        Mutant("wsd decay one step longer", "decay_steps = round(decay_fraction * total_steps)",
+               "decay_steps = round(decay_fraction * total_steps) + 1"),
+        Mutant("cosine ends above its floor",
+               "return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine",
+               "return self.min_lr_ratio + cosine"),
+    )),
+    Group("ring hand-off", "ringtrain/ring/ends.py", ("tests/test_ring.py",), (
+        Mutant("slot handed back before its copy",
+               "            entry.destination.copy_(entry.source)\n            self._free_slot(slot)",
+               "            self._free_slot(slot)\n            entry.destination.copy_(entry.source)"),
+        Mutant("slot left READING when handed back",
+               "        self._control.slot_state[slot] = cb.FREE\n", ""),
+    )),
+    Group("checkpoint verification", "ringtrain/checkpoint/verify.py", CHECKPOINT_TESTS, (
+        Mutant("a missing file passes", "if version[0] < 0:", "if version[0] < -1:"),
+        Mutant("infinite weights pass", "count = int((~torch.isfinite(tensor)).sum())",
+               "count = int(torch.isnan(tensor).sum())"),
+        Mutant("a bad newest checkpoint is used", "if problem is not None:",
+               "if problem is None and False:"),
+        Mutant("checkpoints of no run id skipped", "not in (None, run_id):",
+               "not in (run_id,):"),
+    )),
+)  # fmt: skip
+
+
+def run_tests(clone: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[bool, float]:
+    """(whether the tests passed, seconds) in `clone`."""
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, *PYTEST, *tests], cwd=clone, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s,
+        )  # fmt: skip
+        passed = done.returncode == 0
+    except subprocess.TimeoutExpired:
+        passed = False
+    return passed, time.monotonic() - started
+
+
+def check_group(clone: Path, group: Group, timeout_s: float) -> list[dict]:
+    """One result per mutant of `group` (none when its tests fail unchanged)."""
+    passed, seconds = run_tests(clone, group.tests, timeout_s)
+    print(f"{group.name}: unchanged tests {'pass' if passed else 'FAIL'} ({seconds:.0f} s)")
+    if not passed:
+        return [{"group": group.name, "mutant": "(unchanged)", "killed": None}]
+    source = clone / group.module
+    original = source.read_text()
+    results = []
+    for mutant in group.mutants:
+        if original.count(mutant.old) != 1:
+            raise SystemExit(f"{group.module}: the text of {mutant.label!r} is not there once")
+        source.write_text(original.replace(mutant.old, mutant.new))
+        try:
+            survived, seconds = run_tests(clone, group.tests, timeout_s)
+        finally:
+            source.write_text(original)
+        verdict = "survived" if survived else "killed"
+        print(f"  {verdict:<8} {seconds:5.0f} s  {mutant.label}", flush=True)
+        results.append(
+            {"group": group.name, "module": group.module, "mutant": mutant.label,
+             "killed": not survived, "seconds": round(seconds, 1)}
+        )  # fmt: skip
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clone", type=Path, help="a directory to clone the project into")
+    parser.add_argument("--only", action="append", default=[], help="groups whose name has this")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per test run")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args(argv)
+    groups = [g for g in MUTANTS if not args.only or any(o in g.name for o in args.only)]
+    if args.list:
+        for group in groups:
+            print(f"{group.name} ({group.module}; {' '.join(group.tests)})")
+            print("".join(f"  {m.label}\n" for m in group.mutants), end="")
+        return 0
+    if args.clone is None or args.clone.exists():
+        parser.error("--clone must name a directory that does not exist yet")
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(args.clone)], check=True)
+    results = [r for group in groups for r in check_group(args.clone, group, args.timeout)]
+    judged = [r for r in results if r["killed"] is not None]
+    killed = sum(r["killed"] for r in judged)
+    print(f"{killed} of {len(judged)} mutants killed")
+    print(json.dumps({"killed": killed, "mutants": len(judged), "results": results}))
+    return 0 if killed == len(judged) == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
