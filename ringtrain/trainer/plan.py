@@ -73,29 +73,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     check_report_to(config.run.report_to)
     target_path, data_path, eval_path = prepare_builtin_inputs(config, run_dir)
     target_config, taps = _target_and_taps(config, target_path)
-    datasets = [
-        open_dataset(
-            path,
-            max_len=config.data.max_len,
-            truncate=config.data.truncate,
-            block_size=config.drafter.block_size,
-            vocab_size=target_config.vocab_size,
-        )
-        for path in (data_path, eval_path)
-        if path is not None
-    ]
-    dataset, eval_dataset = datasets[0], (datasets[1] if eval_path is not None else None)
-    if config.run.eval_every and eval_dataset is None:
-        raise ConfigError(
-            f"run.eval_every = {config.run.eval_every} but no held-out split is given: set "
-            "data.eval_path to a dataset directory, or run.eval_every = 0"
-        )
-    if config.data.max_len > config.data.token_budget:
-        raise ConfigError(
-            f"data.max_len = {config.data.max_len} exceeds data.token_budget = "
-            f"{config.data.token_budget}: a batch must hold the longest row; raise the "
-            "budget or lower max_len"
-        )
+    dataset, eval_dataset = _datasets(config, target_config.vocab_size, data_path, eval_path)
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
     if resume and checkpoint is None:
@@ -136,6 +114,36 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     for split in splits:
         batch_stream(config, split, 0, 1)  # every row fits a batch; enough batches per rank
     return plan
+
+
+def _datasets(
+    config: Config, vocab_size: int, data_path: Path, eval_path: Path | None
+) -> tuple[TokenDataset, TokenDataset | None]:
+    """The training and held-out datasets, opened and checked against the config."""
+    datasets = [
+        open_dataset(
+            path,
+            max_len=config.data.max_len,
+            truncate=config.data.truncate,
+            block_size=config.drafter.block_size,
+            vocab_size=vocab_size,
+        )
+        for path in (data_path, eval_path)
+        if path is not None
+    ]
+    dataset, eval_dataset = datasets[0], (datasets[1] if eval_path is not None else None)
+    if config.run.eval_every and eval_dataset is None:
+        raise ConfigError(
+            f"run.eval_every = {config.run.eval_every} but no held-out split is given: set "
+            "data.eval_path to a dataset directory, or run.eval_every = 0"
+        )
+    if config.data.max_len > config.data.token_budget:
+        raise ConfigError(
+            f"data.max_len = {config.data.max_len} exceeds data.token_budget = "
+            f"{config.data.token_budget}: a batch must hold the longest row; raise the "
+            "budget or lower max_len"
+        )
+    return dataset, eval_dataset
 
 
 def _drafter_spec(
