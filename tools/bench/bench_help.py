@@ -11,8 +11,8 @@ temporary PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE unset): the warm-up compi
 sources, the timed runs read the cache, as with an installed package. One more run per command, through its entry point under `python -c`, records which
 of torch and transformers the command imported before it exited.
 
-    python tools/bench/bench_help.py --runs 10
-    python tools/bench/bench_help.py --all --argument=--no-such-option
+    python -m tools.bench.bench_help --runs 10
+    python -m tools.bench.bench_help --all --argument=--no-such-option
 """
 
 from __future__ import annotations

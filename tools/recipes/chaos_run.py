@@ -11,7 +11,7 @@ whole run to end:
     kill     SIGKILL of a random rank
     stop     SIGSTOP of a random rank
     term     SIGTERM to the launcher (as a scheduler's preemption sends it)
-    stuck    a random rank's main thread spins forever while its other threads live
+    stuck    a random rank's main thread blocks for good while its other threads live
              (SIGUSR1 through ringtrain/testing/spin_hook, which every process loads from PYTHONPATH)
     corrupt  the newest good checkpoint damaged before the launch, which is then ended
              by a SIGTERM (chaos_faults.py says how, and what is checked)
