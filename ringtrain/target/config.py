@@ -31,6 +31,10 @@ class TargetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # grouped_mm experts then run by ringtrain's, whose top-k sum is one kernel
     # (Qwen3-30B-A3B shape on an H200: MFU 0.26 -> 0.43). false keeps them eager.
     compile_moe: bool = True
+    # A hybrid target's Gated DeltaNet kernels: "auto" (flash-linear-attention's Triton
+    # kernels where installed, else transformers' torch implementation) | "fla" | "torch"
+    # (no Triton autotuning at the first forward: for tiny targets, whose forward is cheap).
+    linear_attention: Literal["auto", "fla", "torch"] = "auto"
     # Attention kernels: "auto" (SDPA where the model allows it, else flex_attention on
     # CUDA and eager on CPU, e.g. gpt-oss's attention sinks) | "sdpa" | "eager" |
     # "flex_attention".

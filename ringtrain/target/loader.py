@@ -25,13 +25,13 @@ from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from ringtrain.target.compiled import resolve_compile
+from ringtrain.target.linear_attention import linear_attention_backend, use_torch_linear_attention
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
 from ringtrain.target.parallel import check_tensor_parallel, group_size, shard_target
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
     base_model_class,
     check_structure,
-    is_hybrid,
     resolve_attn_implementation,
 )
 from ringtrain.target.tapped import TappedTarget
@@ -59,25 +59,6 @@ def resolve_dtype(
     return DTYPES[dtype]
 
 
-def linear_attention_backend(config: PretrainedConfig, device: torch.device) -> str | None:
-    """The Gated DeltaNet implementation transformers will use: "fla", "torch" or None.
-
-    Raises when flash-linear-attention is importable but the target runs on CPU:
-    transformers binds FLA's Triton functions at import time, and Triton has no CPU
-    driver, so FLA must not be installed in CPU-only environments.
-    """
-    if not is_hybrid(config):
-        return None
-    fla_installed = importlib.util.find_spec("fla") is not None
-    if fla_installed and device.type != "cuda":
-        raise TargetLoadError(
-            "flash-linear-attention is installed but the hybrid target runs on "
-            f"{device.type}; its Triton kernels need CUDA. Uninstall flash-linear-attention "
-            "in CPU-only environments (install it only where CUDA is present)"
-        )
-    return "fla" if fla_installed else "torch"
-
-
 def load_target(
     path: str | Path,
     *,
@@ -89,6 +70,7 @@ def load_target(
     random_weights: bool = False,
     compile: str = "auto",
     compile_moe: bool = True,
+    linear_attention: str = "auto",
     group: torch.distributed.ProcessGroup | None = None,
 ) -> TappedTarget:
     """Load a frozen, truncated target ready to write its tapped layers.
@@ -97,7 +79,10 @@ def load_target(
     of large shapes from a config-only directory). ``compile`` (``target.compile``):
     ``"auto"`` compiles the decoder layers with torch.compile on CUDA and runs them
     eagerly on CPU; ``"on"`` / ``"off"`` force it; ``compile_moe`` (``target.compile_moe``)
-    compiles mixture-of-experts blocks with them. ``attn_implementation``
+    compiles mixture-of-experts blocks with them. ``linear_attention``
+    (``target.linear_attention``): a hybrid target's Gated DeltaNet kernels, "auto" (FLA
+    where installed), "fla" or "torch" (ringtrain.target.linear_attention).
+    ``attn_implementation``
     (``target.attn_implementation``): ``"auto"`` picks SDPA where the model allows it.
     ``group``: the process group of a tensor-parallel target group (every member calls
     ``load_target`` with the same arguments and later ``forward_into`` with the same
@@ -122,11 +107,24 @@ def load_target(
     kept = max(taps) + 1
     members = group_size(group)
     check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
-    _announce(checkpoint, taps, dtype, device, attention, compiled, members)
+    backend = linear_attention_backend(full_config, device, linear_attention)
+    if backend == "torch" and device.type == "cuda" and linear_attention == "auto":
+        log.warning(
+            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
+            "fallback on GPU (install the 'gpu' extra)"
+        )
+    _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
     place = TargetPlacement(device, dtype, attention, group)
     module = _truncated_module(checkpoint, kept, final_norm, place, random_weights)
-    target = TappedTarget(module, full_config, taps, device, dtype)
+    torch_asked = backend == "torch" and linear_attention == "torch"
+    if torch_asked and not use_torch_linear_attention(module) and importlib.util.find_spec("fla"):
+        log.warning(
+            'target.linear_attention = "torch": this transformers version offers no '
+            "torch Gated DeltaNet to switch to; the layers run what it bound (FLA)"
+        )
+        backend = "fla"
+    target = TappedTarget(module, full_config, taps, device, dtype, backend)
     if compiled:
         target.compile_layers(moe=compile_moe)
         target.precompile()
@@ -205,11 +203,11 @@ def _announce(
     attention: str,
     compiled: bool,
     members: int,
+    backend: str | None,
 ) -> None:
     """Log what is about to load (and refuse an unsupported quantization scheme first)."""
     source = str(checkpoint.path)
     quantization = dequantizing_config(checkpoint.quantization, source)
-    backend = linear_attention_backend(checkpoint.text_config(), device)
     log.info(
         "loading target %s (%s): layers 0..%d of %d, taps %s, %s on %s, %s attention%s%s%s%s",
         source,
@@ -225,11 +223,6 @@ def _announce(
         ", layers compiled" if compiled else "",
         f", split over a tensor-parallel group of {members}" if members > 1 else "",
     )
-    if backend == "torch" and device.type == "cuda":
-        log.warning(
-            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
-            "fallback on GPU (install the 'gpu' extra)"
-        )
 
 
 def build_truncated_model(

@@ -37,7 +37,8 @@ class TappedTarget:
     Attributes: ``module`` (the HF text model, layers 0..max(tap_layers), final norm
     replaced by identity unless the last layer is tapped, no LM head), ``config`` (the target's FULL HF text config),
     ``tap_layers``, ``num_layers`` (full layer count), ``hidden_size``, ``vocab_size``,
-    ``device``, ``dtype``, ``compiled_units`` (names of the compiled layers or layer
+    ``device``, ``dtype``, ``linear_attention`` (the Gated DeltaNet implementation of a
+    hybrid target: "fla" or "torch"; None for other targets), ``compiled_units`` (names of the compiled layers or layer
     parts under ``module.layers``; empty when the target runs eagerly).
     """
 
@@ -48,9 +49,11 @@ class TappedTarget:
         tap_layers: list[int],
         device: torch.device,
         dtype: torch.dtype,
+        linear_attention: str | None = None,
     ) -> None:
         self.module = module
         self.config = config
+        self.linear_attention = linear_attention
         self.tap_layers = list(tap_layers)
         self.num_layers = int(config.num_hidden_layers)
         self.hidden_size = int(config.hidden_size)

@@ -25,7 +25,6 @@ from ringtrain.data import Batch, BatchStream
 from ringtrain.ring import Ring, RingClosed
 from ringtrain.ring.ends import Producer, WriteSlot
 from ringtrain.target import TargetRunner
-from ringtrain.target.loader import is_hybrid
 from ringtrain.trainer import phases
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.gpu_busy import GpuBusySampler
@@ -127,7 +126,7 @@ def run_target_loop(
     runner.prefetch(batch.padded(bucket))
     busy = GpuBusySampler(runner.device)
     started = time.perf_counter()
-    if runner.device.type == "cuda" and is_hybrid(runner.config):
+    if runner.device.type == "cuda" and runner.linear_attention == "fla":
         log.info(
             "the first forward autotunes the Gated DeltaNet Triton kernels; this takes "
             "about a minute with empty caches"

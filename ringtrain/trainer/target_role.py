@@ -52,6 +52,7 @@ def run_target(ctx: SessionContext, ring: Ring) -> None:
         random_weights=config.target.random_weights,
         compile=config.target.compile,
         compile_moe=config.target.compile_moe,
+        linear_attention=config.target.linear_attention,
         group=ctx.groups.target,
     )
     runner = TargetRunner(model, info.device)

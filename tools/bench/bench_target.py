@@ -60,11 +60,8 @@ from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
 from ringtrain.target.compiled import experts_implementation, is_mixture_of_experts
-from ringtrain.target.loader import (
-    build_truncated_model,
-    linear_attention_backend,
-    randomise_weights,
-)
+from ringtrain.target.linear_attention import linear_attention_backend
+from ringtrain.target.loader import build_truncated_model, randomise_weights
 from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
@@ -266,7 +263,9 @@ def build_target(
     torch.manual_seed(0)
     randomise_weights(module)
     synchronize(device)
-    target = TappedTarget(module, config, taps, device, dtype)
+    target = TappedTarget(
+        module, config, taps, device, dtype, linear_attention_backend(config, device)
+    )
     if compiled:
         torch._dynamo.reset()
         target.compile_layers(moe=moe != "off", grouped_experts=moe == "on")

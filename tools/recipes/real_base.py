@@ -37,6 +37,12 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     # Share of the training prompts written by the target itself (ringtrain-data
     # synthesize); the rest are code prompts (tools/recipes/real_prompts.py).
     synth_fraction: float = 0.0
+    # Topics that steer the synthesized requests (a file of one topic per line, relative
+    # to the project root; cycled; empty: the model's own unsteered distribution).
+    synth_topics: str = ""
+    # Share of the synthesized conversations written with two user turns (the second
+    # after the target's own greedy answer of max_new_tokens), as MT-Bench asks.
+    synth_two_turn: float = 0.0
     # ringtrain-eval --benchmark of every evaluation (built-in names or prompt files).
     benchmarks: list[str] = msgspec.field(default_factory=lambda: ["humaneval"])
     # Temperatures evaluated: 0 greedy (in every dtype), others with the sampling rule.

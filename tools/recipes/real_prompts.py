@@ -5,9 +5,11 @@ the installed Python sources, ringtrain.data.code_prompts) make a code specialis
 general recipe adds user requests that the target writes itself from its chat template
 (``ringtrain-data synthesize``, the Magpie method) so the drafter also follows the target
 on chat, writing and math. ``synth_fraction`` of the training prompts are synthesized,
-the rest are code prompts; both are mixed by ringtrain.data.mixture (exact counts per
-source, a seeded shuffle, so the first N rows of the mixture keep the proportion), and
-the counts per source are written beside the prompts file (``<prompts>.sources.json``).
+steered by ``synth_topics`` where given, ``synth_two_turn`` of those with a follow-up user
+turn written after the target's own answer; the rest are code prompts. All are mixed by
+ringtrain.data.mixture (exact counts per source, a seeded shuffle, so the first N rows of
+the mixture keep the proportion), and the counts per source are written beside the
+prompts file (``<prompts>.sources.json``).
 """
 
 from __future__ import annotations
@@ -15,23 +17,48 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
 from ringtrain.data.mixture import Mixture, Source, write_mixture
+from tools.recipes.real_base import RealRecipeSettings
 
 # Synthesized user turns: sampled at the temperature the method uses; short requests.
 SYNTH_TEMPERATURE = 1.0
 SYNTH_MAX_TOKENS = 128
 
 
-def synthesize_command(target: Path, output: Path, count: int, seed: int, device: str) -> list[str]:
-    """``ringtrain-data synthesize`` for ``count`` single-turn prompts."""
+@dataclass(frozen=True)
+class Synthesis:
+    """What share of the prompts the target writes, and how."""
+
+    fraction: float
+    topics: Path | None = None
+    two_turn: float = 0.0
+    answer_tokens: int = 256
+
+    @classmethod
+    def of(cls, settings: RealRecipeSettings, root: Path) -> Synthesis:
+        """The synthesis a recipe section asks for (topic file relative to ``root``)."""
+        topics = root / settings.synth_topics if settings.synth_topics else None
+        return cls(
+            settings.synth_fraction, topics, settings.synth_two_turn, settings.max_new_tokens
+        )
+
+
+def synthesize_command(
+    target: Path, output: Path, count: int, seed: int, device: str, synthesis: Synthesis, turns: int
+) -> list[str]:
+    """``ringtrain-data synthesize`` for ``count`` conversations of ``turns`` user turns."""
+    steering = ["--topics", str(synthesis.topics)] if synthesis.topics else []
+    follow_up = ["--answer-tokens", str(synthesis.answer_tokens)] if turns > 1 else []
     return [
         sys.executable, "-m", "ringtrain.cli.data", "synthesize",
         "--target", str(target), "--output", str(output), "--num", str(count),
         "--seed", str(seed), "--temperature", str(SYNTH_TEMPERATURE),
         "--max-tokens", str(SYNTH_MAX_TOKENS), "--device", device,
+        "--turns", str(turns), *follow_up, *steering,
     ]  # fmt: skip
 
 
@@ -41,21 +68,29 @@ def code_prompts(count: int, seed: int, output: Path) -> int:
 
 
 def general_prompts(
-    target: Path, total: int, synth_fraction: float, seed: int, device: str, output: Path
+    target: Path, total: int, synthesis: Synthesis, seed: int, device: str, output: Path
 ) -> dict[str, int]:
-    """Write ``total`` training prompts to ``output``: ``synth_fraction`` of them written by
-    the target, the rest code prompts, mixed; returns the count per source."""
-    synthesized = round(total * synth_fraction)
+    """Write ``total`` training prompts to ``output``: ``synthesis.fraction`` of them written
+    by the target, the rest code prompts, mixed; returns the count per source."""
+    synthesized = round(total * synthesis.fraction)
+    two_turn = round(synthesized * synthesis.two_turn)
     sources = []
     if synthesized < total:
         code_file = output.with_name(output.stem + ".code.jsonl")
         made = code_prompts(total - synthesized, seed, code_file)
         sources.append(Source("code", code_file, rows=made))
-    if synthesized:
-        synth_file = output.with_name(output.stem + ".synthesized.jsonl")
-        command = synthesize_command(target, synth_file, synthesized, seed, device)
-        subprocess.run(command, check=True)
-        sources.append(Source("synthesized", synth_file, rows=synthesized))
+    for name, count, turns in (
+        ("synthesized", synthesized - two_turn, 1),
+        ("synthesized_two_turn", two_turn, 2),
+    ):
+        if count:
+            synth_file = output.with_name(f"{output.stem}.{name}.jsonl")
+            # Each part its own seed: the two files' first samples differ.
+            command = synthesize_command(
+                target, synth_file, count, seed + turns - 1, device, synthesis, turns
+            )
+            subprocess.run(command, check=True)
+            sources.append(Source(name, synth_file, rows=count))
     drawn = write_mixture(Mixture(sources, seed=seed), output)
     counts = {mixed.source.name: mixed.drawn for mixed in drawn}
     output.with_suffix(".sources.json").write_text(json.dumps(counts) + "\n")

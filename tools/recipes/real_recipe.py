@@ -53,7 +53,7 @@ from tools.recipes.real_base import (
     reusable,
 )
 from tools.recipes.real_eval import benchmark_lines, benchmark_rows, evaluate, evaluates_under_mps
-from tools.recipes.real_prompts import general_prompts
+from tools.recipes.real_prompts import Synthesis, general_prompts
 
 # Steps after which --until stops (the last step, evaluation, is the whole recipe).
 UNTIL_STEPS = ("model", "prompts", "data", "train")
@@ -94,6 +94,9 @@ def make_prompts(recipe: RealRecipe) -> None:
         "prompts": recipe.largest,
         "seed": recipe.config.data.seed,
         "synth_fraction": settings.synth_fraction,
+        "synth_topics": settings.synth_topics,
+        "synth_two_turn": settings.synth_two_turn,
+        "max_new_tokens": settings.max_new_tokens,
     }
     stamp_file = path.with_suffix(".stamp.json")
     if reusable(stamp_file, stamp, recipe.fresh):
@@ -102,7 +105,7 @@ def make_prompts(recipe: RealRecipe) -> None:
     with Timed(recipe, "prompts"):
         try:
             counts = general_prompts(
-                recipe.target, recipe.largest, settings.synth_fraction,
+                recipe.target, recipe.largest, Synthesis.of(settings, ROOT),
                 recipe.config.data.seed, recipe.device, path,
             )  # fmt: skip
         except subprocess.CalledProcessError as exc:
