@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from ringtrain.drafter import (
-    DFlashDrafter,
     FrozenHead,
     block_objective,
+    build_drafter,
     build_optimizer,
     compiled_graph_count,
     drafter_spec_from_target,
@@ -38,13 +38,13 @@ TARGET = {
 MAX_TOKENS = 1024
 
 
-def setup(windows: list[int]):
+def setup(windows: list[int], architecture: str = "dflash"):
     cfg = DrafterConfig(
         num_layers=2, block_size=16, num_anchors=64, anchor_ref_len=512,
-        sliding_windows=windows, loss_chunk=512,
+        sliding_windows=windows, loss_chunk=512, architecture=architecture,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = DFlashDrafter(drafter_spec_from_target(TARGET, cfg, [1, 5, 9])).cuda()
+    model = build_drafter(drafter_spec_from_target(TARGET, cfg, [1, 5, 9])).cuda()
     head = FrozenHead.random(1024, 256, "cuda", torch.bfloat16)
     return cfg, model, head
 
@@ -71,8 +71,9 @@ def test_flex_attention_matches_dense_attention_on_gpu() -> None:
     torch.testing.assert_close(flex[valid], dense[valid], rtol=1e-2, atol=1e-2)
 
 
-def test_compiled_training_never_recompiles_across_document_layouts() -> None:
-    cfg, model, head = setup([0, 0])
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_compiled_training_never_recompiles_across_document_layouts(architecture: str) -> None:
+    cfg, model, head = setup([0, 0], architecture)
     optim_cfg = paper_optim(warmup_fraction=0.0)
     optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=20)
     generator = torch.Generator("cuda").manual_seed(0)

@@ -313,14 +313,20 @@ def test_tau_sim_equals_tau_real_of_speculative_decoding(tmp_path: Path) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_evaluation_between_training_steps_never_recompiles() -> None:
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_compiled_evaluation_between_training_steps_never_recompiles(architecture: str) -> None:
     target = {**TARGET, "hidden_size": 256, "vocab_size": 1024, "head_dim": 64}
     cfg = DrafterConfig(
-        num_layers=2, block_size=16, num_anchors=64, anchor_ref_len=512, loss_chunk=512
+        num_layers=2,
+        block_size=16,
+        num_anchors=64,
+        anchor_ref_len=512,
+        loss_chunk=512,
+        architecture=architecture,
     )
     max_tokens = 1024
     torch.manual_seed(0)
-    model = DFlashDrafter(drafter_spec_from_target(target, cfg, TAPS)).cuda()
+    model = build_drafter(drafter_spec_from_target(target, cfg, TAPS)).cuda()
     head = FrozenHead.random(1024, 256, "cuda", torch.bfloat16)
     optim_cfg = paper_optim(warmup_fraction=0.0)
     optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=20)

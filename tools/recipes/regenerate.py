@@ -7,7 +7,10 @@ Generation runs in left-padded batches of prompts of similar length with a stati
 cache (ringtrain.generate.local_model, the generator of ``ringtrain-data regenerate --local``;
 2,048 prompts per batch on a GPU). Prompts are text
 (``prompt``, encoded raw), token ids (``input_ids``) or chat ``messages``, rendered with
-the target's chat template (``--chat-template-kwargs`` go to the template). Answers cut
+the target's chat template (``--chat-template-kwargs`` go to the template). A conversation
+of several user turns is answered in rounds, each turn given the target's own earlier
+answers (assistant turns of the input are replaced), and gives one row per assistant
+turn (its history as the prompt, loss on that answer). Answers cut
 at ``--max-new-tokens`` are counted and reported. The prompts can be carved from the local text
 corpus of the toy recipe (train and eval splits never share text), so the recipe needs
 no external data:
@@ -34,7 +37,8 @@ from ringtrain.data.corpus import carve_prompts, read_corpus
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.local_model import DEVICES, LocalModel
-from ringtrain.generate.prompt_sets import PromptOptions, first_prompt, load_prompts, read_benchmark
+from ringtrain.generate.prompt_sets import PromptOptions, read_benchmark, read_prompt_file
+from ringtrain.generate.rounds import answer_in_rounds
 
 DATASET_FILE = "regenerated-00000.arrow"
 DEFAULT_CORPUS_BYTES = 3_000_000
@@ -141,14 +145,13 @@ def make_prompts(args: argparse.Namespace, target: Path) -> None:
     log(f"wrote {len(prompts)} {args.split} prompts of {args.prompt_len} tokens to {path}")
 
 
-def read_prompts(args: argparse.Namespace, tokenizer, vocab_size: int) -> list[list[int]]:
-    """Token ids of the prompts: a prompts file, or a benchmark's first user turns."""
+def read_conversations(args: argparse.Namespace, renderer: ChatRenderer, vocab_size: int):
+    """The conversations to answer: a prompts file, or a benchmark's prompts."""
     if args.prompts:
-        return load_prompts(args.prompts, tokenizer, vocab_size, args.chat_template_kwargs)
-    renderer = ChatRenderer(tokenizer, args.chat_template_kwargs)
+        options = PromptOptions(renderer, vocab_size, raw_prompts=True)
+        return read_prompt_file(args.prompts, options).conversations
     options = PromptOptions(renderer, vocab_size, limit=args.limit)
-    prompt_set = read_benchmark(args.benchmark, options)
-    return [first_prompt(c, renderer) for c in prompt_set.conversations]
+    return read_benchmark(args.benchmark, options).conversations
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.output:
         return 0
     local = LocalModel.load(target, args.device, args.dtype, args.batch_size)
-    prompts = read_prompts(args, local.tokenizer, local.vocab_size)
-    with tqdm(total=len(prompts), desc="regenerate", unit="prompt", file=sys.stderr) as bar:
-        answers, stats = local.answer(prompts, args.max_new_tokens, on_batch=bar.update)
+    renderer = ChatRenderer(local.tokenizer, args.chat_template_kwargs)
+    conversations = read_conversations(args, renderer, local.vocab_size)
+    turns = sum(c.turns for c in conversations)
+    with tqdm(total=turns, desc="regenerate", unit="turn", file=sys.stderr) as bar:
+        prompts, answers, stats = answer_in_rounds(
+            local, conversations, renderer, args.max_new_tokens, bar.update
+        )
     responses = [answer.tokens for answer in answers]
     truncated = sum(answer.truncated for answer in answers)
     log(
@@ -170,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{truncated} of {len(answers)} answers cut at --max-new-tokens {args.max_new_tokens}"
     )
     path = write_dataset(Path(args.output), prompts, responses)
-    log(f"wrote {len(prompts)} rows ({stats.new_tokens} response tokens) to {path}")
+    log(
+        f"wrote {len(prompts)} rows ({stats.new_tokens} response tokens) to {path}: "
+        f"{len(conversations)} conversations"
+    )
     summary = {
+        "conversations": len(conversations),
         "prompts": len(prompts),
         "new_tokens": stats.new_tokens,
         "seconds": round(stats.seconds, 2),

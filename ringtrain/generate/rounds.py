@@ -1,0 +1,75 @@
+"""Answer every user turn of chat conversations with a local target, in batched rounds.
+
+Round k renders the k-th user turn of each conversation that has one, after its earlier
+turns and the target's own answers to them (assistant turns given in the input are
+replaced), and answers all of them in one batched greedy call. Each assistant turn comes
+back as (prompt ids, answer): the training row of that turn. Token-id prompts are one
+turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.greedy import Answer, GenerationStats
+from ringtrain.generate.local_model import LocalModel
+from ringtrain.generate.prompt_sets import Conversation
+from ringtrain.generate.prompts import check_prompt_ids
+
+
+def user_segments(conversation: Conversation) -> list[list[dict[str, str]]]:
+    """The conversation's messages up to and including each user turn, in order, without
+    its assistant turns (the target answers each user turn itself)."""
+    segments, current = [], []
+    for message in conversation.messages:
+        if message["role"] == "assistant":
+            continue
+        current.append(message)
+        if message["role"] == "user":
+            segments.append(current)
+            current = []
+    return segments
+
+
+def answer_in_rounds(
+    local: LocalModel,
+    conversations: list[Conversation],
+    renderer: ChatRenderer,
+    max_new_tokens: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> tuple[list[list[int]], list[Answer], GenerationStats]:
+    """(prompt ids, answer) of every assistant turn: round k answers the k-th user turn
+    of each conversation that has one, after its earlier turns and the target's answers."""
+    segments = [
+        user_segments(c) if c.messages is not None else [c.input_ids] for c in conversations
+    ]
+    histories: list[list[dict[str, str]]] = [[] for _ in conversations]
+    prompts: list[list[int]] = []
+    answers: list[Answer] = []
+    totals = GenerationStats(prompts=0, new_tokens=0, seconds=0.0, batches=0)
+    for turn in range(max(map(len, segments), default=0)):
+        active = [i for i, parts in enumerate(segments) if len(parts) > turn]
+        round_prompts = []
+        for i in active:
+            conversation, part = conversations[i], segments[i][turn]
+            if conversation.messages is None:
+                round_prompts.append(part)
+                continue
+            histories[i] += part
+            where = f"{conversation.where} turn {turn + 1}"
+            ids = renderer.render(histories[i], where)
+            round_prompts.append(check_prompt_ids(ids, local.vocab_size, where))
+        round_answers, stats = local.answer(round_prompts, max_new_tokens, on_batch=on_batch)
+        for i, answer in zip(active, round_answers, strict=True):
+            reply = renderer.answer_text(answer.tokens)
+            histories[i].append({"role": "assistant", "content": reply})
+        prompts += round_prompts
+        answers += round_answers
+        totals = GenerationStats(
+            totals.prompts + stats.prompts,
+            totals.new_tokens + stats.new_tokens,
+            totals.seconds + stats.seconds,
+            totals.batches + stats.batches,
+        )
+    return prompts, answers, totals

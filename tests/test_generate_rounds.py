@@ -1,0 +1,63 @@
+"""Answering conversations in rounds (ringtrain.generate.rounds): the recipe's regenerator
+writes one training row per assistant turn, each after the target's own earlier answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.local_model import LocalModel
+from ringtrain.generate.prompt_sets import Conversation
+from ringtrain.generate.prompts import read_prompt_records
+from ringtrain.generate.rounds import answer_in_rounds, user_segments
+from tests.helpers.word_chat_model import VOCAB, build_word_chat_model
+
+FIRST = {"role": "user", "content": "write a poem about the sea"}
+OLD_ANSWER = {"role": "assistant", "content": "rain rain rain"}
+SECOND = {"role": "user", "content": "why the rain"}
+
+
+def test_user_segments_drop_the_given_assistant_turns() -> None:
+    system = {"role": "system", "content": "how"}
+    conversation = Conversation("c", messages=[system, FIRST, OLD_ANSWER, SECOND])
+    assert user_segments(conversation) == [[system, FIRST], [SECOND]]
+
+
+def test_every_user_turn_is_answered_after_the_targets_own_answers(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    local = LocalModel.load(build_word_chat_model(tmp_path / "m"), "cpu", "float32", 8)
+    renderer = ChatRenderer(local.tokenizer)
+    ids = [VOCAB.index("<|im_start|>"), VOCAB.index("user"), VOCAB.index("code")]
+    conversations = [
+        Conversation("two", messages=[FIRST, OLD_ANSWER, SECOND]),
+        Conversation("ids", input_ids=ids),
+        Conversation("one", messages=[SECOND]),
+    ]
+    batches: list[int] = []
+    prompts, answers, stats = answer_in_rounds(local, conversations, renderer, 12, batches.append)
+
+    assert len(prompts) == len(answers) == 4 and sum(batches) == 4
+    first_prompt = renderer.render([FIRST], "two turn 1")
+    assert prompts[:3] == [first_prompt, ids, renderer.render([SECOND], "one turn 1")]
+    reply = {"role": "assistant", "content": renderer.answer_text(answers[0].tokens)}
+    assert reply["content"] != OLD_ANSWER["content"]
+    assert prompts[3] == renderer.render([FIRST, reply, SECOND], "two turn 2")
+    # Each answer is the target's greedy answer to its row's prompt, as if asked alone.
+    alone, _ = local.answer([prompts[3]], 12)
+    assert answers[3].tokens == alone[0].tokens
+    assert stats.prompts == 4 and stats.new_tokens == sum(len(a.tokens) for a in answers)
+
+
+def test_prompt_lines_end_at_newlines_only(tmp_path: Path) -> None:
+    """JSON leaves U+2028, U+2029 and U+0085 unescaped inside strings; a line holding
+    them is still one record (a synthesized prompt with one stopped a recipe run)."""
+    texts = ["a\u2028b", "c\u2029d", "e\u0085f"]
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\n" for t in texts),
+        encoding="utf-8",
+    )
+    assert [record["prompt"] for _, record in read_prompt_records(path)] == texts
