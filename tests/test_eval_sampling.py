@@ -19,9 +19,9 @@ import torch
 from ringtrain.drafter import FrozenHead, build_drafter, drafter_spec_from_target
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.eval.sampled import sampled_generate, sampled_speculative_generate
-from ringtrain.eval.sampling import draw, speculative_acceptance
+from ringtrain.eval.sampling import speculative_acceptance
 from ringtrain.eval.target import VerifyingTarget, load_verifying_target
-from ringtrain.generate.sampling import TokenSampler
+from ringtrain.generate.sampling import TokenSampler, draw
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg
 

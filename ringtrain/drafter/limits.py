@@ -8,9 +8,8 @@ would fail a run once its ring is up.
 - a step of optim.lr must stay finite in float32, the weights' type, also after Muon
   scales it for its largest matrix (torch's "match_rms_adamw": 0.2 x sqrt(max(rows,
   cols)));
-- DFlash2's selector loss, weighted by drafter.selector_loss_weight, must stay finite in
-  float32 over a batch (every scored slot at a cross-entropy of ln(top_k), a uniform
-  choice among the candidates).
+- the architecture's own checks (its ``check_limits``, e.g. DFlash2's selector loss
+  weight, drafter/arch/dflash2/selector.py).
 
 `check_limits` raises ValueError with one line naming the setting, the bound and why.
 """
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ringtrain.drafter.arch import build_drafter
+from ringtrain.drafter.arch import architecture_named, build_drafter
 from ringtrain.drafter.blocks import layout_sizes
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
@@ -50,8 +49,9 @@ def check_limits(
     parameters = dict(model.named_parameters())
     _check_memory(parameters, device)
     _check_lr(optim, parameters)
-    if spec.architecture == "dflash2":  # the selector's term (drafter/arch/dflash2)
-        _check_selector_weight(drafter, max_anchors * (spec.block_size - 1))
+    check_architecture = architecture_named(spec.architecture).check_limits
+    if check_architecture is not None:
+        check_architecture(drafter, max_anchors * (spec.block_size - 1))
 
 
 def _check_memory(parameters: dict[str, torch.nn.Parameter], device: torch.device) -> None:
@@ -91,17 +91,4 @@ def _check_lr(optim: OptimConfig, parameters: dict[str, torch.nn.Parameter]) -> 
             f"optim.lr = {optim.lr:g}: a step of lr{why} must stay below float32's "
             f"largest value {FLOAT32_MAX:.3g} (the weights' type), so lr <= {largest:.3g}; "
             "use a learning rate like the default 6e-4"
-        )
-
-
-def _check_selector_weight(drafter: DrafterConfig, scored_slots: int) -> None:
-    per_slot = max(1.0, math.log(drafter.selector_top_k))
-    largest = FLOAT32_MAX / (scored_slots * per_slot)
-    if drafter.selector_loss_weight > largest:
-        raise ValueError(
-            f"drafter.selector_loss_weight = {drafter.selector_loss_weight:g}: the weighted "
-            f"selector loss of a batch ({scored_slots} scored slots at a cross-entropy of "
-            f"ln(selector_top_k) = {per_slot:.3g} each) must stay below float32's largest "
-            f"value {FLOAT32_MAX:.3g}, so the weight must be at most {largest:.3g}; the "
-            "default is 1"
         )

@@ -21,24 +21,13 @@ from collections.abc import Callable
 
 import torch
 
+from ringtrain.generate.sampling import draw
+
 # (p [..., B, V], q [..., B-1, V], drafts [..., B-1], generator) -> (kept drafts [...],
 # the next token [...]).
 AcceptanceRule = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]
 ]
-
-
-def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The index drawn from each row of ``weights`` [..., V] (non-negative, not
-    necessarily normalised) by the exponential race: argmax(weights / E) with E ~ Exp(1)
-    given as ``noise``. Index i wins with probability weights_i / sum(weights); no host
-    sync, so a CUDA graph can hold it."""
-    return (weights / noise).argmax(dim=-1)
-
-
-def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """``race`` with fresh exponential noise from ``generator``."""
-    return race(weights, torch.empty_like(weights).exponential_(generator=generator))
 
 
 def speculative_acceptance(

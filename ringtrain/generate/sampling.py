@@ -22,6 +22,19 @@ import torch
 SEED_BOUND = 1 << 62
 
 
+def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The index drawn from each row of ``weights`` [..., V] (non-negative, not
+    necessarily normalised) by the exponential race: argmax(weights / E) with E ~ Exp(1)
+    given as ``noise``. Index i wins with probability weights_i / sum(weights); no host
+    sync, so a CUDA graph can hold it."""
+    return (weights / noise).argmax(dim=-1)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``race`` with fresh exponential noise from ``generator``."""
+    return race(weights, torch.empty_like(weights).exponential_(generator=generator))
+
+
 @dataclass
 class TokenSampler:
     """Draws next tokens at ``temperature`` (> 0) from the top-``top_p`` probability mass."""
@@ -61,9 +74,7 @@ class TokenSampler:
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """One drawn token id per row of ``logits`` [B, V]."""
-        probs = self.probabilities(logits)
-        race = torch.empty_like(probs).exponential_(generator=self.generator)
-        return (probs / race).argmax(dim=-1)
+        return draw(self.probabilities(logits), self.generator)
 
     def fork_seed(self) -> int:
         """A seed drawn from this sampler's generator (for generators it cannot drive,

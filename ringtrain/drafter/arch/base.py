@@ -10,7 +10,9 @@ asks the architecture instead of naming one:
 - its part of the block objective (``block_term``): the proposal rule under teacher
   forcing (which slots it gets right) and the loss parts it adds;
 - the sums its block objective yields (``sums_type``: ObjectiveSums plus one field per
-  loss part, which the step records and evaluation records then report by name).
+  loss part, which the step records and evaluation records then report by name);
+- its start-up checks of [drafter] settings that only bite once a run trains
+  (``check_limits``, beside drafter/limits.py's own).
 
 An architecture is one folder under drafter/arch/ defining an ``ARCHITECTURE`` and one
 line in the table (drafter/arch/__init__.py); docs/architectures.md gives the recipe.
@@ -71,6 +73,9 @@ class Architecture:
     block_term: Callable[[nn.Module, DrafterConfig], BlockTerm] | None = None
     # The sums of its block objective: a field per loss part its block term adds.
     sums_type: type[ObjectiveSums] = ObjectiveSums
+    # Its checks of the [drafter] config given the scored slots of a step (anchors x
+    # (block_size - 1)); raises ValueError naming the setting. None: nothing to check.
+    check_limits: Callable[[DrafterConfig, int], None] | None = None
 
     def settings_of(self, cfg: DrafterConfig) -> ArchitectureSettings:
         """Its settings as the [drafter] config gives them."""

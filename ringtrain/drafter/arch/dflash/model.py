@@ -25,6 +25,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.spec import DrafterSpec
+from ringtrain.generate.sampling import TokenSampler, race
 
 # (q [1, Hq, L, D], k [1, Hkv, S, D], v [1, Hkv, S, D]) -> [1, Hq, L, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -323,6 +324,22 @@ class DFlashDrafter(nn.Module):
             head, ctx_features, ctx_positions, block_ids, block_positions, ctx_valid
         )
         return logits[1:].argmax(-1)
+
+    @torch.no_grad()
+    def sampled_proposal(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        anchor: torch.Tensor,
+        sampler: TokenSampler,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(drafts [S], the distributions q [S, V] they were drawn from) for slots with
+        final hidden states ``hidden`` [S, H] and ``logits`` [S, V] after token ``anchor``:
+        each slot drawn independently (they see the same masked block) from softmax(logits
+        / T) within top-p, by the exponential race over ``noise`` [S, V] (i.i.d. Exp(1))."""
+        q = sampler.probabilities(logits)
+        return race(q, noise), q
 
     @torch.no_grad()
     def draft_tokens(

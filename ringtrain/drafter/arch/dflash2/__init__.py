@@ -3,7 +3,11 @@ walk proposes the block and whose cross-entropy joins the loss (docs/dflash2.md)
 
 from ringtrain.drafter.arch.base import Architecture
 from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter
-from ringtrain.drafter.arch.dflash2.selector import SelectorSums, SelectorTerm
+from ringtrain.drafter.arch.dflash2.selector import (
+    SelectorSums,
+    SelectorTerm,
+    check_selector_weight,
+)
 from ringtrain.drafter.arch.dflash2.settings import DFlash2Settings
 
 ARCHITECTURE = Architecture(
@@ -12,4 +16,5 @@ ARCHITECTURE = Architecture(
     settings=DFlash2Settings,
     block_term=SelectorTerm,
     sums_type=SelectorSums,
+    check_limits=check_selector_weight,
 )

@@ -31,6 +31,7 @@ from ringtrain.drafter.arch.dflash2.selector import CandidateSelector
 from ringtrain.drafter.arch.dflash2.settings import DFlash2Settings
 from ringtrain.drafter.head import FrozenHead
 from ringtrain.drafter.spec import DrafterSpec
+from ringtrain.generate.sampling import TokenSampler
 
 
 class BlockConv(nn.Module):
@@ -136,3 +137,16 @@ class DFlash2Drafter(DFlashDrafter):
         )
         logits = self.head_logits(head, hidden[1:])
         return self.candidate_selector.walk(hidden[1:], logits, block_ids[0])
+
+    @torch.no_grad()
+    def sampled_proposal(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        anchor: torch.Tensor,
+        sampler: TokenSampler,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selector's walk with each step drawn, not argmaxed (arguments and result
+        as DFlashDrafter.sampled_proposal; q is zero outside each slot's candidates)."""
+        return self.candidate_selector.sampled_walk(hidden, logits, anchor, sampler, noise)

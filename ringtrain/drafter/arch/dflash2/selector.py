@@ -11,6 +11,7 @@ codebook), so a fresh selector walks through each slot's argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,7 @@ from ringtrain.drafter.arch.dflash.model import INIT_STD
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.drafter.sums import LOSS_PART, ObjectiveSums
+from ringtrain.generate.sampling import TokenSampler, race
 
 
 class CandidateSelector(nn.Module):
@@ -79,6 +81,32 @@ class CandidateSelector(nn.Module):
             predecessor = candidates[row].gather(-1, slot_scores.argmax(-1, keepdim=True))[:, 0]
             path.append(predecessor)
         return torch.cat(path)
+
+    def sampled_walk(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        anchor: torch.Tensor,
+        sampler: TokenSampler,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``walk`` with each step drawn among the slot's top-k candidates from
+        softmax(scores / T) within top-p after the token drawn before it, by the
+        exponential race over ``noise`` [S, >= top_k]; returns (path [S], q [S, V]: each
+        slot's distribution over its candidates, zero elsewhere). No host sync."""
+        unary, candidates = logits.topk(self.top_k, dim=-1)
+        q = torch.zeros_like(logits, dtype=torch.float32)
+        predecessor = anchor.reshape(1)
+        path = []
+        for slot in range(hidden.shape[0]):
+            row = slice(slot, slot + 1)
+            slot_scores = self.scores(hidden[row], unary[row], candidates[row], predecessor)
+            local = sampler.probabilities(slot_scores)
+            choice = race(local, noise[row, : self.top_k])
+            predecessor = candidates[row].gather(-1, choice[:, None])[:, 0]
+            q[row] = q[row].scatter(-1, candidates[row], local)
+            path.append(predecessor)
+        return torch.cat(path), q
 
 
 def selector_loss_sum(
@@ -156,3 +184,21 @@ class SelectorTerm:
             self.selector, rows, lm_head, labels, row_weights, candidates, chunk
         )
         return {"selector_loss_sum": self.weight * total}, hits
+
+
+def check_selector_weight(drafter: DrafterConfig, scored_slots: int) -> None:
+    """Raise ValueError unless the selector loss, weighted by
+    drafter.selector_loss_weight, stays finite in float32 over a batch of
+    ``scored_slots`` (every slot at a cross-entropy of ln(top_k): a uniform choice among
+    the candidates)."""
+    largest_float32 = torch.finfo(torch.float32).max
+    per_slot = max(1.0, math.log(drafter.selector_top_k))
+    largest = largest_float32 / (scored_slots * per_slot)
+    if drafter.selector_loss_weight > largest:
+        raise ValueError(
+            f"drafter.selector_loss_weight = {drafter.selector_loss_weight:g}: the weighted "
+            f"selector loss of a batch ({scored_slots} scored slots at a cross-entropy of "
+            f"ln(selector_top_k) = {per_slot:.3g} each) must stay below float32's largest "
+            f"value {largest_float32:.3g}, so the weight must be at most {largest:.3g}; the "
+            "default is 1"
+        )
