@@ -38,6 +38,7 @@ from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
 from ringtrain.ring.spec import dtype_name
 from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
+from ringtrain.target.loader import resolve_dtype
 from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
@@ -88,9 +89,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     stream = stream_identity(config, dataset, info.num_nodes * info.targets_per_node)
     if checkpoint is not None:
         check_resume(checkpoint, spec, stream, config.optim, announce=info.rank == 0)
-    cuda = info.device.type == "cuda"
-    wanted = config.target.dtype
-    dtype = torch.bfloat16 if wanted == "bfloat16" or (wanted == "auto" and cuda) else torch.float32
+    dtype = resolve_dtype(config.target.dtype, info.device)
     splits = [d for d in (dataset, eval_dataset) if d is not None]
     data = config.data
     max_docs = max(max_docs_per_batch(split, data.token_budget, data.bucket) for split in splits)
