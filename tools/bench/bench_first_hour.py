@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     if args.quickstart:
         with tempfile.TemporaryDirectory(prefix="ringtrain-quickstart-") as clone:
-            subprocess.run(["cp", "-r", f"{ROOT}/.", clone], check=True)
+            # Times kept: a pyproject.toml newer than the environment's install stamp
+            # makes the quickstart reinstall, which needs a package index.
+            subprocess.run(["cp", "-a", f"{ROOT}/.", clone], check=True)
             results["quickstart"] = timed_run(
                 ["bash", "launch/quickstart.sh"], Path(clone), args.limit_s
             )
