@@ -35,6 +35,7 @@ from ringtrain.target.taps import default_tap_layers
 from tests.helpers.checkpoints import plant_torn_checkpoints
 from tests.helpers.launcher import (
     launch,
+    pid_alive,
     rank_log,
     ring_reader,
     run_env,
@@ -117,6 +118,38 @@ def test_killed_rank_stops_every_other_rank(
     assert checkpoint is not None
     loaded = load_checkpoint(checkpoint, "cpu")
     assert loaded.step >= 1 and loaded.model is not None
+
+
+def test_a_killed_launcher_stops_every_rank(tmp_path: Path) -> None:
+    """SIGKILL to torchrun's agent alone reaches none of its ranks (each runs in a session
+    of its own): their watchdogs see the launcher gone and stop them, saying why."""
+    name = f"orphan{os.getpid()}"
+    run_dir = tmp_path / "run"
+    launched = launch(
+        run_dir, 1, 2, ["run.max_steps=500", "run.log_every=1", "run.eval_every=0",
+                        f"run.name={name}"],
+    )  # fmt: skip
+    ranks = []
+    try:
+        wait_for_step(launched.proc, launched.run_dir, 2, launched.text)
+        reader = ring_reader(name)
+        try:
+            ranks = reader.snapshot().ranks
+        finally:
+            reader.close()
+        launched.proc.kill()
+        launched.proc.wait(EXIT_AFTER_KILL_S)
+        wait_gone([r.pid for r in ranks], EXIT_AFTER_KILL_S)
+    finally:
+        stop_all(launched)
+        for rank in ranks:  # nothing outlives the test, even when the check fails
+            if pid_alive(rank.pid):
+                os.kill(rank.pid, signal.SIGKILL)
+    for rank in ranks:
+        log = rank_log(run_dir, rank.rank, rank.label)
+        assert "the launcher of this rank" in log and "is gone" in log, log[-2000:]
+        assert "exiting with code 0" not in log
+    assert shm_entries(name) == []
 
 
 # ---- a crash while a checkpoint is written ------------------------------------------------------

@@ -445,13 +445,19 @@ class Ring:
         (RankHung; a frozen one is killed first: see watch.py)."""
         self.watch.check_peers()
 
-    def start_watchdog(self, on_dead: Callable[[PeerDied], None]) -> None:
+    def start_watchdog(
+        self, on_dead: Callable[[PeerDied], None], check_more: Callable[[], None] | None = None
+    ) -> None:
         """Check the peers and this rank's own progress every wait_timeout_s in a daemon
-        thread; call on_dead once on a death or a hang (of a peer or of this rank)."""
+        thread; call on_dead once on a death or a hang (of a peer or of this rank), or
+        when ``check_more`` (the caller's own check, e.g. that its launcher lives) raises
+        PeerDied."""
 
         def watch() -> None:
             while not self._stop.wait(self.spec.wait_timeout_s):
                 try:
+                    if check_more is not None:
+                        check_more()
                     self.watch.check_self()  # a hung rank names itself, not its echoes
                     self.watch.check_peers()
                     self.watch.note_slow_self()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -70,10 +71,29 @@ def _die_on_peer_death(ring: Ring, run_dir: Path):
     return on_dead
 
 
+def _launcher_alive() -> Callable[[], None]:
+    """A check that raises PeerDied once the process that started this rank (torchrun's
+    agent) is gone: its ranks run in sessions of their own, so a SIGKILL to the launcher
+    reaches none of them, and without this they would train on with no one to stop them."""
+    parent = os.getppid()
+
+    def check() -> None:
+        if os.getppid() != parent:
+            raise PeerDied(
+                f"the launcher of this rank (pid {parent}, torchrun's agent) is gone: "
+                "killed, so nothing would stop this rank; it stops (resume the run with "
+                "--resume)",
+                label="launcher",
+                primary=True,
+            )
+
+    return check
+
+
 def run_session(ctx: SessionContext) -> Outcome:
     """Join the ring and run this rank's role; returns how it ended (exit code 0)."""
     ring = join_ring(ctx)
-    ring.start_watchdog(_die_on_peer_death(ring, ctx.run_dir))
+    ring.start_watchdog(_die_on_peer_death(ring, ctx.run_dir), _launcher_alive())
     step = None
     try:
         if ctx.info.is_target:
