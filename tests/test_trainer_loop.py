@@ -61,7 +61,8 @@ def weights(loop: DrafterLoop) -> list[torch.Tensor]:
 
 
 def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
-    items = [item(0), item(1), item(5, BatchKind.EVAL), item(2), item(6, BatchKind.EVAL)]
+    items = [item(0), item(1), item(5, BatchKind.EVAL), item(2)]
+    items.append(item(6, BatchKind.EVAL, round_id=2))
     ring, reporter, saved = RingStandIn(items), ReporterStandIn(), []
     loop = make_loop(ring, max_steps=3, eval_every=2, eval_batches=1)
     before = weights(loop)
@@ -203,8 +204,8 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
     step_metrics = reduced.step_metrics(reduced.summary())
     assert step_metrics["loss"] == 0.5 and step_metrics["loss_parts"] == {"selector_loss": 0.125}
     assert step_metrics["accuracy"] == reduced.summary()["accuracy_per_slot"]
-    assert reduced.eval_batches == 2
-    assert torch.equal(reduced.eval, eval_sums(3.0).as_vector())
+    assert reduced.eval_batches == [2, 0, 0, 0]
+    assert torch.equal(reduced.eval[0], eval_sums(3.0).as_vector())
     assert not sums.vector.any()
     sums.request_stop()
     assert sums.reduce(None).stopped and not sums.reduce(None).stopped
@@ -213,12 +214,39 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
 def test_eval_tally_completes_a_round_by_batch_count() -> None:
     tally = EvalTally(total_batches=3, block_size=BLOCK, sums_type=SelectorSums)
     vector = eval_sums(1.0).as_vector()
-    assert tally.absorb(0, torch.zeros_like(vector)) is None
-    assert tally.absorb(2, 2 * vector) is None
-    metrics = tally.absorb(1, vector)
+    none = torch.zeros_like(vector)
+    assert tally.absorb([0, 0], [none, none]) == []
+    assert tally.absorb([2, 0], [2 * vector, none]) == []
+    [metrics] = tally.absorb([1, 0], [vector, none])
     assert metrics == EvalSums.summarise(3 * vector, SelectorSums, BLOCK)
-    assert metrics["tau_sim"] == 3.0
-    assert tally.absorb(3, 5 * vector) == EvalSums.summarise(5 * vector, SelectorSums, BLOCK)
+    assert metrics["tau_sim"] == 3.0 and tally.next_round == 2
+    assert tally.absorb([3, 0], [5 * vector, none]) == [
+        EvalSums.summarise(5 * vector, SelectorSums, BLOCK)
+    ]
+
+
+def test_a_step_that_meets_two_rounds_keeps_the_next_rounds_batches_for_it() -> None:
+    """Two targets' shards of a round boundary in one step: one target's last batch of
+    round 1 and the other's first of round 2. Round 2's batch must count for round 2 (a
+    tally that counted it for round 1 left round 2 a batch short and the run's last
+    round never complete)."""
+    tally = EvalTally(total_batches=2, block_size=BLOCK, sums_type=SelectorSums, next_round=1)
+    one, two = eval_sums(1.0).as_vector(), eval_sums(2.0).as_vector()
+    sums = StepSums(BLOCK, drafters=1, device=torch.device("cpu"), sums_type=SelectorSums)
+    sums.add_evaluation(eval_sums(1.0), tally.ahead(1))
+    assert tally.absorb(*_eval_sections(sums)) == []
+    sums.add_evaluation(eval_sums(1.0), tally.ahead(1))
+    sums.add_evaluation(eval_sums(2.0), tally.ahead(2))
+    assert tally.absorb(*_eval_sections(sums)) == [EvalSums.summarise(2 * one, SelectorSums, BLOCK)]
+    sums.add_evaluation(eval_sums(2.0), tally.ahead(2))
+    assert tally.absorb(*_eval_sections(sums)) == [EvalSums.summarise(2 * two, SelectorSums, BLOCK)]
+    with pytest.raises(RuntimeError, match="rounds after the round being completed"):
+        sums.add_evaluation(eval_sums(1.0), tally.ahead(2))  # a round already complete
+
+
+def _eval_sections(sums: StepSums) -> tuple[list[int], list[torch.Tensor]]:
+    reduced = sums.reduce(None)
+    return reduced.eval_batches, reduced.eval
 
 
 def test_eval_rounds_every_eval_every_steps_and_after_the_last() -> None:

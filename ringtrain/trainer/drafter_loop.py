@@ -182,6 +182,8 @@ class DrafterLoop:
         self.generator = torch.Generator(device=self.device)
         self.eval_batches_per_round = eval_batches_per_round
         self.rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
+        # The held-out rounds' sums; train() starts it at the round its state owes next.
+        self._tally = EvalTally(eval_batches_per_round, self.block_size, self.sums.sums_type)
         self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
         self.applied_steps = 0  # steps of this session whose update reached the weights
         self._waiting_since: float | None = None  # set while the session's first item is due
@@ -201,7 +203,12 @@ class DrafterLoop:
         `reporter` gets every step and evaluation round, `save` is called at every
         checkpoint step and at the end (both only on the lead drafter)."""
         run = self.config.run
-        tally = EvalTally(self.eval_batches_per_round, self.block_size, self.sums.sums_type)
+        tally = self._tally = EvalTally(
+            self.eval_batches_per_round,
+            self.block_size,
+            self.sums.sums_type,
+            self.rounds.done_by(state.evaluated_step) + 1,
+        )
         last_saved, first_step = state.step, state.step + 1
         self._waiting_since = time.perf_counter()
         get_logger().info(
@@ -280,7 +287,7 @@ class DrafterLoop:
                 self.config.drafter,
                 max_tokens=self.config.data.token_budget,
             )
-        self.sums.add_evaluation(sums)
+        self.sums.add_evaluation(sums, self._tally.ahead(item.meta.round))
 
     # ---- forward ---------------------------------------------------------------------
 
@@ -403,13 +410,11 @@ class DrafterLoop:
     ) -> None:
         """Absorb the step's evaluation sums; a completed round is the one after the last
         completed, reported as after the step it was due after (also kept in `state`)."""
-        evaluated = tally.absorb(reduced.eval_batches, reduced.eval)
-        if evaluated is None:
-            return
-        round_id = self.rounds.done_by(state.evaluated_step) + 1
-        state.evaluated_step = self.rounds.step_of(round_id)
-        if reporter is not None:
-            reporter.evaluation(state.evaluated_step, {**evaluated, "round": round_id})
+        for evaluated in tally.absorb(reduced.eval_batches, reduced.eval):
+            round_id = self.rounds.done_by(state.evaluated_step) + 1
+            state.evaluated_step = self.rounds.step_of(round_id)
+            if reporter is not None:
+                reporter.evaluation(state.evaluated_step, {**evaluated, "round": round_id})
 
     def _finish_rounds(
         self, tally: EvalTally, stop: StopRequest, reporter: Reporter | None, state: DrafterState

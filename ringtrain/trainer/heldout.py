@@ -118,26 +118,44 @@ def others_published(ring: Ring) -> int:
 
 
 class EvalTally:
-    """A drafter's side: global sums of the current round, completed by batch count
-    (rounds complete in order, so the drafter numbers them)."""
+    """A drafter's side: global sums of each held-out round, a round completed by batch
+    count. Rounds complete in order from `next_round`; a step's sums come per round ahead
+    of it (StepSums), so batches of the next round met in the same step are kept for it."""
 
-    def __init__(self, total_batches: int, block_size: int, sums_type: type[ObjectiveSums]) -> None:
+    def __init__(
+        self,
+        total_batches: int,
+        block_size: int,
+        sums_type: type[ObjectiveSums],
+        next_round: int = 1,
+    ) -> None:
         self.total_batches = total_batches
         self.block_size = block_size
         self.sums_type = sums_type  # the block sums' class (the drafter's architecture's)
-        self._sums: torch.Tensor | None = None
-        self._batches = 0
+        self.next_round = next_round  # the round being completed
+        self._batches: dict[int, int] = {}
+        self._sums: dict[int, torch.Tensor] = {}
 
-    def absorb(self, batches: int, vector: torch.Tensor) -> dict | None:
-        """Add one step's all-reduced eval section (`batches` evaluated batches, the sums of
-        their EvalSums.as_vector()); the round's metrics once it is complete, else None."""
-        if batches == 0:
-            return None
-        self._batches += batches
-        self._sums = vector.clone() if self._sums is None else self._sums + vector
-        if self._batches < self.total_batches:
-            return None
-        metrics = EvalSums.summarise(self._sums, self.sums_type, self.block_size)
-        self._sums = None
-        self._batches = 0
-        return metrics
+    def ahead(self, round_id: int) -> int:
+        """How many rounds after the one being completed round `round_id` is."""
+        return round_id - self.next_round
+
+    def absorb(self, batches: list[int], vectors: list[torch.Tensor]) -> list[dict]:
+        """Add one step's all-reduced eval sections (per round ahead: the evaluated
+        batches and the sums of their EvalSums.as_vector()); returns the metrics of the
+        rounds this completes, in order (often none)."""
+        for ahead, (count, vector) in enumerate(zip(batches, vectors, strict=True)):
+            if count:
+                round_id = self.next_round + ahead
+                self._batches[round_id] = self._batches.get(round_id, 0) + count
+                held = self._sums.get(round_id)
+                self._sums[round_id] = vector.clone() if held is None else held + vector
+        completed = []
+        while (done := self._batches.get(self.next_round)) is not None and (
+            done >= self.total_batches
+        ):
+            del self._batches[self.next_round]
+            sums = self._sums.pop(self.next_round)
+            completed.append(EvalSums.summarise(sums, self.sums_type, self.block_size))
+            self.next_round += 1
+        return completed

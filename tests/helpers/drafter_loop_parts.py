@@ -52,14 +52,16 @@ class ReporterStandIn:
         self.evaluations.append((step, metrics))
 
 
-def item(seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False) -> ReadItem:
+def item(
+    seq: int, kind: BatchKind = BatchKind.TRAIN, poison: bool = False, round_id: int = 1
+) -> ReadItem:
     """Ring item `seq`: a random batch of DOCS for the tiny drafter (NaN features if
-    `poison`)."""
+    `poison`); an evaluation item belongs to held-out round `round_id`."""
     batch = random_packed_batch(
         DOCS, len(TAPS) * TARGET["hidden_size"], 64, "cpu", torch.float32, seq
     )
     hidden = batch.hidden * math.nan if poison else batch.hidden
-    round_id = 1 if kind == BatchKind.EVAL else 0
+    round_id = round_id if kind == BatchKind.EVAL else 0
     meta = BatchMeta(batch_id=100 + seq, epoch=0, seq=seq, producer=0, kind=kind, round=round_id)
     arrays = {f.name: getattr(batch, f.name) for f in TOKEN_ARRAYS}
     return ReadItem(
