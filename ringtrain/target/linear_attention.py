@@ -11,6 +11,7 @@ target on an H200 with empty caches); a tiny target gains nothing from them, so
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ from transformers import PretrainedConfig
 
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.structure import is_hybrid
+
+log = logging.getLogger(__name__)
 
 # The module-level functions transformers' hybrid models call for the Gated DeltaNet
 # recurrence. Each is wrapped to dispatch to FLA when it was importable; the wrapper
@@ -74,3 +77,26 @@ def use_torch_linear_attention(model: nn.Module) -> int:
                 setattr(module, name, original)
                 swapped += 1
     return swapped
+
+
+def settle_linear_attention(
+    model: nn.Module, backend: str | None, choice: str, device: torch.device
+) -> str | None:
+    """Make a loaded target run the implementation ``linear_attention_backend`` chose for
+    ``choice`` (target.linear_attention) and return the one it runs, saying where that is
+    not what was asked: FLA missing on a GPU, or a transformers without the torch
+    implementation to switch to."""
+    fla_installed = importlib.util.find_spec("fla") is not None
+    if backend == "torch" and device.type == "cuda" and choice == "auto":
+        log.warning(
+            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
+            "fallback on GPU (install the 'gpu' extra)"
+        )
+    torch_asked = backend == "torch" and choice == "torch"
+    if torch_asked and not use_torch_linear_attention(model) and fla_installed:
+        log.warning(
+            'target.linear_attention = "torch": this transformers version offers no '
+            "torch Gated DeltaNet to switch to; the layers run what it bound (FLA)"
+        )
+        return "fla"
+    return backend

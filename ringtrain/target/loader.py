@@ -13,7 +13,6 @@ MXFP4 weights (``ringtrain.target.quantized``), so every family it can build loa
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from ringtrain.target.compiled import resolve_compile
-from ringtrain.target.linear_attention import linear_attention_backend, use_torch_linear_attention
+from ringtrain.target.linear_attention import linear_attention_backend, settle_linear_attention
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
 from ringtrain.target.parallel import check_tensor_parallel, group_size, shard_target
 from ringtrain.target.quantized import dequantizing_config
@@ -108,22 +107,11 @@ def load_target(
     members = group_size(group)
     check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
     backend = linear_attention_backend(full_config, device, linear_attention)
-    if backend == "torch" and device.type == "cuda" and linear_attention == "auto":
-        log.warning(
-            "flash-linear-attention is not installed: the hybrid target runs the slow torch "
-            "fallback on GPU (install the 'gpu' extra)"
-        )
     _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
     place = TargetPlacement(device, dtype, attention, group)
     module = _truncated_module(checkpoint, kept, final_norm, place, random_weights)
-    torch_asked = backend == "torch" and linear_attention == "torch"
-    if torch_asked and not use_torch_linear_attention(module) and importlib.util.find_spec("fla"):
-        log.warning(
-            'target.linear_attention = "torch": this transformers version offers no '
-            "torch Gated DeltaNet to switch to; the layers run what it bound (FLA)"
-        )
-        backend = "fla"
+    backend = settle_linear_attention(module, backend, linear_attention, device)
     target = TappedTarget(module, full_config, taps, device, dtype, backend)
     if compiled:
         target.compile_layers(moe=compile_moe)
