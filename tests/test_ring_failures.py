@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ringtrain.ring import PeerDied, Ring, RingClosed
+from ringtrain.ring.liveness import process_state
 from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
@@ -114,6 +115,57 @@ def test_recorded_error_is_named_and_watchdog_fires_once() -> None:
         with pytest.raises(PeerDied, match=r"rank 10 \(target.*aborted the ring"):
             drafter.check_peers()
     finally:
+        drafter.close(clean=False)
+        target.close(clean=False)
+
+
+def test_a_frozen_peer_is_killed_once_and_every_check_blames_it_alike() -> None:
+    """The rank that finds a peer frozen records it in the peer's row, then kills it: both
+    of its threads that check (watchdog and main) report the one failure it saw, with
+    primary set; another rank, which then finds the process gone, reads the record and
+    blames the frozen rank without claiming to have seen it die."""
+    spec = rw.make_spec(run_id(), producers=1, consumers=2, heartbeat_timeout_s=2.0)
+    barrier, results, attached = CTX.Barrier(2), CTX.Queue(), CTX.Event()
+    frozen = CTX.Process(
+        target=rw.rank_main, args=(spec, 2, barrier, results, "wait_for_kill", attached)
+    )
+    frozen.start()
+    target = Ring.create(spec, 0, "cpu")
+    drafter = Ring.attach(spec.run_id, 1, "cpu")
+    barrier.wait()
+    barrier.wait()
+    try:
+        assert attached.wait(JOIN_S)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + JOIN_S
+        while process_state(frozen.pid) not in ("T", "t"):  # its heartbeat thread stopped
+            assert time.monotonic() < deadline, "the SIGSTOPped rank never stopped"
+        target.control.ranks["heartbeat_ns"][2] = time.monotonic_ns() - 10**10
+        seen: list[PeerDied] = []
+
+        def check() -> None:
+            with pytest.raises(PeerDied) as info:
+                target.check_peers()
+            seen.append(info.value)
+
+        checks = [threading.Thread(target=check) for _ in range(2)]
+        for thread in checks:
+            thread.start()
+        for thread in checks:
+            thread.join(JOIN_S)
+        assert len(seen) == 2 and seen[0] is seen[1]
+        assert f"rank 12 (drafter, pid {frozen.pid}) stopped beating" in str(seen[0])
+        assert "its process is stopped" in str(seen[0]) and seen[0].primary
+        frozen.join(JOIN_S)
+        assert frozen.exitcode == -signal.SIGKILL
+        with pytest.raises(
+            PeerDied, match=r"rank 12 .*\) failed; its last error: stopped bea"
+        ) as info:
+            drafter.check_peers()
+        assert "rank 10 killed it" in str(info.value) and not info.value.primary
+    finally:
+        if frozen.is_alive():
+            frozen.kill()
         drafter.close(clean=False)
         target.close(clean=False)
 

@@ -140,6 +140,7 @@ class Ring:
         self._row = self.control.ranks[local_index]
         self._closed = False
         self._close_lock = threading.Lock()
+        self._marked_closed = threading.Event()  # the first close stopped the threads
         self._owner_thread = threading.get_ident()
         self.watch = Watch(spec, self.control, local_index)
         self._producer: Producer | None = None
@@ -266,7 +267,11 @@ class Ring:
             self._closed = True
         if first:
             self._mark_closed(clean)
+            self._marked_closed.set()
         if threading.get_ident() == self._owner_thread and self._row is not None:
+            # Another thread may be closing first: its threads (the heartbeat) still read
+            # the control block until it has stopped them.
+            self._marked_closed.wait()
             self._release()
 
     def _mark_closed(self, clean: bool) -> None:

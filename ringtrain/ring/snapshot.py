@@ -42,13 +42,18 @@ def death_reason(row: np.ndarray, now_ns: int, heartbeat_timeout_ns: int) -> str
     or its heartbeat is older than the timeout. Ranks not yet attached or cleanly
     closed are not dead.
     """
+    if int(row["status"]) in (cb.EMPTY, cb.CLOSED):
+        return None
+    pid = int(row["pid"])
+    alive = process_alive(pid, int(row["start_time"]))
+    # The status again, read after the process: a rank closes before it exits, and a peer
+    # that kills a frozen rank marks it failed before the kill (watch.py).
     status = int(row["status"])
     if status in (cb.EMPTY, cb.CLOSED):
         return None
     if status == cb.FAILED:
         return FAILED_REASON
-    pid = int(row["pid"])
-    if not process_alive(pid, int(row["start_time"])):
+    if not alive:
         return f"died (process {pid} is gone)"
     age_s = (now_ns - int(row["heartbeat_ns"])) / 1e9
     if age_s * 1e9 > heartbeat_timeout_ns:

@@ -6,6 +6,9 @@ main thread is stuck (while its threads live) names itself and leaves, and one w
 main thread works past its allowance says once that it is slow, not hung. A peer that is
 frozen (stopped: no heartbeat either) cannot leave by itself, so the peer that finds it
 kills it: the run then ends within seconds instead of waiting for the launcher's grace.
+Before the kill it records in the frozen rank's row that it was frozen and killed, so the
+other peers, who then find the process gone, report it as failed (not as the first to
+see it die): the run's report names what the rank was, frozen, not how it ended.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class Watch:
         """Call in the rank's main thread: the thread `beat` samples."""
         self.spec, self.control, self.local_index = spec, control, local_index
         self._said_slow = False
+        # The first failure found, for every later check: the watchdog and the main thread
+        # both check, and once this rank has killed a frozen peer, a fresh look finds only
+        # what it left behind (see the module's docstring).
+        self._peer_failure: PeerDied | None = None
+        self._checking = threading.Lock()
         self._main = ThreadSampler(threading.get_ident(), threading.get_native_id())
 
     def beat(self, closed: bool) -> None:
@@ -53,21 +61,30 @@ class Watch:
             record_activity(row, activity, now, self.spec)
 
     def check_peers(self) -> None:
-        """Raise PeerDied if another rank died, failed, aborted the ring or is hung."""
+        """Raise PeerDied if another rank died, failed, aborted the ring or is hung; the
+        same one, from every thread, once one was found."""
+        with self._checking:
+            if self._peer_failure is None:
+                self._peer_failure = self._find_peer_failure()
+        if self._peer_failure is not None:
+            raise self._peer_failure
+
+    def _find_peer_failure(self) -> PeerDied | None:
         now = monotonic_ns()
         timeout_ns = int(self.spec.heartbeat_timeout_s * 1e9)
         ranks = self.control.ranks
         if int(self.control.closing):
             index = int(self.control.header["closing_rank"])
             if index != self.local_index:
-                raise self._failure(index, "aborted the ring")
+                return self._failure(index, "aborted the ring")
         others = [i for i in range(self.spec.num_ranks) if i != self.local_index]
         for index in others:
             if reason := death_reason(ranks[index], now, timeout_ns):
-                raise self._failure(index, reason, primary=reason != FAILED_REASON)
+                return self._failure(index, reason, primary=reason != FAILED_REASON)
         for index in others:
             if reason := hang_reason(ranks[index], now, self.spec):
-                raise self._failure(index, reason, RankHung, primary=True)
+                return self._failure(index, reason, RankHung, primary=True)
+        return None
 
     def check_self(self) -> None:
         """Raise RankHung if this rank's own main thread made no progress and did no work
@@ -96,9 +113,9 @@ class Watch:
     ) -> PeerDied:
         """The error naming rank `index`; a frozen peer is killed first (see the docstring)."""
         row = self.control.ranks[index]
-        if index != self.local_index:
-            self._kill_if_frozen(index)
         error = cb.get_bytes(row["error"], row["error_len"]).decode("utf-8", "replace")
+        if index != self.local_index:
+            self._kill_if_frozen(index, reason)
         rank = self.spec.global_ranks[index]
         return kind(
             f"ring {self.spec.run_id}: rank {rank} ({self.spec.describe(index)}, "
@@ -110,7 +127,9 @@ class Watch:
             primary=primary,
         )
 
-    def _kill_if_frozen(self, index: int) -> None:
+    def _kill_if_frozen(self, index: int, reason: str) -> None:
+        """Kill rank `index` if it is frozen, after recording `reason` and the kill as its
+        error (its status FAILED: the other peers then blame it without claiming it)."""
         row = self.control.ranks[index]
         pid, start = int(row["pid"]), int(row["start_time"])
         beat_age_s = (monotonic_ns() - int(row["heartbeat_ns"])) / 1e9
@@ -125,4 +144,8 @@ class Watch:
                 pid,
                 beat_age_s,
             )
+            killer = self.spec.global_ranks[self.local_index]
+            note = f"{reason}; rank {killer} killed it so the run ends"
+            cb.put_bytes(row, "error", note.encode("utf-8", "replace"))
+            row["status"] = cb.FAILED
             os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ which).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -64,17 +65,33 @@ def launched() -> bool:
     return bool(os.environ.get(OUTCOME_DIR_ENV))
 
 
+class _Report:
+    """Whether this process has reported: its first outcome is its end (each report is
+    followed by the process's exit), so a second one, from another thread that saw the
+    same failure at the same moment (the watchdog and the main thread), is dropped rather
+    than written over the first. Re-entrant: a signal handler may report in the middle of
+    the main thread's report (it then exits before that one resumes)."""
+
+    lock = threading.RLock()
+    done = False
+
+
 def report_outcome(outcome: Outcome) -> None:
-    """Write this rank's outcome for ringtrain-launch (nothing under plain torchrun). The
-    file appears whole (written aside, then renamed), so the launcher never reads half."""
+    """Write this rank's outcome for ringtrain-launch (nothing under plain torchrun), once
+    per process (_Report). The file appears whole (written aside, then renamed), so the
+    launcher never reads half."""
     directory = os.environ.get(OUTCOME_DIR_ENV)
     if not directory:
         return
-    stamped = msgspec.structs.replace(outcome, wall=outcome.wall or time.time())
-    path = Path(directory) / f"rank{outcome.rank}.json"
-    aside = path.with_name(f".{path.name}.{os.getpid()}")
-    aside.write_bytes(msgspec.json.encode(stamped))
-    aside.replace(path)
+    with _Report.lock:
+        if _Report.done:
+            return
+        stamped = msgspec.structs.replace(outcome, wall=outcome.wall or time.time())
+        path = Path(directory) / f"rank{outcome.rank}.json"
+        aside = path.with_name(f".{path.name}.{os.getpid()}")
+        aside.write_bytes(msgspec.json.encode(stamped))
+        aside.replace(path)
+        _Report.done = True
 
 
 def peer_failure(rank: int, died: PeerFailure, run_dir: Path, log: Path | None) -> Outcome:

@@ -63,12 +63,17 @@ def _die_on_peer_death(ring: Ring, run_dir: Path):
         for handler in get_logger().handlers:
             handler.flush()
         # Ranks that see this one abort then report the original death, not just the abort.
-        ring.set_error(str(exc))
-        ring.close(clean=False)
+        _leave_failed(ring, str(exc))
         report_outcome(peer_failure(env_rank(), exc, run_dir, None))
         os._exit(1)
 
     return on_dead
+
+
+def _leave_failed(ring: Ring, error: str) -> None:
+    """Record `error` as this rank's and leave the ring failed: every peer stops."""
+    ring.set_error(error)
+    ring.close(clean=False)
 
 
 def _launcher_alive() -> Callable[[], None]:
@@ -103,16 +108,18 @@ def run_session(ctx: SessionContext) -> Outcome:
         if ctx.stop.requested:
             # torchrun sends SIGTERM to every rank when one of them died: that is a failure.
             ring.check_peers()
+    except PeerDied as died:
+        # Seen directly: checking again could find only what this rank left behind (a
+        # frozen peer it killed reads as failed), not what it saw.
+        _leave_failed(ring, str(died))
+        raise
     except BaseException as exc:
         died = _peer_death(ring)
+        # A collective or a copy fails when a peer died first (gloo/NCCL report only
+        # "connection closed"): then the death, which names the rank, is the report.
+        _leave_failed(ring, f"{type(exc).__name__}: {exc}" if died is None else str(died))
         if died is not None:
-            # A collective or a copy failed because a peer died first (gloo/NCCL report
-            # only "connection closed"): report the death, which names the rank.
-            ring.set_error(str(died))
-            ring.close(clean=False)
             raise died from exc
-        ring.set_error(f"{type(exc).__name__}: {exc}")
-        ring.close(clean=False)
         raise
     ring.close(clean=True)
     return _session_end(ctx, step if ctx.info.is_lead_drafter else None)
