@@ -15,14 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records, wait_for_step
+from tests.helpers.untrained_drafter import write_untrained_drafter
 
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 PROJECT = Path(__file__).resolve().parents[1]
+# What the 30 steps must add to an untrained drafter's tau_real on the chats (measured:
+# 5.13 against 1.00).
+LEARNED_TAU = 2.0
 CHATS = [
     {"messages": [{"role": "user", "content": f"question {i}: tell me about rings"}]}
     for i in range(6)
@@ -58,6 +63,9 @@ block_size = 8
 num_anchors = 8
 anchor_ref_len = 64
 compile = false
+
+[optim]
+lr = 1e-2
 """
 
 
@@ -80,9 +88,24 @@ def train_command(*flags: str) -> list[str]:
     ]  # fmt: skip
 
 
+def writes_printable_ascii(model: Path) -> None:
+    """Zero the LM head's rows of every token but the printable ASCII bytes, so that the
+    random model writes only those (a zero logit never beats the largest of 95 random
+    ones). Its answers then survive regenerate's text: a lone byte of a multi-byte
+    character, or a filler token, reads back as other tokens, and a drafter trained on
+    those could not be measured on what the target writes when served."""
+    weights = load_file(model / "model.safetensors")
+    head = weights["lm_head.weight"]
+    keep = head[ord(" ") : ord("~") + 1].clone()
+    head.zero_()
+    head[ord(" ") : ord("~") + 1] = keep
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+
+
 def prepared_dataset(root: Path) -> None:
     """Step 1 of docs/training.md: regenerate the chats with the target, prepare and inspect."""
     build_tiny_target(root / "models" / "chat", hybrid=False, num_layers=6, hidden_size=32)
+    writes_printable_ascii(root / "models" / "chat")
     (root / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CHATS))
     out = run(
         root, str(BIN / "ringtrain-data"), "regenerate", "--local", "models/chat",
@@ -144,15 +167,22 @@ def trained_stopped_and_resumed(root: Path) -> Path:
     return run_dir
 
 
+def evaluated(root: Path, drafter: str) -> dict:
+    """Step 5's evaluation of `drafter` on the chats: ringtrain-eval's JSON report."""
+    out = run(
+        root, str(BIN / "ringtrain-eval"), "--target", "models/chat", "--drafter", drafter,
+        "--prompts", "chats.jsonl", "--max-new-tokens", "32", "--device", "cpu", "--json",
+    )  # fmt: skip
+    assert "tau_real" in out, out[-3000:]
+    return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
+
+
 def test_the_readme_walkthrough_runs_as_written(walk_root: Path) -> None:
     run_dir = trained_stopped_and_resumed(walk_root)
-    out = run(
-        walk_root, str(BIN / "ringtrain-eval"), "--target", "models/chat", "--drafter",
-        "runs/walk", "--prompts", "chats.jsonl", "--limit", "2", "--max-new-tokens", "16",
-        "--device", "cpu", "--json",
-    )  # fmt: skip
-    report = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
-    assert "tau_real" in out and report["tau_real"] >= 1.0
+    trained = evaluated(walk_root, "runs/walk")
+    write_untrained_drafter(run_dir, walk_root / "models" / "chat", walk_root / "untrained")
+    untrained = evaluated(walk_root, "untrained")
+    assert trained["tau_real"] > untrained["tau_real"] + LEARNED_TAU, (trained, untrained)
     run(walk_root, str(BIN / "ringtrain-plot"), str(run_dir), "-o", "run.png")
     assert (walk_root / "run.png").read_bytes()[:4] == b"\x89PNG"
 

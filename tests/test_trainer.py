@@ -127,23 +127,23 @@ def test_a_kill_and_a_sigterm_resume_to_the_stream_and_every_evaluation_round_on
     an unbroken run would, and leave every round in metrics.jsonl exactly once: the round
     due at the resumed step (which completes steps after its checkpoint) runs again."""
     run_dir = tmp_path / "run"
-    overrides = ["run.max_steps=28", "run.eval_every=6", "run.checkpoint_every=6"]
+    overrides = ["run.max_steps=18", "run.eval_every=4", "run.checkpoint_every=4"]
     overrides += ["run.keep_checkpoints=2", "run.log_every=1", "run.name=evalresume"]
     proc = start_training(run_dir, 1, 1, overrides)
-    wait_for_step(proc, run_dir, 7)
+    wait_for_step(proc, run_dir, 5)
     for local_rank in (0, 1):  # the workers outlive a killed torchrun: kill them first
         os.kill(worker_pid(proc.pid, local_rank), signal.SIGKILL)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=RUN_TIMEOUT_S)
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step < 28
+    assert checkpoint is not None and load_checkpoint(checkpoint, "cpu").step < 18
 
     proc = start_training(run_dir, 1, 1, overrides, resume=True)
-    wait_for_step(proc, run_dir, 14)
+    wait_for_step(proc, run_dir, 10)
     os.killpg(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     stopped = step_records(run_dir)[-1]["step"]
-    assert 14 <= stopped < 28, out[-3000:]
+    assert 10 <= stopped < 18, out[-3000:]
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     assert load_checkpoint(checkpoint, "cpu").step == stopped, out[-3000:]
@@ -151,18 +151,18 @@ def test_a_kill_and_a_sigterm_resume_to_the_stream_and_every_evaluation_round_on
     resumed = run_training(run_dir, 1, 1, overrides, resume=True)
     _assert_ok(resumed)
     records = step_records(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 29))
-    stream = expected_batch_ids(run_dir, 1, {0: 28})[0]
-    assert trained_batches(records) == [(0, seq, stream[seq]) for seq in range(28)]
+    assert [r["step"] for r in records] == list(range(1, 19))
+    stream = expected_batch_ids(run_dir, 1, {0: 18})[0]
+    assert trained_batches(records) == [(0, seq, stream[seq]) for seq in range(18)]
     evals = [(e["round"], e["step"]) for e in eval_records(run_dir)]
-    assert evals == [(1, 6), (2, 12), (3, 18), (4, 24), (5, 28)]
-    assert "eval round 5 after step 28 |" in resumed.stdout
+    assert evals == [(1, 4), (2, 8), (3, 12), (4, 16), (5, 18)]
+    assert "eval round 5 after step 18 |" in resumed.stdout
     assert shm_entries("evalresume") == []
     # run.keep_checkpoints: only the newest two are kept, over all three sessions, and every
     # file of a checkpoint has the same mode.
     root = run_dir / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["step_00000024", "step_00000028"]
-    assert load_checkpoint(root, "cpu", weights=False).step == 28
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000016", "step_00000018"]
+    assert load_checkpoint(root, "cpu", weights=False).step == 18
     umask = os.umask(0)
     os.umask(umask)
     for checkpoint in root.iterdir():

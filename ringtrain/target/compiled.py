@@ -48,8 +48,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._dynamo.config as dynamo_config
-import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from ringtrain.target.moe_experts import (
@@ -123,6 +121,11 @@ def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:
 
 def compiled_forward(forward: Callable[..., Any], backend: str | Callable) -> Callable[..., Any]:
     """``forward`` compiled with dynamic sizes, no duck sizing and constant Python floats."""
+    # Imported here: torch._dynamo takes seconds to import, and a process that compiles
+    # nothing (a drafter rank, the launcher, a command's --help) need not pay for it.
+    import torch._dynamo.config as dynamo_config
+    import torch.fx.experimental._config as fx_config
+
     compiled = torch.compile(forward, backend=backend, dynamic=True, fullgraph=False)
 
     @functools.wraps(forward)

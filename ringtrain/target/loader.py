@@ -26,7 +26,6 @@ from transformers.utils import logging as hf_logging
 from ringtrain.target.compiled import resolve_compile
 from ringtrain.target.linear_attention import linear_attention_backend, settle_linear_attention
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
-from ringtrain.target.parallel import check_tensor_parallel, group_size, shard_target
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
     base_model_class,
@@ -39,6 +38,11 @@ from ringtrain.target.taps import check_tap_layers, default_tap_layers, taps_fin
 log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def group_size(group: torch.distributed.ProcessGroup | None) -> int:
+    """Members of a target group (1 without one)."""
+    return 1 if group is None else group.size()
 
 
 def resolve_dtype(
@@ -105,7 +109,11 @@ def load_target(
     attention = resolve_attn_implementation(attn_implementation, full_config, device)
     kept = max(taps) + 1
     members = group_size(group)
-    check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
+    if members > 1:
+        # DTensor's import takes seconds: only a target group's members pay for it.
+        from ringtrain.target.parallel import check_tensor_parallel
+
+        check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
     backend = linear_attention_backend(full_config, device, linear_attention)
     _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
@@ -160,6 +168,8 @@ def _truncated_module(
             checkpoint, kept, final_norm, load_device, place.dtype, place.attention
         )
     if members > 1:
+        from ringtrain.target.parallel import shard_target
+
         shard_target(module, place.group, place.device)
     return module
 

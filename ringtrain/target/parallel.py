@@ -55,11 +55,6 @@ ROUTERS = ("gate", "router", "shared_expert_gate")
 PER_HEAD_PARAMETERS = ("sinks",)
 
 
-def group_size(group: dist.ProcessGroup | None) -> int:
-    """Members of a target group (1 without one)."""
-    return 1 if group is None else group.size()
-
-
 class ExpertsParallel(ParallelStyle):
     """Split every routed expert's intermediate dimension; all-reduce the block's output.
 

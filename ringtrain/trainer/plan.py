@@ -39,7 +39,6 @@ from ringtrain.ring.names import ring_id
 from ringtrain.ring.spec import dtype_name
 from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
 from ringtrain.target.loader import resolve_dtype
-from ringtrain.target.parallel import check_tensor_parallel
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.logs import get_logger
@@ -210,6 +209,9 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
         raise ConfigError(str(exc)) from None
     try:
         if config.layout.target_tp > 1:
+            # DTensor's import takes seconds: only runs with target groups pay for it.
+            from ringtrain.target.parallel import check_tensor_parallel
+
             kept = TargetModelDir(target_path, weights=False).text_config(max(taps) + 1)
             check_tensor_parallel(kept, config.layout.target_tp)
     except TargetLoadError as exc:
