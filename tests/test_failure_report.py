@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from ringtrain.ring import Ring
-from ringtrain.trainer.outcome import PEER_FAILED, Outcome
+from ringtrain.trainer import outcome as outcomes
+from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, PEER_FAILED, Outcome, report_outcome
 from ringtrain.trainer.report import describe_end
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
@@ -112,6 +113,20 @@ def test_stat_clean_removes_the_objects_of_a_ring_whose_creator_was_killed() -> 
         if creator.poll() is None:
             creator.kill()
             creator.wait()
+
+
+def test_a_process_reports_its_first_outcome_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog and the main thread may both report the failure they saw: the first
+    report is the process's outcome, whole; the second neither replaces nor tears it."""
+    monkeypatch.setenv(OUTCOME_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(outcomes._Report, "done", False)
+    report_outcome(Outcome(3, 1, PEER_FAILED, "rank 0 stopped beating", primary=True))
+    report_outcome(Outcome(3, 1, PEER_FAILED, "rank 0 failed"))
+    [outcome] = outcomes.read_outcomes(tmp_path)
+    assert outcome.message == "rank 0 stopped beating" and outcome.primary
+    assert [path.name for path in tmp_path.iterdir()] == ["rank3.json"]
 
 
 @pytest.mark.slow
