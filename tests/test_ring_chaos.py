@@ -97,8 +97,7 @@ def chaos_worker(conn: mpc.Connection) -> None:
                     _consume(ring, conn)
             except PeerDied as exc:
                 # As a trainer rank does: record why, then abort the ring for the others.
-                ring.set_error(str(exc))
-                ring.close(clean=False)
+                ring.fail(str(exc))
                 conn.send(("done", "peer_died", str(exc)))
             except Exception as exc:
                 ring.close(clean=False)

@@ -445,6 +445,11 @@ class Ring:
         cb.put_bytes(self._row, "error", text.encode("utf-8", "replace"))
         self._row["status"] = cb.FAILED
 
+    def fail(self, text: str) -> None:
+        """Record `text` as this rank's error and leave the ring failed: every peer stops."""
+        self.set_error(text)
+        self.close(clean=False)
+
     def check_peers(self) -> None:
         """Raise PeerDied if another rank died, failed, aborted the ring or is hung
         (RankHung; a frozen one is killed first: see watch.py)."""

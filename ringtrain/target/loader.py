@@ -45,6 +45,16 @@ def group_size(group: torch.distributed.ProcessGroup | None) -> int:
     return 1 if group is None else group.size()
 
 
+def check_target_group(config: PretrainedConfig, members: int) -> None:
+    """Raise TargetLoadError unless the truncated target of ``config`` can be split over a
+    group of ``members`` (parallel.check_tensor_parallel). DTensor's import takes seconds:
+    only runs with target groups pay for it."""
+    if members > 1:
+        from ringtrain.target.parallel import check_tensor_parallel
+
+        check_tensor_parallel(config, members)
+
+
 def resolve_dtype(
     dtype: str | torch.dtype, device: torch.device, setting: str = "target.dtype"
 ) -> torch.dtype:
@@ -109,11 +119,7 @@ def load_target(
     attention = resolve_attn_implementation(attn_implementation, full_config, device)
     kept = max(taps) + 1
     members = group_size(group)
-    if members > 1:
-        # DTensor's import takes seconds: only a target group's members pay for it.
-        from ringtrain.target.parallel import check_tensor_parallel
-
-        check_tensor_parallel(checkpoint.text_config(num_layers=kept), members)
+    check_target_group(checkpoint.text_config(num_layers=kept), members)
     backend = linear_attention_backend(full_config, device, linear_attention)
     _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)

@@ -38,7 +38,7 @@ from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
 from ringtrain.ring.spec import dtype_name
 from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
-from ringtrain.target.loader import resolve_dtype
+from ringtrain.target.loader import check_target_group, resolve_dtype
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.logs import get_logger
@@ -209,11 +209,8 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
         raise ConfigError(str(exc)) from None
     try:
         if config.layout.target_tp > 1:
-            # DTensor's import takes seconds: only runs with target groups pay for it.
-            from ringtrain.target.parallel import check_tensor_parallel
-
             kept = TargetModelDir(target_path, weights=False).text_config(max(taps) + 1)
-            check_tensor_parallel(kept, config.layout.target_tp)
+            check_target_group(kept, config.layout.target_tp)
     except TargetLoadError as exc:
         raise ConfigError(f"[layout] target_tp = {config.layout.target_tp}: {exc}") from None
     return target_config, taps

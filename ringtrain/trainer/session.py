@@ -63,17 +63,11 @@ def _die_on_peer_death(ring: Ring, run_dir: Path):
         for handler in get_logger().handlers:
             handler.flush()
         # Ranks that see this one abort then report the original death, not just the abort.
-        _leave_failed(ring, str(exc))
+        ring.fail(str(exc))
         report_outcome(peer_failure(env_rank(), exc, run_dir, None))
         os._exit(1)
 
     return on_dead
-
-
-def _leave_failed(ring: Ring, error: str) -> None:
-    """Record `error` as this rank's and leave the ring failed: every peer stops."""
-    ring.set_error(error)
-    ring.close(clean=False)
 
 
 def _launcher_alive() -> Callable[[], None]:
@@ -111,13 +105,13 @@ def run_session(ctx: SessionContext) -> Outcome:
     except PeerDied as died:
         # Seen directly: checking again could find only what this rank left behind (a
         # frozen peer it killed reads as failed), not what it saw.
-        _leave_failed(ring, str(died))
+        ring.fail(str(died))
         raise
     except BaseException as exc:
         died = _peer_death(ring)
         # A collective or a copy fails when a peer died first (gloo/NCCL report only
         # "connection closed"): then the death, which names the rank, is the report.
-        _leave_failed(ring, f"{type(exc).__name__}: {exc}" if died is None else str(died))
+        ring.fail(f"{type(exc).__name__}: {exc}" if died is None else str(died))
         if died is not None:
             raise died from exc
         raise

@@ -106,8 +106,7 @@ def bound_stop(signum: int, rings: list[Ring]) -> None:
     log.error("%s", message)
     report_outcome(Outcome(env_rank(), 1, FAILED, message))
     for ring in open_rings():
-        ring.set_error(message)
-        ring.close(clean=False)
+        ring.fail(message)
     for handler in log.handlers:
         handler.flush()
     os._exit(1)

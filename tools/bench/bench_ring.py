@@ -127,8 +127,7 @@ def _worker(index: int, spec: RingSpec, items: int, options: dict, barrier, resu
             results.put(("drafter", index, report))
         ring.close(clean=True)
     except BaseException as exc:
-        ring.set_error(repr(exc))
-        ring.close(clean=False)
+        ring.fail(repr(exc))
         raise
 
 
