@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
 
-from ringtrain.drafter.loss import ChunkFns, chunked_head_loss, dpace_weights
+from ringtrain.drafter.loss import ChunkFns, chunked_head_loss, dpace_weights, top_ids
 
 
 def naive_loss(hidden, weight, labels, row_weights):
@@ -92,3 +93,15 @@ def test_dpace_loss_and_gradient_match_autograd_with_detached_weights() -> None:
         loss.backward()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-9, atol=0)
         torch.testing.assert_close(test_hidden.grad, ref_hidden.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("vocab", "top_k"), [(4096, 16), (1000, 7), (96, 5), (130, 3)])
+def test_top_ids_are_the_rows_top_k_in_order(vocab: int, top_k: int) -> None:
+    """The two-pass top-k equals torch.topk (distinct values), groups dividing the
+    vocabulary or not, and with fewer groups than top_k (96 / 64 -> 3 groups of 32)."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, vocab)
+    # Plant each row's largest entries in one group, which a one-per-group rule would miss.
+    logits[:, 64:72] += 10.0
+    assert torch.equal(top_ids(logits, top_k), logits.topk(top_k, dim=-1).indices)
+    assert top_ids(logits, 0).shape == (64, 0)

@@ -24,6 +24,7 @@ from ringtrain.checkpoint.save import save_checkpoint
 from ringtrain.config import ConfigError
 from ringtrain.drafter import DFlashDrafter, DrafterSpec, build_optimizer, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
+from ringtrain.drafter.muon import BatchedMuon
 from ringtrain.drafter.optim import (
     ALGORITHM_KEY,
     optimizer_step,
@@ -107,6 +108,35 @@ def test_muon_steps_the_layer_matrices_and_adamw_the_rest() -> None:
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == [], "one step updates the parameters of both parts"
     assert saved_optimizer_name(optimizer.state_dict()) == "muon"
+
+
+@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original"])
+def test_batched_muon_steps_as_torch_muon_does(adjust_lr_fn: str) -> None:
+    """Three steps over wide, tall and square matrices (two of each shape) move the weights
+    and momenta as torch.optim.Muon does, and either loads the other's state dict."""
+    torch.manual_seed(0)
+    shapes = [(8, 24), (8, 24), (24, 8), (24, 8), (16, 16), (16, 16)]
+    weights = [torch.randn(shape) for shape in shapes]
+    settings = {"lr": 0.05, "weight_decay": 0.1, "adjust_lr_fn": adjust_lr_fn}
+    copies = {}
+    for kind in (torch.optim.Muon, BatchedMuon):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        optimizer = kind(params, **settings)
+        for step in range(3):
+            for index, param in enumerate(params):
+                param.grad = torch.sin(param.detach() * (index + 1) + step)
+            optimizer.step()
+        copies[kind] = (params, optimizer)
+    (torch_params, torch_muon), (params, batched) = copies[torch.optim.Muon], copies[BatchedMuon]
+    for ours, theirs in zip(params, torch_params, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        assert not torch.equal(ours.detach(), torch.zeros_like(ours))
+    for ours, theirs in zip(params, torch_params, strict=True):
+        torch.testing.assert_close(
+            batched.state[ours]["momentum_buffer"], torch_muon.state[theirs]["momentum_buffer"]
+        )
+    batched.load_state_dict(torch_muon.state_dict())
+    torch_muon.load_state_dict(batched.state_dict())
 
 
 @pytest.mark.parametrize("cfg", VARIANTS)

@@ -34,8 +34,11 @@ class _Workspace:
         self.spec = spec
         architecture = architecture_named(spec.architecture)
         self.sums_type = architecture.sums_type
+        compile_mode = cfg.compile_mode if cfg.compile and device.type == "cuda" else None
         make_term = architecture.block_term
-        self.term = make_term(drafter_of(model), cfg) if make_term is not None else None
+        self.term = (
+            make_term(drafter_of(model), cfg, compile_mode) if make_term is not None else None
+        )
         self.objective: Objective = objective_of(cfg)
         self.builder = BlockMaskBuilder(
             ctx_capacity,
@@ -45,12 +48,11 @@ class _Workspace:
             device,
             spec.sliding_causal,
         )
-        compiled = cfg.compile and device.type == "cuda"
         self.forward = (
-            torch.compile(model, mode=cfg.compile_mode, dynamic=False) if compiled else model
+            torch.compile(model, mode=compile_mode, dynamic=False) if compile_mode else model
         )
         self.chunk_fns = ChunkFns(
-            cfg.compile_mode if compiled else None,
+            compile_mode,
             self.objective.reweight,
             spec.block_size - 1,
             self.term.top_k if self.term is not None else 0,

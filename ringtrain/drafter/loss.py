@@ -19,6 +19,7 @@ vocabulary-wide logits a second time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
@@ -70,11 +71,27 @@ def _weighted_ce(
     return logits, lse, scale, (ce * scale).sum()
 
 
-def _top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """The rows' top_k token ids ([rows, 0] when top_k is 0)."""
-    if top_k:
-        return logits.topk(top_k, dim=-1).indices
-    return logits.new_empty((logits.shape[0], 0), dtype=torch.long)
+# Vocabulary entries per group in `top_ids`' first pass.
+TOP_K_GROUP = 64
+
+
+def top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The rows' top_k token ids, largest first ([rows, 0] when top_k is 0).
+
+    In two passes, exact up to the order of ties: the top_k groups of TOP_K_GROUP
+    consecutive entries by their largest entry hold every one of the row's top_k entries
+    (an entry outside them is beaten by those groups' maxima, top_k entries). The first
+    pass is a reduction that fuses into the kernel reading the logits; the second ranks
+    top_k * TOP_K_GROUP gathered entries. A vocabulary-wide top-k instead runs a radix
+    select over every row (about a fifth of a small drafter's step)."""
+    rows, vocab = logits.shape
+    if not top_k:
+        return logits.new_empty((rows, 0), dtype=torch.long)
+    group = math.gcd(vocab, TOP_K_GROUP)
+    groups = logits.view(rows, vocab // group, group).amax(-1)
+    first = groups.topk(min(top_k, vocab // group), dim=-1).indices
+    ids = (first[:, :, None] * group + torch.arange(group, device=logits.device)).view(rows, -1)
+    return ids.gather(1, logits.gather(1, ids).topk(top_k, dim=-1).indices)
 
 
 def chunk_loss(
@@ -87,7 +104,7 @@ def chunk_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk: (sum of weights * CE, per-row argmax == label, top_k ids per row)."""
     logits, _, _, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
-    return loss, logits.argmax(-1) == labels, _top_ids(logits, top_k)
+    return loss, logits.argmax(-1) == labels, top_ids(logits, top_k)
 
 
 def chunk_loss_and_grad(
@@ -104,7 +121,7 @@ def chunk_loss_and_grad(
     one_hot = vocab[None, :] == labels[:, None]
     grad_logits = (torch.exp(logits - lse[:, None]) - one_hot.to(lse.dtype)) * scale[:, None]
     correct = logits.argmax(-1) == labels
-    return loss, correct, _top_ids(logits, top_k), grad_logits.to(hidden.dtype) @ weight
+    return loss, correct, top_ids(logits, top_k), grad_logits.to(hidden.dtype) @ weight
 
 
 class ChunkFns:
@@ -136,21 +153,21 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels, row_weights, chunk, fns):
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-        top_ids = labels.new_empty((hidden.shape[0], fns.top_k))
+        candidates = labels.new_empty((hidden.shape[0], fns.top_k))
         need_grad = ctx.needs_input_grad[0]
         grad = torch.empty_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
             args = (hidden[part], weight, labels[part], row_weights[part])
             if need_grad:
-                loss_c, correct[part], top_ids[part], grad[part] = fns.loss_and_grad(*args)
+                loss_c, correct[part], candidates[part], grad[part] = fns.loss_and_grad(*args)
             else:
-                loss_c, correct[part], top_ids[part] = fns.loss(*args)
+                loss_c, correct[part], candidates[part] = fns.loss(*args)
             loss = loss + loss_c
         if need_grad:
             ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(correct, top_ids)
-        return loss, correct, top_ids
+        ctx.mark_non_differentiable(correct, candidates)
+        return loss, correct, candidates
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_correct, _grad_top_ids):
@@ -194,5 +211,7 @@ def chunked_head_loss(
         hidden = torch.cat((hidden, hidden.new_zeros(pad, hidden.shape[1])))
         labels = torch.cat((labels, labels.new_zeros(pad)))
         row_weights = torch.cat((row_weights, row_weights.new_zeros(pad)))
-    loss, correct, top_ids = _ChunkedHeadLoss.apply(hidden, weight, labels, row_weights, chunk, fns)
-    return HeadLoss(loss, correct[:rows], top_ids[:rows])
+    loss, correct, candidates = _ChunkedHeadLoss.apply(
+        hidden, weight, labels, row_weights, chunk, fns
+    )
+    return HeadLoss(loss, correct[:rows], candidates[:rows])

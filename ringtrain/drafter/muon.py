@@ -1,4 +1,4 @@
-"""Muon and AdamW stepping one model together, as one torch optimiser.
+"""Muon and AdamW stepping one model together, as one torch optimiser; Muon batched.
 
 torch.optim.Muon takes only 2-D matrices and is meant for hidden layers, so a model is
 split between it and AdamW (drafter/optim.py decides the split). `MuonAdamW` joins the
@@ -6,10 +6,18 @@ two: its param_groups are the two optimisers' groups (the same dicts, so a sched
 that sets a group's lr sets it for the part stepping that group), one state dict serves
 both (their parameters are disjoint), and step() steps both. Its state_dict is therefore
 an ordinary optimiser state dict, which a checkpoint saves and loads like AdamW's.
+
+`BatchedMuon` is torch.optim.Muon with the same update, settings and state, stepped a
+shape at a time: the momenta of all matrices in one multi-tensor pass, then one batched
+Newton-Schulz orthogonalisation per matrix shape. torch's steps one matrix at a time,
+about twenty small kernels each, which on a small drafter (a few dozen 576-wide matrices)
+leaves the GPU waiting on launches for a fifth of the step.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -46,3 +54,67 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError("MuonAdamW.step takes no closure")
         for part in self.parts:
             part.step()
+
+
+# Muon's lr per matrix of shape (rows, cols), by its adjust_lr_fn setting.
+_LR_RATIO: dict[str | None, Callable[[int, int], float]] = {
+    None: lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
+    "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
+    "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),
+}
+
+
+def orthogonalize(
+    matrices: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
+) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration on a stack of same-shape matrices [n, r, c],
+    in bf16 (torch.optim.Muon's, one matrix at a time there)."""
+    a, b, c = coefficients
+    ortho = matrices.bfloat16()
+    tall = ortho.shape[-2] > ortho.shape[-1]
+    if tall:
+        ortho = ortho.mT
+    ortho = ortho / ortho.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = ortho @ ortho.mT
+        ortho = torch.baddbmm(
+            ortho, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), ortho, beta=a
+        )
+    return ortho.mT if tall else ortho
+
+
+class BatchedMuon(torch.optim.Muon):
+    """torch.optim.Muon stepped a matrix shape at a time (see the module docstring)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        """One Muon step of every matrix with a gradient (no closure)."""
+        if closure is not None:
+            raise ValueError("BatchedMuon.step takes no closure")
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
+
+    def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        momenta = []
+        for param, grad in zip(params, grads, strict=True):
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(grad)
+            momenta.append(state["momentum_buffer"])
+        momentum, lr = group["momentum"], group["lr"]
+        torch._foreach_lerp_(momenta, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, momenta, momentum) if group["nesterov"] else momenta
+        torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+        by_shape: dict[torch.Size, list[int]] = defaultdict(list)
+        for index, param in enumerate(params):
+            by_shape[param.shape].append(index)
+        for shape, indices in by_shape.items():
+            stacked = torch.stack([updates[i] for i in indices])
+            ortho = orthogonalize(
+                stacked, group["ns_coefficients"], group["ns_steps"], group["eps"]
+            ).to(params[indices[0]].dtype)
+            ratio = _LR_RATIO[group["adjust_lr_fn"]](*shape)
+            torch._foreach_add_([params[i] for i in indices], ortho.unbind(0), alpha=-lr * ratio)

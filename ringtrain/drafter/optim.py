@@ -4,9 +4,9 @@ By config name (`OPTIMIZERS`):
 
 - ``adamw``: AdamW on every trainable parameter, weight decay on matrices only.
 - ``muon``: Muon on the decoder layers' weight matrices (`hidden_matrices`), AdamW (as
-  above) on the rest, in one optimiser (drafter/muon.py). Muon's lr is adjusted per matrix
-  by torch's "match_rms_adamw" rule, so optim.lr and optim.weight_decay mean for it what
-  they mean for AdamW (see OptimConfig).
+  above) on the rest, in one optimiser (drafter/muon.py; Muon stepped a matrix shape at
+  a time). Muon's lr is adjusted per matrix by torch's "match_rms_adamw" rule, so
+  optim.lr and optim.weight_decay mean for it what they mean for AdamW (see OptimConfig).
 
 Every param group names the algorithm that steps it (`ALGORITHM_KEY`), so an optimiser
 state dict says which optimiser wrote it (`saved_optimizer_name`). Parameters stay fp32
@@ -33,7 +33,7 @@ from torch import nn
 
 from ringtrain.choices import choice_table
 from ringtrain.drafter.config import OptimConfig
-from ringtrain.drafter.muon import MuonAdamW
+from ringtrain.drafter.muon import BatchedMuon, MuonAdamW
 from ringtrain.drafter.schedules import saved_schedule_fields, schedule_of
 
 # The param-group key naming the algorithm that steps the group; groups saved before it
@@ -105,7 +105,7 @@ class MuonOnHidden:
             )
         muon_ids = {id(p) for p in hidden}
         rest = [p for p in model.parameters() if p.requires_grad and id(p) not in muon_ids]
-        muon = torch.optim.Muon(
+        muon = BatchedMuon(
             [{"params": hidden, **MuonOnHidden.group_settings(cfg)[0]}],
             lr=cfg.lr,
             adjust_lr_fn="match_rms_adamw",

@@ -139,6 +139,10 @@ VARIANTS = {
         "optim": OptimConfig().name,
     },
 }
+# The defaults' step with its compiled parts replayed as CUDA graphs, and with larger loss
+# chunks (fewer, larger LM-head and cross-entropy launches on small drafters).
+VARIANTS["default_graphs"] = {**VARIANTS["default"], "compile_mode": "reduce-overhead"}
+VARIANTS["default_chunk16k"] = {**VARIANTS["default"], "loss_chunk": 16384}
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
 

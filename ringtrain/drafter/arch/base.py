@@ -68,9 +68,10 @@ class Architecture:
     model: type[nn.Module]
     # Its own spec fields, taken from the [drafter] keys of the same names.
     settings: type[ArchitectureSettings] = ArchitectureSettings
-    # Its block term, built from the drafter and the [drafter] config; None: proposals
-    # are each slot's argmax and the loss is the slots' cross-entropy alone.
-    block_term: Callable[[nn.Module, DrafterConfig], BlockTerm] | None = None
+    # Its block term, built from the drafter, the [drafter] config and the compile mode
+    # its work may be compiled with (None: eager); None: proposals are each slot's argmax
+    # and the loss is the slots' cross-entropy alone.
+    block_term: Callable[[nn.Module, DrafterConfig, str | None], BlockTerm] | None = None
     # The sums of its block objective: a field per loss part its block term adds.
     sums_type: type[ObjectiveSums] = ObjectiveSums
     # Its checks of the [drafter] config given the scored slots of a step (anchors x

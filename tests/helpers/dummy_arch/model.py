@@ -48,7 +48,7 @@ class SpreadTerm:
 
     top_k = 1
 
-    def __init__(self, drafter: nn.Module, cfg: DrafterConfig) -> None:
+    def __init__(self, drafter: nn.Module, cfg: DrafterConfig, compile_mode: str | None) -> None:
         self.drafter = drafter
 
     def __call__(

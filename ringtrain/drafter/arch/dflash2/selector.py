@@ -12,6 +12,7 @@ codebook), so a fresh selector walks through each slot's argmax.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -109,6 +110,35 @@ class CandidateSelector(nn.Module):
         return torch.cat(path), q
 
 
+# One chunk of rows: (selector, rows, lm_head, candidates, predecessors, targets, weights)
+# -> (weighted loss sum, the walk's pick per row); see selector_chunk.
+SelectorChunk = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def selector_chunk(
+    selector: CandidateSelector,
+    rows: torch.Tensor,
+    lm_head: torch.Tensor,
+    candidates: torch.Tensor,
+    predecessors: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """selector_loss_sum over one chunk of rows: (sum of weights * CE, the walk's pick).
+
+    The unary scores (the candidates' logits) are formed again, with gradient, from the
+    candidates' LM-head rows alone, so the backward pass never sees a vocabulary-wide
+    logit matrix. A product and a sum (not a matmul, which autocast would run in bf16):
+    float32."""
+    dtype = torch.promote_types(lm_head.dtype, torch.float32)
+    unary = (rows[:, None].to(dtype) * lm_head[candidates].to(dtype)).sum(-1)
+    scores = selector.scores(rows, unary, candidates, predecessors)
+    hits = candidates == targets[:, None]
+    loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
+    picked = candidates.gather(-1, scores.detach().argmax(-1, keepdim=True)).squeeze(-1)
+    return (loss * weights * hits.any(-1)).sum(), picked
+
+
 def selector_loss_sum(
     selector: CandidateSelector,
     rows: torch.Tensor,
@@ -117,6 +147,7 @@ def selector_loss_sum(
     row_weights: torch.Tensor,
     candidates: torch.Tensor,
     chunk: int,
+    chunk_fn: SelectorChunk = selector_chunk,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of row_weights * CE of the selector over each scored slot's top-k candidates,
     whether the walk picks each slot's true token).
@@ -130,9 +161,8 @@ def selector_loss_sum(
     candidates; a slot whose true token misses the top-k adds nothing. The second result
     [A * (B-1)] is the walk's proposal rule under the same teacher forcing: slot k's best
     scored candidate is its true token. A block's leading run of those is exactly the
-    prefix `walk` gets accepted. `chunk` rows are scored at a time; the unary scores (the
-    candidates' logits) are formed again, with gradient, from the candidates' LM-head rows
-    alone, so the backward pass never sees a vocabulary-wide logit matrix.
+    prefix `walk` gets accepted. `chunk` rows are scored at a time by `chunk_fn`
+    (selector_chunk, or a compiled copy of it).
     """
     predecessors = labels[:, :-1].reshape(-1)
     targets = labels[:, 1:].reshape(-1)
@@ -141,15 +171,13 @@ def selector_loss_sum(
     picked = []
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
-        top = candidates[part]
-        # A product and a sum (not a matmul, which autocast would run in bf16): float32.
-        unary = (rows[part, None].to(total.dtype) * lm_head[top].to(total.dtype)).sum(-1)
-        scores = selector.scores(rows[part], unary, top, predecessors[part])
-        hits = top == targets[part, None]
-        loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
-        total = total + (loss * weights[part] * hits.any(-1)).sum()
-        picked.append(top.gather(-1, scores.detach().argmax(-1, keepdim=True)))
-    return total, torch.cat(picked).squeeze(-1) == targets
+        loss, pick = chunk_fn(
+            selector, rows[part], lm_head, candidates[part], predecessors[part],
+            targets[part], weights[part],
+        )  # fmt: skip
+        total = total + loss
+        picked.append(pick)
+    return total, torch.cat(picked) == targets
 
 
 @dataclass(frozen=True)
@@ -165,10 +193,14 @@ class SelectorTerm:
     """DFlash2's block term (drafter/arch/base.py's BlockTerm): the walk's hits under
     teacher forcing, and the selector's cross-entropy times drafter.selector_loss_weight."""
 
-    def __init__(self, drafter: nn.Module, cfg: DrafterConfig) -> None:
+    def __init__(self, drafter: nn.Module, cfg: DrafterConfig, compile_mode: str | None) -> None:
         self.selector: CandidateSelector = drafter.candidate_selector
         self.top_k = self.selector.top_k
         self.weight = cfg.selector_loss_weight
+        self.chunk_fn: SelectorChunk = selector_chunk
+        if compile_mode is not None:
+            # Eager, a chunk's gathers, products and their backward are ~40 small kernels.
+            self.chunk_fn = torch.compile(selector_chunk, mode=compile_mode, dynamic=False)
 
     def __call__(
         self,
@@ -181,7 +213,7 @@ class SelectorTerm:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """({"selector_loss_sum": the weighted selector loss}, the walk's hits)."""
         total, hits = selector_loss_sum(
-            self.selector, rows, lm_head, labels, row_weights, candidates, chunk
+            self.selector, rows, lm_head, labels, row_weights, candidates, chunk, self.chunk_fn
         )
         return {"selector_loss_sum": self.weight * total}, hits
 
