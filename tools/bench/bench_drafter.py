@@ -253,16 +253,43 @@ class VariantRun:
         )
         self.generator = torch.Generator(device).manual_seed(0)
 
-    def step(self, batch: PackedBatch) -> torch.Tensor:
-        """One training step; the loss."""
-        sums = block_objective(
+    def forward(self, batch: PackedBatch):
+        """The step's forward pass: the block objective's sums."""
+        return block_objective(
             self.model, self.head, batch, self.generator, self.cfg, max_tokens=self.max_tokens
         )
+
+    def finish(self, sums) -> torch.Tensor:
+        """The step's backward pass and optimiser step; the loss."""
         (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()
         optimizer_step(
             self.model, self.optimizer, self.scheduler, self.optim_cfg, **self.step_switches
         )
         return sums.loss_sum.detach() / sums.weight_sum
+
+    def step(self, batch: PackedBatch) -> torch.Tensor:
+        """One training step; the loss."""
+        return self.finish(self.forward(batch))
+
+    def memory(self, batch: PackedBatch) -> dict:
+        """GiB above the memory held between steps (CUDA): after the forward pass (what
+        backward keeps), the forward's peak and the whole step's peak."""
+        self.sync()
+        held = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        sums = self.forward(batch)
+        self.sync()
+        saved = torch.cuda.memory_allocated(self.device) - held
+        forward_peak = torch.cuda.max_memory_allocated(self.device) - held
+        self.finish(sums)
+        self.sync()
+        step_peak = torch.cuda.max_memory_allocated(self.device) - held
+        return {
+            "held_gib": held / 2**30,
+            "saved_for_backward_gib": saved / 2**30,
+            "forward_peak_gib": forward_peak / 2**30,
+            "step_peak_gib": step_peak / 2**30,
+        }
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -311,6 +338,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     varied_s, _, varied_flops, _ = run.timed(varied)
     recompiles = compiled_graph_count() - graphs_before
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    memory = run.memory(packed[0]) if device.type == "cuda" else {}
     profile = {}
     if args.profile:
         profile["profile"] = top_kernels(lambda: run.step(packed[0]))
@@ -327,6 +355,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
         "mean_fill": tokens / args.max_tokens,
         "model_tflop_per_step": flops / 1e12,
         "peak_mem_gib": peak,
+        **memory,
         "recompiles": recompiles,
         "final_loss": final_loss,
         **profile,
@@ -383,15 +412,18 @@ def main(argv: list[str] | None = None) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(
-        f"{'variant':<12} {'step_s':>8} {'tok/s':>10} {'TFLOP/s':>8} {'mfu':>6} {'mem GiB':>8} {'recomp':>6}"
+        f"{'variant':<12} {'step_s':>8} {'tok/s':>10} {'TFLOP/s':>8} {'mfu':>6} {'mem GiB':>8} "
+        f"{'saved':>6} {'recomp':>6}"
     )
     for r in results:
         if "step_s" not in r:
             print(f"{r['variant']:<12} {r.get('error') or r.get('skipped')}")
             continue
         mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
+        saved = f"{r['saved_for_backward_gib']:.1f}" if "saved_for_backward_gib" in r else "-"
         print(f"{r['variant']:<12} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
-              f"{r['tflops_per_s']:>8.1f} {r['mfu'] or 0:>6.3f} {mem:>8} {r['recompiles']:>6}")  # fmt: skip
+              f"{r['tflops_per_s']:>8.1f} {r['mfu'] or 0:>6.3f} {mem:>8} {saved:>6} "
+              f"{r['recompiles']:>6}")  # fmt: skip
     report = {
         "benchmark": "bench_drafter",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -115,6 +115,28 @@ class CandidateSelector(nn.Module):
 SelectorChunk = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
+class _CandidateLogits(torch.autograd.Function):
+    """The candidates' logits [rows, k] of rows [rows, H], with gradient for the rows.
+
+    They are formed again from the candidates' LM-head rows alone, so no vocabulary-wide
+    logit matrix exists, in float32 (a product and a sum: a matmul would run in bf16
+    under autocast). The gathered LM-head rows (rows x k x H floats, the size of k
+    copies of the hidden states) are gathered again in backward rather than kept."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, lm_head: torch.Tensor, candidates: torch.Tensor):
+        ctx.save_for_backward(lm_head, candidates)
+        ctx.rows_dtype = rows.dtype
+        dtype = torch.promote_types(lm_head.dtype, torch.float32)
+        return (rows[:, None].to(dtype) * lm_head[candidates].to(dtype)).sum(-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        lm_head, candidates = ctx.saved_tensors
+        grad_rows = (grad[..., None] * lm_head[candidates].to(grad.dtype)).sum(1)
+        return grad_rows.to(ctx.rows_dtype), None, None
+
+
 def selector_chunk(
     selector: CandidateSelector,
     rows: torch.Tensor,
@@ -124,14 +146,8 @@ def selector_chunk(
     targets: torch.Tensor,
     weights: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """selector_loss_sum over one chunk of rows: (sum of weights * CE, the walk's pick).
-
-    The unary scores (the candidates' logits) are formed again, with gradient, from the
-    candidates' LM-head rows alone, so the backward pass never sees a vocabulary-wide
-    logit matrix. A product and a sum (not a matmul, which autocast would run in bf16):
-    float32."""
-    dtype = torch.promote_types(lm_head.dtype, torch.float32)
-    unary = (rows[:, None].to(dtype) * lm_head[candidates].to(dtype)).sum(-1)
+    """selector_loss_sum over one chunk of rows: (sum of weights * CE, the walk's pick)."""
+    unary = _CandidateLogits.apply(rows, lm_head, candidates)
     scores = selector.scores(rows, unary, candidates, predecessors)
     hits = candidates == targets[:, None]
     loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
@@ -198,8 +214,12 @@ class SelectorTerm:
         self.top_k = self.selector.top_k
         self.weight = cfg.selector_loss_weight
         self.chunk_fn: SelectorChunk = selector_chunk
-        if compile_mode is not None:
-            # Eager, a chunk's gathers, products and their backward are ~40 small kernels.
+        # Eager, the candidates' LM-head rows of a chunk are gathered whole (rows x top_k x
+        # H floats), so rows go `chunk` at a time. Compiled, the gather fuses into its
+        # product (nothing of that size exists) and all rows go at once: per chunk, the
+        # codebooks' backward would scatter into a vocabulary-wide gradient of its own.
+        self.whole_batch = compile_mode is not None
+        if self.whole_batch:
             self.chunk_fn = torch.compile(selector_chunk, mode=compile_mode, dynamic=False)
 
     def __call__(
@@ -213,8 +233,9 @@ class SelectorTerm:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """({"selector_loss_sum": the weighted selector loss}, the walk's hits)."""
         total, hits = selector_loss_sum(
-            self.selector, rows, lm_head, labels, row_weights, candidates, chunk, self.chunk_fn
-        )
+            self.selector, rows, lm_head, labels, row_weights, candidates,
+            rows.shape[0] if self.whole_batch else chunk, self.chunk_fn,
+        )  # fmt: skip
         return {"selector_loss_sum": self.weight * total}, hits
 
 
