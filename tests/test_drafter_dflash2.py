@@ -361,3 +361,40 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     trained, untrained = eval_records(run_dir)[-1], eval_records(untrained_dir)[-1]
     assert trained["tau_sim"] > untrained["tau_sim"] + LEARNED_TAU_SIM, (trained, untrained)
+
+
+def _saved_for_backward(layer: nn.Module, length: int) -> int:
+    """Bytes a decoder layer's forward keeps for backward (its weights and inputs aside)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(length, TARGET["hidden_size"], generator=gen, requires_grad=True)
+    ctx = torch.randn(24, TARGET["hidden_size"], generator=gen)
+    cos, sin = torch.randn(2, 24 + length, TARGET["head_dim"], generator=gen)
+    kept = {p.untyped_storage().data_ptr() for p in (*layer.parameters(), x, ctx, cos, sin)}
+    saved: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in kept:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        layer(x, ctx, cos, sin, attend)
+    return sum(saved.values())
+
+
+def test_dflash2_layers_keep_little_more_than_dflash_layers_for_backward() -> None:
+    """The in-block convolutions' work is formed again in backward: beyond a DFlash
+    layer's activations a DFlash2 layer keeps its four convolutions' inputs and their
+    corrections, 4.5 [L, H] tensors (16 when the convolutions' intermediates stayed)."""
+    length = 64
+    layers = [
+        build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).layers[0]
+        for cfg in (make_cfg(), make_cfg(**DFLASH2))
+    ]
+    dflash, dflash2 = (_saved_for_backward(layer, length) for layer in layers)
+    hidden_tensor = length * TARGET["hidden_size"] * 4
+    assert dflash2 - dflash <= 5 * hidden_tensor, (dflash2 - dflash) / hidden_tensor

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ringtrain.drafter.arch.dflash.model import Attend, DecoderLayer, DFlashDrafter
 from ringtrain.drafter.arch.dflash2.selector import CandidateSelector
@@ -69,11 +70,20 @@ class BlockConv(nn.Module):
     def before(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Convolve the sublayer input; also return the corrections of the after-side."""
         delta = self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.groups)
-        return self._convolve(x, delta[:, 0], 0), delta[:, 1]
+        return self._recomputed(x, delta[:, 0], 0), delta[:, 1]
 
     def after(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Convolve the sublayer output with the corrections `before` returned."""
-        return self._convolve(y, delta, 1)
+        return self._recomputed(y, delta, 1)
+
+    def _recomputed(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        """_convolve, its output formed again in backward instead of kept: backward keeps
+        the input and the corrections only (a few multiply-adds per element to redo, where
+        keeping the before-side's output for the sublayer's projections cost two more
+        [L, H] tensors per convolution pair, a quarter more activation memory per layer)."""
+        if not torch.is_grad_enabled():
+            return self._convolve(x, delta, side)
+        return checkpoint(self._convolve, x, delta, side, use_reentrant=False)
 
 
 class DFlash2DecoderLayer(DecoderLayer):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtrain.drafter.arch.dflash.model import INIT_STD
+from ringtrain.drafter.arch.dflash2.codebook import codebook_rows
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.drafter.sums import LOSS_PART, ObjectiveSums
@@ -58,11 +59,10 @@ class CandidateSelector(nn.Module):
     ) -> torch.Tensor:
         """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
-        # Codebook rows by F.embedding, whose backward is made for many repeats of a few
-        # rows (common tokens fill most candidate lists); an index's backward is a sort and
-        # an accumulating index_put (15.5 ms a step on the Qwen3-8B drafter shape).
-        gate = F.embedding(predecessors, self.predecessor_codebook) * projected
-        successors = F.embedding(candidates, self.successor_codebook)
+        # Codebook rows by aten's embedding, whose backward is made for many repeats of a
+        # few rows (common tokens fill most candidate lists): see codebook.py.
+        gate = codebook_rows(predecessors, self.predecessor_codebook) * projected
+        successors = codebook_rows(candidates, self.successor_codebook)
         pair = torch.einsum("...r,...kr->...k", gate, successors)
         return unary + pair.to(unary.dtype)
 
