@@ -48,7 +48,14 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B, QWEN3_32B, QWEN3_MASK_TOKEN_ID
+from tools.bench.model_shapes import (
+    QWEN3_5_27B,
+    QWEN3_5_MASK_TOKEN_ID,
+    QWEN3_8B,
+    QWEN3_30B_A3B,
+    QWEN3_32B,
+    QWEN3_MASK_TOKEN_ID,
+)
 from tools.bench.pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +91,12 @@ TARGET_SHAPES = {
         "head_dim": 256,
         "intermediate_size": 6144,
         "vocab_size": 248320,
-        "mask_token_id": 248070,
+        "mask_token_id": QWEN3_5_MASK_TOKEN_ID,
+    },
+    "qwen3.5-27b": {
+        "model_type": "qwen3_5_text",
+        **QWEN3_5_27B,
+        "mask_token_id": QWEN3_5_MASK_TOKEN_ID,
     },
 }
 # Shapes whose drafter tools/bench/bench_drafter.py benchmarks (--target-shape).

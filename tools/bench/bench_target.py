@@ -13,7 +13,10 @@ H2D) into a packed [N, K*H] output on the GPU ("device" out) and in pinned host 
   "grouped_mm" runs all experts in grouped GEMMs, no Python loop over experts);
 - qwen3.5-hybrid: transformers' Qwen3.5 text config defaults (Gated DeltaNet layers,
   3 linear : 1 full attention); FLA Triton kernels when flash-linear-attention is
-  installed, else the torch fallback.
+  installed, else the torch fallback;
+- qwen3.5-27b: Qwen3.5-27B's text decoder at full size (model_shapes.QWEN3_5_27B: 64
+  layers, hidden 5120, Gated DeltaNet 16 / 48 heads of 128, attention 24 / 4 heads of
+  256, MLP 17408, vocab 248320), the hybrid target class at its real size.
 
 FLOPs (forward, per token): 2 x the weights a token is multiplied by in the kept layers
 (every matrix outside expert stacks: linear layers and routers; of each mixture-of-experts
@@ -36,7 +39,7 @@ single row and on more rows of other lengths, the graphs compiled while running 
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of each
 variant's first measurement.
 
-    python -m tools.bench.bench_target --json                     # every shape, 8192 and 16384 tokens
+    python -m tools.bench.bench_target --json                     # every shape but the 27B, 8192 and 16384 tokens
     python -m tools.bench.bench_target --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
     python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
     python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
@@ -69,7 +72,7 @@ from ringtrain.target.taps import default_tap_layers
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
-from tools.bench.model_shapes import QWEN3_8B, QWEN3_30B_A3B
+from tools.bench.model_shapes import QWEN3_5_27B, QWEN3_8B, QWEN3_30B_A3B
 
 NUM_TAPS = 5
 GDN_CHUNK = 64
@@ -88,7 +91,11 @@ SHAPES: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("qwen3", {**QWEN3_8B, "max_position_embeddings": 40960}),
     "qwen3-30b-a3b": ("qwen3_moe", {**QWEN3_30B_A3B, "max_position_embeddings": 40960}),
     "qwen3.5-hybrid": ("qwen3_5_text", {}),
+    "qwen3.5-27b": ("qwen3_5_text", {**QWEN3_5_27B, "max_position_embeddings": 262144}),
 }
+# Shapes run when --shape names none: all but the 27B hybrid (about 54 GB of weights),
+# which runs when named.
+DEFAULT_SHAPES = ("qwen3-8b", "qwen3-30b-a3b", "qwen3.5-hybrid")
 # --small: the same model types at toy size, for a CPU smoke run.
 SMALL_SIZES = {
     "vocab_size": 2048,
@@ -115,6 +122,7 @@ SMALL: dict[str, dict] = {
         "linear_value_head_dim": 64,
     },
 }
+SMALL["qwen3.5-27b"] = SMALL["qwen3.5-hybrid"]
 
 
 def build_config(shape: str, small: bool) -> PretrainedConfig:
@@ -429,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         for moe in (MOE_COMPILE_VARIANTS[args.moe_compile] if compiled else ("off",))
     ]
     results = []
-    for shape in args.shape or sorted(SHAPES):
+    for shape in args.shape or DEFAULT_SHAPES:
         for compiled, moe in variants:
             results.extend(bench_variant(args, shape, device, compiled, moe))
 

@@ -8,6 +8,15 @@ its consumer needs (model type, norm epsilon, RoPE base, context length).
 ``QWEN3_MASK_TOKEN_ID`` is the DFlash mask token of Qwen3 (both share the vocabulary).
 ``SMOLLM2_135M`` holds those of SmolLM2-135M-Instruct, the real-model recipe's target
 (``SMOLLM2_MASK_TOKEN_ID``: the recipe's mask token, configs/smollm2-135m.toml).
+``QWEN3_5_27B`` holds those of Qwen3.5-27B's text decoder (model type ``qwen3_5_text``),
+the hybrid target class ringtrain was made for, as the "Model Overview" of the
+Qwen/Qwen3.5-27B and Qwen/Qwen3.6-27B model cards gives them (the two share the layout):
+64 layers as 16 x (3 x (Gated DeltaNet -> FFN) -> 1 x (gated attention -> FFN)); Gated
+DeltaNet with 16 query/key and 48 value heads of 128; gated attention with 24 query / 4
+key-value heads of 256, rotary on 64 of the 256 dimensions (transformers' default
+partial_rotary_factor 0.25); FFN 17,408; padded vocabulary 248,320; about 54 GB of bf16
+weights. ``QWEN3_5_MASK_TOKEN_ID`` is a reserved token of that vocabulary, used as the
+DFlash mask token of the Qwen3.5 shapes.
 """
 
 from __future__ import annotations
@@ -55,3 +64,18 @@ SMOLLM2_135M: dict[str, int] = {
     "head_dim": 64,
 }
 SMOLLM2_MASK_TOKEN_ID = 16
+QWEN3_5_27B: dict[str, int] = {
+    "vocab_size": 248320,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+}
+QWEN3_5_MASK_TOKEN_ID = 248070
