@@ -37,9 +37,12 @@ def test_every_user_turn_is_answered_after_the_targets_own_answers(tmp_path: Pat
         Conversation("one", messages=[SECOND]),
     ]
     batches: list[int] = []
-    prompts, answers, stats = answer_in_rounds(local, conversations, renderer, 12, batches.append)
+    prompts, answers, owners, stats = answer_in_rounds(
+        local, conversations, renderer, 12, batches.append
+    )
 
     assert len(prompts) == len(answers) == 4 and sum(batches) == 4
+    assert owners == [0, 1, 2, 0]
     first_prompt = renderer.render([FIRST], "two turn 1")
     assert prompts[:3] == [first_prompt, ids, renderer.render([SECOND], "one turn 1")]
     reply = {"role": "assistant", "content": renderer.answer_text(answers[0].tokens)}

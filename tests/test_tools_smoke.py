@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ringtrain.data.sources import source_counts
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,29 +373,35 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
 
 @pytest.mark.scripts
 def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
-    """The paper's recipe and `best` (all four changes at once) of the [variants.cpu] settings
-    train at once (--parallel 2) on the real model's data with their overrides and are
-    evaluated losslessly; the report is complete and the table names each variant."""
+    """The paper's recipe, `best` (all four changes at once) and `code_only` (best on the
+    code prompts' rows only) of the [variants.cpu] settings train at once (--parallel 3)
+    on the real model's data with their overrides and are evaluated losslessly; the
+    report is complete and the table names each variant."""
     paths = {"target.path": "model", "data.path": "train", "data.eval_path": "eval",
              "run.run_dir": "runs/smollm2"}  # fmt: skip
     sets = [f"{key}={json.dumps(str(tmp_path / value))}" for key, value in paths.items()]
     proc = subprocess.run(
         [sys.executable, "-m", "tools.recipes.real_variants", "--device", "cpu",
-         "--only", "decayed_ce", "best", "--parallel", "2",
+         "--only", "decayed_ce", "best", "code_only", "--parallel", "3",
          *[arg for assignment in sets for arg in ("--set", assignment)]],
         cwd=ROOT, env={**_env(), "OUT": str(tmp_path / "out")}, capture_output=True,
         text=True, timeout=8 * RUN_TIMEOUT_S, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "real_variants.json").read_text())
-    assert list(report["variants"]) == ["decayed_ce", "best"]
+    assert list(report["variants"]) == ["decayed_ce", "best", "code_only"]
     for name, entry in report["variants"].items():
         assert entry["eval"]["lossless"] and entry["eval"]["exit"] == 0, name
         assert entry["eval"]["tau_real"] >= 1.0 and entry["held_out"]["tau_sim"] >= 1.0, name
         assert entry["train_tokens_per_s"] > 0, name
         assert f"- tau_real_humaneval_{name}: " in proc.stdout
-    assert report["variants"]["best"]["trained_with"] == ["decayed_ce"]
-    assert "train_decayed_ce+best" in report["timings_s"]
+    assert report["variants"]["best"]["trained_with"] == ["decayed_ce", "code_only"]
+    assert "train_decayed_ce+best+code_only" in report["timings_s"]
+    # code_only trained on the regenerated set's code rows: every one of them, nothing else.
+    assert report["variants"]["code_only"]["train_sources"] == ["code"]
+    everything = source_counts(tmp_path / "train")
+    assert set(everything) == {"code", "synthesized", "synthesized_two_turn"}, everything
+    assert source_counts(tmp_path / "train-code_only") == {"code": everything["code"]}
     trained = {
         name: json.loads(
             (tmp_path / "runs" / "smollm2-variants" / name / "config.json").read_text()
@@ -410,4 +417,5 @@ def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
     assert chosen == {
         "decayed_ce": ("dflash", "decayed_ce", "adamw", "cosine", steps),
         "best": ("dflash2", "dpace", "muon", "wsd", steps),
+        "code_only": ("dflash2", "dpace", "muon", "wsd", steps),
     }

@@ -10,6 +10,7 @@ turn.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.greedy import Answer, GenerationStats
@@ -32,21 +33,31 @@ def user_segments(conversation: Conversation) -> list[list[dict[str, str]]]:
     return segments
 
 
+class AnsweredTurns(NamedTuple):
+    """Every assistant turn of the conversations as a training row, round by round."""
+
+    prompts: list[list[int]]  # each row's prompt ids (its history up to the user turn)
+    answers: list[Answer]  # each row's answer
+    conversations: list[int]  # each row's conversation (its index in the input)
+    stats: GenerationStats
+
+
 def answer_in_rounds(
     local: LocalModel,
     conversations: list[Conversation],
     renderer: ChatRenderer,
     max_new_tokens: int,
     on_batch: Callable[[int], None] | None = None,
-) -> tuple[list[list[int]], list[Answer], GenerationStats]:
-    """(prompt ids, answer) of every assistant turn: round k answers the k-th user turn
-    of each conversation that has one, after its earlier turns and the target's answers."""
+) -> AnsweredTurns:
+    """Every assistant turn: round k answers the k-th user turn of each conversation
+    that has one, after its earlier turns and the target's answers."""
     segments = [
         user_segments(c) if c.messages is not None else [c.input_ids] for c in conversations
     ]
     histories: list[list[dict[str, str]]] = [[] for _ in conversations]
     prompts: list[list[int]] = []
     answers: list[Answer] = []
+    owners: list[int] = []
     totals = GenerationStats(prompts=0, new_tokens=0, seconds=0.0, batches=0)
     for turn in range(max(map(len, segments), default=0)):
         active = [i for i, parts in enumerate(segments) if len(parts) > turn]
@@ -66,10 +77,11 @@ def answer_in_rounds(
             histories[i].append({"role": "assistant", "content": reply})
         prompts += round_prompts
         answers += round_answers
+        owners += active
         totals = GenerationStats(
             totals.prompts + stats.prompts,
             totals.new_tokens + stats.new_tokens,
             totals.seconds + stats.seconds,
             totals.batches + stats.batches,
         )
-    return prompts, answers, totals
+    return AnsweredTurns(prompts, answers, owners, totals)

@@ -101,6 +101,12 @@ def benchmark_rows(evals: dict[str, dict]) -> list[str]:
     return rows
 
 
+def benchmark_metric(benchmark: str) -> str:
+    """The BENCHMARKS.md metric of a benchmark's (or category's) tau_real:
+    tau_real_humaneval, tau_real_mtbench_math, ..."""
+    return f"tau_real_{benchmark.replace('-', '').replace('/', '_')}"
+
+
 def benchmark_lines(report: dict, where: str) -> list[str]:
     """BENCHMARKS.md lines of the largest set's evaluations (`- metric: value (where)`)."""
     entry = report["sizes"][max(report["sizes"])]
@@ -110,9 +116,8 @@ def benchmark_lines(report: dict, where: str) -> list[str]:
             continue
         suffix = "" if result.get("temperature", 0) == 0 else f"_t{result['temperature']:g}"
         for name, figures in result.get("benchmarks", {}).items():
-            metric = f"tau_real_{name.replace('-', '').replace('/', '_')}{suffix}"
             lines.append(
-                f"- {metric} ({key}): {figures['tau_real']:.3f} ({where}; "
+                f"- {benchmark_metric(name)}{suffix} ({key}): {figures['tau_real']:.3f} ({where}; "
                 f"{figures['prompts']} turns, speedup {figures.get('speedup') or 0:.2f}x, "
                 f"{figures.get('numerical_ties', 0)} ties)"
             )

@@ -32,15 +32,18 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import date
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ringtrain.config import Config, add_override_option, load_config
 from ringtrain.data.arrow_files import list_data_files
+from ringtrain.data.sources import SOURCE, source_counts
 from tools.recipes.children import run_all, stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
 from tools.recipes.real_base import (
@@ -164,9 +167,33 @@ def make_data(recipe: RealRecipe) -> dict:
 
 def first_rows(source: Path, output: Path, rows: int) -> None:
     """A dataset of the first ``rows`` rows of the one Arrow file in ``source``."""
+    write_rows(source, output, lambda table: table.slice(0, rows))
+
+
+def source_rows(source: Path, output: Path, names: list[str]) -> int:
+    """A dataset of the rows of ``source`` (a mixed one: a source column) from the
+    sources ``names``; their count."""
+    counts = source_counts(source) or {}
+    missing = sorted(set(names) - set(counts))
+    if missing:
+        raise SystemExit(
+            f"real_recipe: {source} has no rows from {', '.join(missing)} (its sources: "
+            f"{', '.join(sorted(counts)) or 'none'}); remake the data (--fresh)"
+        )
+
+    def chosen(table: pa.Table) -> pa.Table:
+        column = table.column(SOURCE).cast(pa.string())
+        return table.filter(pc.is_in(column, value_set=pa.array(names)))
+
+    write_rows(source, output, chosen)
+    return sum(counts[name] for name in names)
+
+
+def write_rows(source: Path, output: Path, select: Callable[[pa.Table], pa.Table]) -> None:
+    """A dataset of the rows ``select`` keeps of the one Arrow file in ``source``."""
     (path,) = list_data_files(source)
     with pa.memory_map(str(path)) as mapped:
-        table = pa.ipc.open_file(mapped).read_all().slice(0, rows)
+        table = select(pa.ipc.open_file(mapped).read_all())
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)
     with (

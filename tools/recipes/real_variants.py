@@ -38,7 +38,7 @@ from ringtrain.config import Config, ConfigError, load_config
 from tools.recipes.children import stop_children_on_sigterm
 from tools.recipes.mps import mps_daemon
 from tools.recipes.real_base import ROOT, RealRecipe, Timed
-from tools.recipes.real_eval import evaluate_drafter
+from tools.recipes.real_eval import benchmark_metric, benchmark_rows, evaluate_drafter
 from tools.recipes.real_recipe import (
     held_out,
     load_recipe,
@@ -49,6 +49,7 @@ from tools.recipes.real_recipe import (
     recipe_tables,
     run_children,
     save_json,
+    source_rows,
     steps_mps,
     summary,
     train_command,
@@ -70,6 +71,10 @@ class VariantsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     parallel: Annotated[int, msgspec.Meta(ge=1)] = 1
     # name -> training-config overrides (section.key=value), after the recipe's own.
     variants: dict[str, list[str]]
+    # name -> the sources of the recipe's training prompts (real_prompts: "code",
+    # "synthesized", "synthesized_two_turn") whose rows the variant trains on; a variant
+    # not named here trains on every row. A data-mixture comparison at equal steps.
+    train_sources: dict[str, list[str]] = {}
 
 
 def load_settings(tables: dict, device: str, source: str) -> VariantsSettings:
@@ -81,6 +86,12 @@ def load_settings(tables: dict, device: str, source: str) -> VariantsSettings:
         settings = msgspec.convert(section, VariantsSettings)
     except msgspec.ValidationError as exc:
         raise SystemExit(f"real_variants: {source} [variants.{device}]: {exc}") from None
+    unknown = sorted(set(settings.train_sources) - set(settings.variants))
+    if unknown:
+        raise SystemExit(
+            f"real_variants: {source} [variants.{device}] train_sources names "
+            f"{', '.join(unknown)}, which are not variants"
+        )
     for name in settings.variants:
         if not VARIANT_NAME.fullmatch(name):
             raise SystemExit(
@@ -124,14 +135,29 @@ def variants_dir(recipe: RealRecipe) -> Path:
     return base.with_name(f"{base.name}-variants")
 
 
-def train_group(recipe: RealRecipe, group: dict[str, tuple[list[str], Config]]) -> dict[str, dict]:
+def variant_train_set(recipe: RealRecipe, settings: VariantsSettings, name: str) -> Path:
+    """The variant's training set: the recipe's largest, or (train_sources) the rows of
+    the sources named for it, cut from that set beside it."""
+    train_set = recipe.train_set(recipe.largest)
+    names = settings.train_sources.get(name)
+    if not names:
+        return train_set
+    subset = train_set.with_name(f"{train_set.name}-{name}")
+    rows = source_rows(train_set, subset, names)
+    log(f"{name}: {rows} rows of {', '.join(names)} in {subset}")
+    return subset
+
+
+def train_group(
+    recipe: RealRecipe, settings: VariantsSettings, group: dict[str, tuple[list[str], Config]]
+) -> dict[str, dict]:
     """Train the ``group``'s variants at once (under MPS on CUDA when more than one), each
     in a fresh run directory (see the module); each one's training facts, or its error."""
     run_dirs = {name: variants_dir(recipe) / name for name in group}
-    train_set = recipe.train_set(recipe.largest)
     commands = {}
     for name, (overrides, config) in group.items():
         shutil.rmtree(run_dirs[name], ignore_errors=True)
+        train_set = variant_train_set(recipe, settings, name)
         commands[f"train_{name}"] = train_command(
             recipe, run_dirs[name], train_set, overrides, config
         )
@@ -195,10 +221,12 @@ def run_groups(
     names = list(configs)
     for first in range(0, len(names), settings.parallel):
         group = {name: configs[name] for name in names[first : first + settings.parallel]}
-        for name, entry in train_group(recipe, group).items():
+        for name, entry in train_group(recipe, settings, group).items():
             if "error" not in entry:
                 entry.update(evaluate_variant(recipe, settings.eval_limit, name, entry))
-            report["variants"][name] = {"overrides": settings.variants[name], **entry}
+            sources = settings.train_sources.get(name)
+            data = {"train_sources": sources} if sources else {}
+            report["variants"][name] = {"overrides": settings.variants[name], **data, **entry}
             report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
             report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
             save_json(report, "real_variants.json", variants_dir(recipe))
@@ -228,11 +256,13 @@ def variant_rows(report: dict) -> list[str]:
             f"{cell(entry.get('train_tokens_per_s'), ',.0f'):>12} "
             f"{cell(entry.get('train_s'), '.0f'):>8} {cell(entry.get('eval_s'), '.0f'):>7}"
         )
-    return rows
+    per_benchmark = {name: entry.get("eval", {}) for name, entry in report["variants"].items()}
+    return [*rows, "", *benchmark_rows(per_benchmark)]
 
 
 def benchmark_lines(report: dict, command: str) -> list[str]:
-    """BENCHMARKS.md lines (`- tau_real_humaneval_<variant>: value (machine, date, command)`)."""
+    """BENCHMARKS.md lines, one per variant and benchmark
+    (`- tau_real_<benchmark>_<variant>: value (machine, date, command; ...)`)."""
     where = f"{report['machine']}, {report['date']}, `{command}`"
     steps = report["settings"]["steps"]
     lines = []
@@ -243,13 +273,18 @@ def benchmark_lines(report: dict, command: str) -> list[str]:
         tau_sim = entry["held_out"].get("tau_sim")
         together = entry.get("trained_with")
         shared = f"; trained at once with {', '.join(together)}" if together else ""
-        lines.append(
-            f"- tau_real_humaneval_{name}: {result['tau_real']:.3f} ({where}; "
-            f"{' '.join(entry['overrides']) or 'the defaults'}; {steps} steps{shared}; "
-            f"{entry['eval_dtype']}, {result['prompts']} prompts, {result['numerical_ties']} "
-            f"ties, {len(result['mismatches'])} mismatches; tau_sim {cell(tau_sim, '.3f')}; "
-            f"training {cell(entry.get('train_tokens_per_s'), ',.0f')} tokens/s)"
+        data = (
+            f"; trained on {', '.join(entry['train_sources'])}" if "train_sources" in entry else ""
         )
+        for benchmark, figures in result.get("benchmarks", {}).items():
+            lines.append(
+                f"- {benchmark_metric(benchmark)}_{name}: {figures['tau_real']:.3f} ({where}; "
+                f"{' '.join(entry['overrides']) or 'the defaults'}{data}; {steps} steps{shared}; "
+                f"{entry['eval_dtype']}, {figures['prompts']} turns, "
+                f"{figures.get('numerical_ties', 0)} ties, {len(result['mismatches'])} mismatches "
+                f"in the evaluation; tau_sim {cell(tau_sim, '.3f')}; training "
+                f"{cell(entry.get('train_tokens_per_s'), ',.0f')} tokens/s)"
+            )
     return lines
 
 

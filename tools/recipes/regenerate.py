@@ -11,7 +11,9 @@ the target's chat template (``--chat-template-kwargs`` go to the template). A co
 of several user turns is answered in rounds, each turn given the target's own earlier
 answers (assistant turns of the input are replaced), and gives one row per assistant
 turn (its history as the prompt, loss on that answer). Answers cut
-at ``--max-new-tokens`` are counted and reported. The prompts can be carved from the local text
+at ``--max-new-tokens`` are counted and reported. Where every prompt record names its
+``source`` (a mixture's records do), every row keeps it in a source column, as a prepared
+mixture's rows do. The prompts can be carved from the local text
 corpus of the toy recipe (train and eval splits never share text), so the recipe needs
 no external data:
 
@@ -34,10 +36,12 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from ringtrain.data.corpus import carve_prompts, read_corpus
+from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.local_model import DEVICES, LocalModel
 from ringtrain.generate.prompt_sets import PromptOptions, read_benchmark, read_prompt_file
+from ringtrain.generate.prompts import read_prompt_records
 from ringtrain.generate.rounds import answer_in_rounds
 
 DATASET_FILE = "regenerated-00000.arrow"
@@ -57,8 +61,14 @@ def corpus_bytes_of(target: Path) -> int:
     return DEFAULT_CORPUS_BYTES
 
 
-def write_dataset(directory: Path, prompts: list[list[int]], responses: list[list[int]]) -> Path:
-    """Rows prompt + response, loss_mask 1 on the response tokens."""
+def write_dataset(
+    directory: Path,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    sources: list[str] | None = None,
+) -> Path:
+    """Rows prompt + response, loss_mask 1 on the response tokens; with ``sources`` (each
+    row's), a source column as a prepared mixture has."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -74,9 +84,20 @@ def write_dataset(directory: Path, prompts: list[list[int]], responses: list[lis
         ]
     )
     directory.mkdir(parents=True, exist_ok=True)
-    with TokenFileWriter(directory / DATASET_FILE) as writer:
-        writer.write(offsets, input_ids, loss_mask)
+    names = sorted(set(sources)) if sources is not None else None
+    source_ids = None if names is None else np.array([names.index(n) for n in sources])
+    with TokenFileWriter(directory / DATASET_FILE, names) as writer:
+        writer.write(offsets, input_ids, loss_mask, source_ids)
     return writer.path
+
+
+def record_sources(args: argparse.Namespace, count: int) -> list[str] | None:
+    """The source each of the first ``count`` prompt records names (a mixture's records
+    name theirs), or None unless every one names one."""
+    if not args.prompts:
+        return None
+    names = [record.get(SOURCE) for _, record in read_prompt_records(args.prompts)[:count]]
+    return names if all(isinstance(name, str) for name in names) else None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -167,16 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     conversations = read_conversations(args, renderer, local.vocab_size)
     turns = sum(c.turns for c in conversations)
     with tqdm(total=turns, desc="regenerate", unit="turn", file=sys.stderr) as bar:
-        prompts, answers, stats = answer_in_rounds(
+        prompts, answers, owners, stats = answer_in_rounds(
             local, conversations, renderer, args.max_new_tokens, bar.update
         )
+    sources = record_sources(args, len(conversations))
     responses = [answer.tokens for answer in answers]
     truncated = sum(answer.truncated for answer in answers)
     log(
         f"{stats.new_tokens} tokens in {stats.seconds:.1f} s ({stats.tokens_per_s:,.0f} tokens/s); "
         f"{truncated} of {len(answers)} answers cut at --max-new-tokens {args.max_new_tokens}"
     )
-    path = write_dataset(Path(args.output), prompts, responses)
+    row_sources = None if sources is None else [sources[i] for i in owners]
+    path = write_dataset(Path(args.output), prompts, responses, row_sources)
     log(
         f"wrote {len(prompts)} rows ({stats.new_tokens} response tokens) to {path}: "
         f"{len(conversations)} conversations"
