@@ -84,8 +84,10 @@ def write_dataset(
         ]
     )
     directory.mkdir(parents=True, exist_ok=True)
-    names = sorted(set(sources)) if sources is not None else None
-    source_ids = None if names is None else np.array([names.index(n) for n in sources])
+    names, source_ids = None, None
+    if sources is not None:
+        names, source_ids = np.unique(sources, return_inverse=True)
+        names = names.tolist()
     with TokenFileWriter(directory / DATASET_FILE, names) as writer:
         writer.write(offsets, input_ids, loss_mask, source_ids)
     return writer.path

@@ -26,14 +26,14 @@ def _codebook_grad_shape(grad: torch.Tensor, indices: torch.Tensor, num_rows: in
 
 
 def _backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-    indices, codebook = ctx.saved_tensors
-    return None, codebook_grad(grad.contiguous(), indices, codebook.shape[0])
+    (indices,) = ctx.saved_tensors
+    return None, codebook_grad(grad.contiguous(), indices, ctx.num_rows)
 
 
 def _save(ctx, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
     indices, codebook = inputs
-    # The codebook for its row count only: a parameter, kept alive anyway.
-    ctx.save_for_backward(indices, codebook)
+    ctx.save_for_backward(indices)
+    ctx.num_rows = codebook.shape[0]
 
 
 @torch.library.custom_op("ringtrain::codebook_rows", mutates_args=())
