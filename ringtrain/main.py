@@ -128,10 +128,15 @@ def set_compile_caches(config: Config, info: RankInfo) -> None:
     """Give this process its own persistent Triton and Inductor caches.
 
     Separate directories per local rank mean no two processes share autotune state;
-    persistence means a warm restart skips compilation."""
+    persistence means a warm restart skips compilation, and with Triton's autotune
+    results kept on disk (TRITON_CACHE_AUTOTUNING) it skips the autotune of FLA's Gated
+    DeltaNet kernels too (about a minute on a hybrid target). Triton reads that setting
+    when a kernel is defined, so this runs before FLA is imported. A value the user set
+    in the environment wins."""
     root = Path(config.run.cache_dir).expanduser() / f"{info.role}{info.local_rank}"
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
 def refuse(exc: Exception, reporter: bool) -> int:
