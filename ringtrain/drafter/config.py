@@ -93,8 +93,9 @@ class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     # "adamw": AdamW on every trainable parameter. "muon": Muon (torch.optim.Muon's update,
     # stepped a matrix shape at a time) on the decoder layers' weight matrices (attention
-    # and MLP projections) and AdamW, in the same step, on the rest: the input projection fc (the drafter's first layer, which
-    # the Muon authors leave to AdamW like embeddings and output layers) and the norms.
+    # and MLP projections) and AdamW, in the same step, on the rest: the input projection
+    # fc (the drafter's first layer, which the Muon authors leave to AdamW like
+    # embeddings and output layers) and the norms.
     # Muon's step on each matrix is scaled by 0.2 * sqrt(max(rows, cols)) (torch's
     # adjust_lr_fn = "match_rms_adamw"), which gives it the RMS of a typical AdamW update:
     # so one lr (and one weight_decay) serves both parts, with their AdamW values. A
