@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ringtrain.target.linear_attention import (
     GATED_DELTA_RULE_FUNCTIONS,
+    SHORT_CONVOLUTION_FUNCTION,
+    fla_causal_conv1d_fn,
     linear_attention_backend,
     use_torch_linear_attention,
 )
@@ -26,6 +29,7 @@ def _forward(target, input_ids: torch.Tensor) -> torch.Tensor:
         return target.module(input_ids=input_ids).last_hidden_state
 
 
+@pytest.mark.skipif(FLA_INSTALLED, reason="with FLA installed a hybrid target refuses the CPU")
 def test_torch_choice_swaps_the_dispatching_functions_for_transformers_own(
     tmp_path: Path,
 ) -> None:
@@ -58,3 +62,36 @@ def test_fla_choice_without_fla_is_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(TargetLoadError, match=r"flash-linear-attention is not installed.*torch"):
         linear_attention_backend(config, torch.device("cuda"), "fla")
     assert linear_attention_backend(config, torch.device("cpu"), "auto") == "torch"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and FLA_INSTALLED),
+    reason="needs a CUDA GPU and flash-linear-attention",
+)
+@pytest.mark.skipif(
+    importlib.util.find_spec("causal_conv1d") is not None,
+    reason="the causal_conv1d package, where installed, keeps the short convolutions",
+)
+def test_fla_short_convolution_runs_and_equals_the_depthwise_convolution(tmp_path: Path) -> None:
+    path = build_tiny_target(tmp_path / "t", seed=3)
+    target = load_target(path, num_taps=3, device="cuda", compile="off")
+    assert target.linear_attention == "fla"
+    layer = next(m for m in target.module.modules() if "GatedDeltaNet" in type(m).__name__)
+    assert getattr(sys.modules[type(layer).__module__], SHORT_CONVOLUTION_FUNCTION) is (
+        fla_causal_conv1d_fn
+    )
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    channels, length = 96, 70
+    weight = torch.randn(channels, 4, device="cuda", generator=generator)
+    # [batch, channels, time] as a transposed projection (training) and contiguous (a
+    # cached prefill concatenates the history along time).
+    rows = torch.randn(2, length, channels, device="cuda", generator=generator)
+    for inputs in (rows.transpose(1, 2), rows.transpose(1, 2).contiguous()):
+        padded = F.conv1d(inputs, weight.unsqueeze(1), padding=3, groups=channels)
+        reference = F.silu(padded[..., :length])
+        out = fla_causal_conv1d_fn(
+            inputs.bfloat16(), weight.bfloat16(), None, activation="silu", seq_idx=None
+        )
+        assert out.shape == inputs.shape
+        torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0.02)

@@ -120,13 +120,17 @@ def test_hybrid_compiles_attention_layers_whole_and_linear_layers_in_parts(
     tmp_path: Path, fresh_dynamo: None
 ) -> None:
     eager, compiled, backend = eager_and_compiled(tmp_path, seed=6, hybrid=True)
-    parts = ("input_layernorm", "post_attention_layernorm", "mlp")
+    parts = ("input_layernorm", "post_attention_layernorm", "mlp", "linear_attn.norm")
     expected_units = [
         str(i) if layer_type == "full_attention" else f"{i}.{part}"
         for i, layer_type in enumerate(compiled.module.config.layer_types)
         for part in ([""] if layer_type == "full_attention" else parts)
     ]
-    assert "3" in expected_units and "0.mlp" in expected_units
+    assert (
+        "3" in expected_units
+        and "0.mlp" in expected_units
+        and "0.linear_attn.norm" in expected_units
+    )
     assert compiled.compiled_units == expected_units
 
     for shape in ((3, 40), (2, 100)):

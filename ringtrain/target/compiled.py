@@ -14,7 +14,9 @@ What is compiled, per decoder layer:
   ``post_attention_layernorm``), ``self_attn`` where it has one and ``mlp`` where it is
   dense. Gated DeltaNet mixers (``linear_attn``) stay eager because on GPU they call
   flash-linear-attention's autograd functions and autotuned Triton kernels, which Dynamo
-  does not reliably trace. A mixture-of-experts block (an ``mlp`` with ``experts``)
+  does not reliably trace; their gated RMSNorm (``linear_attn.norm``, about six float32
+  elementwise kernels eagerly) compiles on its own where it is plain torch (not FLA's
+  fused norm, which some models bind). A mixture-of-experts block (an ``mlp`` with ``experts``)
   stays eager by default: transformers' "eager" experts loop over the experts a batch hit,
   with data-dependent shapes that break graphs and recompile. The residual adds of such
   layers stay eager too.
@@ -59,6 +61,8 @@ from ringtrain.target.moe_experts import (
 COMPILE_SETTINGS = ("auto", "on", "off")
 # Sub-modules compiled on their own in a layer that is not compiled whole.
 SAFE_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+# A Gated DeltaNet mixer's gated RMSNorm, compiled on its own (the mixer stays eager).
+GATED_NORM = "linear_attn.norm"
 # Experts implementations (transformers' ``config._experts_implementation``) whose
 # tensors' shapes follow only the token count: compilable with dynamic sizes.
 STATIC_SHAPE_EXPERTS = ("grouped_mm", "batched_mm", GROUPED_EXPERTS)
@@ -106,6 +110,12 @@ def takes_grouped_experts(experts: nn.Module) -> bool:
     )
 
 
+def has_plain_gated_norm(layer: nn.Module) -> bool:
+    """Whether a layer's Gated DeltaNet mixer has a gated RMSNorm written in plain torch."""
+    norm = getattr(getattr(layer, "linear_attn", None), "norm", None)
+    return isinstance(norm, nn.Module) and not type(norm).__module__.startswith("fla.")
+
+
 def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:
     """Names of the sub-modules of ``layer`` to compile (``""``: the whole layer); ``moe``:
     a mixture-of-experts block with static-shape experts counts as a compilable MLP."""
@@ -116,6 +126,8 @@ def compile_units(layer: nn.Module, moe: bool = False) -> list[str]:
     if hasattr(layer, "self_attn") and not hasattr(layer, "linear_attn") and compiled_mlp:
         return [""]
     parts = [name for name in SAFE_PARTS if hasattr(layer, name)]
+    if has_plain_gated_norm(layer):
+        parts.append(GATED_NORM)
     return parts if compiled_mlp else [name for name in parts if name != "mlp"]
 
 

@@ -63,7 +63,7 @@ from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
 from ringtrain.target.compiled import experts_implementation, is_mixture_of_experts
-from ringtrain.target.linear_attention import linear_attention_backend
+from ringtrain.target.linear_attention import linear_attention_backend, settle_linear_attention
 from ringtrain.target.loader import build_truncated_model, randomise_weights
 from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
@@ -271,9 +271,10 @@ def build_target(
     torch.manual_seed(0)
     randomise_weights(module)
     synchronize(device)
-    target = TappedTarget(
-        module, config, taps, device, dtype, linear_attention_backend(config, device)
+    backend = settle_linear_attention(
+        module, linear_attention_backend(config, device), "auto", device
     )
+    target = TappedTarget(module, config, taps, device, dtype, backend)
     if compiled:
         torch._dynamo.reset()
         target.compile_layers(moe=moe != "off", grouped_experts=moe == "on")
