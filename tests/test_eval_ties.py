@@ -167,6 +167,22 @@ def test_the_default_rule_ties_a_margin_of_at_most_four_ulps(
     assert loose.judge(torch.tensor([5, 6]), 7, 1, 0).tie == (ulps <= 4.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+def test_keeping_the_float32_argmax_is_a_tie_in_bf16_however_far_greedy_strayed(
+    dtype: torch.dtype,
+) -> None:
+    """Token 1 is the float32 argmax, far above greedy's token 0: speculative decoding that
+    committed 1 kept the target's true choice (a tie in bf16, where rounding can move
+    greedy); committing 0 where greedy took 1 is a real mismatch at the same margin."""
+    judge = TieJudge(FixedLogits([17.0, 20.0, 3.0], dtype))
+    kept = judge.judge(torch.tensor([5]), 0, speculative=1, greedy=0)
+    assert (kept.margin, kept.exact) == (3.0, 1)
+    assert kept.margin > kept.tolerance
+    assert kept.tie == (dtype == torch.bfloat16)
+    strayed = judge.judge(torch.tensor([5]), 0, speculative=0, greedy=1)
+    assert (strayed.margin, strayed.exact, strayed.tie) == (3.0, 1, False)
+
+
 def test_tie_ulps_0_allows_no_tie_not_even_an_exact_one() -> None:
     judge = TieJudge(FixedLogits([20.0, 20.0, 3.0], torch.bfloat16), tie_ulps=0.0)
     verdict = judge.judge(torch.tensor([5]), 0, speculative=1, greedy=0)

@@ -20,9 +20,10 @@ per block position and tokens/s of both, overall, per set of prompts and per cat
 Greedy (--temperature 0, the default), both outputs must be identical token for token.
 In float32 any difference is an error (exit status 1). In bf16/fp16 a difference where
 the target's two candidate tokens tie within rounding (float32 margin within --tie-ulps
-units in the last place of the top logit; ringtrain.eval.ties) is a numerical tie:
+units in the last place of the top logit, or speculative decoding committing the float32
+argmax where greedy's own rounding did not; ringtrain.eval.ties) is a numerical tie:
 counted and reported, and decoding continues from the greedy token; any other difference
-is an error naming the prompt, the position and the margin. At a temperature the drafter
+is an error naming the prompt, the position, the margin and the float32 argmax. At a temperature the drafter
 draws its blocks and the target keeps them by the speculative sampling rule
 (ringtrain.eval.sampling), which leaves its output distribution unchanged; there is no
 output to compare token for token. With --json the last stdout line is one JSON object
@@ -228,9 +229,10 @@ def mismatch_error(report: EvalReport) -> str:
     ]
     for m in report.mismatches[:5]:
         margin = "unmeasured" if m["margin"] is None else f"{m['margin']:.4g}"
+        exact = "" if m["exact"] is None else f", float32 argmax {m['exact']}"
         lines.append(
             f"  {m['where']}, position {m['position']}: speculative {m['speculative']} "
-            f"vs greedy {m['greedy']}, float32 margin {margin}"
+            f"vs greedy {m['greedy']}, float32 margin {margin}{exact}"
         )
     return "\n".join(lines)
 

@@ -199,6 +199,7 @@ def _mismatch(outcome: PromptOutcome) -> dict | None:
         "speculative": outcome.speculative.tokens[at : at + 8],
         "greedy": outcome.plain.tokens[at : at + 8],
         "margin": judged[0].margin if judged else None,
+        "exact": judged[0].exact if judged else None,
     }
 
 

@@ -17,6 +17,11 @@ target's logits at that position in float32 (the same weights, upcast):
   two ulps of the logit; a bug (wrong position, stale cache, wrong features) moves a
   logit by far more. bf16 has 8 significant bits: at a top logit of 20 one ulp is
   0.125, so the default tolerance is 0.5. In float32 every divergence is a failure.
+- A divergence where speculative decoding committed the float32 argmax (``exact``) is a
+  numerical tie whatever its margin: there greedy's own rounding moved its token off the
+  exact one, and speculative decoding kept the target's true choice; a bug does not
+  land on the exact argmax where rounding already split the two paths. The margin then
+  says how far greedy's token lies below it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ class Divergence:
     greedy: int
     margin: float  # float32 shortfall of the lower of the two tokens below the top logit
     tolerance: float  # the largest margin counted as a tie (0 where no tie is allowed)
-    tie: bool  # a numerical tie (bf16/fp16 and margin <= tolerance), else a real mismatch
+    exact: int  # the float32 argmax at the position
+    tie: bool  # a numerical tie (bf16/fp16, margin <= tolerance or speculative == exact)
 
     def as_dict(self, prompt: int) -> dict:
         """A JSON-ready record naming the prompt."""
@@ -83,7 +89,8 @@ class TieJudge:
             return f"exact ({self.dtype_name}: every divergence from greedy fails)"
         return (
             f"{self.dtype_name}: a divergence whose float32 margin is within "
-            f"{self.tie_ulps:g} ulps of the top logit is a numerical tie"
+            f"{self.tie_ulps:g} ulps of the top logit, or where speculative decoding kept "
+            "the float32 argmax, is a numerical tie"
         )
 
     @property
@@ -110,8 +117,9 @@ class TieJudge:
         started = time.perf_counter()
         logits = self.float32_logits(tokens)
         top = float(logits.max())
+        exact = int(logits.argmax())
         margin = top - min(float(logits[speculative]), float(logits[greedy]))
         tolerance = self.tie_ulps * ulp(top, self.dtype) if self.allows_ties else 0.0
-        tie = self.allows_ties and margin <= tolerance
+        tie = self.allows_ties and (margin <= tolerance or speculative == exact)
         self.seconds += time.perf_counter() - started
-        return Divergence(position, speculative, greedy, margin, tolerance, tie)
+        return Divergence(position, speculative, greedy, margin, tolerance, exact, tie)
