@@ -208,7 +208,8 @@ def test_bench_regenerate_against_the_chat_server() -> None:
 @pytest.mark.parametrize(
     ("module", "flags"),
     [("bench_ipc_copy", ["--item-mb", "1"]), ("bench_gemm", ["--sets", "target"]),
-     ("bench_flex", ["--options", "default"]), ("bench_moe_combine", ["--tokens", "64"])],
+     ("bench_flex", ["--options", "default"]), ("bench_moe_combine", ["--tokens", "64"]),
+     ("fla_configs", ["--shape", "qwen3.5-hybrid"])],
 )  # fmt: skip
 def test_cuda_benchmarks_refuse_without_cuda(module: str, flags: list[str]) -> None:
     if torch.cuda.is_available():

@@ -1,0 +1,92 @@
+"""Tuned configurations of flash-linear-attention's kernels, shipped per GPU.
+
+FLA's Triton kernels for Gated DeltaNet layers autotune on their first call: 43 s for
+``chunk_gated_delta_rule`` on an H200 with empty caches, the largest share of a hybrid
+target's first step on a fresh machine (the persistent per-rank Triton cache under
+``run.cache_dir`` only helps the second start). FLA can take a kernel's configuration
+from a directory of JSON files instead (``FLA_CONFIG_DIR``: one ``<kernel>.json`` per
+kernel, entries keyed by the kernel's autotune key), looked up as ``FLA_CACHE_MODE``
+says: "fuzzy" takes the entry with the same key, else one whose key has the same
+structure and dtypes whatever its sizes, and autotunes where none fits.
+
+ringtrain ships such a directory for each GPU it has tuned on (``fla_configs/<GPU>/``,
+the GPU's name as FLA spells folders: runs of other characters than letters and digits
+become one ``_``), written by ``python -m tools.bench.fla_configs`` on that GPU with the
+FLA release named in its ``versions.json`` (kernels' tunable parameters change between
+releases, so another release autotunes as before). FLA reads
+both variables once, when it is imported, so `use_shipped_fla_configs` runs before a
+hybrid target's modeling code imports it. A user's own ``FLA_CONFIG_DIR`` or
+``FLA_CACHE_MODE`` wins; a GPU without a shipped directory autotunes as before.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SHIPPED_FLA_CONFIGS = Path(__file__).parent / "fla_configs"
+# An exact key first, then one of the same structure and dtypes; autotune where none fits.
+FLA_CACHE_MODE = "fuzzy"
+# The distribution whose kernels were tuned, recorded in each folder's versions.json.
+FLA_DISTRIBUTION = "fla-core"
+VERSIONS_FILE = "versions.json"
+
+
+def gpu_folder(gpu_name: str) -> str:
+    """A GPU's name as FLA names its per-GPU configuration folders."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", gpu_name).strip("_") or "unknown_gpu"
+
+
+def installed_fla_version() -> str | None:
+    """The installed FLA kernels' release, read without importing FLA."""
+    try:
+        return importlib.metadata.version(FLA_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def shipped_fla_configs(gpu_name: str, fla_version: str | None) -> Path | None:
+    """The shipped configuration folder for a GPU of this name, tuned with this FLA
+    release, or None."""
+    folder = SHIPPED_FLA_CONFIGS / gpu_folder(gpu_name)
+    versions = folder / VERSIONS_FILE
+    if fla_version is None or not versions.is_file():
+        return None
+    tuned_with = json.loads(versions.read_text()).get(FLA_DISTRIBUTION)
+    if tuned_with != fla_version:
+        log.info(
+            "FLA kernels autotune: the configurations shipped for this GPU were tuned with "
+            "%s %s, %s is installed",
+            FLA_DISTRIBUTION, tuned_with, fla_version,
+        )  # fmt: skip
+        return None
+    return folder
+
+
+def use_shipped_fla_configs(device: torch.device) -> Path | None:
+    """Point FLA at the configurations shipped for ``device``'s GPU, before FLA is
+    imported; returns the folder FLA will read (None: none shipped, not CUDA, FLA already
+    imported, or the user's own settings kept)."""
+    if device.type != "cuda":
+        return None
+    if any(os.environ.get(name) for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE")):
+        return None
+    folder = shipped_fla_configs(torch.cuda.get_device_name(device), installed_fla_version())
+    if folder is None:
+        return None
+    if "fla" in sys.modules:
+        log.info("FLA was imported before its tuned configurations could be set: it autotunes")
+        return None
+    os.environ["FLA_CONFIG_DIR"] = str(folder)
+    os.environ["FLA_CACHE_MODE"] = FLA_CACHE_MODE
+    log.info("FLA kernels take the configurations tuned for this GPU (%s)", folder.name)
+    return folder
