@@ -275,3 +275,27 @@ def test_ledger_keeps_a_prefix_and_the_later_batches_and_refuses_repeats() -> No
     )
     resumed.record(0, 2)
     assert resumed.cursor(0) == StreamCursor(4, ())
+
+
+def test_compiling_ahead_leaves_the_drafter_and_its_training_unchanged() -> None:
+    """The forward and backward that compile the drafter before its first batch leave no
+    gradient, weight, optimizer or schedule change: the steps after it equal those of a
+    loop that did not run it, weight for weight."""
+    runs = []
+    for ahead in (False, True):
+        ring = RingStandIn([item(0), item(1), item(2)])
+        loop = make_loop(ring, max_steps=3)
+        before = weights(loop)
+        if ahead:
+            loop.compile_ahead()
+            assert all(p.grad is None for p in loop.trainee.model.parameters())
+            assert all(torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
+            assert loop.trainee.scheduler.last_epoch == 0
+        loop.train(DrafterState(0, BatchLedger()), StopRequest())
+        runs.append((weights(loop), loop.trainee.optimizer.state_dict()["state"]))
+    (plain, plain_state), (ahead, ahead_state) = runs
+    assert all(torch.equal(a, b) for a, b in zip(plain, ahead, strict=True))
+    assert plain_state.keys() == ahead_state.keys()
+    for key, values in plain_state.items():
+        for name, value in values.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ahead_state[key][name]))

@@ -41,9 +41,10 @@ from ringtrain.drafter import (
     evaluate_batch,
     optimizer_step,
 )
-from ringtrain.drafter.arch import architecture_named
+from ringtrain.drafter.arch import architecture_named, drafter_of
 from ringtrain.ring import ReadItem
 from ringtrain.ring.liveness import waiting_on_peers
+from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.data_parallel import (
     GradSyncProbe,
@@ -210,6 +211,8 @@ class DrafterLoop:
             self.rounds.done_by(state.evaluated_step) + 1,
         )
         last_saved, first_step = state.step, state.step + 1
+        if self.compiles_ahead:
+            self.compile_ahead()
         self._waiting_since = time.perf_counter()
         get_logger().info(
             "waiting for the first batch: the target ranks load the target and run its first "
@@ -250,20 +253,61 @@ class DrafterLoop:
             self._finish_rounds(tally, stop, reporter, state)
         return state
 
+    @property
+    def compiles_ahead(self) -> bool:
+        """Whether the drafter compiles before its first batch (CUDA, drafter.compile)."""
+        return self.config.drafter.compile and self.device.type == "cuda"
+
+    def compile_ahead(self) -> None:
+        """Compile the drafter while the target ranks still load the target and run its
+        first forward, instead of after it: one forward and backward of a random batch in
+        the run's static layout (every batch has its shapes), every drafter rank alike
+        (DDP reduces the gradients as in a step). The gradients are then dropped and no
+        optimizer step runs, so the weights, the optimizer state and the schedule are
+        untouched; the anchor generator is seeded anew from every batch, so the run's
+        trajectory is the same as without this."""
+        started = time.perf_counter()
+        get_logger().info(
+            "compiling the drafter while the target starts (Inductor, flex_attention): a "
+            "minute or so with empty caches, seconds with warm ones"
+        )
+        batch = self._layout_batch()
+        self.generator.manual_seed(0)
+        with self.autocast:
+            objective = block_objective(
+                self.network,
+                self.trainee.head,
+                batch,
+                self.generator,
+                self.config.drafter,
+                max_tokens=self.config.data.token_budget,
+            )
+        with self.with_peers():
+            objective.loss_sum.backward()
+        self.trainee.model.zero_grad(set_to_none=self.network is self.trainee.model)
+        get_logger().info("drafter compiled in %.1f s", time.perf_counter() - started)
+
+    def _layout_batch(self) -> PackedBatch:
+        """Random documents of data.max_len tokens filling data.token_budget."""
+        spec = drafter_of(self.trainee.model).spec
+        budget, max_len = self.config.data.token_budget, self.config.data.max_len
+        length = min(max_len, budget)
+        return random_packed_batch(
+            [length] * (budget // length),
+            spec.num_taps * spec.hidden_size,
+            self.trainee.head.lm_head.shape[0],
+            self.device,
+            self.trainee.head.lm_head.dtype,
+            seed=0,
+        )
+
     def _announce_first_item(self, item: ReadItem | None) -> None:
-        """Once, when the session's first item arrives: how long it took and what the first
-        step does (it compiles the drafter where drafter.compile is on)."""
+        """Once, when the session's first item arrives: how long it took."""
         if item is None or self._waiting_since is None:
             return
         waited = time.perf_counter() - self._waiting_since
         self._waiting_since = None
-        if self.config.drafter.compile and self.device.type == "cuda":
-            doing = (
-                "it compiles the drafter (Inductor, flex_attention): a minute or so with "
-                "empty caches, seconds with warm ones"
-            )
-        else:
-            doing = "forward, backward and optimizer step"
+        doing = "forward, backward and optimizer step"
         get_logger().info("first batch after %.1f s; the first step runs: %s", waited, doing)
 
     # ---- take ------------------------------------------------------------------------
