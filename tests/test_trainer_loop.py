@@ -16,9 +16,9 @@ from ringtrain.checkpoint.resume_record import ResumeRecord, StreamCursor, encod
 from ringtrain.config import Config, RunConfig
 from ringtrain.data.config import DataConfig
 from ringtrain.drafter import (
-    DFlashDrafter,
     EvalSums,
     FrozenHead,
+    build_drafter,
     build_optimizer,
     drafter_spec_from_target,
 )
@@ -41,15 +41,16 @@ def make_loop(
     eval_every: int = 0,
     eval_batches: int = 0,
     max_nonfinite_steps: int = 10,
+    **drafter: object,
 ) -> DrafterLoop:
     config = Config(
         run=RunConfig(max_steps=max_steps, eval_every=eval_every, checkpoint_every=2),
         data=DataConfig(token_budget=MAX_TOKENS),
-        drafter=make_cfg(),
+        drafter=make_cfg(**drafter),
         optim=paper_optim(lr=1e-2, warmup_fraction=0.0, max_nonfinite_steps=max_nonfinite_steps),
     )
     torch.manual_seed(0)
-    model = DFlashDrafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
+    model = build_drafter(drafter_spec_from_target(TARGET, config.drafter, TAPS))
     embed, lm_head = torch.randn(2, 64, TARGET["hidden_size"]) * 0.5
     optimizer, scheduler = build_optimizer(model, config.optim, max_steps)
     trainee = Trainee(model, FrozenHead(embed, lm_head), optimizer, scheduler)
@@ -277,14 +278,19 @@ def test_ledger_keeps_a_prefix_and_the_later_batches_and_refuses_repeats() -> No
     assert resumed.cursor(0) == StreamCursor(4, ())
 
 
-def test_compiling_ahead_leaves_the_drafter_and_its_training_unchanged() -> None:
+@pytest.mark.parametrize(
+    "drafter",
+    [{}, {"architecture": "dflash2", "objective": "dpace"}],
+    ids=["dflash-decayed_ce", "dflash2-dpace"],
+)
+def test_compiling_ahead_leaves_the_drafter_and_its_training_unchanged(drafter: dict) -> None:
     """The forward and backward that compile the drafter before its first batch leave no
     gradient, weight, optimizer or schedule change: the steps after it equal those of a
     loop that did not run it, weight for weight."""
     runs = []
     for ahead in (False, True):
         ring = RingStandIn([item(0), item(1), item(2)])
-        loop = make_loop(ring, max_steps=3)
+        loop = make_loop(ring, max_steps=3, **drafter)
         before = weights(loop)
         if ahead:
             loop.compile_ahead()
