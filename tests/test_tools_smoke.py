@@ -372,6 +372,18 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
     assert run["steps"] == 6 and run["tokens_per_s"] > 0
 
 
+def test_bench_pipeline_records_a_run_cut_by_its_timeout_with_its_start_up_log() -> None:
+    report = _run(
+        ["-m", "tools.bench.bench_pipeline", "--device", "cpu", "--shapes", "tiny",
+         "--cold-shapes", "none", "--skip-standalone", "--steps", "6", "--budget", "512",
+         "--mean-len", "128", "--run-timeout", "2"],
+        cwd=ROOT,
+    )  # fmt: skip
+    run = report["shapes"]["tiny"]["cold"]
+    assert run["error"] == "ran past --run-timeout 2 s"
+    assert isinstance(run["startup_log"], dict)
+
+
 @pytest.mark.scripts
 def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
     """The paper's recipe, `best` (all four changes at once) and `code_only` (best on the

@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -215,12 +216,25 @@ def run_pipeline(
     launch->first step, each rank's GPU busy and peak memory, DDP's gradient reduction."""
     run_dir = work / f"{name}-run-{time.monotonic_ns()}"
     command = trainer_command(work, name, shape, args, cache_dir, layout, run_dir)
+    print(
+        f"bench_pipeline: {name} ({layout.name}) training, at most {args.run_timeout:g} s",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
     started = time.time()
     with PeakMemory() as memory:
-        proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=560, cwd=ROOT,
-            env={**os.environ, **(env or {})},
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
         )  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=args.run_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+            proc.communicate()
+            return {
+                "error": f"ran past --run-timeout {args.run_timeout:g} s",
+                "startup_log": startup_lines(run_dir, steps=4),
+            }
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -230,7 +244,7 @@ def run_pipeline(
     if proc.returncode != 0 or len(steps_done) < 4:
         return {
             "error": f"exit {proc.returncode}",
-            "tail": (proc.stdout + proc.stderr)[-3000:],
+            "tail": (stdout + stderr)[-3000:],
             "startup_log": startup,
         }
     return {
@@ -361,6 +375,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="qwen3-8b,qwen3.5-hybrid")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument(
+        "--run-timeout",
+        type=float,
+        default=560.0,
+        help="seconds one training run may take; a run cut there is recorded with its "
+        "ranks' start-up log lines (where the time went)",
+    )
     parser.add_argument("--budget", type=int, default=16384)
     parser.add_argument("--skip-standalone", action="store_true")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
