@@ -4,7 +4,7 @@
 # (default: ./gpu-results). Each step is time-limited; a failure does not stop the others.
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
-#        [speed] [speed_moe] [speed_dflash2] [speed_experts] [ceilings]
+#        [speed] [speed_moe] [speed_dflash2] [speed_experts] [ceilings] [hybrid]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -12,7 +12,9 @@
 # group of two) [pipeline_tp2] (that group + 2 drafters on both GPUs under MPS)
 # [multigpu] (2 targets + 2 drafters under MPS against 1 + 1 on one GPU; multigpu_bf16:
 # bf16 gradient reduction; multigpu_fp64: fp64, the repeatable sum) [split] (1 target on GPU 0, 1 drafter on GPU 1).
-# One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens).
+# One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens). [hybrid] (about 8
+# minutes): FLA's kernel configurations tuned and written for this GPU, the first forward
+# without and with them, the hybrid target's compiled MFU.
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
@@ -62,6 +64,18 @@ for step in $steps; do
         drafter) run drafter 420 python -m tools.bench.bench_drafter --json --profile ;;
         target) run target 540 python -m tools.bench.bench_target --shape qwen3-8b \
             --shape qwen3.5-hybrid --tokens 9216 --seq-len 3072 --profile --json ;;
+        hybrid)
+            # FLA's kernels tuned on this GPU for the 27B and the default hybrid shapes
+            # (ringtrain/target/fla_configs/<GPU>/, copied to $OUT: commit it), the first
+            # forward timed without and with them, then the hybrid shape's compiled MFU.
+            for shape in qwen3.5-27b qwen3.5-hybrid; do
+                run "fla_configs_$shape" 300 python -m tools.bench.fla_configs --shape $shape
+                mv "$out/fla_configs.json" "$out/fla_configs_$shape.json" 2>/dev/null
+            done
+            cp -r ringtrain/target/fla_configs "$out/" 2>/dev/null
+            run target_hybrid 300 python -m tools.bench.bench_target --shape qwen3.5-hybrid \
+                --tokens 9216 --seq-len 3072 --compile on --profile --json
+            mv "$out/bench_target.json" "$out/target_hybrid.json" 2>/dev/null ;;
         pipeline | pipeline_mps)
             # Qwen3-8B shapes: standalone target and drafter rates, then the shared-GPU
             # trainer cold and warm (pipeline_efficiency, cold/warm start, recompiles).
