@@ -33,9 +33,11 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from ringtrain.batch import PackedRows
 from ringtrain.config import Config
 from ringtrain.drafter import (
     FrozenHead,
+    ObjectiveSums,
     block_objective,
     compiled_graph_count,
     evaluate_batch,
@@ -271,17 +273,7 @@ class DrafterLoop:
             "compiling the drafter while the target starts (Inductor, flex_attention): a "
             "minute or so with empty caches, seconds with warm ones"
         )
-        batch = self._layout_batch()
-        self.generator.manual_seed(0)
-        with self.autocast:
-            objective = block_objective(
-                self.network,
-                self.trainee.head,
-                batch,
-                self.generator,
-                self.config.drafter,
-                max_tokens=self.config.data.token_budget,
-            )
+        objective = self._objective(self._layout_batch(), seed=0)
         with self.with_peers():
             objective.loss_sum.backward()
         self.trainee.model.zero_grad(set_to_none=self.network is self.trainee.model)
@@ -338,19 +330,22 @@ class DrafterLoop:
     def _forward(self, item: ReadItem) -> torch.Tensor:
         """The objective on this drafter's batch (anchors seeded by the run seed and the
         batch: see anchor_seed): its sums are added to the step's, its loss sum is returned."""
-        config = self.config
-        self.generator.manual_seed(anchor_seed(config.run.seed, item.meta))
-        with self.autocast:
-            objective = block_objective(
-                self.network,
-                self.trainee.head,
-                item,
-                self.generator,
-                config.drafter,
-                max_tokens=config.data.token_budget,
-            )
+        objective = self._objective(item, anchor_seed(self.config.run.seed, item.meta))
         self.sums.add_training(self.drafter_index, objective, item.num_tokens, item.meta)
         return objective.loss_sum
+
+    def _objective(self, rows: PackedRows, seed: int) -> ObjectiveSums:
+        """The block objective on one batch, its anchors drawn from ``seed``."""
+        self.generator.manual_seed(seed)
+        with self.autocast:
+            return block_objective(
+                self.network,
+                self.trainee.head,
+                rows,
+                self.generator,
+                self.config.drafter,
+                max_tokens=self.config.data.token_budget,
+            )
 
     def _discard(self, step: int, stop: StopRequest) -> None:
         get_logger().info(
