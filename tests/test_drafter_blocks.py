@@ -12,7 +12,7 @@ import torch
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import TILE, BlockMaskBuilder
-from ringtrain.testing.packed_batch import random_packed_batch
+from ringtrain.packed_batch import random_packed_batch
 
 MASK_ID = 99
 VOCAB = 100

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target, seeded_drafter
-from ringtrain.testing.packed_batch import random_packed_batch
+from ringtrain.packed_batch import random_packed_batch
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, objective
 
 TRAINED_ROW_NORM = 3.2

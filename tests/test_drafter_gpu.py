@@ -16,7 +16,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.testing.packed_batch import random_packed_batch
+from ringtrain.packed_batch import random_packed_batch
 from tests.helpers.tiny_drafter import paper_optim
 
 pytestmark = [

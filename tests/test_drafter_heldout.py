@@ -31,8 +31,8 @@ from ringtrain.eval import VerifyingTarget, greedy_generate, speculative_generat
 from ringtrain.eval.dflash import DFlashBlockDrafter
 from ringtrain.eval.graphed_drafts import FixedShapeProposals
 from ringtrain.generate.model import load_causal_lm
+from ringtrain.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.target.tiny import build_tiny_target
-from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
 from tests.helpers.tiny_drafter import (
     MAX_TOKENS,
     TAPS,

@@ -1,9 +1,8 @@
 """Fixtures shared by the test suite and the benchmark and recipe scripts.
 
-Random packed batches in the ring's layout, a deterministic OpenAI-compatible chat server
-with injectable faults, chat records with the regenerated output each should give, and a
-start-up hook that makes a process's main thread hang on SIGUSR1. Training never imports
-this package.
+A deterministic OpenAI-compatible chat server with injectable faults, chat records with
+the regenerated output each should give, and a start-up hook that makes a process's main
+thread hang on SIGUSR1. Training never imports this package.
 """
 
 from pathlib import Path

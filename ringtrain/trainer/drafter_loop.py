@@ -44,9 +44,9 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.arch import architecture_named, drafter_of
+from ringtrain.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.ring import ReadItem
 from ringtrain.ring.liveness import waiting_on_peers
-from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.data_parallel import (
     GradSyncProbe,

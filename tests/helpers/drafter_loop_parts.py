@@ -11,8 +11,8 @@ import torch
 from ringtrain.batch import HIDDEN, TOKEN_ARRAYS
 from ringtrain.config import Config
 from ringtrain.drafter import FrozenHead, build_drafter, build_optimizer, drafter_spec_from_target
+from ringtrain.packed_batch import random_packed_batch
 from ringtrain.ring import ReadItem
-from ringtrain.testing.packed_batch import random_packed_batch
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
 from ringtrain.trainer.drafter_loop import StepRecord, Trainee
 from tests.helpers.tiny_drafter import DOCS, TAPS, TARGET

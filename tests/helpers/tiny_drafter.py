@@ -17,7 +17,7 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
-from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
+from ringtrain.packed_batch import PackedBatch, random_packed_batch
 
 TARGET = {
     "hidden_size": 32,

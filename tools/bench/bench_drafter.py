@@ -64,8 +64,8 @@ from ringtrain.drafter import (
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
+from ringtrain.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.target.taps import default_tap_layers
-from ringtrain.testing.packed_batch import PackedBatch, random_packed_batch
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels

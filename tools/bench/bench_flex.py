@@ -26,7 +26,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
-from ringtrain.testing.packed_batch import random_packed_batch
+from ringtrain.packed_batch import random_packed_batch
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID

@@ -1,4 +1,5 @@
-"""Random packed batches in the ring's payload layout, for the drafter benchmarks and tests.
+"""Random packed batches in the ring's payload layout: what a drafter compiles on before
+its first batch (trainer/drafter_loop.py), and the drafter benchmarks' and tests' input.
 
 The tensors look like one ring slot: packed documents, per-document position_ids,
 cu_seqlens, a loss_mask with an unsupervised prompt at the start of every document.
