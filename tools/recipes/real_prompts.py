@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
 from ringtrain.data.mixture import Mixture, Source, write_mixture
-from tools.recipes.real_base import RealRecipeSettings
+from tools.recipes.real_base import RealRecipeSettings, log
 
 # Synthesized user turns: sampled at the temperature the method uses; short requests.
 SYNTH_TEMPERATURE = 1.0
@@ -77,7 +78,9 @@ def general_prompts(
     sources = []
     if synthesized < total:
         code_file = output.with_name(output.stem + ".code.jsonl")
+        started = time.perf_counter()
         made = code_prompts(total - synthesized, seed, code_file)
+        log(f"prompts: {made} code prompts in {time.perf_counter() - started:.1f} s")
         sources.append(Source("code", code_file, rows=made))
     for name, count, turns in (
         ("synthesized", synthesized - two_turn, 1),
@@ -89,7 +92,11 @@ def general_prompts(
             command = synthesize_command(
                 target, synth_file, count, seed + turns - 1, device, synthesis, turns
             )
+            started = time.perf_counter()
             subprocess.run(command, check=True)
+            log(
+                f"prompts: {count} {name} in {time.perf_counter() - started:.1f} s, start-up included"
+            )
             sources.append(Source(name, synth_file, rows=count))
     drawn = write_mixture(Mixture(sources, seed=seed), output)
     counts = {mixed.source.name: mixed.drawn for mixed in drawn}
