@@ -13,10 +13,10 @@ ringtrain ships such a directory for each GPU it has tuned on (``fla_configs/<GP
 the GPU's name as FLA spells folders: runs of other characters than letters and digits
 become one ``_``), written by ``python -m tools.bench.fla_configs`` on that GPU with the
 FLA release named in its ``versions.json`` (kernels' tunable parameters change between
-releases, so another release autotunes as before). FLA reads
-both variables once, when it is imported, so `use_shipped_fla_configs` runs before a
-hybrid target's modeling code imports it. A user's own ``FLA_CONFIG_DIR`` or
-``FLA_CACHE_MODE`` wins; a GPU without a shipped directory autotunes as before.
+releases, so another release autotunes as before). FLA reads both variables once, when
+it is imported, so `use_shipped_fla_configs` runs before a hybrid target's modeling code
+imports it. A user's own ``FLA_CONFIG_DIR`` or ``FLA_CACHE_MODE`` wins; a GPU without a
+shipped directory autotunes as before.
 """
 
 from __future__ import annotations

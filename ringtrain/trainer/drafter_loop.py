@@ -299,8 +299,7 @@ class DrafterLoop:
             return
         waited = time.perf_counter() - self._waiting_since
         self._waiting_since = None
-        doing = "forward, backward and optimizer step"
-        get_logger().info("first batch after %.1f s; the first step runs: %s", waited, doing)
+        get_logger().info("first batch after %.1f s; the first step runs", waited)
 
     # ---- take ------------------------------------------------------------------------
 
