@@ -382,6 +382,20 @@ def test_bench_pipeline_records_a_run_cut_by_its_timeout_with_its_start_up_log()
     run = report["shapes"]["tiny"]["cold"]
     assert run["error"] == "ran past --run-timeout 2 s"
     assert isinstance(run["startup_log"], dict)
+    # Stopped through torchrun: none of its ranks outlives the benchmark.
+    ranks = [
+        path for path in Path("/proc").glob("[0-9]*/cmdline")
+        if b"ringtrain.main" in _read(path) and b"bench-tiny" in _read(path)
+    ]  # fmt: skip
+    assert not ranks
+
+
+def _read(path: Path) -> bytes:
+    """A file's bytes, or none where it vanished (a process that ended)."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.scripts

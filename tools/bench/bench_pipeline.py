@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from tools.bench.model_shapes import (
     QWEN3_MASK_TOKEN_ID,
 )
 from tools.bench.pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
+from tools.recipes.children import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,20 +221,23 @@ def run_pipeline(
         file=sys.stderr, flush=True,
     )  # fmt: skip
     started = time.time()
-    with PeakMemory() as memory:
+    # The output goes to a file, not a pipe: a rank that outlived its launcher cannot
+    # keep the read waiting.
+    with PeakMemory() as memory, tempfile.TemporaryFile("w+") as output:
         proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            command, stdout=output, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         try:
-            stdout, stderr = proc.communicate(timeout=args.run_timeout)
+            proc.wait(timeout=args.run_timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-            proc.communicate()
+            stop([proc])  # SIGTERM: torchrun stops its ranks; SIGKILL after a grace period
             return {
                 "error": f"ran past --run-timeout {args.run_timeout:g} s",
                 "startup_log": startup_lines(run_dir, steps=4),
             }
+        output.seek(0)
+        text = output.read()
     records = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -244,7 +247,7 @@ def run_pipeline(
     if proc.returncode != 0 or len(steps_done) < 4:
         return {
             "error": f"exit {proc.returncode}",
-            "tail": (stdout + stderr)[-3000:],
+            "tail": text[-3000:],
             "startup_log": startup,
         }
     return {
