@@ -23,11 +23,11 @@ the target's two candidate tokens tie within rounding (float32 margin within --t
 units in the last place of the top logit, or speculative decoding committing the float32
 argmax where greedy's own rounding did not; ringtrain.eval.ties) is a numerical tie:
 counted and reported, and decoding continues from the greedy token; any other difference
-is an error naming the prompt, the position, the margin and the float32 argmax. At a temperature the drafter
-draws its blocks and the target keeps them by the speculative sampling rule
-(ringtrain.eval.sampling), which leaves its output distribution unchanged; there is no
-output to compare token for token. With --json the last stdout line is one JSON object
-with every metric.
+is an error naming the prompt, the position, the margin and the float32 argmax. At a
+temperature the drafter draws its blocks and the target keeps them by the speculative
+sampling rule (ringtrain.eval.sampling), which leaves its output distribution unchanged;
+there is no output to compare token for token. With --json the last stdout line is one
+JSON object with every metric.
 """
 
 from __future__ import annotations

@@ -22,11 +22,13 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from ringtrain.target.fla_configs import use_shipped_fla_configs
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.structure import is_hybrid
 
@@ -71,6 +73,24 @@ def linear_attention_backend(
     return "fla" if fla_installed else "torch"
 
 
+def choose_linear_attention(
+    config: PretrainedConfig, device: torch.device, choice: str = "auto"
+) -> str | None:
+    """`linear_attention_backend`'s choice, made before the target is built: where it is
+    FLA, FLA is pointed at the kernel configurations shipped for this GPU first
+    (ringtrain.target.fla_configs), since building the model imports FLA."""
+    backend = linear_attention_backend(config, device, choice)
+    if backend == "fla":
+        use_shipped_fla_configs(device)
+    return backend
+
+
+def modeling_modules(model: nn.Module) -> set[ModuleType]:
+    """The Python modules that define ``model``'s layers (where transformers binds the
+    functions the Gated DeltaNet layers call)."""
+    return {sys.modules[type(layer).__module__] for layer in model.modules()}
+
+
 def use_torch_linear_attention(model: nn.Module) -> int:
     """Make the Gated DeltaNet layers of ``model`` run transformers' torch implementation;
     returns how many dispatching functions were replaced (0: none found, so the layers
@@ -78,9 +98,8 @@ def use_torch_linear_attention(model: nn.Module) -> int:
 
     The functions are module-level in the model's modeling module, so the swap holds for
     every model of that class in this process (a target rank loads one target)."""
-    modules = {sys.modules[type(layer).__module__] for layer in model.modules()}
     swapped = 0
-    for module in modules:
+    for module in modeling_modules(model):
         for name in GATED_DELTA_RULE_FUNCTIONS:
             function: Callable | None = getattr(module, name, None)
             original = getattr(function, "__wrapped__", None)
@@ -109,19 +128,13 @@ def fla_causal_conv1d_fn(
     return output.transpose(1, 2)
 
 
-def use_fla_short_convolution(model: nn.Module) -> int:
+def use_fla_short_convolution(model: nn.Module) -> None:
     """Make the Gated DeltaNet layers of ``model`` run `fla_causal_conv1d_fn` for their short
-    convolution; returns how many modeling modules were switched (0: none calls one, or
-    it runs FLA's already). Like `use_torch_linear_attention`, the switch holds for every
-    model of that class in this process."""
-    modules = {sys.modules[type(layer).__module__] for layer in model.modules()}
-    swapped = 0
-    for module in modules:
-        function = getattr(module, SHORT_CONVOLUTION_FUNCTION, None)
-        if function is not None and function is not fla_causal_conv1d_fn:
+    convolution. Like `use_torch_linear_attention`, the switch holds for every model of
+    that class in this process."""
+    for module in modeling_modules(model):
+        if hasattr(module, SHORT_CONVOLUTION_FUNCTION):
             setattr(module, SHORT_CONVOLUTION_FUNCTION, fla_causal_conv1d_fn)
-            swapped += 1
-    return swapped
 
 
 def settle_linear_attention(

@@ -24,8 +24,7 @@ from transformers import PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from ringtrain.target.compiled import resolve_compile
-from ringtrain.target.fla_configs import use_shipped_fla_configs
-from ringtrain.target.linear_attention import linear_attention_backend, settle_linear_attention
+from ringtrain.target.linear_attention import choose_linear_attention, settle_linear_attention
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
@@ -121,9 +120,7 @@ def load_target(
     kept = max(taps) + 1
     members = group_size(group)
     check_target_group(checkpoint.text_config(num_layers=kept), members)
-    backend = linear_attention_backend(full_config, device, linear_attention)
-    if backend == "fla":
-        use_shipped_fla_configs(device)
+    backend = choose_linear_attention(full_config, device, linear_attention)
     _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
     place = TargetPlacement(device, dtype, attention, group)

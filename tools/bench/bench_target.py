@@ -63,8 +63,11 @@ from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.drafter import compiled_graph_count
 from ringtrain.target.compiled import experts_implementation, is_mixture_of_experts
-from ringtrain.target.fla_configs import use_shipped_fla_configs
-from ringtrain.target.linear_attention import linear_attention_backend, settle_linear_attention
+from ringtrain.target.linear_attention import (
+    choose_linear_attention,
+    linear_attention_backend,
+    settle_linear_attention,
+)
 from ringtrain.target.loader import build_truncated_model, randomise_weights
 from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
@@ -267,9 +270,7 @@ def build_target(
     truncated = CONFIG_MAPPING[config.model_type].from_dict(
         truncated_config_values(config.to_dict(), max(taps) + 1)
     )
-    backend = linear_attention_backend(config, device)
-    if backend == "fla":
-        use_shipped_fla_configs(device)
+    backend = choose_linear_attention(config, device)
     started = time.perf_counter()
     module = build_truncated_model(truncated, device, dtype)
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ from ringtrain.target.fla_configs import (
     VERSIONS_FILE,
     gpu_folder,
     installed_fla_version,
-    use_shipped_fla_configs,
+    shipped_fla_configs,
 )
 from tools.bench.bench_report import print_report
 
@@ -58,20 +58,24 @@ def build_runner(shape: str, device: torch.device):
 
 
 def first_forwards(shape: str, tokens: int, seq_len: int) -> float:
-    """Seconds of the first forward of a full batch, after which one row runs too."""
+    """Seconds of the first forward of a full batch (FLA's kernels tune there where they
+    tune); one row runs after it, so the one-row shapes tune too."""
     from tools.bench.bench_target import padded_batch, run_once, synchronize
 
     device = torch.device("cuda")
     runner, vocab_size = build_runner(shape, device)
     target = runner.target
-    seconds = []
-    for rows in (max(1, tokens // seq_len), 1):
+
+    def forward(rows: int) -> None:
         out = torch.empty(rows * seq_len, target.tap_width, dtype=target.dtype, device=device)
-        started = time.perf_counter()
         run_once(runner, padded_batch(rows, seq_len, vocab_size), out)
         synchronize(device)
-        seconds.append(time.perf_counter() - started)
-    return seconds[0]
+
+    started = time.perf_counter()
+    forward(max(1, tokens // seq_len))
+    first = time.perf_counter() - started
+    forward(1)
+    return first
 
 
 def fla_autotuners() -> dict[str, object]:
@@ -132,14 +136,13 @@ def write_configs(folder: Path) -> dict[str, int]:
 
 def child(args: argparse.Namespace) -> dict:
     """One step in this process (the parent set its environment)."""
-    if args.child == "shipped":
-        folder = use_shipped_fla_configs(torch.device("cuda"))
-        if folder is None:
-            raise SystemExit("fla_configs: no shipped configurations apply to this GPU")
+    gpu = torch.cuda.get_device_name()
+    if args.child == "shipped" and shipped_fla_configs(gpu, installed_fla_version()) is None:
+        raise SystemExit("fla_configs: no shipped configurations apply to this GPU")
     seconds = first_forwards(args.shape, args.tokens, args.seq_len)
     result = {"first_forward_s": round(seconds, 2)}
     if args.child == "tune":
-        folder = SHIPPED_FLA_CONFIGS / gpu_folder(torch.cuda.get_device_name())
+        folder = SHIPPED_FLA_CONFIGS / gpu_folder(gpu)
         result["kernels"] = write_configs(folder)
         result["folder"] = str(folder.relative_to(ROOT))
     return result
