@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,15 @@ from tools.bench.model_shapes import (
     QWEN3_32B,
     QWEN3_MASK_TOKEN_ID,
 )
-from tools.bench.pipeline_layout import Layout, PeakMemory, busy_by_rank, grad_sync, mps_daemon
+from tools.bench.pipeline_layout import (
+    Layout,
+    PeakMemory,
+    gpu_busy,
+    grad_sync,
+    mps_daemon,
+    startup_lines,
+    steady_state,
+)
 from tools.recipes.children import stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,54 +269,10 @@ def run_pipeline(
     }
 
 
-def steady_state(steps: list[dict], budget: int) -> dict:
-    """Rate, batch fill, recompiles and loss over the step records after the first third
-    (`budget`: the tokens all drafters together can take per step)."""
-    window = steps[len(steps) // 3 :]
-    seconds = window[-1]["wall"] - window[0]["wall"]
-    tokens = sum(r["tokens"] for r in window[1:])
-    return {
-        "tokens_per_s": tokens / max(seconds, 1e-9),
-        "fill": tokens / (len(window) - 1) / budget,
-        "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
-        "loss_first": steps[0]["loss"],
-        "loss_last": steps[-1]["loss"],
-    }
-
-
-def gpu_busy(window: list[dict], layout: Layout) -> dict:
-    """Each rank's mean GPU busy over the step records `window`, and each role's mean."""
-    busy = busy_by_rank(window)
-    by_role = {
-        role: [v for rank, v in busy.items() if layout.role(rank) == role]
-        for role in ("target", "drafter")
-    }
-    return {
-        "gpu_busy_target": statistics.fmean(by_role["target"]) if by_role["target"] else None,
-        "gpu_busy_drafter": statistics.fmean(by_role["drafter"]) if by_role["drafter"] else None,
-        "gpu_busy_by_rank": busy,
-        "min_drafter_busy": min(by_role["drafter"], default=None),
-    }
-
-
 def max_len(args: argparse.Namespace) -> int:
     """The dataset's and the trainer's longest row: 4096 (or the budget), or the row
     length when rows are longer."""
     return max(min(4096, args.budget), args.mean_len)
-
-
-def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
-    """Each rank log's lines up to its `steps`-th step line: where start-up time goes."""
-    lines: dict[str, list[str]] = {}
-    for log in sorted((run_dir / "logs").glob("*.log")):
-        head, seen = [], 0
-        for line in log.read_text(errors="replace").splitlines():
-            head.append(line[:200])
-            seen += " step " in line
-            if seen >= steps or len(head) >= 60:
-                break
-        lines[log.name] = head
-    return lines
 
 
 def standalone_group(name: str, args: argparse.Namespace) -> dict:

@@ -1,5 +1,6 @@
 """Layouts of the pipeline benchmark: roles on GPUs, their ideal rate, MPS, and what a run
-measured per rank (tools/bench/bench_pipeline.py).
+measured (tools/bench/bench_pipeline.py): per rank, and from its step records and logs
+(steady rate, GPU busy by role, where start-up time went).
 
 A layout is T targets + D drafters on one node, each rank on the GPU `gpu_map` names
 (ranks 0..T-1 are the targets, T..T+D-1 the drafters); with `target_tp` = k the targets
@@ -175,3 +176,47 @@ def grad_sync(steps: list[dict]) -> dict[str, float | int | None]:
         "step_ms_p50": step_ms,
         "grad_sync_exposed_fraction": exposed / step_ms,
     }
+
+
+def steady_state(steps: list[dict], budget: int) -> dict:
+    """Rate, batch fill, recompiles and loss over the step records after the first third
+    (`budget`: the tokens all drafters together can take per step)."""
+    window = steps[len(steps) // 3 :]
+    seconds = window[-1]["wall"] - window[0]["wall"]
+    tokens = sum(r["tokens"] for r in window[1:])
+    return {
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "fill": tokens / (len(window) - 1) / budget,
+        "steady_recompiles": window[-1]["compiles"] - window[0]["compiles"],
+        "loss_first": steps[0]["loss"],
+        "loss_last": steps[-1]["loss"],
+    }
+
+
+def gpu_busy(window: list[dict], layout: Layout) -> dict:
+    """Each rank's mean GPU busy over the step records `window`, and each role's mean."""
+    busy = busy_by_rank(window)
+    by_role = {
+        role: [v for rank, v in busy.items() if layout.role(rank) == role]
+        for role in ("target", "drafter")
+    }
+    return {
+        "gpu_busy_target": statistics.fmean(by_role["target"]) if by_role["target"] else None,
+        "gpu_busy_drafter": statistics.fmean(by_role["drafter"]) if by_role["drafter"] else None,
+        "gpu_busy_by_rank": busy,
+        "min_drafter_busy": min(by_role["drafter"], default=None),
+    }
+
+
+def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
+    """Each rank log's lines up to its `steps`-th step line: where start-up time goes."""
+    lines: dict[str, list[str]] = {}
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        head, seen = [], 0
+        for line in log.read_text(errors="replace").splitlines():
+            head.append(line[:200])
+            seen += " step " in line
+            if seen >= steps or len(head) >= 60:
+                break
+        lines[log.name] = head
+    return lines
