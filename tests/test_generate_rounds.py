@@ -64,3 +64,16 @@ def test_prompt_lines_end_at_newlines_only(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert [record["prompt"] for _, record in read_prompt_records(path)] == texts
+
+
+def test_a_batch_holds_at_most_max_batch_tokens_padded_tokens(tmp_path: Path) -> None:
+    """LocalModel.load's max_batch_tokens bounds rows x (longest prompt + new tokens):
+    the recipe raises it so that batches of long prompts keep their rows."""
+    model_dir = build_word_chat_model(tmp_path / "m")
+    prompts = [[VOCAB.index("code")] * 6 for _ in range(4)]  # 6 + 4 new tokens = 10 a row
+    counts = {}
+    for tokens in (0, 20, 40):
+        local = LocalModel.load(model_dir, "cpu", "float32", 8, max_batch_tokens=tokens)
+        _, stats = local.answer(prompts, 4)
+        counts[tokens] = stats.batches
+    assert counts == {0: 1, 20: 2, 40: 1}

@@ -24,7 +24,7 @@ from ringtrain.generate.defaults import (
     GPU_BATCH_SIZE,
     GPU_MAX_TOKENS,
 )
-from ringtrain.generate.greedy import Answer, GenerationStats, greedy_answers
+from ringtrain.generate.greedy import MAX_BATCH_TOKENS, Answer, GenerationStats, greedy_answers
 from ringtrain.generate.model import load_causal_lm, stop_token_ids
 from ringtrain.generate.sampling import TokenSampler
 
@@ -97,16 +97,28 @@ class LocalModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     batch_size: int
+    # Padded tokens of one batch at most: rows x (longest prompt + new tokens).
+    max_batch_tokens: int = MAX_BATCH_TOKENS
 
     @classmethod
     def load(
-        cls, model_dir: Path, device: str = "auto", dtype: str = "auto", batch_size: int = 0
+        cls,
+        model_dir: Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int = 0,
+        max_batch_tokens: int = 0,
     ) -> LocalModel:
         """Load ``model_dir`` (never the hub) onto ``device``; ``batch_size`` 0: the
-        device's default."""
+        device's default; ``max_batch_tokens`` 0: greedy's default (2^19)."""
         where = resolve_device(device)
         model = load_causal_lm(model_dir, where, dtype)
-        return cls(model, load_tokenizer(model_dir), batch_size or default_batch_size(where))
+        return cls(
+            model,
+            load_tokenizer(model_dir),
+            batch_size or default_batch_size(where),
+            max_batch_tokens or MAX_BATCH_TOKENS,
+        )
 
     @property
     def stop_ids(self) -> list[int]:
@@ -146,6 +158,7 @@ class LocalModel:
             self.stop_ids,
             pad_id=self.pad_id,
             batch_size=self.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
             on_batch=on_batch,
             sampler=sampler,
             memory_budget=memory_budget,

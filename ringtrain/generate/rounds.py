@@ -48,9 +48,11 @@ def answer_in_rounds(
     renderer: ChatRenderer,
     max_new_tokens: int,
     on_batch: Callable[[int], None] | None = None,
+    memory_budget: int | None = None,
 ) -> AnsweredTurns:
     """Every assistant turn: round k answers the k-th user turn of each conversation
-    that has one, after its earlier turns and the target's answers."""
+    that has one, after its earlier turns and the target's answers; every batch within
+    ``memory_budget`` bytes when one is given."""
     segments = [
         user_segments(c) if c.messages is not None else [c.input_ids] for c in conversations
     ]
@@ -71,7 +73,9 @@ def answer_in_rounds(
             where = f"{conversation.where} turn {turn + 1}"
             ids = renderer.render(histories[i], where)
             round_prompts.append(check_prompt_ids(ids, local.vocab_size, where))
-        round_answers, stats = local.answer(round_prompts, max_new_tokens, on_batch=on_batch)
+        round_answers, stats = local.answer(
+            round_prompts, max_new_tokens, on_batch=on_batch, memory_budget=memory_budget
+        )
         for i, answer in zip(active, round_answers, strict=True):
             reply = renderer.answer_text(answer.tokens)
             histories[i].append({"role": "assistant", "content": reply})

@@ -38,6 +38,8 @@ variant trains the paper's drafter and objective (DFlash, decayed cross-entropy)
     python -m tools.bench.bench_drafter --json --variants base,fast_step,cudagraphs,muon --steps 10
     python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants fast_step,dflash2,default
+    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants default --batch-docs 64
+                                     # a batch of 64 documents (32,768 tokens) instead of 32
     python -m tools.bench.bench_drafter --device cpu --small --json    # smoke run on a CPU
 """
 
@@ -375,6 +377,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
+    parser.add_argument(
+        "--batch-docs",
+        type=int,
+        default=0,
+        help="documents per batch (the batch's size: this many of the shape's length; "
+        "0: the shape's own count)",
+    )
     args = parser.parse_args(argv)
     args.docs, args.block = 3, 16
     args.layers = 2 if args.small else 5
@@ -382,6 +391,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.anchors = 16 if args.small else 512
     if not args.small:
         vars(args).update(LAYOUTS.get(args.target_shape, {}))
+    args.docs = args.batch_docs or args.docs
     args.max_tokens = args.docs * args.doc_len
     if args.small:
         args.steps = min(args.steps, 5)

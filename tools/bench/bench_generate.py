@@ -6,7 +6,8 @@
 A variant is ``own[-matmul][-eager]:BATCH`` (ringtrain.generate.batch_decode: SDPA or matmul
 one-token kernel, CUDA graphs unless ``-eager``) or ``static|dynamic[-sdpa][-compiled]:BATCH``
 (transformers' generate with that cache; ``-sdpa``: the model's own attention instead of
-the grouped one-token attention). ``agree`` is the share of answers equal to the first
+the grouped one-token attention), with ``:TOKENS`` after it to bound a batch's padded
+tokens (rows x (longest prompt + new tokens)) at TOKENS instead of 2^19 (``own:4096:1048576``). ``agree`` is the share of answers equal to the first
 variant's. ``--profile VARIANT`` prints the CUDA kernels of 16 new tokens of one batch. The model is a local Hugging Face directory
 (``--target``) or, by default, random weights in SmolLM2-135M's shape (llama, 30
 layers, hidden 576): speed does not depend on the weights, and without stop tokens
@@ -24,7 +25,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from ringtrain.generate.greedy import DecodeOptions, greedy_answers
+from ringtrain.generate.greedy import MAX_BATCH_TOKENS, DecodeOptions, greedy_answers
 from ringtrain.generate.model import load_causal_lm
 
 SMOLLM2_135M = {
@@ -65,9 +66,10 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
     return model.to(args.device).eval().requires_grad_(False)
 
 
-def parse_variant(variant: str) -> tuple[DecodeOptions, int]:
-    """The decode options and batch size a variant names (see the module docstring)."""
-    kind, batch = variant.split(":")
+def parse_variant(variant: str) -> tuple[DecodeOptions, int, int]:
+    """The decode options, batch size and padded tokens per batch a variant names (see
+    the module docstring)."""
+    kind, batch, *tokens = variant.split(":")
     cache, *flags = kind.split("-")
     options = DecodeOptions(
         cache=cache,
@@ -76,15 +78,18 @@ def parse_variant(variant: str) -> tuple[DecodeOptions, int]:
         grouped_attention="sdpa" not in flags,
         compile="compiled" in flags,
     )
-    return options, int(batch)
+    return options, int(batch), int(tokens[0]) if tokens else MAX_BATCH_TOKENS
 
 
 def profile(model: torch.nn.Module, prompts: list[list[int]], variant: str) -> str:
     """The table of the CUDA kernels (by total time) of 16 new tokens of one batch."""
-    options, batch = parse_variant(variant)
+    options, batch, tokens = parse_variant(variant)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        greedy_answers(model, prompts[:batch], 16, [], pad_id=0, batch_size=batch, options=options)
+        greedy_answers(
+            model, prompts[:batch], 16, [], pad_id=0, batch_size=batch,
+            max_batch_tokens=tokens, options=options,
+        )  # fmt: skip
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
 
 
@@ -99,16 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows, first = [], None
     for variant in args.variants.split(","):
-        options, batch = parse_variant(variant)
+        options, batch, tokens = parse_variant(variant)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         answers, stats = greedy_answers(
-            model, prompts, args.max_new_tokens, [], pad_id=0, batch_size=batch, options=options
-        )
+            model, prompts, args.max_new_tokens, [], pad_id=0, batch_size=batch,
+            max_batch_tokens=tokens, options=options,
+        )  # fmt: skip
         first = first or answers
         row = {
             "variant": variant,
             "prompts": stats.prompts,
             "new_tokens": stats.new_tokens,
             "seconds": round(stats.seconds, 2),
+            "batches": stats.batches,
             "tokens_per_s": round(stats.tokens_per_s),
             "agree": round(
                 sum(a == b for a, b in zip(answers, first, strict=True)) / len(first), 3

@@ -23,6 +23,12 @@ GRACE_S = 60
 def run_all(commands: dict[str, list[str]], cwd: Path) -> dict[str, subprocess.CompletedProcess]:
     """Run the commands at once in ``cwd`` (outputs to stderr, stdout kept); wait for
     every one. If the wait is interrupted, the children still running are stopped."""
+    return wait_all(start_all(commands, cwd))
+
+
+def start_all(commands: dict[str, list[str]], cwd: Path) -> dict[str, subprocess.Popen]:
+    """Start the commands in ``cwd`` (outputs to stderr, stdout kept for ``wait_all``);
+    a caller that does other work before ``wait_all`` stops them when that work fails."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         for name, command in commands.items():
@@ -30,6 +36,15 @@ def run_all(commands: dict[str, list[str]], cwd: Path) -> dict[str, subprocess.C
             procs[name] = subprocess.Popen(
                 command, cwd=cwd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True
             )
+    except BaseException:
+        stop(procs.values())
+        raise
+    return procs
+
+
+def wait_all(procs: dict[str, subprocess.Popen]) -> dict[str, subprocess.CompletedProcess]:
+    """Wait for every started child; if the wait is interrupted, stop those still running."""
+    try:
         done = {}
         for name, proc in procs.items():
             stdout, _ = proc.communicate()

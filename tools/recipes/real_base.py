@@ -34,6 +34,9 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_mps: bool = False
     # Train under the CUDA MPS daemon too: the target and drafter ranks share the one GPU.
     train_mps: bool = False
+    # Make the prompts and the data under it too: the synthesis parts run at once, as do
+    # the two splits' regenerations.
+    data_mps: bool = False
     # Share of the training prompts written by the target itself (ringtrain-data
     # synthesize); the rest are code prompts (tools/recipes/real_prompts.py).
     synth_fraction: float = 0.0
@@ -48,6 +51,10 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     # Temperatures evaluated: 0 greedy (in every dtype), others with the sampling rule.
     temperatures: list[float] = msgspec.field(default_factory=lambda: [0.0])
     regen_dtype: str = "auto"
+    # The training split's regeneration: prompts per batch and padded tokens per batch
+    # (rows x (longest prompt + new tokens)) at most; 0: regenerate.py's defaults.
+    regen_batch_size: int = 0
+    regen_batch_tokens: int = 0
     eval_dtypes: list[str] = msgspec.field(default_factory=lambda: ["auto"])
     # Training-config overrides of this device (section.key=value), before --set's.
     sets: list[str] = msgspec.field(default_factory=list)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
 from ringtrain.data.mixture import Mixture, Source, write_mixture
-from tools.recipes.real_base import RealRecipeSettings, log
+from tools.recipes.children import start_all, stop, wait_all
+from tools.recipes.real_base import ROOT, RealRecipeSettings, log
 
 # Synthesized user turns: sampled at the temperature the method uses; short requests.
 SYNTH_TEMPERATURE = 1.0
@@ -68,36 +69,68 @@ def code_prompts(count: int, seed: int, output: Path) -> int:
     return write_jsonl(build_prompts(count, seed=seed), output)
 
 
+def synthesis_commands(
+    target: Path,
+    parts: dict[str, tuple[int, int]],
+    synthesis: Synthesis,
+    seed: int,
+    device: str,
+    output: Path,
+) -> dict[str, list[str]]:
+    """``ringtrain-data synthesize`` for every part (name -> (conversations, user turns)),
+    each into ``<output stem>.<name>.jsonl``."""
+    return {
+        # Each part its own seed: the two files' first samples differ.
+        name: synthesize_command(
+            target, part_file(output, name), count, seed + turns - 1, device, synthesis, turns
+        )
+        for name, (count, turns) in parts.items()
+    }
+
+
+def part_file(output: Path, name: str) -> Path:
+    """Where one source of the mixture goes, beside the mixture's file."""
+    return output.with_name(f"{output.stem}.{name}.jsonl")
+
+
 def general_prompts(
     target: Path, total: int, synthesis: Synthesis, seed: int, device: str, output: Path
 ) -> dict[str, int]:
     """Write ``total`` training prompts to ``output``: ``synthesis.fraction`` of them written
-    by the target, the rest code prompts, mixed; returns the count per source."""
+    by the target, the rest code prompts, mixed; returns the count per source.
+
+    The synthesis parts run at once (each process leaves the device idle while it
+    samples, filters and removes near-duplicates on the CPU; on CUDA the recipe runs its
+    data steps under the MPS daemon), and the code prompts are built meanwhile."""
     synthesized = round(total * synthesis.fraction)
     two_turn = round(synthesized * synthesis.two_turn)
+    parts = {
+        name: (count, turns)
+        for name, count, turns in (
+            ("synthesized", synthesized - two_turn, 1),
+            ("synthesized_two_turn", two_turn, 2),
+        )
+        if count
+    }
+    started = time.perf_counter()
+    running = start_all(synthesis_commands(target, parts, synthesis, seed, device, output), ROOT)
     sources = []
-    if synthesized < total:
-        code_file = output.with_name(output.stem + ".code.jsonl")
-        started = time.perf_counter()
-        made = code_prompts(total - synthesized, seed, code_file)
-        log(f"prompts: {made} code prompts in {time.perf_counter() - started:.1f} s")
-        sources.append(Source("code", code_file, rows=made))
-    for name, count, turns in (
-        ("synthesized", synthesized - two_turn, 1),
-        ("synthesized_two_turn", two_turn, 2),
-    ):
-        if count:
-            synth_file = output.with_name(f"{output.stem}.{name}.jsonl")
-            # Each part its own seed: the two files' first samples differ.
-            command = synthesize_command(
-                target, synth_file, count, seed + turns - 1, device, synthesis, turns
-            )
-            started = time.perf_counter()
-            subprocess.run(command, check=True)
-            log(
-                f"prompts: {count} {name} in {time.perf_counter() - started:.1f} s, start-up included"
-            )
-            sources.append(Source(name, synth_file, rows=count))
+    try:
+        if synthesized < total:
+            code_file = part_file(output, "code")
+            made = code_prompts(total - synthesized, seed, code_file)
+            log(f"prompts: {made} code prompts in {time.perf_counter() - started:.1f} s")
+            sources.append(Source("code", code_file, rows=made))
+    except BaseException:
+        stop(running.values())
+        raise
+    for name, proc in wait_all(running).items():
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout)
+        log(f"prompts: {name}: {proc.stdout.strip()}")
+        sources.append(Source(name, part_file(output, name), rows=parts[name][0]))
+    if parts:
+        log(f"prompts: {', '.join(parts)} in {time.perf_counter() - started:.1f} s with start-up")
     drawn = write_mixture(Mixture(sources, seed=seed), output)
     counts = {mixed.source.name: mixed.drawn for mixed in drawn}
     output.with_suffix(".sources.json").write_text(json.dumps(counts) + "\n")

@@ -134,12 +134,21 @@ def regenerate_command(recipe: RealRecipe, split: str) -> list[str]:
         else ["--benchmark", "humaneval", *limit]
     )
     new_tokens = settings.max_new_tokens if split == "train" else settings.eval_max_new_tokens
+    batching = [
+        arg
+        for flag, value in (
+            ("--batch-size", settings.regen_batch_size),
+            ("--max-batch-tokens", settings.regen_batch_tokens),
+        )
+        if value and split == "train"
+        for arg in (flag, str(value))
+    ]
     return [
         sys.executable, "-m", "tools.recipes.regenerate",
         "--target", str(recipe.target), *source,
         "--output", str(recipe.dataset(split)),
         "--max-new-tokens", str(new_tokens),
-        "--device", recipe.device, "--dtype", settings.regen_dtype,
+        "--device", recipe.device, "--dtype", settings.regen_dtype, *batching,
     ]  # fmt: skip
 
 
@@ -410,8 +419,9 @@ def make_data_steps(recipe: RealRecipe, until: str | None = None) -> dict:
     make_model(recipe)
     if until == "model":
         return {}
-    make_prompts(recipe)
-    return {} if until == "prompts" else make_data(recipe)
+    with mps_daemon(recipe.device == "cuda" and recipe.settings.data_mps):
+        make_prompts(recipe)
+        return {} if until == "prompts" else make_data(recipe)
 
 
 def run_until(recipe: RealRecipe, until: str) -> None:

@@ -18,8 +18,9 @@ one. Their training tokens/s are then shares of the GPU, comparable among varian
 trained together only; the report says which trained together.
 
 The results go to $OUT/real_variants.json (when $OUT is set) and to the variants'
-directory after every variant's evaluation, so a stopped run keeps what it finished; a
-table with the BENCHMARKS.md lines is printed last.
+directory after each group's training and each variant's evaluation, so a stopped run
+keeps what it finished (every trained variant's tau_sim); a table with the BENCHMARKS.md
+lines is printed last.
 """
 
 from __future__ import annotations
@@ -217,19 +218,29 @@ def run_groups(
     started: float,
 ) -> None:
     """Train and evaluate the variants ``settings.parallel`` at a time, into ``report``
-    (saved after each evaluation; its total time counted from ``started``)."""
+    (saved after each group's training and after each evaluation, so a run cut short
+    keeps every trained variant's tau_sim; its total time counted from ``started``)."""
+
+    def save() -> None:
+        report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
+        report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
+        save_json(report, "real_variants.json", variants_dir(recipe))
+
     names = list(configs)
     for first in range(0, len(names), settings.parallel):
         group = {name: configs[name] for name in names[first : first + settings.parallel]}
-        for name, entry in train_group(recipe, settings, group).items():
-            if "error" not in entry:
-                entry.update(evaluate_variant(recipe, settings.eval_limit, name, entry))
+        trained = train_group(recipe, settings, group)
+        for name, entry in trained.items():
             sources = settings.train_sources.get(name)
             data = {"train_sources": sources} if sources else {}
             report["variants"][name] = {"overrides": settings.variants[name], **data, **entry}
-            report["timings_s"] = {k: round(v, 1) for k, v in recipe.timings.items()}
-            report["timings_s"]["total"] = round(time.perf_counter() - started, 1)
-            save_json(report, "real_variants.json", variants_dir(recipe))
+        save()
+        for name, entry in trained.items():
+            if "error" not in entry:
+                report["variants"][name].update(
+                    evaluate_variant(recipe, settings.eval_limit, name, entry)
+                )
+                save()
 
 
 def cell(value: float | None, spec: str) -> str:

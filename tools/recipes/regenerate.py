@@ -5,7 +5,9 @@ prompt + the target's own greedy response (loss_mask 1 on the response only), wr
 as a ringtrain Arrow dataset (input_ids: list<int32>, loss_mask: list<uint8>).
 Generation runs in left-padded batches of prompts of similar length with a static KV
 cache (ringtrain.generate.local_model, the generator of ``ringtrain-data regenerate --local``;
-2,048 prompts per batch on a GPU). Prompts are text
+2,048 prompts per batch on a GPU, ``--batch-size``, and at most 2^19 padded tokens,
+``--max-batch-tokens``; every batch within 80% of the memory free when generation starts,
+as ringtrain.generate.memory estimates it). Prompts are text
 (``prompt``, encoded raw), token ids (``input_ids``) or chat ``messages``, rendered with
 the target's chat template (``--chat-template-kwargs`` go to the template). A conversation
 of several user turns is answered in rounds, each turn given the target's own earlier
@@ -40,6 +42,7 @@ from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.local_model import DEVICES, LocalModel
+from ringtrain.generate.memory import generation_budget
 from ringtrain.generate.prompt_sets import PromptOptions, read_benchmark, read_prompt_file
 from ringtrain.generate.prompts import read_prompt_records
 from ringtrain.generate.rounds import answer_in_rounds
@@ -133,6 +136,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch-size", type=int, default=0, help="prompts per batch (0: 2048 on GPU, 64 on CPU)"
     )
     parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=0,
+        help="padded tokens per batch at most: rows x (longest prompt + new tokens), which "
+        "bounds the cache and the prompt forward's attention scores (0: 2^19)",
+    )
+    parser.add_argument(
         "--chat-template-kwargs",
         type=json.loads,
         default={},
@@ -185,14 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         make_prompts(args, target)
     if not args.output:
         return 0
-    local = LocalModel.load(target, args.device, args.dtype, args.batch_size)
+    local = LocalModel.load(target, args.device, args.dtype, args.batch_size, args.max_batch_tokens)
     renderer = ChatRenderer(local.tokenizer, args.chat_template_kwargs)
     conversations = read_conversations(args, renderer, local.vocab_size)
     turns = sum(c.turns for c in conversations)
     with tqdm(total=turns, desc="regenerate", unit="turn", file=sys.stderr) as bar:
         prompts, answers, owners, stats = answer_in_rounds(
-            local, conversations, renderer, args.max_new_tokens, bar.update
-        )
+            local, conversations, renderer, args.max_new_tokens, bar.update,
+            memory_budget=generation_budget(local.model.device),
+        )  # fmt: skip
     sources = record_sources(args, len(conversations))
     responses = [answer.tokens for answer in answers]
     truncated = sum(answer.truncated for answer in answers)

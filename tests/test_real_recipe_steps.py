@@ -1,0 +1,153 @@
+"""The real-model recipes' own steps: the prompts step runs its synthesis processes at once
+and stops them when it fails, the training split is regenerated in the batches the
+settings ask for, and the variants' report keeps every trained variant when the
+evaluations are cut short."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tools.recipes import real_prompts, real_recipe, real_variants
+from tools.recipes.real_base import RealRecipeSettings
+from tools.recipes.real_prompts import Synthesis
+
+# A stand-in for `ringtrain-data synthesize`: marks itself started, waits until every
+# part has started (a barrier with a deadline: the parts must run at once), then writes
+# its conversations and a summary line, as the real command does.
+PART = """
+import json, sys, time
+from pathlib import Path
+output, count, parts = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+output.with_suffix(".started").touch()
+deadline = time.monotonic() + 60
+while len(list(output.parent.glob("*.started"))) < parts:
+    if time.monotonic() > deadline:
+        sys.exit("the other parts never started")
+    time.sleep(0.01)
+rows = [{"messages": [{"role": "user", "content": f"{output.stem} {i}"}]} for i in range(count)]
+output.write_text("".join(json.dumps(row) + "\\n" for row in rows))
+print(f"{output}: {count} conversations written")
+"""
+
+
+def stand_in_commands(target, parts, synthesis, seed, device, output):
+    """The stand-in for every part, where the real commands would write."""
+    return {
+        name: [sys.executable, "-c", PART, str(real_prompts.part_file(output, name)),
+               str(count), str(len(parts))]
+        for name, (count, _turns) in parts.items()
+    }  # fmt: skip
+
+
+def test_the_synthesis_parts_run_at_once_beside_the_code_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(real_prompts, "synthesis_commands", stand_in_commands)
+    output = tmp_path / "train-prompts.jsonl"
+    counts = real_prompts.general_prompts(
+        tmp_path / "model", 40, Synthesis(0.5, two_turn=0.4), 0, "cpu", output
+    )
+    assert counts == {"code": 20, "synthesized": 12, "synthesized_two_turn": 8}
+    mixed = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(mixed) == 40
+    assert json.loads(output.with_suffix(".sources.json").read_text()) == counts
+
+
+def test_a_failed_prompts_step_stops_its_synthesis_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[subprocess.Popen] = []
+
+    def start_all(commands, cwd):
+        procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+            )
+            for name in commands
+        }
+        started.extend(procs.values())
+        return procs
+
+    def broken_code_prompts(count: int, seed: int, output: Path) -> int:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(real_prompts, "start_all", start_all)
+    monkeypatch.setattr(real_prompts, "code_prompts", broken_code_prompts)
+    with pytest.raises(OSError, match="disk full"):
+        real_prompts.general_prompts(
+            tmp_path / "model", 10, Synthesis(0.5, two_turn=0.4), 0, "cpu", tmp_path / "p.jsonl"
+        )
+    # Without the stop they would wait on their input for ever.
+    assert len(started) == 2
+    assert all(proc.poll() is not None for proc in started)
+
+
+def test_the_variants_report_keeps_every_trained_variant_when_evaluation_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = SimpleNamespace(
+        config=SimpleNamespace(run=SimpleNamespace(run_dir=str(tmp_path / "runs" / "smollm2"))),
+        timings={},
+    )
+    settings = real_variants.VariantsSettings(
+        steps=10, parallel=3, variants={"best": [], "code_only": [], "synth_only": []}
+    )
+
+    def train_group(recipe, settings, group):
+        return {name: {"run_dir": name, "held_out": {"tau_sim": 2.0}} for name in group}
+
+    evaluated = []
+
+    def evaluate_variant(recipe, limit, name, entry):
+        if evaluated:
+            raise KeyboardInterrupt  # the device's time ran out during the second
+        evaluated.append(name)
+        return {"eval": {"tau_real": 2.5}}
+
+    monkeypatch.setattr(real_variants, "train_group", train_group)
+    monkeypatch.setattr(real_variants, "evaluate_variant", evaluate_variant)
+    monkeypatch.delenv("OUT", raising=False)
+    report: dict = {"variants": {}}
+    with pytest.raises(KeyboardInterrupt):
+        real_variants.run_groups(
+            recipe, settings, dict.fromkeys(settings.variants, ([], None)), report, 0.0
+        )
+    saved = json.loads((tmp_path / "runs" / "smollm2-variants" / "real_variants.json").read_text())
+    assert {name: entry["held_out"]["tau_sim"] for name, entry in saved["variants"].items()} == {
+        "best": 2.0,
+        "code_only": 2.0,
+        "synth_only": 2.0,
+    }
+    assert saved["variants"]["best"]["eval"] == {"tau_real": 2.5}
+    assert "eval" not in saved["variants"]["code_only"]
+
+
+def test_the_recipe_regenerates_its_training_split_in_the_batches_it_asks_for(
+    tmp_path: Path,
+) -> None:
+    settings = RealRecipeSettings(
+        config="c.toml", train_prompts=[8], max_new_tokens=16, regen_dtype="bfloat16",
+        regen_batch_size=4096, regen_batch_tokens=1 << 20,
+    )  # fmt: skip
+    recipe = SimpleNamespace(
+        settings=settings, target=tmp_path / "model", device="cuda",
+        prompts=lambda split: tmp_path / f"{split}.jsonl",
+        dataset=lambda split: tmp_path / split,
+    )  # fmt: skip
+    train = real_recipe.regenerate_command(recipe, "train")
+    assert train[train.index("--batch-size") + 1] == "4096"
+    assert train[train.index("--max-batch-tokens") + 1] == str(1 << 20)
+    # The 164 held-out problems fit one batch as they are.
+    held_out = real_recipe.regenerate_command(recipe, "eval")
+    assert "--batch-size" not in held_out and "--max-batch-tokens" not in held_out
+    assert "--batch-size" not in real_recipe.regenerate_command(
+        SimpleNamespace(**{**vars(recipe), "settings": RealRecipeSettings(
+            config="c.toml", train_prompts=[8], max_new_tokens=16)}),
+        "train",
+    )  # fmt: skip
