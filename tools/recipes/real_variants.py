@@ -313,15 +313,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parallel", type=int, help="variants trained at once (default: the settings')"
     )
+    parser.add_argument(
+        "--eval-limit",
+        type=int,
+        help="prompts of each benchmark evaluated per variant, the first N (0: all; "
+        "default: the settings')",
+    )
     args = parser.parse_args(argv)
     stop_children_on_sigterm()
-    for flag in ("steps", "parallel"):
+    lowest = {"steps": 1, "parallel": 1, "eval_limit": 0}
+    for flag, least in lowest.items():
         value = getattr(args, flag)
-        if value is not None and value < 1:
-            parser.error(f"--{flag} {value}: give 1 or more")
+        if value is not None and value < least:
+            parser.error(f"--{flag.replace('_', '-')} {value}: give {least} or more")
     recipe = load_recipe(args)
     settings = load_settings(recipe_tables(args), args.device, args.recipes)
-    chosen = {flag: getattr(args, flag) for flag in ("steps", "parallel")}
+    chosen = {flag: getattr(args, flag) for flag in lowest}
     settings = msgspec.structs.replace(
         settings, **{flag: value for flag, value in chosen.items() if value is not None}
     )
