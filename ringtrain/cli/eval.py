@@ -188,9 +188,10 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=_whole(1),
         default=1,
-        help="processes that decode a share of the prompts each, all on the same device: "
-        "one small target decodes one token at a time and leaves a GPU mostly idle "
-        "(figures per prompt are unchanged; every process loads the models)",
+        help="processes that decode the prompts, each taking the next conversation when "
+        "it finished one, all on the same device: one small target decodes one token at a "
+        "time and leaves a GPU mostly idle (figures per prompt are unchanged; every "
+        "process loads the models)",
     )
 
 

@@ -1,6 +1,6 @@
 """One evaluation as ringtrain-eval runs it: prompt sets read and checked, models loaded,
-every assistant turn decoded (in one process, or shared out to worker processes), and the
-report of what was measured.
+every assistant turn decoded (in one process, or by worker processes that take the
+conversations one at a time), and the report of what was measured.
 
 Everything that can be refused without the models (prompts, the drafter's config, the
 target's context) is checked before they load.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,8 +20,8 @@ from transformers import AutoConfig, AutoTokenizer
 from ringtrain.drafter import DrafterSpec
 from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
 from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
-from ringtrain.eval.processes import run_shares
-from ringtrain.eval.runner import TurnDecoder, decode_sets
+from ringtrain.eval.processes import local_pull, run_workers
+from ringtrain.eval.runner import TurnDecoder, TurnProgress, conversation_tasks, decode_tasks
 from ringtrain.eval.target import load_verifying_target
 from ringtrain.eval.ties import TieJudge
 from ringtrain.generate.chat import ChatRenderer
@@ -69,9 +70,13 @@ def prepare(args: argparse.Namespace) -> Prepared:
 
 
 def decode_share(
-    args: argparse.Namespace, shard: tuple[int, int], prepared: Prepared | None = None
-) -> tuple[list[PromptOutcome], str]:
-    """Load the models and decode one share of the prompts: (outcomes, tie rule).
+    args: argparse.Namespace,
+    share: tuple[int, int],
+    pull: Callable[[list[PromptOutcome] | None], tuple[int, int] | None],
+    prepared: Prepared | None = None,
+) -> str:
+    """Load the models and decode the conversations ``pull`` hands out (worker k of n:
+    ``share``), reporting each one's outcomes through it; returns the tie rule.
 
     ``prepared``: what ``prepare`` returned, where this process already read it (a
     worker process reads the prompts itself)."""
@@ -93,33 +98,31 @@ def decode_share(
     judge = TieJudge(target.model, args.tie_ulps)
     stops = stop_token_ids(target.model.config)
     decoder = TurnDecoder(target, drafter, judge, stops, args.max_new_tokens, args.sampling)
-    if shard[0] == 0:
+    if share[0] == 0:
         decoding = "greedy" if args.sampling is None else args.sampling.describe()
         print(
             f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
             f"{', '.join(s.name for s in sets)}; {decoding}; block size {spec.block_size}, "
             f"taps {list(spec.tap_layers)}, verification by {target.mode} on {device}"
-            f"{f', {shard[1]} processes' if shard[1] > 1 else ''}",
+            f"{f', {share[1]} processes' if share[1] > 1 else ''}",
             file=sys.stderr,
         )
     decoder.warm_up(first)
-    outcomes = decode_sets(sets, decoder, renderer, target.vocab_size, shard)
-    return outcomes, judge.describe() if args.sampling is None else NOT_COMPARED
+    decode_tasks(sets, decoder, renderer, target.vocab_size, pull)
+    return judge.describe() if args.sampling is None else NOT_COMPARED
 
 
 def evaluate(args: argparse.Namespace) -> EvalReport:
     """Run the evaluation described by the parsed arguments; its report."""
     prepared = prepare(args)
     sets, _, spec = prepared
-    if args.workers == 1:
-        outcomes, tie_rule = decode_share(args, (0, 1), prepared)
-    else:
-        results = run_shares(decode_share, args, args.workers)
-        set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
-        outcomes = sorted(
-            (o for share, _ in results for o in share),
-            key=lambda o: (set_order[o.benchmark], o.index, o.turn),
-        )
-        tie_rule = results[0][1]
+    tasks = conversation_tasks(sets)
+    with TurnProgress(sets) as progress:
+        if args.workers == 1:
+            tie_rule = decode_share(args, (0, 1), local_pull(tasks, progress.report), prepared)
+        else:
+            tie_rule = run_workers(decode_share, args, args.workers, tasks, progress.report)[0]
+    set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
+    outcomes = sorted(progress.outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))
     groups = {prompt_set.name: prompt_set.groups for prompt_set in sets}
     return summarize(outcomes, spec.block_size, tie_rule, args.sampling, groups)

@@ -1,11 +1,17 @@
-"""Shares of an evaluation decoded in worker processes, and the one line a dead one leaves.
+"""An evaluation's conversations decoded by worker processes that take them one at a time,
+and the one line a dead worker leaves.
 
 Worker k of n is a spawned process (a fresh interpreter, as CUDA needs) running
-``function(args, (k, n))``; it sends back its result, or the exception it raised,
-through a pipe of its own. A worker that ends without sending (killed by a signal, out
-of memory) closes its pipe unread: ``WorkerDied`` then names it, its pid and how it
-ended, and the other workers are stopped. Only pipes and processes are used (no queues,
-locks or semaphores), so nothing is left behind for the resource tracker to report.
+``function(args, (k, n), pull)``. ``pull(report)`` sends ``report`` (what the worker made
+of its last task; None at first) to the parent, which hands it to ``on_report`` and
+answers with the next task not yet handed out, or None when none is left: a worker whose
+conversations were short takes more, so all finish at about the same time (fixed shares
+left the evaluation waiting on the slowest one). The worker then sends back what
+``function`` returns, or the exception it raised, through the same pipe, its own. A
+worker that ends without sending (killed by a signal, out of memory) closes its pipe:
+``WorkerDied`` then names it, its pid and how it ended, and the other workers are
+stopped. Only pipes and processes are used (no queues, locks or semaphores), so nothing
+is left behind for the resource tracker to report.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -46,32 +52,45 @@ def _portable(error: BaseException) -> BaseException:
 def _work(
     function: Callable[..., Any], args: Any, share: tuple[int, int], pipe: Connection
 ) -> None:
-    """A worker's body: the share's result, or its exception, sent through ``pipe``."""
+    """A worker's body: tasks pulled through ``pipe``, then the result, or the exception,
+    sent through it."""
+
+    def pull(report: Any) -> Any:
+        pipe.send(("next", report, ""))
+        return pipe.recv()
+
     try:
-        message = ("result", function(args, share), "")
+        message = ("result", function(args, share, pull), "")
     except Exception as error:  # sent to the parent, which raises it there
         message = ("error", _portable(error), traceback.format_exc())
     pipe.send(message)
     pipe.close()
 
 
-def run_shares(function: Callable[..., Any], args: Any, workers: int) -> list[Any]:
-    """``function(args, (k, workers))`` for every k, each in a process of its own; the
-    results in order of k. Raises a worker's exception, or WorkerDied."""
+def run_workers(
+    function: Callable[..., Any],
+    args: Any,
+    workers: int,
+    tasks: Iterable[Any],
+    on_report: Callable[[Any], None],
+) -> list[Any]:
+    """``function(args, (k, workers), pull)`` for every k, each in a process of its own,
+    handing out ``tasks`` as the workers pull them (see the module docstring); what each
+    returned, in order of k. Raises a worker's exception, or WorkerDied."""
     context = multiprocessing.get_context("spawn")
     pipes: list[Connection] = []
     processes = []
     try:
         for k in range(workers):
-            receiver, sender = context.Pipe(duplex=False)
+            mine, theirs = context.Pipe()
             process = context.Process(
-                target=_work, args=(function, args, (k, workers), sender), daemon=True
+                target=_work, args=(function, args, (k, workers), theirs), daemon=True
             )
             process.start()
-            sender.close()  # the worker holds the only sending end: its death closes the pipe
-            pipes.append(receiver)
+            theirs.close()  # the worker holds the only other end: its death closes the pipe
+            pipes.append(mine)
             processes.append(process)
-        return _collect(pipes, processes)
+        return _serve(pipes, processes, iter(tasks), on_report)
     finally:
         for process in processes:
             if process.is_alive():
@@ -82,8 +101,25 @@ def run_shares(function: Callable[..., Any], args: Any, workers: int) -> list[An
             pipe.close()
 
 
-def _collect(pipes: list[Connection], processes: list) -> list[Any]:
-    """Every worker's result, read as each arrives."""
+def local_pull(tasks: Iterable[Any], on_report: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """``pull`` for decoding in this process: the same hand-out as a worker's, no pipe."""
+    remaining = iter(tasks)
+
+    def pull(report: Any) -> Any:
+        if report is not None:
+            on_report(report)
+        return next(remaining, None)
+
+    return pull
+
+
+def _serve(
+    pipes: list[Connection],
+    processes: list,
+    tasks: Iterator[Any],
+    on_report: Callable[[Any], None],
+) -> list[Any]:
+    """Answer the workers' pulls until every one has sent its result."""
     results: dict[int, Any] = {}
     while len(results) < len(pipes):
         pending = [pipe for k, pipe in enumerate(pipes) if k not in results]
@@ -91,11 +127,16 @@ def _collect(pipes: list[Connection], processes: list) -> list[Any]:
             k = pipes.index(pipe)
             try:
                 kind, value, text = pipe.recv()
-            except EOFError:
+                if kind == "next":
+                    if value is not None:
+                        on_report(value)
+                    pipe.send(next(tasks, None))
+            except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise _died(k, processes) from None
             if kind == "error":
                 raise value from WorkerTraceback(text)
-            results[k] = value
+            if kind == "result":
+                results[k] = value
     return [results[k] for k in range(len(pipes))]
 
 
@@ -106,7 +147,7 @@ def _died(k: int, processes: list) -> WorkerDied:
     code = process.exitcode
     return WorkerDied(
         f"worker {k} of {len(processes)} (pid {process.pid}) {exit_text(code)} before "
-        "reporting its share of the prompts; the other workers were stopped and nothing "
-        "was reported",
+        "finishing its conversations; the other workers were stopped and nothing was "
+        "reported",
         shell_code(code) or 1,
     )

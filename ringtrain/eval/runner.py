@@ -14,7 +14,7 @@ with the chat template, as a chat client would send it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -109,43 +109,69 @@ def decode_conversation(
         history.append({"role": "assistant", "content": renderer.answer_text(answer)})
 
 
-def decode_sets(
+def conversation_tasks(sets: list[PromptSet]) -> list[tuple[int, int]]:
+    """(set, conversation) index pairs of every conversation, those of more turns first:
+    handed out in this order, the long ones do not come last to a single worker."""
+    pairs = [
+        (s, i) for s, prompt_set in enumerate(sets) for i in range(len(prompt_set.conversations))
+    ]
+    return sorted(pairs, key=lambda pair: -sets[pair[0]].conversations[pair[1]].turns)
+
+
+def decode_tasks(
     sets: list[PromptSet],
     decoder: TurnDecoder,
     renderer: ChatRenderer,
     vocab_size: int,
-    shard: tuple[int, int] = (0, 1),
-) -> list[PromptOutcome]:
-    """Every assistant turn of every set, with a progress bar on stderr.
+    pull: Callable[[list[PromptOutcome] | None], tuple[int, int] | None],
+) -> None:
+    """Decode the conversations ``pull`` hands out ((set, conversation) index pairs of
+    ``conversation_tasks``), each one's outcomes reported with the next pull."""
+    report = None
+    while (task := pull(report)) is not None:
+        prompt_set = sets[task[0]]
+        index = task[1]
+        conversation = prompt_set.conversations[index]
+        report = [
+            PromptOutcome(
+                index, len(prompt), speculative, plain, prompt_set.name, turn,
+                conversation.category,
+            )
+            for turn, prompt, plain, speculative in decode_conversation(
+                conversation, decoder, renderer, vocab_size
+            )
+        ]  # fmt: skip
 
-    ``shard`` (k, n): only the conversations whose index in their set is k modulo n
-    (one of n processes decoding a share each); the bar is shown by shard 0 alone.
-    """
-    outcomes: list[PromptOutcome] = []
-    forwards = gained = 0
-    mine, shards = shard
-    total = sum(c.turns for s in sets for c in s.conversations[mine::shards])
-    with tqdm(total=total, unit="turn", file=sys.stderr, disable=mine != 0) as bar:
-        for prompt_set in sets:
-            bar.set_description(prompt_set.name)
-            for index, conversation in enumerate(prompt_set.conversations):
-                if index % shards != mine:
-                    continue
-                turns = decode_conversation(conversation, decoder, renderer, vocab_size)
-                for turn, prompt, plain, speculative in turns:
-                    outcomes.append(
-                        PromptOutcome(
-                            index,
-                            len(prompt),
-                            speculative,
-                            plain,
-                            prompt_set.name,
-                            turn,
-                            conversation.category,
-                        )
-                    )
-                    forwards += len(speculative.accepted)
-                    gained += len(speculative.accepted) + sum(speculative.accepted)
-                    bar.set_postfix(tau_real=f"{gained / max(forwards, 1):.2f}", refresh=False)
-                    bar.update()
-    return outcomes
+
+class TurnProgress:
+    """The outcomes of an evaluation as they are reported, with a progress bar of every
+    turn on stderr (its running tau_real beside it), shown from the first report on (after
+    the models loaded and the evaluation's first line)."""
+
+    def __init__(self, sets: list[PromptSet]) -> None:
+        self.outcomes: list[PromptOutcome] = []
+        self.turns = sum(s.turns for s in sets)
+        self.bar: tqdm | None = None
+        self.forwards = self.gained = 0
+
+    def __enter__(self) -> TurnProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def report(self, outcomes: list[PromptOutcome]) -> None:
+        """One conversation's outcomes."""
+        if self.bar is None:
+            self.bar = tqdm(total=self.turns, unit="turn", file=sys.stderr)
+        self.outcomes += outcomes
+        for outcome in outcomes:
+            accepted = outcome.speculative.accepted
+            self.forwards += len(accepted)
+            self.gained += len(accepted) + sum(accepted)
+        if outcomes:
+            self.bar.set_description(outcomes[0].benchmark, refresh=False)
+        tau = self.gained / max(self.forwards, 1)
+        self.bar.set_postfix(tau_real=f"{tau:.2f}", refresh=False)
+        self.bar.update(len(outcomes))
