@@ -1,6 +1,6 @@
 """The real-model recipes' own steps: the prompts step runs its synthesis processes at once
 and stops them when it fails, the training split is regenerated in the batches the
-settings ask for, and the variants' report keeps every trained variant when the
+settings ask for, a training cut short continues from its checkpoint, and the variants' report keeps every trained variant when the
 evaluations are cut short."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from ringtrain.config import load_config
 from tools.recipes import real_prompts, real_recipe, real_variants
-from tools.recipes.real_base import RealRecipeSettings
+from tools.recipes.real_base import ROOT, RealRecipeSettings
 from tools.recipes.real_prompts import Synthesis
 
 # A stand-in for `ringtrain-data synthesize`: marks itself started, waits until every
@@ -151,3 +152,45 @@ def test_the_recipe_regenerates_its_training_split_in_the_batches_it_asks_for(
             config="c.toml", train_prompts=[8], max_new_tokens=16)}),
         "train",
     )  # fmt: skip
+
+
+def test_a_training_cut_short_continues_from_its_checkpoint_and_a_finished_one_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe's training step: a run it started with the same command and that
+    stopped after a checkpoint (the end of a device session) continues with --resume; a
+    finished one is reused; another command starts afresh."""
+    settings = RealRecipeSettings(config="configs/smollm2-135m.toml", train_prompts=[8],
+                                  max_new_tokens=16)  # fmt: skip
+    run_dir = tmp_path / "runs" / "smollm2"
+    recipe = SimpleNamespace(
+        settings=settings, device="cpu", fresh=False, timings={}, overrides=[],
+        config=load_config(ROOT / settings.config), run_dir=lambda size: run_dir,
+        train_set=lambda size: tmp_path / "train",
+    )  # fmt: skip
+    launched: list[list[str]] = []
+    exit_codes = iter([1, 0, 0])
+
+    def run_children(commands):
+        launched.extend(commands.values())
+        return {
+            name: subprocess.CompletedProcess(command, next(exit_codes), "", "")
+            for name, command in commands.items()
+        }
+
+    def newest(root: Path) -> Path | None:
+        return root / "step_00001000" if (root / "step_00001000").is_dir() else None
+
+    monkeypatch.setattr(real_recipe, "run_children", run_children)
+    monkeypatch.setattr(real_recipe, "latest_checkpoint", newest)
+    with pytest.raises(SystemExit):  # stopped at step 1,000, its checkpoint written
+        real_recipe.train(recipe)
+    (run_dir / "checkpoints" / "step_00001000").mkdir(parents=True)
+    real_recipe.train(recipe)
+    real_recipe.train(recipe)  # finished: reused, nothing launched
+    assert [command[-1] == "--resume" for command in launched] == [False, True]
+    assert launched[1][:-1] == launched[0]
+    # Another command (other overrides) does not continue that run: it starts afresh.
+    recipe.overrides = ["run.max_steps=8"]
+    real_recipe.train(recipe)
+    assert launched[2][-1] != "--resume" and not (run_dir / "checkpoints").exists()

