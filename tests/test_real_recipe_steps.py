@@ -15,44 +15,54 @@ import pytest
 
 from ringtrain.config import load_config
 from tools.recipes import real_prompts, real_recipe, real_variants
-from tools.recipes.real_base import ROOT, RealRecipeSettings
+from tools.recipes.real_base import ROOT, RealRecipe, RealRecipeSettings, Timed
 from tools.recipes.real_prompts import Synthesis
 
-# A stand-in for `ringtrain-data synthesize`: marks itself started, waits until every
-# part has started (a barrier with a deadline: the parts must run at once), then writes
-# its conversations and a summary line, as the real command does.
+# A stand-in for `ringtrain-data synthesize`: marks itself started and running; "together":
+# waits until every part has started (a barrier with a deadline: the parts must run at
+# once); "alone": fails if another part is running. Then writes its conversations and a
+# summary line, as the real command does, and is no longer running.
 PART = """
 import json, sys, time
 from pathlib import Path
-output, count, parts = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+output, count, parts, mode = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+running = list(output.parent.glob("*.running"))
+if mode == "alone" and running:
+    sys.exit(f"{output.stem} started beside {running}")
+mark = output.with_suffix(".running")
+mark.touch()
 output.with_suffix(".started").touch()
 deadline = time.monotonic() + 60
-while len(list(output.parent.glob("*.started"))) < parts:
+while mode == "together" and len(list(output.parent.glob("*.started"))) < parts:
     if time.monotonic() > deadline:
         sys.exit("the other parts never started")
     time.sleep(0.01)
 rows = [{"messages": [{"role": "user", "content": f"{output.stem} {i}"}]} for i in range(count)]
 output.write_text("".join(json.dumps(row) + "\\n" for row in rows))
 print(f"{output}: {count} conversations written")
+mark.unlink()
 """
 
 
 def stand_in_commands(target, parts, synthesis, seed, device, output):
-    """The stand-in for every part, where the real commands would write."""
+    """The stand-in for every part, where the real commands would write: on a GPU the
+    parts must run together, on a CPU alone."""
+    mode = "alone" if device == "cpu" else "together"
     return {
         name: [sys.executable, "-c", PART, str(real_prompts.part_file(output, name)),
-               str(count), str(len(parts))]
+               str(count), str(len(parts)), mode]
         for name, (count, _turns) in parts.items()
     }  # fmt: skip
 
 
-def test_the_synthesis_parts_run_at_once_beside_the_code_prompts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_synthesis_parts_run_at_once_on_a_gpu_and_one_by_one_on_a_cpu(
+    device: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(real_prompts, "synthesis_commands", stand_in_commands)
     output = tmp_path / "train-prompts.jsonl"
     counts = real_prompts.general_prompts(
-        tmp_path / "model", 40, Synthesis(0.5, two_turn=0.4), 0, "cpu", output
+        tmp_path / "model", 40, Synthesis(0.5, two_turn=0.4), 0, device, output
     )
     assert counts == {"code": 20, "synthesized": 12, "synthesized_two_turn": 8}
     mixed = [json.loads(line) for line in output.read_text().splitlines()]
@@ -82,7 +92,7 @@ def test_a_failed_prompts_step_stops_its_synthesis_processes(
     monkeypatch.setattr(real_prompts, "code_prompts", broken_code_prompts)
     with pytest.raises(OSError, match="disk full"):
         real_prompts.general_prompts(
-            tmp_path / "model", 10, Synthesis(0.5, two_turn=0.4), 0, "cpu", tmp_path / "p.jsonl"
+            tmp_path / "model", 10, Synthesis(0.5, two_turn=0.4), 0, "cuda", tmp_path / "p.jsonl"
         )
     # Without the stop they would wait on their input for ever.
     assert len(started) == 2
@@ -160,14 +170,8 @@ def test_a_training_cut_short_continues_from_its_checkpoint_and_a_finished_one_i
     """The recipe's training step: a run it started with the same command and that
     stopped after a checkpoint (the end of a device session) continues with --resume; a
     finished one is reused; another command starts afresh."""
-    settings = RealRecipeSettings(config="configs/smollm2-135m.toml", train_prompts=[8],
-                                  max_new_tokens=16)  # fmt: skip
     run_dir = tmp_path / "runs" / "smollm2"
-    recipe = SimpleNamespace(
-        settings=settings, device="cpu", fresh=False, timings={}, overrides=[],
-        config=load_config(ROOT / settings.config), run_dir=lambda size: run_dir,
-        train_set=lambda size: tmp_path / "train",
-    )  # fmt: skip
+    recipe = cpu_recipe(tmp_path, [f"run.run_dir={json.dumps(str(run_dir))}"])
     launched: list[list[str]] = []
     exit_codes = iter([1, 0, 0])
 
@@ -194,3 +198,43 @@ def test_a_training_cut_short_continues_from_its_checkpoint_and_a_finished_one_i
     recipe.overrides = ["run.max_steps=8"]
     real_recipe.train(recipe)
     assert launched[2][-1] != "--resume" and not (run_dir / "checkpoints").exists()
+
+
+def test_a_recipe_run_as_several_calls_reports_the_seconds_of_the_steps_it_reused(
+    tmp_path: Path,
+) -> None:
+    """Each step's seconds are kept beside the data when it finishes; a later run that
+    reuses the step reports them, and real_recipe_gpu_s adds them to its own."""
+
+    def recipe() -> RealRecipe:
+        return cpu_recipe(tmp_path, [])
+
+    first = recipe()
+    with Timed(first, "data"):
+        pass
+    with pytest.raises(RuntimeError), Timed(first, "train"):
+        raise RuntimeError("a step that failed is not reused, so its time is not kept")
+    assert set(first.step_seconds()) == {"data"}
+
+    later = recipe()
+    later.reused("data")
+    later.reused("train")
+    assert later.earlier == {"data": first.step_seconds()["data"]}
+    later.earlier["data"] = 234.0  # as the first call measured it on a GPU
+    report = {
+        "machine": "m", "date": "d", "regenerate": {}, "earlier_s": later.earlier,
+        "timings_s": {"eval": 231.0, "total": 231.2},
+    }  # fmt: skip
+    line = real_recipe.real_recipe_gpu_line(report, "m, d, `command`")
+    assert line.startswith("- real_recipe_gpu_s: 465 (")
+    assert "data 234 (an earlier call), eval 231" in line
+
+
+def cpu_recipe(tmp_path: Path, overrides: list[str]) -> RealRecipe:
+    """A recipe on the CPU whose data (and its seconds file) lie under ``tmp_path``."""
+    settings = RealRecipeSettings(
+        config="configs/smollm2-135m.toml", train_prompts=[8], max_new_tokens=16
+    )
+    data = f"data.path={json.dumps(str(tmp_path / 'data' / 'train'))}"
+    config = load_config(ROOT / settings.config, [data, *overrides])
+    return RealRecipe("cpu", settings, config, [], fresh=False, gguf="")

@@ -18,6 +18,7 @@ from ringtrain.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes" / "smollm2.toml"
+SECONDS_FILE = "real_recipe_seconds.json"
 
 
 class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -71,10 +72,31 @@ class RealRecipe:
     fresh: bool
     gguf: str
     timings: dict[str, float] = field(default_factory=dict)
+    # Seconds of the steps this run reused, as the run that made their outputs measured
+    # them (a recipe run as several calls reports its whole time).
+    earlier: dict[str, float] = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
         return ROOT
+
+    @property
+    def seconds_file(self) -> Path:
+        """Each step's seconds when it last ran, beside the datasets (run directories are
+        remade, the data stays)."""
+        return self.dataset("train").parent / SECONDS_FILE
+
+    def step_seconds(self) -> dict[str, float]:
+        """What ``seconds_file`` holds (nothing before the first step ran)."""
+        if not self.seconds_file.is_file():
+            return {}
+        return json.loads(self.seconds_file.read_text())
+
+    def reused(self, step: str) -> None:
+        """Note that ``step``'s outputs are reused: its seconds are the earlier run's."""
+        seconds = self.step_seconds().get(step)
+        if seconds is not None:
+            self.earlier[step] = seconds
 
     @property
     def target(self) -> Path:
@@ -105,7 +127,8 @@ def log(message: str) -> None:
 
 
 class Timed:
-    """A context that adds its wall time to ``recipe.timings[name]``."""
+    """A context that adds its wall time to ``recipe.timings[name]`` and, when its block
+    finished, records it in ``recipe.seconds_file`` for the runs that reuse the step."""
 
     def __init__(self, recipe: RealRecipe, name: str) -> None:
         self.recipe, self.name = recipe, name
@@ -114,9 +137,14 @@ class Timed:
         log(f"{self.name} ...")
         self.started = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         seconds = time.perf_counter() - self.started
-        self.recipe.timings[self.name] = self.recipe.timings.get(self.name, 0.0) + seconds
+        recipe = self.recipe
+        recipe.timings[self.name] = recipe.timings.get(self.name, 0.0) + seconds
+        if kind is None:  # a step that finished: later runs that reuse it report its time
+            recipe.seconds_file.parent.mkdir(parents=True, exist_ok=True)
+            ledger = {**recipe.step_seconds(), self.name: round(seconds, 1)}
+            recipe.seconds_file.write_text(json.dumps(ledger) + "\n")
 
 
 def reusable(stamp_file: Path, stamp: dict, fresh: bool) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ringtrain.data.code_prompts import build_prompts, write_jsonl
 from ringtrain.data.mixture import Mixture, Source, write_mixture
-from tools.recipes.children import start_all, stop, wait_all
+from tools.recipes.children import run_all, start_all, stop, wait_all
 from tools.recipes.real_base import ROOT, RealRecipeSettings, log
 
 # Synthesized user turns: sampled at the temperature the method uses; short requests.
@@ -99,9 +99,11 @@ def general_prompts(
     """Write ``total`` training prompts to ``output``: ``synthesis.fraction`` of them written
     by the target, the rest code prompts, mixed; returns the count per source.
 
-    The synthesis parts run at once (each process leaves the device idle while it
+    On a GPU the synthesis parts run at once (each process leaves the device idle while it
     samples, filters and removes near-duplicates on the CPU; on CUDA the recipe runs its
-    data steps under the MPS daemon), and the code prompts are built meanwhile."""
+    data steps under the MPS daemon) and the code prompts are built meanwhile. On a CPU
+    they would only take cores from each other (their threads stall where another
+    process holds a core), so there everything runs one after another."""
     synthesized = round(total * synthesis.fraction)
     two_turn = round(synthesized * synthesis.two_turn)
     parts = {
@@ -112,8 +114,10 @@ def general_prompts(
         )
         if count
     }
+    commands = synthesis_commands(target, parts, synthesis, seed, device, output)
+    at_once = device != "cpu"
     started = time.perf_counter()
-    running = start_all(synthesis_commands(target, parts, synthesis, seed, device, output), ROOT)
+    running = start_all(commands, ROOT) if at_once else {}
     sources = []
     try:
         if synthesized < total:
@@ -124,7 +128,12 @@ def general_prompts(
     except BaseException:
         stop(running.values())
         raise
-    for name, proc in wait_all(running).items():
+    done = (
+        wait_all(running)
+        if at_once
+        else {name: run_all({name: command}, ROOT)[name] for name, command in commands.items()}
+    )
+    for name, proc in done.items():
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout)
         log(f"prompts: {name}: {proc.stdout.strip()}")
