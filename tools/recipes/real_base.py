@@ -35,8 +35,8 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     eval_mps: bool = False
     # Train under the CUDA MPS daemon too: the target and drafter ranks share the one GPU.
     train_mps: bool = False
-    # Make the prompts and the data under it too: the synthesis parts run at once, as do
-    # the two splits' regenerations.
+    # Make the prompts and the data under it too: the synthesis processes (at once on a
+    # GPU) and the two splits' regenerations run side by side.
     data_mps: bool = False
     # Share of the training prompts written by the target itself (ringtrain-data
     # synthesize); the rest are code prompts (tools/recipes/real_prompts.py).
