@@ -129,8 +129,8 @@ def decode_tasks(
     ``conversation_tasks``), each one's outcomes reported with the next pull."""
     report = None
     while (task := pull(report)) is not None:
-        prompt_set = sets[task[0]]
-        index = task[1]
+        set_index, index = task
+        prompt_set = sets[set_index]
         conversation = prompt_set.conversations[index]
         report = [
             PromptOutcome(

@@ -140,15 +140,13 @@ def regenerate_command(recipe: RealRecipe, split: str) -> list[str]:
         else ["--benchmark", "humaneval", *limit]
     )
     new_tokens = settings.max_new_tokens if split == "train" else settings.eval_max_new_tokens
-    batching = [
-        arg
+    batching = []
+    if split == "train":  # the 164 held-out problems fit one batch as they are
         for flag, value in (
             ("--batch-size", settings.regen_batch_size),
             ("--max-batch-tokens", settings.regen_batch_tokens),
-        )
-        if value and split == "train"
-        for arg in (flag, str(value))
-    ]
+        ):
+            batching += [flag, str(value)] if value else []
     return [
         sys.executable, "-m", "tools.recipes.regenerate",
         "--target", str(recipe.target), *source,
@@ -256,7 +254,7 @@ def train(recipe: RealRecipe) -> None:
         if reusable(run_dir / "recipe.json", stamp, recipe.fresh):
             log(f"train {size}: reusing {run_dir}")
             continue
-        newest = cut_short(run_dir, stamp) if not recipe.fresh else None
+        newest = cut_short(run_dir, stamp, recipe.fresh)
         if newest is not None:
             log(f"train {size}: continuing the run cut short in {run_dir} from {newest.name}")
             runs[f"train_{size}"] = (run_dir, command, [*command, "--resume"])
@@ -276,10 +274,11 @@ def train(recipe: RealRecipe) -> None:
             (run_dir / "recipe.json").write_text(json.dumps({"command": command[1:]}) + "\n")
 
 
-def cut_short(run_dir: Path, stamp: dict) -> Path | None:
+def cut_short(run_dir: Path, stamp: dict, fresh: bool) -> Path | None:
     """The newest checkpoint of a training this recipe started in ``run_dir`` with the
-    command ``stamp`` records and that did not finish; None when there is none."""
-    if not reusable(run_dir / STARTED, stamp, fresh=False):
+    command ``stamp`` records and that did not finish; None when there is none (or
+    ``fresh`` asks to remake everything)."""
+    if not reusable(run_dir / STARTED, stamp, fresh):
         return None
     return latest_checkpoint(run_dir / "checkpoints")
 
