@@ -1,6 +1,7 @@
 """The real-model recipes' own steps: the prompts step runs its synthesis processes at once
 and stops them when it fails, the training split is regenerated in the batches the
-settings ask for, a training cut short continues from its checkpoint, and the variants' report keeps every trained variant when the
+settings ask for, a training cut short continues from its checkpoint and counts the
+seconds of both calls, and the variants' report keeps every trained variant when the
 evaluations are cut short."""
 
 from __future__ import annotations
@@ -228,6 +229,39 @@ def test_a_recipe_run_as_several_calls_reports_the_seconds_of_the_steps_it_reuse
     line = real_recipe.real_recipe_gpu_line(report, "m, d, `command`")
     assert line.startswith("- real_recipe_gpu_s: 465 (")
     assert "data 234 (an earlier call), eval 231" in line
+
+
+def test_a_training_stopped_in_one_call_and_continued_in_the_next_counts_both_calls(
+    tmp_path: Path,
+) -> None:
+    """A step stopped by SIGTERM (a device call's end) keeps its seconds as stopped ones;
+    the run that continues it adds them to its own and reports them as an earlier call's;
+    a run that starts the step afresh does not; a failure keeps nothing."""
+    first = cpu_recipe(tmp_path, [])
+    with pytest.raises(SystemExit), Timed(first, "train"):
+        raise SystemExit(143)
+    stopped = first.step_seconds()["train (stopped)"]
+    assert "train" not in first.step_seconds()
+    first.seconds_file.write_text(json.dumps({"train (stopped)": 560.0}) + "\n")
+
+    afresh = cpu_recipe(tmp_path, [])
+    with pytest.raises(RuntimeError), Timed(afresh, "train", continues=True):
+        raise RuntimeError("a failed continuation keeps nothing")
+    assert afresh.step_seconds() == {} and stopped >= 0
+
+    first.seconds_file.write_text(json.dumps({"train (stopped)": 560.0}) + "\n")
+    later = cpu_recipe(tmp_path, [])
+    with Timed(later, "train", continues=True):
+        pass
+    assert later.earlier == {"train (stopped)": 560.0}
+    assert 560.0 <= later.step_seconds()["train"] < 570.0
+    assert "train (stopped)" not in later.step_seconds()
+
+    first.seconds_file.write_text(json.dumps({"train (stopped)": 560.0}) + "\n")
+    restarted = cpu_recipe(tmp_path, [])
+    with Timed(restarted, "train"):
+        pass
+    assert restarted.earlier == {} and restarted.step_seconds()["train"] < 10.0
 
 
 def cpu_recipe(tmp_path: Path, overrides: list[str]) -> RealRecipe:

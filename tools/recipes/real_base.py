@@ -127,11 +127,18 @@ def log(message: str) -> None:
 
 
 class Timed:
-    """A context that adds its wall time to ``recipe.timings[name]`` and, when its block
-    finished, records it in ``recipe.seconds_file`` for the runs that reuse the step."""
+    """A context that adds its wall time to ``recipe.timings[name]`` and records it in
+    ``recipe.seconds_file``: when its block finished, as the step's seconds for the runs
+    that reuse it; when it was stopped (a device call's end), as the step's stopped
+    seconds, which the run that ``continues`` the step adds to its own (and reports as an
+    earlier call's), so a training run as two calls counts both."""
 
-    def __init__(self, recipe: RealRecipe, name: str) -> None:
-        self.recipe, self.name = recipe, name
+    def __init__(self, recipe: RealRecipe, name: str, continues: bool = False) -> None:
+        self.recipe, self.name, self.continues = recipe, name, continues
+
+    @property
+    def stopped_key(self) -> str:
+        return f"{self.name} (stopped)"
 
     def __enter__(self) -> None:
         log(f"{self.name} ...")
@@ -141,10 +148,18 @@ class Timed:
         seconds = time.perf_counter() - self.started
         recipe = self.recipe
         recipe.timings[self.name] = recipe.timings.get(self.name, 0.0) + seconds
+        ledger = recipe.step_seconds()
+        stopped = ledger.pop(self.stopped_key, 0.0)
+        if not self.continues:  # a fresh start does not build on the stopped attempt
+            stopped = 0.0
+        elif stopped:
+            recipe.earlier[self.stopped_key] = stopped
         if kind is None:  # a step that finished: later runs that reuse it report its time
-            recipe.seconds_file.parent.mkdir(parents=True, exist_ok=True)
-            ledger = {**recipe.step_seconds(), self.name: round(seconds, 1)}
-            recipe.seconds_file.write_text(json.dumps(ledger) + "\n")
+            ledger[self.name] = round(stopped + seconds, 1)
+        elif issubclass(kind, (KeyboardInterrupt, SystemExit)):  # stopped, not failed
+            ledger[self.stopped_key] = round(stopped + seconds, 1)
+        recipe.seconds_file.parent.mkdir(parents=True, exist_ok=True)
+        recipe.seconds_file.write_text(json.dumps(ledger) + "\n")
 
 
 def reusable(stamp_file: Path, stamp: dict, fresh: bool) -> bool:

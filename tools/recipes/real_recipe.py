@@ -267,7 +267,11 @@ def train(recipe: RealRecipe) -> None:
     if not commands:
         recipe.reused("train")
         return
-    with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, "train"):
+    continues = any(launched[-1] == "--resume" for launched in commands.values())
+    with (
+        mps_daemon(trains_under_mps(recipe, len(commands) > 1)),
+        Timed(recipe, "train", continues),
+    ):
         for name, proc in run_children(commands).items():
             checked(proc, name)
             run_dir, command, _ = runs[name]
