@@ -123,6 +123,13 @@ def test_chat_template_and_stop_token_survive(tmp_path: Path) -> None:
     assert prompt["input_ids"] == expected["input_ids"]
     assert TOKENS.index("hello") in prompt["input_ids"]  # the merges survive too
     assert (converted.eos_token, converted.bos_token) == ("<|im_end|>", "<|im_start|>")
+    # No WordPiece space clean-up on a BPE tokenizer (transformers warns when it is set,
+    # and some releases set it when they read a GGUF file).
+    assert converted.clean_up_tokenization_spaces is False
+    from_gguf.clean_up_tokenization_spaces = True
+    target_gguf._no_bpe_space_cleanup(from_gguf)
+    assert from_gguf.clean_up_tokenization_spaces is False
+    assert converted.decode(expected["input_ids"]) == from_gguf.decode(expected["input_ids"])
     generation = GenerationConfig.from_pretrained(output)
     assert (generation.eos_token_id, generation.pad_token_id) == (IM_END, ENDOFTEXT)
 

@@ -69,6 +69,7 @@ def convert_gguf(
         partial.mkdir()
         _write_weights(model, partial / "model.safetensors")
         _write_configs(model, metadata, partial)
+        _no_bpe_space_cleanup(tokenizer)
         tokenizer.save_pretrained(partial)
         # safetensors creates its file readable by the owner only; match the other files.
         shutil.copymode(partial / "config.json", partial / "model.safetensors")
@@ -77,6 +78,15 @@ def convert_gguf(
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return output
+
+
+def _no_bpe_space_cleanup(tokenizer: Any) -> None:
+    """Turn off the space clean-up after decoding of a BPE tokenizer: it is meant for
+    WordPiece (it would strip spaces before punctuation), and transformers ignores it for
+    BPE with a warning in every process that decodes (12 evaluation workers: 12 warnings)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and type(backend.model).__name__ == "BPE":
+        tokenizer.clean_up_tokenization_spaces = False
 
 
 def check_gguf_file(gguf_path: str | Path) -> Path:
