@@ -107,3 +107,31 @@ def test_workers_decode_shares_with_the_same_figures(
     single, shared = results
     for key in ("prompts", "generated_tokens", "verify_forwards", "tau_real", "acceptance"):
         assert shared[key] == single[key], key
+
+
+def test_several_temperatures_in_one_run_give_each_one_s_own_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--temperature 0 --temperature 1: one run (its workers load the models once) reports
+    at each temperature exactly what a run at that temperature alone reports."""
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    drafter = write_drafter(tmp_path / "drafter", target)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    common = [
+        "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
+        "--max-new-tokens", "8", "--device", "cpu", "--threads", "1", "--json",
+    ]  # fmt: skip
+
+    def run(*extra: str) -> dict:
+        code = main([*common, *extra])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        return json.loads(out.strip().splitlines()[-1])
+
+    together = run("--temperature", "0", "--temperature", "1", "--workers", "2")
+    alone = [run(), run("--temperature", "1")]
+    assert [e["temperature"] for e in together["evaluations"]] == [0.0, 1.0]
+    assert [e["lossless"] for e in together["evaluations"]] == [True, None]
+    for mixed, single in zip(together["evaluations"], alone, strict=True):
+        for key in ("prompts", "generated_tokens", "verify_forwards", "tau_real", "acceptance"):
+            assert mixed[key] == single[key], (single["temperature"], key)

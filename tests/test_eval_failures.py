@@ -35,6 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
         (["--temperature", "1", "--top-p", "0"], "--top-p 0.0 must be above 0 and at most 1"),
         (["--temperature", "1", "--top-p", "1.5"], "--top-p 1.5 must be above 0 and at most 1"),
         (["--top-p", "0.9"], "--top-p applies when sampling"),
+        (["--temperature", "1", "--temperature", "1.0"], "--temperature 1 is given more than once"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line_before_anything_loads(

@@ -5,7 +5,7 @@
         --benchmark humaneval --benchmark mt-bench --benchmark gsm8k.jsonl \\
         --chat-template-kwargs '{"enable_thinking": false}'
     ringtrain-eval --target models/SmolLM2 --drafter runs/smollm2 --benchmark mt-bench \\
-        --temperature 1 --seed 0
+        --temperature 0 --temperature 1 --seed 0
 
 Prompts are evaluated as served: chat prompts (``messages``, ``turns``, ``question``,
 and ``prompt`` text on a target with a chat template unless --raw-prompts) are rendered
@@ -26,8 +26,10 @@ counted and reported, and decoding continues from the greedy token; any other di
 is an error naming the prompt, the position, the margin and the float32 argmax. At a
 temperature the drafter draws its blocks and the target keeps them by the speculative
 sampling rule (ringtrain.eval.sampling), which leaves its output distribution unchanged;
-there is no output to compare token for token. With --json the last stdout line is one
-JSON object with every metric.
+there is no output to compare token for token. Several --temperature values are decoded
+in one run (the models load once) with a report for each. With --json the last stdout
+line is one JSON object with every metric; with several temperatures, {"evaluations":
+[...]}, one such object per temperature in the order given.
 """
 
 from __future__ import annotations
@@ -138,10 +140,11 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument(
         "--temperature",
         type=_non_negative,
-        default=0.0,
+        action="append",
         help="0 (the default): greedy, checked token for token against the target's greedy "
         "output; above 0: the drafter draws its blocks and the target keeps them by the "
-        "speculative sampling rule, both at this temperature",
+        "speculative sampling rule, both at this temperature. Repeatable: every prompt is "
+        "decoded at each, with a report for each",
     )
     sampling.add_argument(
         "--top-p",
@@ -197,7 +200,8 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The parsed arguments, every value checked (exit status 2 and one line otherwise);
-    ``sampling``: the SamplingSettings of --temperature above 0, else None."""
+    ``samplings``: for each --temperature in order, its SamplingSettings (None: 0,
+    greedy)."""
     parser = _Parser(prog="ringtrain-eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--target", required=True, help="local Hugging Face target directory")
     parser.add_argument(
@@ -210,13 +214,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.prompts and not args.benchmark:
         parser.error("give --prompts FILE and/or --benchmark NAME (e.g. --benchmark humaneval)")
-    args.sampling = None
-    if args.temperature > 0:
-        try:
-            args.sampling = SamplingSettings(args.temperature, args.top_p, args.seed)
-        except ValueError as exc:
-            parser.error(str(exc))
-    elif args.top_p != 1.0:
+    temperatures = args.temperature or [0.0]
+    repeated = sorted({t for t in temperatures if temperatures.count(t) > 1})
+    if repeated:
+        parser.error(f"--temperature {repeated[0]:g} is given more than once")
+    try:
+        args.samplings = [
+            SamplingSettings(t, args.top_p, args.seed) if t > 0 else None for t in temperatures
+        ]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.top_p != 1.0 and all(t == 0 for t in temperatures):
         parser.error("--top-p applies when sampling: give --temperature above 0 with it")
     return args
 
@@ -244,19 +252,21 @@ def main(argv: list[str] | None = None) -> int:
     from ringtrain.eval.evaluation import evaluate
 
     try:
-        report = evaluate(args)
+        reports = evaluate(args)
     except (PromptFileError, OSError, ValueError) as exc:
         print(f"ringtrain-eval: {exc}", file=sys.stderr)
         return 2
     except WorkerDied as exc:
         print(f"ringtrain-eval: {exc}", file=sys.stderr)
         return exc.code
-    print(report.table())
-    if report.lossless is False:
-        print(mismatch_error(report), file=sys.stderr)
+    print("\n\n".join(report.table() for report in reports))
+    for report in reports:
+        if report.lossless is False:
+            print(mismatch_error(report), file=sys.stderr)
     if args.json:
-        print(json.dumps(report.as_dict()))
-    return 1 if report.lossless is False else 0
+        results = [report.as_dict() for report in reports]
+        print(json.dumps(results[0] if len(results) == 1 else {"evaluations": results}))
+    return 1 if any(report.lossless is False for report in reports) else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One evaluation as ringtrain-eval runs it: prompt sets read and checked, models loaded,
-every assistant turn decoded (in one process, or by worker processes that take the
-conversations one at a time), and the report of what was measured.
+every assistant turn decoded at each of the run's temperatures (in one process, or by
+worker processes that take the conversations one at a time), and the report of what was
+measured at each temperature.
 
 Everything that can be refused without the models (prompts, the drafter's config, the
 target's context) is checked before they load.
@@ -21,7 +22,14 @@ from ringtrain.drafter import DrafterSpec
 from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
 from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
 from ringtrain.eval.processes import local_pull, run_workers
-from ringtrain.eval.runner import TurnDecoder, TurnProgress, conversation_tasks, decode_tasks
+from ringtrain.eval.runner import (
+    Task,
+    TurnDecoder,
+    TurnProgress,
+    conversation_tasks,
+    decode_tasks,
+)
+from ringtrain.eval.settings import SamplingSettings
 from ringtrain.eval.target import load_verifying_target
 from ringtrain.eval.ties import TieJudge
 from ringtrain.generate.chat import ChatRenderer
@@ -69,14 +77,20 @@ def prepare(args: argparse.Namespace) -> Prepared:
     return load_prompt_sets(args.prompts, args.benchmark, options), renderer, spec
 
 
+def decoding_label(sampling: SamplingSettings | None) -> str:
+    """A decoding's short name in the progress bar: T=0 (greedy), T=1, ..."""
+    return f"T={0 if sampling is None else sampling.temperature:g}"
+
+
 def decode_share(
     args: argparse.Namespace,
     share: tuple[int, int],
-    pull: Callable[[list[PromptOutcome] | None], tuple[int, int] | None],
+    pull: Callable[[tuple[int, list[PromptOutcome]] | None], Task | None],
     prepared: Prepared | None = None,
 ) -> str:
-    """Load the models and decode the conversations ``pull`` hands out (worker k of n:
-    ``share``), reporting each one's outcomes through it; returns the tie rule.
+    """Load the models and decode the tasks ``pull`` hands out (worker k of n: ``share``)
+    with one decoder per entry of ``args.samplings`` (greedy or a temperature), reporting
+    each one's outcomes through it; returns the tie rule of greedy decoding.
 
     ``prepared``: what ``prepare`` returned, where this process already read it (a
     worker process reads the prompts itself)."""
@@ -97,32 +111,44 @@ def decode_share(
     )
     judge = TieJudge(target.model, args.tie_ulps)
     stops = stop_token_ids(target.model.config)
-    decoder = TurnDecoder(target, drafter, judge, stops, args.max_new_tokens, args.sampling)
+    decoders = [
+        TurnDecoder(target, drafter, judge, stops, args.max_new_tokens, sampling)
+        for sampling in args.samplings
+    ]
     if share[0] == 0:
-        decoding = "greedy" if args.sampling is None else args.sampling.describe()
+        decodings = "; ".join(
+            "greedy" if sampling is None else sampling.describe() for sampling in args.samplings
+        )
         print(
             f"ringtrain-eval: {sum(s.turns for s in sets)} assistant turns in "
-            f"{', '.join(s.name for s in sets)}; {decoding}; block size {spec.block_size}, "
+            f"{', '.join(s.name for s in sets)}; {decodings}; block size {spec.block_size}, "
             f"taps {list(spec.tap_layers)}, verification by {target.mode} on {device}"
             f"{f', {share[1]} processes' if share[1] > 1 else ''}",
             file=sys.stderr,
         )
-    decoder.warm_up(first)
-    decode_tasks(sets, decoder, renderer, target.vocab_size, pull)
-    return judge.describe() if args.sampling is None else NOT_COMPARED
+    for decoder in decoders:
+        decoder.warm_up(first)
+    decode_tasks(sets, decoders, renderer, target.vocab_size, pull)
+    return judge.describe()
 
 
-def evaluate(args: argparse.Namespace) -> EvalReport:
-    """Run the evaluation described by the parsed arguments; its report."""
+def evaluate(args: argparse.Namespace) -> list[EvalReport]:
+    """Run the evaluation described by the parsed arguments; its report at each of
+    ``args.samplings`` (the models load once, and every temperature's turns are handed
+    out together)."""
     prepared = prepare(args)
     sets, _, spec = prepared
-    tasks = conversation_tasks(sets)
-    with TurnProgress(sets) as progress:
+    tasks = conversation_tasks(sets, len(args.samplings))
+    with TurnProgress(sets, [decoding_label(sampling) for sampling in args.samplings]) as progress:
         if args.workers == 1:
             tie_rule = decode_share(args, (0, 1), local_pull(tasks, progress.report), prepared)
         else:
             tie_rule = run_workers(decode_share, args, args.workers, tasks, progress.report)[0]
     set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
-    outcomes = sorted(progress.outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))
     groups = {prompt_set.name: prompt_set.groups for prompt_set in sets}
-    return summarize(outcomes, spec.block_size, tie_rule, args.sampling, groups)
+    reports = []
+    for sampling, outcomes in zip(args.samplings, progress.outcomes, strict=True):
+        ordered = sorted(outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))
+        rule = tie_rule if sampling is None else NOT_COMPARED
+        reports.append(summarize(ordered, spec.block_size, rule, sampling, groups))
+    return reports

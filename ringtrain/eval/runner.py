@@ -109,50 +109,62 @@ def decode_conversation(
         history.append({"role": "assistant", "content": renderer.answer_text(answer)})
 
 
-def conversation_tasks(sets: list[PromptSet]) -> list[tuple[int, int]]:
-    """(set, conversation) index pairs of every conversation, those of more turns first:
-    handed out in this order, the long ones do not come last to a single worker."""
-    pairs = [
-        (s, i) for s, prompt_set in enumerate(sets) for i in range(len(prompt_set.conversations))
+# A task: (decoding, set, conversation) indexes: the decoder of ``decoders`` (one per
+# temperature of the run), the prompt set and its conversation.
+Task = tuple[int, int, int]
+
+
+def conversation_tasks(sets: list[PromptSet], decodings: int = 1) -> list[Task]:
+    """The tasks of every conversation at each of ``decodings`` decoders, those of more
+    turns first: handed out in this order, the long ones do not come last to a single
+    worker."""
+    tasks = [
+        (d, s, i)
+        for s, prompt_set in enumerate(sets)
+        for i in range(len(prompt_set.conversations))
+        for d in range(decodings)
     ]
-    return sorted(pairs, key=lambda pair: -sets[pair[0]].conversations[pair[1]].turns)
+    return sorted(tasks, key=lambda task: -sets[task[1]].conversations[task[2]].turns)
 
 
 def decode_tasks(
     sets: list[PromptSet],
-    decoder: TurnDecoder,
+    decoders: list[TurnDecoder],
     renderer: ChatRenderer,
     vocab_size: int,
-    pull: Callable[[list[PromptOutcome] | None], tuple[int, int] | None],
+    pull: Callable[[tuple[int, list[PromptOutcome]] | None], Task | None],
 ) -> None:
-    """Decode the conversations ``pull`` hands out ((set, conversation) index pairs of
-    ``conversation_tasks``), each one's outcomes reported with the next pull."""
+    """Decode the tasks ``pull`` hands out (``conversation_tasks``), each one's outcomes
+    reported with the next pull as (decoding, outcomes)."""
     report = None
     while (task := pull(report)) is not None:
-        set_index, index = task
+        decoding, set_index, index = task
         prompt_set = sets[set_index]
         conversation = prompt_set.conversations[index]
-        report = [
+        report = decoding, [
             PromptOutcome(
                 index, len(prompt), speculative, plain, prompt_set.name, turn,
                 conversation.category,
             )
             for turn, prompt, plain, speculative in decode_conversation(
-                conversation, decoder, renderer, vocab_size
+                conversation, decoders[decoding], renderer, vocab_size
             )
         ]  # fmt: skip
 
 
 class TurnProgress:
-    """The outcomes of an evaluation as they are reported, with a progress bar of every
-    turn on stderr (its running tau_real beside it), shown from the first report on (after
+    """The outcomes of an evaluation as they are reported, per decoding (``labels``: one
+    short name each, such as "T=0"), with a progress bar of every turn on stderr (the
+    running tau_real of each decoding beside it), shown from the first report on (after
     the models loaded and the evaluation's first line)."""
 
-    def __init__(self, sets: list[PromptSet]) -> None:
-        self.outcomes: list[PromptOutcome] = []
-        self.turns = sum(s.turns for s in sets)
+    def __init__(self, sets: list[PromptSet], labels: list[str]) -> None:
+        self.labels = labels
+        self.outcomes: list[list[PromptOutcome]] = [[] for _ in labels]
+        self.turns = sum(s.turns for s in sets) * len(labels)
         self.bar: tqdm | None = None
-        self.forwards = self.gained = 0
+        # Per decoding: [verify forwards, tokens gained] so far.
+        self.counts = [[0, 0] for _ in labels]
 
     def __enter__(self) -> TurnProgress:
         return self
@@ -161,17 +173,25 @@ class TurnProgress:
         if self.bar is not None:
             self.bar.close()
 
-    def report(self, outcomes: list[PromptOutcome]) -> None:
-        """One conversation's outcomes."""
+    def report(self, report: tuple[int, list[PromptOutcome]]) -> None:
+        """One conversation's outcomes at one decoding."""
+        decoding, outcomes = report
         if self.bar is None:
             self.bar = tqdm(total=self.turns, unit="turn", file=sys.stderr)
-        self.outcomes += outcomes
+        self.outcomes[decoding] += outcomes
+        counts = self.counts[decoding]
         for outcome in outcomes:
             accepted = outcome.speculative.accepted
-            self.forwards += len(accepted)
-            self.gained += len(accepted) + sum(accepted)
+            counts[0] += len(accepted)
+            counts[1] += len(accepted) + sum(accepted)
         if outcomes:
             self.bar.set_description(outcomes[0].benchmark, refresh=False)
-        tau = self.gained / max(self.forwards, 1)
-        self.bar.set_postfix(tau_real=f"{tau:.2f}", refresh=False)
+        taus = [gained / max(forwards, 1) for forwards, gained in self.counts]
+        if len(taus) == 1:
+            self.bar.set_postfix(tau_real=f"{taus[0]:.2f}", refresh=False)
+        else:
+            shown = ", ".join(
+                f"{label} {tau:.2f}" for label, tau in zip(self.labels, taus, strict=True)
+            )
+            self.bar.set_postfix_str(f"tau_real {shown}", refresh=False)
         self.bar.update(len(outcomes))

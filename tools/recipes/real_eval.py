@@ -1,10 +1,12 @@
 """The real-model recipes' evaluation: ringtrain-eval per drafter, dtype and temperature.
 
 Each evaluation scores one drafter on every benchmark of the recipe's ``benchmarks``
-(HumanEval, MT-Bench both turns, ...) in one ringtrain-eval run, as served (the model's
-chat template), greedy at temperature 0 (checked token for token against plain greedy
-decoding) or with the speculative sampling rule at a temperature. The JSON of each run is
-kept beside the drafter (``eval-<dtype>[-t<T>].json``) so a recipe stopped later loses none.
+(HumanEval, MT-Bench both turns, ...) as served (the model's chat template), greedy at
+temperature 0 (checked token for token against plain greedy decoding) or with the
+speculative sampling rule at a temperature; one ringtrain-eval run makes a dtype's
+evaluations at every temperature (the workers load the models once). The JSON of each
+evaluation is kept beside the drafter (``eval-<dtype>[-t<T>].json``) so a recipe stopped
+later loses none.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ def eval_key(dtype: str, temperature: float) -> str:
 
 
 def eval_command(
-    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperature: float = 0.0
+    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperatures: list[float]
 ) -> list[str]:
     """ringtrain-eval on the recipe's benchmarks (the first `limit` prompts of each; 0: all)
-    for one drafter (a run directory), dtype and temperature."""
+    for one drafter (a run directory) and dtype, at each of ``temperatures``."""
     settings = recipe.settings
     first = ["--limit", str(limit)] if limit else []
     benchmarks = [arg for name in settings.benchmarks for arg in ("--benchmark", name)]
-    sampling = ["--temperature", f"{temperature:g}"] if temperature > 0 else []
+    sampling = [arg for t in temperatures for arg in ("--temperature", f"{t:g}")]
     return [
         sys.executable, "-m", "ringtrain.cli.eval",
         "--target", str(recipe.target), "--drafter", str(drafter),
@@ -49,41 +51,46 @@ def eval_command(
 
 
 def evaluate_drafter(
-    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperature: float = 0.0
-) -> dict:
-    """ringtrain-eval's JSON for one drafter, dtype and temperature (its exit status
-    beside, or an error), also kept as `drafter`/eval-<key>.json."""
-    key = eval_key(dtype, temperature)
-    name = f"eval_{drafter.name}_{key}"
-    command = eval_command(recipe, drafter, dtype, limit, temperature)
+    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperatures: list[float]
+) -> dict[str, dict]:
+    """ringtrain-eval's JSON for one drafter and dtype at each of ``temperatures`` (one
+    run), by eval_key; each with the run's exit status beside (or an error), and kept as
+    `drafter`/eval-<key>.json."""
+    keys = [eval_key(dtype, t) for t in temperatures]
+    name = f"eval_{drafter.name}_{'_'.join(keys)}"
+    command = eval_command(recipe, drafter, dtype, limit, temperatures)
     with mps_daemon(evaluates_under_mps(recipe)):
         proc = run_all({name: command}, recipe.root)[name]
     lines = proc.stdout.strip().splitlines()
-    ok = proc.returncode in (0, 1) and lines
-    result = {**json.loads(lines[-1]), "exit": proc.returncode} if ok else {}
-    result = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
-    (drafter / f"eval-{key}.json").write_text(json.dumps(result) + "\n")
-    return result
+    found = json.loads(lines[-1]) if proc.returncode in (0, 1) and lines else None
+    evaluations = found.get("evaluations", [found]) if found else []
+    results = {}
+    for k, key in enumerate(keys):
+        result = {**evaluations[k], "exit": proc.returncode} if evaluations else {}
+        results[key] = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
+        (drafter / f"eval-{key}.json").write_text(json.dumps(results[key]) + "\n")
+    return results
 
 
 def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
     """ringtrain-eval's JSON per training-set size and evaluation (dtype, temperature).
 
-    The largest set's drafter is scored in every dtype at temperature 0 and in the first
-    dtype at each other temperature; the other sizes in the first dtype, greedy. One
-    evaluation at a time: each already spreads its prompts over ``eval_workers``
-    processes, and more processes than CPU cores slow every one of them down.
+    The largest set's drafter is scored in the first dtype at every temperature (one run)
+    and in each other dtype at temperature 0; the other sizes in the first dtype, greedy.
+    One run at a time: each already spreads its prompts over ``eval_workers`` processes,
+    and more processes than CPU cores slow every one of them down.
     """
     settings = recipe.settings
     dtypes = settings.eval_dtypes
+    temperatures = [0.0, *(t for t in settings.temperatures if t > 0)]
     results: dict[int, dict[str, dict]] = {}
     for size in sorted(settings.train_prompts, reverse=True):
-        runs = [(dtype, 0.0) for dtype in (dtypes if size == recipe.largest else dtypes[:1])]
-        if size == recipe.largest:
-            runs += [(dtypes[0], t) for t in settings.temperatures if t > 0]
-        for dtype, temperature in runs:
-            results.setdefault(size, {})[eval_key(dtype, temperature)] = evaluate_drafter(
-                recipe, recipe.run_dir(size), dtype, settings.eval_limit, temperature
+        largest = size == recipe.largest
+        runs = [(dtypes[0], temperatures if largest else [0.0])]
+        runs += [(dtype, [0.0]) for dtype in (dtypes[1:] if largest else [])]
+        for dtype, chosen in runs:
+            results.setdefault(size, {}).update(
+                evaluate_drafter(recipe, recipe.run_dir(size), dtype, settings.eval_limit, chosen)
             )
     return results
 

@@ -185,7 +185,7 @@ def evaluate_variant(recipe: RealRecipe, limit: int, name: str, entry: dict) -> 
     """ringtrain-eval of one trained variant in the recipe's first eval dtype, timed."""
     dtype = recipe.settings.eval_dtypes[0]
     with Timed(recipe, f"eval_{name}"):
-        result = evaluate_drafter(recipe, Path(entry["run_dir"]), dtype, limit)
+        result = evaluate_drafter(recipe, Path(entry["run_dir"]), dtype, limit, [0.0])[dtype]
     return {"eval": result, "eval_dtype": dtype, "eval_s": round(recipe.timings[f"eval_{name}"], 1)}
 
 
