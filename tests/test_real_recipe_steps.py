@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ringtrain.config import load_config
-from tools.recipes import real_prompts, real_recipe, real_variants
+from tools.recipes import real_eval, real_prompts, real_recipe, real_variants
 from tools.recipes.real_base import ROOT, RealRecipe, RealRecipeSettings, Timed
 from tools.recipes.real_prompts import Synthesis
 
@@ -138,6 +138,65 @@ def test_the_variants_report_keeps_every_trained_variant_when_evaluation_stops(
     }
     assert saved["variants"]["best"]["eval"] == {"tau_real": 2.5}
     assert "eval" not in saved["variants"]["code_only"]
+
+
+def test_a_variant_trained_to_the_end_is_reused_and_so_is_its_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """real_variants as several device calls: a variant an earlier run trained to the end
+    with the same command is not trained again, a failed one is; the evaluation of a
+    reused variant by the same command is reused, a retrained one's is not."""
+    recipe = cpu_recipe(tmp_path, [f"run.run_dir={json.dumps(str(tmp_path / 'runs' / 'r'))}"])
+    settings = real_variants.VariantsSettings(
+        steps=4, parallel=2, variants={"best": [], "code_only": []}
+    )
+    group = {name: ([], recipe.config) for name in settings.variants}
+    trained: list[str] = []
+    failing = {"code_only"}
+
+    def run_children(commands):
+        for name in commands:
+            variant = name.removeprefix("train_")
+            trained.append(variant)
+            run_dir = real_variants.variants_dir(recipe) / variant
+            run_dir.mkdir(parents=True, exist_ok=True)
+            records = [{"event": "step", "tokens": 100, "seconds": 0.5}]
+            records.append({"event": "eval", "tau_sim": 2.0})
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return {
+            name: subprocess.CompletedProcess(c, int(name.endswith(tuple(failing))), "", "")
+            for name, c in commands.items()
+        }
+
+    evaluations: list[str] = []
+
+    def run_all(commands, cwd):
+        evaluations.extend(commands)
+        out = json.dumps({"tau_real": 2.5, "prompts": 4})
+        return {name: subprocess.CompletedProcess(c, 0, out, "") for name, c in commands.items()}
+
+    monkeypatch.setattr(real_variants, "run_children", run_children)
+    monkeypatch.setattr(real_eval, "run_all", run_all)
+    first = real_variants.train_group(recipe, settings, group)
+    assert "error" in first["code_only"] and first["best"]["train_tokens_per_s"] == 200.0
+    assert (
+        real_variants.evaluate_variant(recipe, 0, "best", first["best"])["eval"]["tau_real"] == 2.5
+    )
+
+    failing.clear()
+    second = real_variants.train_group(recipe, settings, group)
+    assert trained == ["best", "code_only", "code_only"]
+    assert second["best"]["reused"] and second["best"]["held_out"] == {
+        "event": "eval", "tau_sim": 2.0,
+    }  # fmt: skip
+    assert "reused" not in second["code_only"] and "error" not in second["code_only"]
+    for name in settings.variants:
+        result = real_variants.evaluate_variant(recipe, 0, name, second[name])
+        assert result["eval"]["tau_real"] == 2.5
+    # best's first evaluation reused; code_only evaluated once, as it was retrained.
+    assert [name.rsplit("_", 1)[0] for name in evaluations] == ["eval_best", "eval_code_only"]
+    real_variants.evaluate_variant(recipe, 4, "best", second["best"])  # another --limit
+    assert len(evaluations) == 3
 
 
 def test_the_recipe_regenerates_its_training_split_in_the_batches_it_asks_for(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tools.recipes.children import run_all
 from tools.recipes.mps import mps_daemon
-from tools.recipes.real_base import RealRecipe
+from tools.recipes.real_base import RealRecipe, log
 
 
 def evaluates_under_mps(recipe: RealRecipe) -> bool:
@@ -51,24 +51,37 @@ def eval_command(
 
 
 def evaluate_drafter(
-    recipe: RealRecipe, drafter: Path, dtype: str, limit: int, temperatures: list[float]
+    recipe: RealRecipe,
+    drafter: Path,
+    dtype: str,
+    limit: int,
+    temperatures: list[float],
+    reuse: bool = False,
 ) -> dict[str, dict]:
     """ringtrain-eval's JSON for one drafter and dtype at each of ``temperatures`` (one
-    run), by eval_key; each with the run's exit status beside (or an error), and kept as
-    `drafter`/eval-<key>.json."""
+    run), by eval_key; each with the run's exit status and command beside (or an error),
+    and kept as `drafter`/eval-<key>.json. ``reuse``: the drafter is the one those files
+    scored, so files that an earlier run of the same command wrote without an error are
+    returned instead of evaluating again."""
     keys = [eval_key(dtype, t) for t in temperatures]
     name = f"eval_{drafter.name}_{'_'.join(keys)}"
     command = eval_command(recipe, drafter, dtype, limit, temperatures)
+    files = [drafter / f"eval-{key}.json" for key in keys]
+    if reuse and all(file.is_file() for file in files):
+        earlier = [json.loads(file.read_text()) for file in files]
+        if all(e.get("command") == command[1:] and "error" not in e for e in earlier):
+            log(f"{name}: reusing {', '.join(file.name for file in files)}")
+            return dict(zip(keys, earlier, strict=True))
     with mps_daemon(evaluates_under_mps(recipe)):
         proc = run_all({name: command}, recipe.root)[name]
     lines = proc.stdout.strip().splitlines()
     found = json.loads(lines[-1]) if proc.returncode in (0, 1) and lines else None
     evaluations = found.get("evaluations", [found]) if found else []
     results = {}
-    for k, key in enumerate(keys):
-        result = {**evaluations[k], "exit": proc.returncode} if evaluations else {}
-        results[key] = result or {"error": f"ringtrain-eval exit {proc.returncode}"}
-        (drafter / f"eval-{key}.json").write_text(json.dumps(results[key]) + "\n")
+    error = {"error": f"ringtrain-eval exit {proc.returncode}"}
+    for key, file, evaluation in zip(keys, files, evaluations or [error] * len(keys), strict=True):
+        results[key] = {**evaluation, "exit": proc.returncode, "command": command[1:]}
+        file.write_text(json.dumps(results[key]) + "\n")
     return results
 
 

