@@ -52,8 +52,8 @@ def _pair(progress_timeout_s: float, startup_timeout_s: float) -> tuple[Ring, Ri
         startup_timeout_s=startup_timeout_s,
     )
     first, second = Ring.create(spec, 0, "cpu"), Ring.attach(spec.run_id, 1, "cpu")
-    first.describe_work(phases.WORK["target"])
-    second.describe_work(phases.WORK["drafter"])
+    first.own_row.describe_work(phases.WORK["target"])
+    second.own_row.describe_work(phases.WORK["drafter"])
     return first, second
 
 
@@ -68,11 +68,11 @@ def _age_progress(ring: Ring, index: int, seconds: float) -> None:
 def test_a_rank_without_progress_is_hung_after_its_phase_allowance() -> None:
     target, drafter = _pair(progress_timeout_s=ALLOWANCE_S, startup_timeout_s=30.0)
     try:
-        target.set_phase(phases.LOADING_TARGET)
+        target.own_row.set_phase(phases.LOADING_TARGET)
         _age_progress(target, 0, 10.0)
         drafter.check_peers()  # loading may take 30 s: not hung after 10
         assert target.snapshot().ranks[0].status == "attached"
-        target.record_progress(1)
+        target.own_row.record_progress(1)
         _age_progress(target, 0, 10.0)
         with pytest.raises(RankHung, match=r"rank 10 \(target, pid \d+\) is hung: no progress"):
             drafter.check_peers()
@@ -96,7 +96,7 @@ def test_the_watchdog_names_its_own_stuck_main_thread() -> None:
             fired.append(exc)
             done.set()
 
-        target.record_progress(1)
+        target.own_row.record_progress(1)
         _age_progress(target, 0, 5.0)
         target.start_watchdog(on_dead)
         assert done.wait(DETECT_S)

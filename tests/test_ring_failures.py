@@ -105,7 +105,7 @@ def test_recorded_error_is_named_and_watchdog_fires_once() -> None:
             done.set()
 
         target.start_watchdog(on_dead)
-        drafter.set_error("CUDA out of memory in drafter step 7")
+        drafter.own_row.set_error("CUDA out of memory in drafter step 7")
         assert done.wait(DETECT_S)
         assert len(fired) == 1
         assert "rank 11 (drafter" in str(fired[0])
@@ -231,7 +231,7 @@ def test_draining_after_a_clean_end_is_quiet_and_after_a_failure_warns(
             if drafter_ends == "closes":
                 drafter.close(clean=True)
             else:
-                drafter.set_error("boom")
+                drafter.own_row.set_error("boom")
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="ringtrain.ring"):
                 target._drain(producer)

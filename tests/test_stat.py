@@ -52,7 +52,7 @@ def test_stat_reports_live_ring_and_dead_rank() -> None:
             slot = producer.acquire()
             rw.write_item(slot, 0, seq, 5, torch.device("cpu"))
             producer.publish(slot, 5, 1, {"producer": 0, "seq": seq})
-        ring.record_progress(42)
+        ring.own_row.record_progress(42)
 
         listed = stat("--json")
         assert run in [entry["run"] for entry in listed]

@@ -57,8 +57,8 @@ def test_a_resumed_rank_shows_its_step_before_its_first_of_this_session() -> Non
     drafter = Ring.attach(spec.run_id, 1, "cpu")
     try:
         before = {r.label: r for r in target.snapshot().ranks}
-        drafter.start_at(4)
-        target.start_at(4)
+        drafter.own_row.start_at(4)
+        target.own_row.start_at(4)
         after = {r.label: r for r in target.snapshot().ranks}
         assert after["drafter"].step == after["target"].step == 4
         for label in ("target", "drafter"):  # nothing else about the ranks changed

@@ -264,9 +264,9 @@ def test_a_member_owns_no_slots_and_a_stuck_one_is_named() -> None:
         assert member.payload is None and lead.payload is not None  # no slot memory mapped
         with pytest.raises(RingError, match=r"\(target, group 0 member 1\) is not a producer"):
             member.producer()
-        member.record_progress(1)
+        member.own_row.record_progress(1)
         member.control.rank["progress_ns"][1] -= int(10e9)
-        member.waiting()  # waiting for its lead's decision: not hung
+        member.own_row.waiting()  # waiting for its lead's decision: not hung
         drafter.check_peers()
         snapshot = drafter.snapshot()
         assert "target group 0 (ranks 0,1)" in format_snapshot(snapshot)

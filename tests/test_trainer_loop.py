@@ -70,7 +70,7 @@ def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
     state = loop.train(
         DrafterState(0, BatchLedger()), StopRequest(), reporter, lambda s: saved.append(s.step)
     )
-    assert state.step == 3 and ring.progress == [1, 2, 3]
+    assert state.step == 3 and ring.own_row.progress == [1, 2, 3]
     assert [r.step for r in reporter.steps] == [1, 2, 3]
     assert [r.batches for r in reporter.steps] == [[[0, 0, 100]], [[0, 1, 101]], [[0, 2, 102]]]
     assert all(r.tokens == sum(DOCS) and math.isfinite(r.loss) for r in reporter.steps)
@@ -100,7 +100,7 @@ def test_stop_request_discards_the_step_and_trains_nothing() -> None:
     loop = make_loop(ring, max_steps=2)
     before = weights(loop)
     state = loop.train(DrafterState(0, BatchLedger()), stop)
-    assert state.step == 0 and ring.progress == [] and len(ring.items) == 1
+    assert state.step == 0 and ring.own_row.progress == [] and len(ring.items) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
 
 

@@ -3,14 +3,14 @@
 A heartbeat thread proves only that a process exists; a main thread stuck in a loop, a
 deadlock or a stopped process must be caught too. So each rank's main thread (never
 another thread) refreshes `progress_ns` in its rank-table row whenever it finishes a
-unit of work (`Ring.record_progress`), announces a phase (`Ring.set_phase`), or wakes
+unit of work (`OwnRow.record_progress`), announces a phase (`OwnRow.set_phase`), or wakes
 inside a ring wait (a rank waiting on the ring waits on its peers, it is not stuck).
 
 A rank whose progress is older than its phase's allowance is hung. Announced phases
 (start-up work: loading, compiling, the first step; checkpoints) may legitimately take
 minutes and get `startup_timeout_s`; steady work gets `progress_timeout_s`. The ring
 gives phases no names: a rank announces what it is doing in its own words (`doing`),
-and names its steady work once (Ring.describe_work); the ring stores and shows them.
+and names its steady work once (OwnRow.describe_work); the ring stores and shows them.
 
 Slow is not hung: a step may outlast its allowance on a slow device. So the rank's
 heartbeat thread samples the main thread about once a second (liveness.ThreadSampler)

@@ -44,7 +44,7 @@ producer is unfinished, so at least one token is always left for the final wake-
 
 Liveness: each rank beats its heartbeat from a daemon thread about once a second, which
 also samples whether the main thread works, and its main thread publishes progress and
-its phase (phases.py). Every blocking wait lasts at most `wait_timeout_s`; then the peers
+its phase in the rank's own row (own_row.py; the rules: phases.py). Every blocking wait lasts at most `wait_timeout_s`; then the peers
 are checked (watch.py): a rank whose pid is gone (or reused: kernel start time differs,
 or is a zombie), whose heartbeat is older than `heartbeat_timeout_s`, that recorded an
 error, or that set the ring's closing flag raises PeerDied naming that rank, its label
@@ -69,17 +69,15 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import posix_ipc
 import torch
 
 from ringtrain.ring import control as cb
-from ringtrain.ring import phases
 from ringtrain.ring.ends import Consumer, Producer
 from ringtrain.ring.errors import PeerDied, RingClosed, RingError
 from ringtrain.ring.handoff import HandOff
-from ringtrain.ring.liveness import monotonic_ns, own_identity
 from ringtrain.ring.names import (
     check_shm_space,
     clean_stale,
@@ -90,6 +88,7 @@ from ringtrain.ring.names import (
     remove_run,
     shm_path,
 )
+from ringtrain.ring.own_row import OwnRow
 from ringtrain.ring.payload import (
     TRANSPORTS,
     Payload,
@@ -102,7 +101,6 @@ from ringtrain.ring.spec import RingSpec, SlotLayout
 from ringtrain.ring.watch import Watch, heartbeat_interval_s
 
 log = logging.getLogger(__name__)
-Result = TypeVar("Result")
 # Every ring this process opened (a stop request during start-up leaves them: open_rings).
 _OPENED: weakref.WeakSet[Ring] = weakref.WeakSet()
 
@@ -137,7 +135,8 @@ class Ring:
         self.transport = transport_name(int(self.control.header["transport"]))
         self.handoff = HandOff(spec, self.control, local_index, self.check_peers)
         self.payload = self._open_payload()
-        self._row = self.control.ranks[local_index]
+        # What this rank publishes about itself: progress, phase, error, GPU busy share.
+        self.own_row = OwnRow(self.control.ranks[local_index])
         self._closed = False
         self._close_lock = threading.Lock()
         self._marked_closed = threading.Event()  # the first close stopped the threads
@@ -147,12 +146,8 @@ class Ring:
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        # Set by the first record_progress(): from then on this rank stops at safe points.
-        self.worked = False
-        # The longest span between two record_progress() calls (a step, with its waits).
-        self.longest_step_s, self._progressed_ns = 0.0, 0
-        self._work = b"working"  # what record_progress shows (describe_work)
-        self._register_rank()
+        where = f"ring index {local_index} (rank {spec.global_ranks[local_index]})"
+        self.own_row.register(where, device)
         _OPENED.add(self)
         self._start_thread(self._heartbeat_loop, "ring-heartbeat")
 
@@ -223,25 +218,6 @@ class Ring:
             shm.close_fd()
         return cls(spec, local_index, torch.device(device))
 
-    def _register_rank(self) -> None:
-        row = self._row
-        if int(row["status"]) != cb.EMPTY:
-            raise RingError(
-                f"ring index {self.local_index} (rank {self.spec.global_ranks[self.local_index]}) "
-                f"is already attached by pid {int(row['pid'])}"
-            )
-        now = monotonic_ns()
-        row["pid"], row["start_time"] = own_identity()
-        row["device"] = -1 if self.device.type != "cuda" else (self.device.index or 0)
-        row["attached_ns"] = now
-        row["heartbeat_ns"] = now
-        row["progress_ns"] = now
-        row["active_ns"] = row["still_ns"] = now
-        row["phase"] = phases.STARTING
-        cb.put_bytes(row, "doing", phases.STARTING_DOING.encode())
-        row["gpu_busy"] = -1.0
-        row["status"] = cb.ATTACHED
-
     def unlink(self) -> None:
         """Remove every name of this ring (idempotent; mappings stay valid)."""
         try:
@@ -264,11 +240,11 @@ class Ring:
         """
         with self._close_lock:
             first = not self._closed
-            self._closed = True
+            self._closed = self.own_row.closed = True
         if first:
             self._mark_closed(clean)
             self._marked_closed.set()
-        if threading.get_ident() == self._owner_thread and self._row is not None:
+        if threading.get_ident() == self._owner_thread and self.own_row.row is not None:
             # Another thread may be closing first: its threads (the heartbeat) still read
             # the control block until it has stopped them.
             self._marked_closed.wait()
@@ -284,7 +260,7 @@ class Ring:
             self._drain(self._producer)
         if self._consumer is not None and owner:
             self._consumer.release_copied()
-        self._row["status"] = cb.CLOSED if clean else cb.FAILED
+        self.own_row.row["status"] = cb.CLOSED if clean else cb.FAILED
         if not clean:
             self.control.header["closing_rank"] = self.local_index
             self.control.closing[...] = 1
@@ -326,7 +302,7 @@ class Ring:
         if self.payload is not None:
             self.payload.close()
         self.control.drop()
-        self._row = None
+        self.own_row.drop()
         try:
             self._mm.close()
         except BufferError:
@@ -346,108 +322,20 @@ class Ring:
         while not self._stop.wait(interval):
             self.watch.beat(self._closed)
 
-    def report_gpu_busy(self, fraction: float | None) -> None:
-        """Publish this rank's GPU busy fraction (None: not measurable here)."""
-        if not self._closed:
-            self._row["gpu_busy"] = -1.0 if fraction is None else fraction
-
     def gpu_busy_by_rank(self) -> dict[int, float]:
         """The last GPU busy fraction each rank published (ranks that measured one)."""
         values = self.control.ranks["gpu_busy"]
         return {self.spec.global_ranks[i]: float(v) for i, v in enumerate(values) if float(v) >= 0}
 
     def consumer_step(self) -> int:
-        """The highest count any consumer rank has recorded with record_progress() (for a
-        trainer, its consumers' training step)."""
+        """The highest count any consumer rank has recorded (OwnRow.record_progress; for
+        a trainer, its consumers' training step)."""
         steps = self.control.ranks["step"]
         return max(int(steps[i]) for i in self.spec.consumers)
 
-    def record_progress(self, count: int) -> None:
-        """Record how far this rank's main loop got (main thread only): the rank is in
-        steady work from now on, its progress and heartbeat are fresh.
-
-        The count is the rank's progress in the run's steps, whatever the trainer counts
-        (e.g. a consumer's completed steps; `ringtrain-stat` shows it as `step`)."""
-        if self._closed:
-            return
-        now = monotonic_ns()
-        row = self._row
-        row["step"] = count
-        if int(row["phase"]) != phases.WORKING:
-            row["phase"] = phases.WORKING
-            cb.put_bytes(row, "doing", self._work)
-        row["progress_ns"] = now
-        self._row["heartbeat_ns"] = now
-        if self._progressed_ns:
-            self.longest_step_s = max(self.longest_step_s, (now - self._progressed_ns) / 1e9)
-        self._progressed_ns = now
-        self.worked = True
-
-    def start_at(self, count: int) -> None:
-        """Show `count` (where a resumed run starts) as this rank's progress until its first
-        record_progress, so `ringtrain-stat` shows every rank's step from the start of a
-        resumed session; the rank's phase and liveness are unchanged."""
-        if not self._closed:
-            self._row["step"] = count
-
-    def describe_work(self, doing: str) -> None:
-        """Name this rank's steady work (shown from its next record_progress on)."""
-        self._work = doing.encode()
-
-    def set_phase(self, doing: str) -> None:
-        """Announce what the main thread does next, in words (main thread only): a phase
-        with the start-up allowance until the next record_progress (see phases.py)."""
-        if self._closed:
-            return
-        self._row["phase"] = phases.ANNOUNCED
-        cb.put_bytes(self._row, "doing", doing.encode())
-        self._row["progress_ns"] = monotonic_ns()
-
-    def waiting(self) -> None:
-        """Refresh this rank's progress while its main thread waits on a peer outside the
-        ring (a producer group's member waiting for its lead's decision): like a ring wait,
-        it waits on its peers and is not stuck; a hung peer is named by its own progress."""
-        if not self._closed:
-            self._row["progress_ns"] = monotonic_ns()
-
-    def phase_marker(self, doing: str) -> Callable[..., None]:
-        """A callable (of any arguments) that announces `doing` until the next
-        record_progress: for a rank that waits on another's long phase, e.g. a consumer
-        waiting in the next step's reduction while another writes a checkpoint."""
-
-        def mark(*_args: Any, **_kwargs: Any) -> None:
-            self.set_phase(doing)
-
-        return mark
-
-    def announcing(self, doing: str, call: Callable[..., Result]) -> Callable[..., Result]:
-        """`call` run announcing `doing`, back in the previous phase after it (e.g. a
-        checkpoint)."""
-
-        def in_phase(*args: Any, **kwargs: Any) -> Result:
-            row = self._row
-            before = None if self._closed else (int(row["phase"]), phases.doing(row))
-            self.set_phase(doing)
-            try:
-                return call(*args, **kwargs)
-            finally:
-                if before is not None and not self._closed:
-                    row["phase"] = before[0]
-                    cb.put_bytes(row, "doing", before[1].encode())
-                    row["progress_ns"] = monotonic_ns()
-
-        return in_phase
-
-    def set_error(self, text: str) -> None:
-        """Record this rank's last error; peers treat the rank as failed from now on."""
-        if self._closed:
-            return
-        cb.put_bytes(self._row, "error", text.encode("utf-8", "replace"))
-        self._row["status"] = cb.FAILED
-
     def fail(self, text: str) -> None:
         """Record `text` as this rank's error and leave the ring failed: every peer stops."""
-        self.set_error(text)
+        self.own_row.set_error(text)
         self.close(clean=False)
 
     def check_peers(self) -> None:

@@ -116,12 +116,18 @@ class DrafterState:
     evaluated_step: int = 0  # the step the last completed held-out round was due after
 
 
-class RingSide(Protocol):
-    """What the loop tells the ring and asks of it, besides items (a Ring is one)."""
+class RowSide(Protocol):
+    """What the loop publishes in its rank's row of the ring (a ring's OwnRow is one)."""
 
     def record_progress(self, count: int) -> None: ...
 
     def report_gpu_busy(self, fraction: float | None) -> None: ...
+
+
+class RingSide(Protocol):
+    """What the loop tells the ring and asks of it, besides items (a Ring is one)."""
+
+    own_row: RowSide
 
     def gpu_busy_by_rank(self) -> dict[int, float]: ...
 
@@ -422,7 +428,7 @@ class DrafterLoop:
         for producer, seq, _batch_id in reduced.batches:
             state.ledger.record(producer, seq)
         state.step = step
-        self.ring.record_progress(step)
+        self.ring.own_row.record_progress(step)
         record = StepRecord(
             step=step,
             **reduced.step_metrics(summary),
@@ -438,7 +444,7 @@ class DrafterLoop:
         sync = self.grad_sync.sample()
         if sync is not None:
             record.grad_sync_ms, record.grad_sync_exposed_ms = sync
-        self.ring.report_gpu_busy(record.gpu_busy)
+        self.ring.own_row.report_gpu_busy(record.gpu_busy)
         return record
 
     # ---- evaluation rounds -----------------------------------------------------------

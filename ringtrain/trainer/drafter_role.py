@@ -29,14 +29,15 @@ def run_drafter(ctx: SessionContext, ring: Ring) -> int:
     """Train as one of the drafters (the lead one also reports and checkpoints); returns
     the run's step reached."""
     info = ctx.info
-    ring.set_phase(phases.BUILDING_DRAFTER)
+    ring.own_row.set_phase(phases.BUILDING_DRAFTER)
     trainee = build_trainee(ctx)
     state = resumed_state(ctx, trainee)
-    ring.start_at(state.step)
-    reporter, save = None, ring.phase_marker(phases.CHECKPOINT)  # others wait for the lead's save
+    ring.own_row.start_at(state.step)
+    # The other drafters wait in the next step's reduction while the lead saves.
+    reporter, save = None, ring.own_row.phase_marker(phases.CHECKPOINT)
     if info.is_lead_drafter:
         reporter = _lead_reporter(ctx, ring, state)
-        save = ring.announcing(phases.CHECKPOINT, _saver(ctx, trainee))
+        save = ring.own_row.announcing(phases.CHECKPOINT, _saver(ctx, trainee))
     loop = DrafterLoop(
         ctx.config,
         ring.consumer(info.device, BatchMeta).take,
@@ -47,7 +48,7 @@ def run_drafter(ctx: SessionContext, ring: Ring) -> int:
         ctx.groups.drafters,
         eval_batches_per_round(ctx.config, ctx.plan, info),
     )
-    ring.set_phase(phases.FIRST_STEP)
+    ring.own_row.set_phase(phases.FIRST_STEP)
     loop.train(state, ctx.stop, reporter, save)
     get_logger().info("drafter weights digest: %s", _weights_digest(trainee.model))
     if reporter is not None:

@@ -51,7 +51,7 @@ def join_ring(ctx: SessionContext) -> Ring:
         ring = Ring.attach(spec.run_id, info.local_rank, info.device)
     dist.barrier()
     ring.unlink()
-    ring.describe_work(phases.WORK[info.role])
+    ring.own_row.describe_work(phases.WORK[info.role])
     get_logger().info("ring %s ready: transport %s", spec.run_id, ring.transport)
     return ring
 

@@ -73,7 +73,7 @@ class StopRequest:
                     continue
                 self.request(signal.Signals(signum).name)
                 rings = open_rings()
-                if not any(ring.worked for ring in rings):
+                if not any(ring.own_row.worked for ring in rings):
                     leave_now(signal.Signals(signum))
                 if not bounded:
                     bounded = True
@@ -85,7 +85,7 @@ class StopRequest:
 def bound_stop(signum: int, rings: list[Ring]) -> None:
     """Say how long this stop may take; leave as failed if the rank is still running then
     (see the module docstring)."""
-    step_s = max(ring.longest_step_s for ring in rings)
+    step_s = max(ring.own_row.longest_step_s for ring in rings)
     checkpoint_s = max(ring.spec.startup_timeout_s for ring in rings)
     limit_s = STOP_STEPS * step_s + checkpoint_s
     name = signal.Signals(signum).name

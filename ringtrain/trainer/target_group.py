@@ -65,7 +65,7 @@ class GroupDecisions:
         check_every_s = self._ring.spec.wait_timeout_s
         checked = time.monotonic()
         while not work.is_completed():
-            self._ring.waiting()
+            self._ring.own_row.waiting()
             if time.monotonic() - checked >= check_every_s:
                 self._ring.check_peers()
                 checked = time.monotonic()

@@ -118,7 +118,8 @@ def run_target_loop(
         scratch = torch.empty(
             spec.max_tokens, hidden.width, dtype=hidden.torch_dtype, device=runner.device
         )
-    ring.set_phase(phases.FIRST_STEP)  # until the first record_progress: compiles, autotunes
+    # Until the first record_progress: compiles, autotunes.
+    ring.own_row.set_phase(phases.FIRST_STEP)
     first = decisions.share(
         Decision(True, order.eval_due(others_published(ring))) if producer is not None else None
     )
@@ -143,8 +144,8 @@ def run_target_loop(
         runner.prefetch(batch.padded(bucket))
         if slot is not None:
             producer.publish(slot, n, docs, meta)
-        ring.record_progress(progress.forward_done(n))
-        ring.report_gpu_busy(busy.sample())
+        ring.own_row.record_progress(progress.forward_done(n))
+        ring.own_row.report_gpu_busy(busy.sample())
         if progress.produced == 1:
             log.info("first batch %s after %.1f s", done, time.perf_counter() - started)
     if producer is not None:

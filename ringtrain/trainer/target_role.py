@@ -27,7 +27,7 @@ def run_target(ctx: SessionContext, ring: Ring) -> None:
         cursor, evaluated_step = record.cursors.get(producer, cursor), record.evaluated_step
         resumed_step = record.step
         get_logger().info("resuming at batch %d of this producer's stream", cursor.start)
-        ring.start_at(resumed_step)
+        ring.own_row.start_at(resumed_step)
     schedule = None
     if config.run.eval_every and plan.eval_dataset is not None:
         held_out = batch_stream(config, plan.eval_dataset, producer, producers)
@@ -41,7 +41,7 @@ def run_target(ctx: SessionContext, ring: Ring) -> None:
             consumers=len(ring.spec.consumers),
         )
     stream = batch_stream(config, plan.dataset, producer, producers, cursor.start, cursor.skip)
-    ring.set_phase(phases.LOADING_TARGET)
+    ring.own_row.set_phase(phases.LOADING_TARGET)
     model = load_target(
         plan.target_path,
         tap_layers=plan.tap_layers,

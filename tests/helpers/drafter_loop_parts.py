@@ -18,21 +18,28 @@ from ringtrain.trainer.drafter_loop import StepRecord, Trainee
 from tests.helpers.tiny_drafter import DOCS, TAPS, TARGET
 
 
-class RingStandIn:
-    """Items from a list (None once it is empty), progress and GPU busy recorded."""
+class RowStandIn:
+    """A rank's row: progress recorded, GPU busy checked."""
 
-    def __init__(self, items: list[ReadItem]) -> None:
-        self.items = deque(items)
+    def __init__(self) -> None:
         self.progress: list[int] = []
-
-    def take(self) -> ReadItem | None:
-        return self.items.popleft() if self.items else None
 
     def record_progress(self, count: int) -> None:
         self.progress.append(count)
 
     def report_gpu_busy(self, fraction: float | None) -> None:
         assert fraction is None  # no NVML on CPU
+
+
+class RingStandIn:
+    """Items from a list (None once it is empty); the rank's row a RowStandIn."""
+
+    def __init__(self, items: list[ReadItem]) -> None:
+        self.items = deque(items)
+        self.own_row = RowStandIn()
+
+    def take(self) -> ReadItem | None:
+        return self.items.popleft() if self.items else None
 
     def gpu_busy_by_rank(self) -> dict[int, float]:
         return {}
