@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ringtrain.config import load_config
-from tools.recipes import real_eval, real_prompts, real_recipe, real_variants
+from tools.recipes import real_eval, real_prompts, real_recipe, real_report, real_variants
 from tools.recipes.real_base import ROOT, RealRecipe, RealRecipeSettings, Timed
 from tools.recipes.real_prompts import Synthesis
 
@@ -285,7 +285,7 @@ def test_a_recipe_run_as_several_calls_reports_the_seconds_of_the_steps_it_reuse
         "machine": "m", "date": "d", "regenerate": {}, "earlier_s": later.earlier,
         "timings_s": {"eval": 231.0, "total": 231.2},
     }  # fmt: skip
-    line = real_recipe.real_recipe_gpu_line(report, "m, d, `command`")
+    line = real_report.real_recipe_gpu_line(report, "m, d, `command`")
     assert line.startswith("- real_recipe_gpu_s: 465 (")
     assert "data 234 (an earlier call), eval 231" in line
 

@@ -114,7 +114,7 @@ def decode_conversation(
 Task = tuple[int, int, int]
 
 
-def conversation_tasks(sets: list[PromptSet], decodings: int = 1) -> list[Task]:
+def conversation_tasks(sets: list[PromptSet], decodings: int) -> list[Task]:
     """The tasks of every conversation at each of ``decodings`` decoders, those of more
     turns first: handed out in this order, the long ones do not come last to a single
     worker."""

@@ -10,11 +10,11 @@ the grouped one-token attention), with ``:TOKENS`` after it to bound a batch's p
 tokens (rows x (longest prompt + new tokens)) at TOKENS instead of 2^19
 (``own:4096:1048576``). ``agree`` is the share of answers equal to the first variant's.
 ``--profile VARIANT`` prints the CUDA kernels of 16 new tokens of one batch. The model is
-a local Hugging Face directory (``--target``) or, by default, random weights in SmolLM2-135M's shape (llama, 30
-layers, hidden 576): speed does not depend on the weights, and without stop tokens
-every prompt is decoded to ``--max-new-tokens``. Prompt lengths are drawn uniformly
-from ``--prompt-lengths LO:HI`` with a fixed seed. Prints one JSON object per variant
-and a table last.
+a local Hugging Face directory (``--target``) or, by default, random weights in
+SmolLM2-135M's shape (llama, 30 layers, hidden 576): speed does not depend on the
+weights, and without stop tokens every prompt is decoded to ``--max-new-tokens``. Prompt
+lengths are drawn uniformly from ``--prompt-lengths LO:HI`` with a fixed seed. Prints one
+JSON object per variant and a table last.
 """
 
 from __future__ import annotations

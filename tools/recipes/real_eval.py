@@ -98,9 +98,10 @@ def evaluate(recipe: RealRecipe) -> dict[int, dict[str, dict]]:
     temperatures = [0.0, *(t for t in settings.temperatures if t > 0)]
     results: dict[int, dict[str, dict]] = {}
     for size in sorted(settings.train_prompts, reverse=True):
-        largest = size == recipe.largest
-        runs = [(dtypes[0], temperatures if largest else [0.0])]
-        runs += [(dtype, [0.0]) for dtype in (dtypes[1:] if largest else [])]
+        if size == recipe.largest:
+            runs = [(dtypes[0], temperatures), *((dtype, [0.0]) for dtype in dtypes[1:])]
+        else:
+            runs = [(dtypes[0], [0.0])]
         for dtype, chosen in runs:
             results.setdefault(size, {}).update(
                 evaluate_drafter(recipe, recipe.run_dir(size), dtype, settings.eval_limit, chosen)

@@ -47,19 +47,17 @@ from tools.recipes.real_recipe import (
     held_out,
     load_recipe,
     log,
-    machine_name,
     make_data_steps,
     recipe_parser,
     recipe_tables,
     run_children,
-    save_json,
     source_rows,
     steps_mps,
-    summary,
     train_command,
     train_rate,
     trains_under_mps,
 )
+from tools.recipes.real_report import machine_name, save_json, summary
 
 VARIANT_NAME = re.compile(r"[a-z0-9_]+")
 
