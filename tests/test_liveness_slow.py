@@ -5,8 +5,9 @@ step waits for it.
 The sampler and the verdicts run on real threads and rank-table rows; the end-to-end
 cases are real ringtrain-launch runs of the embedded default on CPU (1 target + 2
 drafters) with tests/helpers/stall_hook on the PYTHONPATH: SIGUSR1 makes a drafter's
-main thread compute for three allowances, SIGUSR2 blocks it on a lock for good. Every
-wall-clock bound follows from the configured allowance; waits poll files or processes.
+main thread compute for three allowances, SIGUSR2 blocks it on a lock for good (at once,
+or at the end of its next wait on the other drafter). Every wall-clock bound follows
+from the configured allowance; waits poll files or processes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from ringtrain.ring import control as cb
 from ringtrain.ring import phases
 from ringtrain.ring.liveness import (
+    PeerWait,
     ThreadActivity,
     ThreadSampler,
     monotonic_ns,
@@ -80,9 +82,14 @@ def test_the_sampler_tells_a_computing_thread_from_a_blocked_one() -> None:
 
 def test_a_wait_on_peers_is_marked_for_the_sampler() -> None:
     sampler = ThreadSampler(threading.get_ident(), threading.get_native_id())
-    with waiting_on_peers():
-        assert sampler.sample().waits_on_peers
-    assert not sampler.sample().waits_on_peers
+    completed = sampler.sample().peer_wait.completed
+    entered = monotonic_ns()
+    with waiting_on_peers(3), waiting_on_peers(3):  # nested: the outer span counts
+        inside = sampler.sample()
+    assert inside.waits_on_peers and inside.peer_wait.since_ns >= entered
+    assert inside.peer_wait == PeerWait(inside.peer_wait.since_ns, completed, 3)
+    after = sampler.sample()
+    assert not after.waits_on_peers and after.peer_wait.completed == completed + 1
 
 
 # ---- the verdicts ----------------------------------------------------------------------
@@ -129,7 +136,7 @@ def test_a_blocked_rank_is_hung_and_says_where() -> None:
 def test_cpu_use_in_one_place_counts_as_work_up_to_the_startup_allowance() -> None:
     spec = _spec()
     row, now = _row(spec, progress_s=50.0, active_s=50.0, still_s=50.0, busy=False)
-    busy = ThreadActivity(moved=False, busy=True, waits_on_peers=False, where="x.py:1")
+    busy = ThreadActivity(moved=False, busy=True, peer_wait=PeerWait(), where="x.py:1")
     phases.record_activity(row, busy, now, spec)
     assert phases.hang_reason(row, now, spec) is None  # 50 s in one place, using the CPU
     row["still_ns"] = now - int(150e9)  # past startup_timeout_s (100 s) without moving
@@ -139,17 +146,82 @@ def test_cpu_use_in_one_place_counts_as_work_up_to_the_startup_allowance() -> No
     assert reason is not None and "has used the CPU at x.py:1 for 150 s without moving" in reason
 
 
+def _waiting_group(
+    done: tuple[int, int], waited_s: tuple[float, float], members: int = 2
+) -> tuple[np.ndarray, int, RingSpec]:
+    """The rank table of 1 target + 2 drafters, the drafters both blocked in a wait on each
+    other (`done` waits completed, the current one entered `waited_s` ago, no progress for
+    40 s, stacks still, no CPU in use): what their heartbeat threads record in a deadlock."""
+    spec = dataclasses.replace(
+        rw.make_spec("deadlock", producers=1, consumers=2),
+        progress_timeout_s=10.0,
+        startup_timeout_s=100.0,
+    )
+    ranks = np.zeros(spec.num_ranks, dtype=cb.rank_dtype(spec.slots_per_producer))
+    now = monotonic_ns()
+    for index, row in enumerate(ranks):
+        row["status"], row["phase"], row["pid"] = cb.ATTACHED, phases.WORKING, os.getpid()
+        row["progress_ns"] = row["still_ns"] = now - int(40e9)
+        row["active_ns"] = now  # a wait on peers counts as working
+        cb.put_bytes(row, "doing", b"training")
+        cb.put_bytes(row, "where", f"drafter/step.py:{index} in reduce".encode())
+    ranks[0]["progress_ns"] = now  # the target waits on the full ring
+    for index, (count, waited) in enumerate(zip(done, waited_s, strict=True), start=1):
+        ranks[index]["peer_wait_ns"] = now - int(waited * 1e9)
+        ranks[index]["peer_waits_done"], ranks[index]["peer_group"] = count, members
+    return ranks, now, spec
+
+
+def test_a_group_that_waits_on_itself_names_the_rank_behind() -> None:
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
+    assert all(phases.hang_reason(row, now, spec) is None for row in ranks)  # each "works"
+    index, reason = phases.deadlock(ranks, now, spec)
+    assert index == 2, reason
+    assert reason.startswith("is hung: it and the other 1 rank(s) of its group wait on each")
+    assert "still in its wait #7 on them, which the others have left" in reason
+    assert "blocked at drafter/step.py:2 in reduce for 30 s" in reason
+    assert "(the others: rank 11 at drafter/step.py:1 in reduce)" in reason
+
+
+def test_at_equal_counts_the_last_to_enter_the_shared_wait_is_named() -> None:
+    ranks, now, spec = _waiting_group(done=(6, 6), waited_s=(30.0, 20.0))
+    index, reason = phases.deadlock(ranks, now, spec)
+    assert index == 2 and "entered the wait they share last" in reason
+
+
+def test_a_wait_on_a_working_or_absent_peer_is_no_deadlock() -> None:
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
+    assert phases.deadlock(ranks, now, spec) is not None
+    ranks[1]["cpu_busy"] = 1  # it computes (for less than the start-up allowance)
+    assert phases.deadlock(ranks, now, spec) is None
+    ranks[1]["cpu_busy"], ranks[1]["still_ns"] = 0, now  # its stack moves
+    assert phases.deadlock(ranks, now, spec) is None
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(5.0, 30.0))  # 5 s: allowed
+    assert phases.deadlock(ranks, now, spec) is None
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0), members=4)
+    assert phases.deadlock(ranks, now, spec) is None  # two of the group are on other hosts
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
+    ranks[1]["peer_wait_ns"] = 0  # not in a wait: judged by its own row
+    assert phases.deadlock(ranks, now, spec) is None
+
+
 # ---- whole runs ------------------------------------------------------------------------
 
 
 def _launch(
-    tmp_path: Path, name: str, overrides: list[str], launcher_flags: tuple[str, ...] = ()
+    tmp_path: Path,
+    name: str,
+    overrides: list[str],
+    launcher_flags: tuple[str, ...] = (),
+    block_at: str = "",
 ) -> tuple[subprocess.Popen, Path]:
     """ringtrain-launch of the embedded default (1 target + 2 drafters) with torchrun's
-    `launcher_flags`, the stall hook on every rank's PYTHONPATH, its console in a file."""
+    `launcher_flags`, the stall hook on every rank's PYTHONPATH (SIGUSR2 blocking at
+    `block_at`), its console in a file."""
     env = run_env()
     env["PYTHONPATH"] = os.pathsep.join([str(STALL_HOOK), env.get("PYTHONPATH", "")])
     env["STALL_HOOK_BUSY_S"] = str(SLOW_S)
+    env["STALL_HOOK_BLOCK_AT"] = block_at
     overrides = [
         "run.max_steps=1000",
         "run.log_every=1",
@@ -249,3 +321,26 @@ def test_a_blocked_drafter_names_itself_hung_in_the_last_line(tmp_path: Path) ->
     assert f"rank {victim.rank} (drafter, pid {victim.pid}) is hung: no progress" in last, text
     assert "blocked at" in last and "stall_hook/sitecustomize.py" in last, last
     assert last.endswith(f"(its log: {run_dir / 'logs' / f'rank{victim.rank}-drafter.log'})")
+
+
+@pytest.mark.slow
+def test_a_drafter_stuck_inside_a_wait_on_its_peer_is_named_hung(tmp_path: Path) -> None:
+    """The drafter blocks at the end of a wait on the other drafter (after its part of the
+    reduction): the other one goes on and waits for it in the next one. Each counts as
+    waiting on its peers, so neither row alone is hung; the pair is, and the one behind
+    is named in the last line."""
+    name = f"peerwait{os.getpid()}"
+    proc, output = _launch(tmp_path, name, [], block_at="peer-wait")
+    run_dir = tmp_path / "run"
+    try:
+        victim = _drafter(name, proc, run_dir, output)
+        os.kill(victim.pid, signal.SIGUSR2)
+        text = _finish(proc, output, 2 * ALLOWANCE_S + RUN_TIMEOUT_S / 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    named = f"rank {victim.rank} (drafter, pid {victim.pid}) is hung: it and the other 1 rank"
+    assert named in last, text[-4000:]
+    assert "blocked at" in last and "stall_hook/sitecustomize.py" in last, last

@@ -23,7 +23,8 @@ from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec, SlotLayout
 MAGIC = int.from_bytes(b"RINGTRN1", "little")
 # 4: the spec names each rank's end (producer or consumer) and its label, not a role.
 # 5: each rank's heartbeat thread records whether its main thread works (phases.py).
-VERSION = 5
+# 6: and whether it waits on its peers in a collective (phases.deadlock).
+VERSION = 6
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
@@ -112,6 +113,10 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("starved_ns", "<i8"),
             # Start of the wait in progress (0 when not waiting), so live waits show up.
             ("wait_start_ns", "<i8"),
+            # The main thread's wait on its peers in a collective, as last sampled: since
+            # when (0 when not in one), how many it completed, the group's size.
+            ("peer_wait_ns", "<i8"),
+            ("peer_waits_done", "<i8"),
             # This rank's GPU busy fraction as it last sampled it; negative: unknown.
             ("gpu_busy", "<f8"),
             ("phase", "<i4"),
@@ -120,6 +125,7 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("doing_len", "<i4"),
             ("cpu_busy", "<i4"),  # the last sample saw the main thread use the CPU
             ("where_len", "<i4"),
+            ("peer_group", "<i4"),
             ("error", "u1", (ERROR_BYTES,)),
             ("doing", "u1", (DOING_BYTES,)),
             ("where", "u1", (WHERE_BYTES,)),

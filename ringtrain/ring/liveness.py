@@ -6,7 +6,9 @@ keeps it per thread in /proc/self/task/<tid>/stat; its stack is readable through
 sys._current_frames. ThreadSampler reads both, so a rank's heartbeat thread can tell a
 main thread that computes a long step from one blocked in one place (ring/phases.py).
 A main thread waiting in a collective on its peers is neither: `waiting_on_peers` marks
-that span, so the sampler counts it as working (a stuck peer is named by its own state).
+that span, so the sampler counts it as working (a stuck peer is named by its own state),
+and reports the span (PeerWait) so that a group whose ranks all wait on each other, none
+of them working, is found (phases.deadlock).
 """
 
 from __future__ import annotations
@@ -96,13 +98,27 @@ def thread_cpu_s(native_id: int) -> float | None:
 
 
 @dataclass(frozen=True)
+class PeerWait:
+    """The main thread's spans of waiting_on_peers, as the sampler saw them."""
+
+    since_ns: int = 0  # when the span it is in began (monotonic_ns); 0: not in one
+    completed: int = 0  # spans it has left since the process started
+    members: int = 0  # ranks of the group it waits with in this span (itself included)
+
+
+@dataclass(frozen=True)
 class ThreadActivity:
     """What a sampled thread did since the previous sample."""
 
     moved: bool  # its stack differs (a frame or a line)
     busy: bool  # it used the CPU (MIN_BUSY_FRACTION of the time)
-    waits_on_peers: bool  # it waits in a collective (waiting_on_peers)
+    peer_wait: PeerWait  # its wait on peers in a collective (waiting_on_peers)
     where: str  # its innermost Python frame, "path:line in function"
+
+    @property
+    def waits_on_peers(self) -> bool:
+        """Whether it is in a span of waiting_on_peers."""
+        return self.peer_wait.since_ns > 0
 
 
 class ThreadSampler:
@@ -130,7 +146,7 @@ class ThreadSampler:
         used, elapsed = cpu_s - (self._cpu_s or 0.0), max(now - self._sampled, 1e-6)
         self._cpu_s, self._sampled = cpu_s, now
         busy = used >= MIN_BUSY_FRACTION * elapsed
-        return ThreadActivity(moved, busy, _peer_waits > 0, where)
+        return ThreadActivity(moved, busy, _peer_wait, where)
 
 
 def frame_location(frame: FrameType) -> str:
@@ -140,19 +156,28 @@ def frame_location(frame: FrameType) -> str:
     return f"{path}:{frame.f_lineno} in {code.co_name}"
 
 
-_peer_waits = 0  # spans of waiting_on_peers the main thread is in (nested)
+# The main thread's peer wait (replaced, never changed in place, so a sampling thread
+# reads one consistent value) and how deeply its spans nest.
+_peer_wait = PeerWait()
+_peer_wait_depth = 0
 
 
 @contextlib.contextmanager
-def waiting_on_peers() -> Iterator[None]:
-    """Mark a span in which this process's main thread waits on its peers (a collective):
-    the sampler counts it as working, as a ring wait counts."""
-    global _peer_waits
-    _peer_waits += 1
+def waiting_on_peers(members: int) -> Iterator[None]:
+    """Mark a span in which this process's main thread waits on its peers (a collective
+    of a group of `members` ranks, itself included): the sampler counts it as working, as
+    a ring wait counts, and reports the span (PeerWait). Spans may nest: the outermost
+    one counts."""
+    global _peer_wait, _peer_wait_depth
+    _peer_wait_depth += 1
+    if _peer_wait_depth == 1:
+        _peer_wait = PeerWait(monotonic_ns(), _peer_wait.completed, members)
     try:
         yield
     finally:
-        _peer_waits -= 1
+        _peer_wait_depth -= 1
+        if _peer_wait_depth == 0:
+            _peer_wait = PeerWait(0, _peer_wait.completed + 1, 0)
 
 
 def own_identity() -> tuple[int, int]:

@@ -20,6 +20,17 @@ when neither its progress nor its activity is younger than the allowance: its ma
 thread is blocked in one place using no CPU, or its process is stopped (then no thread
 samples). A main thread that burns CPU without its stack moving (one long operation, or
 a loop that never ends) counts as working for at most `startup_timeout_s`.
+
+A wait on peers counts as working because a peer that does not come is named by its own
+row. That fails when the stuck rank is itself inside a peer wait (blocked in its part of
+a backward whose gradients the group reduces, say): then every rank of the group waits
+and each counts as working, for ever. So the sampler also records each rank's peer wait
+(since when, how many it completed, the group's size), and `deadlock` finds a group whose
+every rank has waited past its allowance with its stack still and no CPU in use. The
+rank that is behind is named: the one with fewer completed waits (the others passed the
+wait it is still in), or, at equal counts, the one that entered the shared wait last (the
+others arrived and wait for it). A group that spans hosts is judged on none of them (a
+host sees only its own ranks); its ranks' own allowances still bound it.
 """
 
 from __future__ import annotations
@@ -65,6 +76,9 @@ def record_activity(
     if activity.moved:
         row["still_ns"] = now_ns
     row["cpu_busy"] = int(activity.busy)
+    peer_wait = activity.peer_wait
+    row["peer_wait_ns"], row["peer_waits_done"] = peer_wait.since_ns, peer_wait.completed
+    row["peer_group"] = peer_wait.members
     cb.put_bytes(row, "where", activity.where.encode("utf-8", "replace"))
     in_place_s = (now_ns - int(row["still_ns"])) / 1e9
     busy = activity.busy and in_place_s <= spec.startup_timeout_s
@@ -121,6 +135,45 @@ def hang_reason(row: np.ndarray | np.void, now_ns: int, spec: RingSpec) -> str |
     return (
         f"{head}; its main thread is blocked at {where(row)}, using no CPU for "
         f"{idle:.0f} s: a deadlock or a wait that never ends, not a slow step"
+    )
+
+
+def _idle_in_peer_wait(row: np.ndarray | np.void, now_ns: int, spec: RingSpec) -> bool:
+    """Whether the attached rank of `row` has waited on its peers, without progress and
+    without working (stack still, no CPU in use), for longer than its allowance."""
+    if int(row["status"]) != cb.ATTACHED or not int(row["peer_wait_ns"]):
+        return False
+    limit, _ = allowance(int(row["phase"]), spec)
+    waited = (now_ns - int(row["peer_wait_ns"])) / 1e9
+    still = (now_ns - int(row["still_ns"])) / 1e9
+    computing = int(row["cpu_busy"]) and still <= spec.startup_timeout_s
+    return min(waited, progress_age_s(row, now_ns), still) > limit and not computing
+
+
+def deadlock(ranks: np.ndarray, now_ns: int, spec: RingSpec) -> tuple[int, str] | None:
+    """(the index of the rank that holds up its group, why) when every rank of a peer group
+    waits on the others past its allowance and none of them works; None otherwise (see
+    the module docstring). `ranks` is the ring's rank table."""
+    waiting = [i for i in range(spec.num_ranks) if _idle_in_peer_wait(ranks[i], now_ns, spec)]
+    if not waiting or any(int(ranks[i]["peer_group"]) != len(waiting) for i in waiting):
+        return None
+    behind = min(
+        waiting, key=lambda i: (int(ranks[i]["peer_waits_done"]), -int(ranks[i]["peer_wait_ns"]))
+    )
+    row = ranks[behind]
+    done = int(row["peer_waits_done"])
+    others = [i for i in waiting if i != behind]
+    if all(int(ranks[i]["peer_waits_done"]) > done for i in others):
+        why = f"it is still in its wait #{done + 1} on them, which the others have left"
+    else:
+        why = "it entered the wait they share last, so the others wait for it"
+    limit, key = allowance(int(row["phase"]), spec)
+    waited = (now_ns - int(row["peer_wait_ns"])) / 1e9
+    elsewhere = "; ".join(f"rank {spec.global_ranks[i]} at {where(ranks[i])}" for i in others)
+    return behind, (
+        f"is hung: it and the other {len(others)} rank(s) of its group wait on each other "
+        f"and none of them works (allowed {limit:g} s, {key}); {why}: blocked at "
+        f"{where(row)} for {waited:.0f} s while {doing(row)} (the others: {elsewhere})"
     )
 
 

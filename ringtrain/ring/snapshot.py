@@ -23,7 +23,7 @@ from ringtrain.ring import control as cb
 from ringtrain.ring.liveness import monotonic_ns, process_alive, process_state
 from ringtrain.ring.names import PREFIX, SHM_DIR, ring_name_part, run_dir_digest
 from ringtrain.ring.payload import transport_name
-from ringtrain.ring.phases import doing, hang_reason, is_silent, progress_age_s
+from ringtrain.ring.phases import deadlock, doing, hang_reason, is_silent, progress_age_s
 from ringtrain.ring.spec import CONSUMER, PRODUCER, RingSpec
 
 # death_reason of a rank that recorded an error: it failed, and its error says why.
@@ -198,11 +198,16 @@ def limiting_end(blocked_pct: float, starved_pct: float) -> str | None:
     return None
 
 
-def _rank_snapshot(ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int) -> RankSnapshot:
+def _rank_snapshot(
+    ctl: cb.ControlBlock, spec: RingSpec, index: int, now: int, held_up: tuple[int, str] | None
+) -> RankSnapshot:
+    """Rank `index`'s row as a snapshot; `held_up` is the ring's phases.deadlock."""
     row = ctl.ranks[index]
     status = int(row["status"])
     reason = death_reason(row, now, int(spec.heartbeat_timeout_s * 1e9))
     hung = hang_reason(row, now, spec) if reason is None else None
+    if reason is None and hung is None and held_up is not None and held_up[0] == index:
+        hung = held_up[1]
     attached = int(row["attached_ns"])
     uptime_s = (now - attached) / 1e9 if status != cb.EMPTY else 0.0
     waiting = int(row["wait_start_ns"])
@@ -248,7 +253,8 @@ def take_snapshot(ctl: cb.ControlBlock, spec: RingSpec) -> RingSnapshot:
     header = ctl.header
     states = [cb.SLOT_STATES[int(s)] for s in ctl.slot_state]
     counts = {name: states.count(name) for name in cb.SLOT_STATES}
-    ranks = [_rank_snapshot(ctl, spec, i, now) for i in range(spec.num_ranks)]
+    held_up = deadlock(ctl.ranks, now, spec)
+    ranks = [_rank_snapshot(ctl, spec, i, now, held_up) for i in range(spec.num_ranks)]
     blocked = _mean([r.blocked_pct for r in ranks if r.is_producer])
     starved = _mean([r.starved_pct for r in ranks if r.is_consumer])
     transport = transport_name(int(header["transport"]))

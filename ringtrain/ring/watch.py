@@ -21,7 +21,7 @@ import threading
 from ringtrain.ring import control as cb
 from ringtrain.ring.errors import PeerDied, RankHung
 from ringtrain.ring.liveness import ThreadSampler, monotonic_ns, process_alive
-from ringtrain.ring.phases import hang_reason, record_activity, slow_reason
+from ringtrain.ring.phases import deadlock, hang_reason, record_activity, slow_reason
 from ringtrain.ring.snapshot import FAILED_REASON, death_reason
 from ringtrain.ring.spec import RingSpec
 
@@ -84,12 +84,20 @@ class Watch:
         for index in others:
             if reason := hang_reason(ranks[index], now, self.spec):
                 return self._failure(index, reason, RankHung, primary=True)
+        held_up = deadlock(ranks, now, self.spec)
+        if held_up is not None and held_up[0] != self.local_index:
+            return self._failure(*held_up, RankHung, primary=True)
         return None
 
     def check_self(self) -> None:
         """Raise RankHung if this rank's own main thread made no progress and did no work
-        for too long (phases.hang_reason: the message says where it is blocked)."""
-        reason = hang_reason(self.control.ranks[self.local_index], monotonic_ns(), self.spec)
+        for too long (phases.hang_reason: the message says where it is blocked), or holds
+        up its group, every rank of which waits on the others (phases.deadlock)."""
+        now = monotonic_ns()
+        reason = hang_reason(self.control.ranks[self.local_index], now, self.spec)
+        held_up = deadlock(self.control.ranks, now, self.spec)
+        if reason is None and held_up is not None and held_up[0] == self.local_index:
+            reason = held_up[1]
         if reason:
             raise self._failure(self.local_index, reason, RankHung, primary=True)
 

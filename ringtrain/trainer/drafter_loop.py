@@ -24,6 +24,7 @@ in-memory stand-in.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -175,7 +176,11 @@ class DrafterLoop:
         self.group = group
         # Spans in which this rank waits on the other drafters (the step's reduction, and
         # backward, which waits for DDP's): working, for the ring's liveness sampler.
-        self.with_peers = waiting_on_peers if group is not None else contextlib.nullcontext
+        self.with_peers = (
+            functools.partial(waiting_on_peers, dist.get_world_size(group))
+            if group is not None
+            else contextlib.nullcontext
+        )
         self.device = next(trainee.model.parameters()).device
         self.block_size = config.drafter.block_size
         self.network = wrap_data_parallel(trainee.model, group, config.optim.grad_reduce_dtype)
