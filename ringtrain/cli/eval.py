@@ -115,7 +115,11 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
         "(repeatable); the report has figures per benchmark and per category",
     )
     prompts.add_argument(
-        "--limit", type=_whole(0), default=0, help="evaluate the first N prompts of each set only"
+        "--limit",
+        type=_whole(0),
+        default=0,
+        help="evaluate N prompts of each set only: the first N (MT-Bench: spread over its "
+        "8 categories, the first of each in turn)",
     )
     prompts.add_argument(
         "--chat-template-kwargs",

