@@ -1,6 +1,7 @@
 """ringtrain-data regenerate --local: a tiny chat model written with save_pretrained answers
 chat JSONL in this process, as transformers' own greedy generate answers the rendered
-prompts; resume, the output lock and bad inputs as on the server path."""
+prompts, or draws its answers at a temperature; resume, the output lock and bad inputs
+as on the server path."""
 
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def _without_template(model_dir: Path, directory: Path) -> Path:
     ("case", "message"),
     [
         ("no_template", "the model directory has no chat template"),
-        ("temperature", "--local generates greedily only (temperature 0), not at temperature 0.7"),
+        ("top_p", "--temperature 0.7 / --top-p 0.0: the temperature must be at least 0"),
         ("missing_dir", "no such directory"),
         ("model_name", "with --local, leave it out"),
     ],
@@ -210,8 +211,8 @@ def test_bad_inputs_are_named_and_exit_2(
     model, extra = model_dir, []
     if case == "no_template":
         model = _without_template(model_dir, tmp_path / "no-template")
-    elif case == "temperature":
-        extra = ["--temperature", "0.7"]
+    elif case == "top_p":
+        extra = ["--temperature", "0.7", "--top-p", "0"]
     elif case == "missing_dir":
         model = tmp_path / "nowhere"
     else:
@@ -219,6 +220,28 @@ def test_bad_inputs_are_named_and_exit_2(
     assert data_main(_args(model, chats, output, "--no-progress", *extra)) == 2
     assert message in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_answers_drawn_at_a_temperature_and_a_nucleus_of_one_token_is_greedy(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """At temperature 1 the answers are drawn (they differ from the greedy ones); with a
+    nucleus so small that only the most likely token stays, the draws are the greedy
+    answers token for token. A rerun with another seed is refused (its settings differ)."""
+    chats = _write_chats(tmp_path / "chats.jsonl")
+    outputs = {name: tmp_path / f"{name}.jsonl" for name in ("greedy", "nucleus", "sampled")}
+    assert data_main(_args(model_dir, chats, outputs["greedy"], "--no-progress")) == 0
+    sample = ("--no-progress", "--temperature", "1", "--seed", "3")
+    assert data_main(_args(model_dir, chats, outputs["nucleus"], *sample, "--top-p", "1e-9")) == 0
+    assert data_main(_args(model_dir, chats, outputs["sampled"], *sample)) == 0
+    greedy, nucleus, sampled = (_records(path) for path in outputs.values())
+    assert sorted(sampled) == sorted(greedy) == [1, 2, 3, 4]
+    assert all(nucleus[i]["messages"] == greedy[i]["messages"] for i in greedy)
+    assert sum(sampled[i]["messages"] != greedy[i]["messages"] for i in greedy) >= 3
+    capsys.readouterr()
+    reseeded = (*sample[:-1], "4")
+    assert data_main(_args(model_dir, chats, outputs["sampled"], *reseeded)) == 2
+    assert "made with other settings (seed: 3 -> 4)" in capsys.readouterr().err
 
 
 def test_local_and_server_exclude_each_other(

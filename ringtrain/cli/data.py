@@ -107,7 +107,8 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
         help=f"per answer (default {SERVER_MAX_TOKENS}; --local: {GPU_MAX_TOKENS} on GPU, "
         f"{CPU_MAX_TOKENS} on CPU, at most half the model's context)",
     )
-    add("--temperature", type=float, default=0.0, help="sampling temperature (default 0)")
+    add("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    add("--top-p", type=float, default=1.0, help="sampling's nucleus (default 1: all tokens)")
     add(
         "--chat-template-kwargs",
         type=_json_object,
@@ -153,9 +154,14 @@ def _add_local_options(regenerate: argparse.ArgumentParser) -> None:
         type=int,
         help="--local: CPU threads (default: the cores other processes leave idle, at least 1)",
     )
+    add(
+        "--seed",
+        type=int,
+        help="--local with a --temperature above 0: the sampling generator's seed (default 0)",
+    )
 
 
-LOCAL_ONLY = ("device", "dtype", "batch_size", "memory_limit", "threads")
+LOCAL_ONLY = ("device", "dtype", "batch_size", "memory_limit", "threads", "seed")
 
 
 def _engine_arguments(args: argparse.Namespace) -> None:
@@ -195,6 +201,7 @@ def _local_engine(args: argparse.Namespace) -> LocalEngine:
         args.batch_size or 0,
         limit,
         args.threads or 0,
+        args.seed or 0,
     )
 
 
@@ -217,7 +224,9 @@ def _regenerate(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens or (None if local else SERVER_MAX_TOKENS)
     options = RegenerateOptions(
         servers=args.server or [],
-        sampling=Sampling(model, max_tokens, args.temperature, args.chat_template_kwargs),
+        sampling=Sampling(
+            model, max_tokens, args.temperature, args.chat_template_kwargs, args.top_p
+        ),
         input=args.input,
         output=args.output,
         concurrency=args.concurrency,

@@ -78,6 +78,7 @@ class Sampling:
     max_tokens: int | None = 4096
     temperature: float = 0.0
     chat_template_kwargs: dict[str, Any] | None = None
+    top_p: float = 1.0  # sampling's nucleus (1: the whole distribution)
 
     def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
         """The JSON body of a chat-completions request for `messages`."""
@@ -88,6 +89,8 @@ class Sampling:
         }
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
+        if self.top_p < 1:
+            body["top_p"] = self.top_p
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return body

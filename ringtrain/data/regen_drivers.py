@@ -9,7 +9,7 @@ layer kinds) answers the waiting turns a batch at a time with `greedy_answers`: 
 starts once `slots` turns wait or a pass of the event loop adds none (every conversation
 in flight is waiting).
 
-Both take turns with `submit`, hand each its `Answer` (or the exception that ended it)
+Both answer greedily, or draw from a `TokenSampler` when given one. Both take turns with `submit`, hand each its `Answer` (or the exception that ended it)
 through the turn's future, and report generated tokens to `on_tokens` as they come.
 `stop` lets the answers in flight finish and fails the turns still waiting with
 `Stopped`; `abort` ends generation at the next step with `Aborted`.
@@ -30,6 +30,7 @@ from ringtrain.generate.continuous import Request, SlotDecoder, TooLong
 from ringtrain.generate.greedy import WIDTH_BUCKET, Answer
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.generate.memory import DecodeFootprint
+from ringtrain.generate.sampling import TokenSampler
 
 
 class Aborted(Exception):
@@ -86,9 +87,10 @@ class SlotDriver:
         budget: int,
         on_tokens: Callable[[int], None] | None,
         translate: Callable[[BaseException], BaseException],
+        sampler: TokenSampler | None = None,
     ) -> None:
         self.decoder = SlotDecoder(
-            model.model, slots, max_new_tokens, model.stop_ids, model.pad_id, budget
+            model.model, slots, max_new_tokens, model.stop_ids, model.pad_id, budget, sampler
         )
         self.slots = self.decoder.slots
         self.max_new_tokens = max_new_tokens
@@ -185,8 +187,10 @@ class BatchDriver:
         budget: int,
         on_tokens: Callable[[int], None] | None,
         translate: Callable[[BaseException], BaseException],
+        sampler: TokenSampler | None = None,
     ) -> None:
         self.model = model
+        self.sampler = sampler
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.budget = budget
@@ -259,6 +263,7 @@ class BatchDriver:
             answers, _ = self.model.answer(
                 [turn.prompt for turn in batch],
                 self.max_new_tokens,
+                sampler=self.sampler,
                 memory_budget=self.budget,
                 on_tokens=self._tokens,
             )

@@ -11,6 +11,11 @@ token counted, as servers count it). A prompt whose length plus `max_tokens` exc
 the model's context (`max_position_embeddings`) is refused as a server refuses it
 (`RequestFailed`, listed in the errors file), never generated past the context.
 
+Answers are greedy, or drawn at ``--temperature`` (and ``--top-p``) by one generator
+seeded with ``--seed``: sampled answers teach a drafter the target's distribution, what
+it meets when the target is served at that temperature. Which answer gets which draws
+depends on how the turns were batched, so a rerun draws alike only batch for batch.
+
 `prepare_local` sizes the run to the device before anything is written: the default
 `--max-tokens` and `--batch-size` of the CPU or the GPU, a `--max-tokens` beyond the
 context refused, `--device cuda` without CUDA refused, and one answer's memory
@@ -49,6 +54,7 @@ from ringtrain.generate.local_model import (
 from ringtrain.generate.memory import DecodeFootprint, format_gib, generation_budget
 from ringtrain.generate.model import IncompleteModelError, supports_cache_rollback
 from ringtrain.generate.prompts import PromptFileError
+from ringtrain.generate.sampling import TokenSampler
 from ringtrain.target.loader import DTYPES, resolve_dtype
 
 LOCAL_DTYPES = ("auto", *DTYPES)
@@ -66,6 +72,7 @@ class LocalEngine:
     batch_size: int = 0  # 0: the device's default
     memory_limit: int | None = None
     threads: int = 0
+    seed: int = 0  # of the sampling generator (a temperature above 0)
 
 
 def prepare_local(engine: LocalEngine, sampling: Sampling) -> tuple[LocalEngine, Sampling]:
@@ -97,11 +104,10 @@ def prepare_local(engine: LocalEngine, sampling: Sampling) -> tuple[LocalEngine,
 
 def _check_options(engine: LocalEngine, sampling: Sampling) -> None:
     """Refuse settings `--local` cannot use; raises DatasetError."""
-    if sampling.temperature != 0:
+    if not sampling.temperature >= 0 or not 0 < sampling.top_p <= 1:
         raise DatasetError(
-            f"--local generates greedily only (temperature 0), not at temperature "
-            f"{sampling.temperature}: drop --temperature, or serve the model with vLLM or "
-            "SGLang and pass --server to sample"
+            f"--temperature {sampling.temperature} / --top-p {sampling.top_p}: the "
+            "temperature must be at least 0 (0: greedy) and top-p in (0, 1]"
         )
     if sampling.max_tokens is not None and sampling.max_tokens < 1:
         raise DatasetError(f"--local needs --max-tokens of at least 1, not {sampling.max_tokens}")
@@ -198,7 +204,13 @@ class LocalChat:
         continuous = parameter.device.type == "cpu" and supports_cache_rollback(config)
         driver = SlotDriver if continuous else BatchDriver
         model.batch_size = slots
-        self._driver = driver(model, slots, max_tokens, budget, self._on_tokens, _failure)
+        sampler = None
+        if self.sampling.temperature > 0:
+            sampling = self.sampling
+            sampler = TokenSampler.seeded(
+                sampling.temperature, sampling.top_p, engine.seed, parameter.device
+            )
+        self._driver = driver(model, slots, max_tokens, budget, self._on_tokens, _failure, sampler)
         count = torch.get_num_threads()
         threads = f", {count} thread{'s' * (count > 1)}" if parameter.device.type == "cpu" else ""
         self.description = (
@@ -232,7 +244,7 @@ class LocalChat:
             self._driver.abort()
 
     async def complete(self, messages: list[dict[str, str]]) -> Completion:
-        """The model's greedy answer to `messages`; raises RequestFailed when the chat
+        """The model's answer to `messages` (greedy, or sampled); raises RequestFailed when the chat
         template refuses them or the context cannot hold the answer, Stopped once
         stopping."""
         assert self._renderer is not None and self._driver is not None, "open() first"

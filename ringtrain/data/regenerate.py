@@ -88,13 +88,18 @@ class RegenerateOptions:
             from ringtrain.generate.fingerprint import model_fingerprint
 
             model = f"local model, files {model_fingerprint(self.local.model_dir)}"
-        return {
+        settings = {
             "input": str(self.input.resolve()),
             "model": model,
             "max_tokens": self.sampling.max_tokens,
             "temperature": self.sampling.temperature,
             "chat_template_kwargs": self.sampling.chat_template_kwargs,
         }
+        if self.sampling.top_p < 1:
+            settings["top_p"] = self.sampling.top_p
+        if self.local is not None and self.sampling.temperature > 0:
+            settings["seed"] = self.local.seed
+        return settings
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Continuous batching for greedy decoding: a slot takes the next prompt as soon as its
+"""Continuous batching for decoding (greedy, or drawn by a ``TokenSampler``): a slot takes the next prompt as soon as its
 answer ends.
 
 A batch decoded to its end hands back no answer before its longest one ends, and on a
@@ -36,6 +36,7 @@ from ringtrain.generate.batch_decode import (
 )
 from ringtrain.generate.greedy import Answer, left_padded
 from ringtrain.generate.memory import DecodeFootprint, format_gib
+from ringtrain.generate.sampling import TokenSampler
 
 INITIAL_PROMPT = 512
 SHORTEST_PROMPT = 64
@@ -178,8 +179,8 @@ class SlotCache:
 
 
 class SlotDecoder:
-    """Greedy answers by continuous batching (see the module's docstring). Run
-    ``admit`` and ``step`` within ``decoding()``."""
+    """Answers by continuous batching (see the module's docstring): greedy, or drawn by
+    ``sampler``. Run ``admit`` and ``step`` within ``decoding()``."""
 
     def __init__(
         self,
@@ -189,8 +190,10 @@ class SlotDecoder:
         stop_ids: list[int],
         pad_id: int,
         budget: int,
+        sampler: TokenSampler | None = None,
     ) -> None:
         self.model = model
+        self.sampler = sampler
         self.footprint = DecodeFootprint.of(model.config, next(model.parameters()).dtype)
         self.budget = budget
         self.slots, length = plan_slots(self.footprint, budget, slots, max_new_tokens)
@@ -284,7 +287,7 @@ class SlotDecoder:
             decode_cache=prefill,
         ).logits[:, -1]
         settled: list[tuple[Request, Answer | TooLong]] = []
-        for row, (request, token) in enumerate(zip(group, logits.argmax(-1).tolist(), strict=True)):
+        for row, (request, token) in enumerate(zip(group, self._pick(logits), strict=True)):
             index, length = len(self.active), len(request.prompt)
             self.cache.place(index, prefill, row, length)
             self.keep[index] = False
@@ -296,6 +299,11 @@ class SlotDecoder:
             else:
                 settled.append((request, answer))
         return settled
+
+    def _pick(self, logits: torch.Tensor) -> list[int]:
+        """Each row's next token: the most likely, or the sampler's draw."""
+        picked = logits.argmax(-1) if self.sampler is None else self.sampler.sample(logits)
+        return picked.tolist()
 
     def _ended(self, slot: _Slot) -> Answer | None:
         """The slot's answer once it has ended, else None."""
@@ -325,7 +333,7 @@ class SlotDecoder:
             logits_to_keep=1,
             decode_cache=self.cache,
         ).logits[:, -1]
-        chosen = logits.argmax(-1).tolist()
+        chosen = self._pick(logits)
         ended = []
         for index in reversed(range(len(active))):
             slot = active[index]
