@@ -12,7 +12,8 @@ from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.generate.prompt_sets import Conversation
 from ringtrain.generate.prompts import read_prompt_records
-from ringtrain.generate.rounds import answer_in_rounds, user_segments
+from ringtrain.generate.rounds import SampledShare, answer_in_rounds, user_segments
+from ringtrain.generate.sampling import TokenSampler
 from tests.helpers.word_chat_model import VOCAB, build_word_chat_model
 
 FIRST = {"role": "user", "content": "write a poem about the sea"}
@@ -52,6 +53,34 @@ def test_every_user_turn_is_answered_after_the_targets_own_answers(tmp_path: Pat
     alone, _ = local.answer([prompts[3]], 12)
     assert answers[3].tokens == alone[0].tokens
     assert stats.prompts == 4 and stats.new_tokens == sum(len(a.tokens) for a in answers)
+
+
+def test_a_sampled_share_draws_its_conversations_answers_in_the_same_rows(
+    tmp_path: Path,
+) -> None:
+    sampler = TokenSampler.seeded(5.0, 1.0, seed=1, device="cpu")
+    assert SampledShare.spread(sampler, 10, 0.3).conversations == {3, 6, 9}
+    assert SampledShare.spread(sampler, 4, 1.0).conversations == {0, 1, 2, 3}
+    torch.manual_seed(0)
+    local = LocalModel.load(build_word_chat_model(tmp_path / "m"), "cpu", "float32", 8)
+    renderer = ChatRenderer(local.tokenizer)
+    words = ["sea", "rain", "code", "poem", "why"]
+    conversations = [
+        Conversation(f"c{i}", messages=[{"role": "user", "content": f"write {w} {w}"}])
+        for i, w in enumerate(words)
+    ]
+    conversations.append(Conversation("two", messages=[FIRST, OLD_ANSWER, SECOND]))
+    greedy = answer_in_rounds(local, conversations, renderer, 12)
+    share = SampledShare(sampler, frozenset({1, 3, 5}))
+    mixed = answer_in_rounds(local, conversations, renderer, 12, sampled=share)
+    assert mixed.conversations == greedy.conversations == [0, 1, 2, 3, 4, 5, 5]
+    rows = range(len(greedy.answers))
+    drawn = [row for row in rows if mixed.conversations[row] in share.conversations]
+    for row in set(rows) - set(drawn):  # greedy rows as before (the second turn's history
+        assert mixed.answers[row] == greedy.answers[row]  # is the drawn first answer)
+    assert sum(mixed.answers[row] != greedy.answers[row] for row in drawn) >= 2
+    # Round 1 answers in two calls (greedy, drawn), round 2 (conversation 5 alone) in one.
+    assert mixed.stats.prompts == 7 and mixed.stats.batches == greedy.stats.batches + 1
 
 
 def test_prompt_lines_end_at_newlines_only(tmp_path: Path) -> None:

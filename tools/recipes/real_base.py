@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -52,6 +53,10 @@ class RealRecipeSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     # Temperatures evaluated: 0 greedy (in every dtype), others with the sampling rule.
     temperatures: list[float] = msgspec.field(default_factory=lambda: [0.0])
     regen_dtype: str = "auto"
+    # Share of the training conversations whose answers are drawn at sampled_temperature
+    # instead of greedy (spread evenly; 0: all greedy): for a target served sampling.
+    sampled_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    sampled_temperature: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # The training split's regeneration: prompts per batch and padded tokens per batch
     # (rows x (longest prompt + new tokens)) at most; 0: regenerate.py's defaults.
     regen_batch_size: int = 0

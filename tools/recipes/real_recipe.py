@@ -147,6 +147,9 @@ def regenerate_command(recipe: RealRecipe, split: str) -> list[str]:
             ("--max-batch-tokens", settings.regen_batch_tokens),
         ):
             batching += [flag, str(value)] if value else []
+        if settings.sampled_fraction:
+            batching += ["--sampled-fraction", str(settings.sampled_fraction)]
+            batching += ["--temperature", str(settings.sampled_temperature)]
     return [
         sys.executable, "-m", "tools.recipes.regenerate",
         "--target", str(recipe.target), *source,

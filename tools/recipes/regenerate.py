@@ -12,7 +12,10 @@ as ringtrain.generate.memory estimates it). Prompts are text
 the target's chat template (``--chat-template-kwargs`` go to the template). A conversation
 of several user turns is answered in rounds, each turn given the target's own earlier
 answers (assistant turns of the input are replaced), and gives one row per assistant
-turn (its history as the prompt, loss on that answer). Answers cut
+turn (its history as the prompt, loss on that answer). ``--sampled-fraction F`` draws the
+answers of that share of the conversations (spread evenly over them) at ``--temperature``
+instead (seeded with ``--seed``): a drafter that learns only greedy answers accepts
+little when the target is served sampling. Answers cut
 at ``--max-new-tokens`` are counted and reported. Where every prompt record names its
 ``source`` (a mixture's records do), every row keeps it in a source column, as a prepared
 mixture's rows do. The prompts can be carved from the local text
@@ -45,7 +48,8 @@ from ringtrain.generate.local_model import DEVICES, LocalModel
 from ringtrain.generate.memory import generation_budget
 from ringtrain.generate.prompt_sets import PromptOptions, read_benchmark, read_prompt_file
 from ringtrain.generate.prompts import read_prompt_records
-from ringtrain.generate.rounds import answer_in_rounds
+from ringtrain.generate.rounds import SampledShare, answer_in_rounds
+from ringtrain.generate.sampling import TokenSampler
 
 DATASET_FILE = "regenerated-00000.arrow"
 DEFAULT_CORPUS_BYTES = 3_000_000
@@ -133,6 +137,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--sampled-fraction",
+        type=float,
+        default=0.0,
+        help="share of the conversations whose answers are drawn at --temperature (0: none)",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="of the drawn answers (default 1)"
+    )
+    parser.add_argument(
         "--batch-size", type=int, default=0, help="prompts per batch (0: 2048 on GPU, 64 on CPU)"
     )
     parser.add_argument(
@@ -198,11 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     local = LocalModel.load(target, args.device, args.dtype, args.batch_size, args.max_batch_tokens)
     renderer = ChatRenderer(local.tokenizer, args.chat_template_kwargs)
     conversations = read_conversations(args, renderer, local.vocab_size)
+    sampled = None
+    if args.sampled_fraction > 0:
+        sampler = TokenSampler.seeded(args.temperature, 1.0, args.seed, local.model.device)
+        sampled = SampledShare.spread(sampler, len(conversations), args.sampled_fraction)
     turns = sum(c.turns for c in conversations)
     with tqdm(total=turns, desc="regenerate", unit="turn", file=sys.stderr) as bar:
         prompts, answers, owners, stats = answer_in_rounds(
             local, conversations, renderer, args.max_new_tokens, bar.update,
-            memory_budget=generation_budget(local.model.device),
+            memory_budget=generation_budget(local.model.device), sampled=sampled,
         )  # fmt: skip
     sources = record_sources(args, len(conversations))
     responses = [answer.tokens for answer in answers]
@@ -224,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(stats.seconds, 2),
         "tokens_per_s": round(stats.tokens_per_s),
         "truncated": truncated,
+        "sampled_conversations": 0 if sampled is None else len(sampled.conversations),
     }
     (Path(args.output) / "regenerate.json").write_text(json.dumps(summary) + "\n")
     return 0
