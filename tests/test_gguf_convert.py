@@ -25,6 +25,8 @@ from ringtrain.target.structure import read_target_config
 from ringtrain.target.tiny import CHAT_TEMPLATE
 
 pytest.importorskip("gguf")
+import gguf
+
 from tests.helpers.tiny_gguf import (
     ENDOFTEXT,
     HEADS,
@@ -139,6 +141,32 @@ def test_generation_stops_at_end_of_turn_as_well(tmp_path: Path) -> None:
     source = write_tiny_gguf(tmp_path / "tiny.gguf", eos=ENDOFTEXT)
     output = convert_gguf(source, tmp_path / "hf")
     assert GenerationConfig.from_pretrained(output).eos_token_id == [ENDOFTEXT, IM_END]
+
+
+def test_the_file_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gguf parses the file once: transformers' config, tokenizer and model loads reuse the
+    converter's reader. Its tensor-name map is built once, not once per module of the model.
+    Both gguf functions are back in place afterwards."""
+    readers: list[Path] = []
+    name_maps: list[tuple[object, ...]] = []
+    construct, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def counted_reader(path: Path, *args: object, **kwargs: object) -> object:
+        readers.append(Path(path))
+        return construct(path, *args, **kwargs)
+
+    def counted_name_map(*args: object) -> object:
+        name_maps.append(args)
+        return name_map(*args)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted_name_map)
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    convert_gguf(source, tmp_path / "hf")
+
+    assert readers == [source]
+    assert name_maps == [(gguf.MODEL_ARCH.LLAMA, LAYERS)]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (counted_reader, counted_name_map)
 
 
 def test_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

