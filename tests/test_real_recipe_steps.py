@@ -197,6 +197,13 @@ def test_a_variant_trained_to_the_end_is_reused_and_so_is_its_evaluation(
     assert [name.rsplit("_", 1)[0] for name in evaluations] == ["eval_best", "eval_code_only"]
     real_variants.evaluate_variant(recipe, 4, "best", second["best"])  # another --limit
     assert len(evaluations) == 3
+    # The data step ran again with other settings (the same paths, other answers): both
+    # variants train again.
+    made_by = recipe.dataset("train") / "recipe.json"
+    made_by.parent.mkdir(parents=True, exist_ok=True)
+    made_by.write_text(json.dumps({"command": ["--sampled-fraction", "0.5"]}) + "\n")
+    third = real_variants.train_group(recipe, settings, group)
+    assert trained[3:] == ["best", "code_only"] and not any("reused" in e for e in third.values())
 
 
 def test_the_recipe_regenerates_its_training_split_in_the_batches_it_asks_for(

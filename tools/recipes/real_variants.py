@@ -21,7 +21,8 @@ The results go to $OUT/real_variants.json (when $OUT is set) and to the variants
 directory after each group's training and each variant's evaluation, so a stopped run
 keeps what it finished (every trained variant's tau_sim); a table with the BENCHMARKS.md
 lines is printed last. The same command run again reuses every variant that it trained
-to the end (``variant-trained.json`` beside the run) and those variants' evaluations, so
+to the end (``variant-trained.json`` beside the run: the same command on the same data)
+and those variants' evaluations, so
 a comparison longer than one device call runs as several (``--fresh`` starts over).
 """
 
@@ -154,14 +155,24 @@ def variant_train_set(recipe: RealRecipe, settings: VariantsSettings, name: str)
     return subset
 
 
-def trained_before(run_dir: Path, command: list[str]) -> dict | None:
+def training_key(recipe: RealRecipe, command: list[str]) -> dict:
+    """What decides a variant's training: its command, and the regeneration that made the
+    training data (the same paths hold other data once the data step ran with other
+    settings, e.g. another sampled_fraction)."""
+    data = recipe.dataset("train") / "recipe.json"
+    made_by = json.loads(data.read_text()) if data.is_file() else None
+    return {"command": command[1:], "data": made_by}
+
+
+def trained_before(run_dir: Path, key: dict) -> dict | None:
     """The training facts that an earlier run recorded in ``run_dir`` when it trained the
-    variant to the end with ``command``; None when it did not."""
+    variant to the end as ``key`` says (training_key); None when it did not."""
     stamp = run_dir / TRAINED
     if not stamp.is_file():
         return None
     facts = json.loads(stamp.read_text())
-    return facts if facts.pop("command") == command[1:] else None
+    recorded = {name: facts.pop(name, None) for name in key}
+    return facts if recorded == key else None
 
 
 def train_group(
@@ -173,11 +184,12 @@ def train_group(
     facts as that run recorded them, ``reused`` set), so the variants can run as several
     device calls."""
     run_dirs = {name: variants_dir(recipe) / name for name in group}
-    commands, entries = {}, {}
+    commands, entries, keys = {}, {}, {}
     for name, (overrides, config) in group.items():
         train_set = variant_train_set(recipe, settings, name)
         command = train_command(recipe, run_dirs[name], train_set, overrides, config)
-        earlier = None if recipe.fresh else trained_before(run_dirs[name], command)
+        keys[name] = training_key(recipe, command)
+        earlier = None if recipe.fresh else trained_before(run_dirs[name], keys[name])
         if earlier is not None:
             log(f"{name}: reusing the training in {run_dirs[name]}")
             entries[name] = {**earlier, "reused": True}
@@ -189,7 +201,7 @@ def train_group(
     label = f"train_{'+'.join(commands)}"
     with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, label):
         procs = run_children({f"train_{name}": command for name, command in commands.items()})
-    for name, command in commands.items():
+    for name in commands:
         run_dir, proc = run_dirs[name], procs[f"train_{name}"]
         entry = {"run_dir": str(run_dir), "train_s": round(recipe.timings[label], 1)}
         if len(commands) > 1:
@@ -200,7 +212,7 @@ def train_group(
             entry["error"] = f"training exit {proc.returncode}"
         else:
             entry.update(held_out=held_out(run_dir), train_tokens_per_s=train_rate(run_dir))
-            (run_dir / TRAINED).write_text(json.dumps({"command": command[1:], **entry}) + "\n")
+            (run_dir / TRAINED).write_text(json.dumps({**keys[name], **entry}) + "\n")
         entries[name] = entry
     return {name: entries[name] for name in group}
 
