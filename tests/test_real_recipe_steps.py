@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from ringtrain.config import load_config
@@ -116,7 +117,7 @@ def test_the_variants_report_keeps_every_trained_variant_when_evaluation_stops(
 
     evaluated = []
 
-    def evaluate_variant(recipe, limit, name, entry):
+    def evaluate_variant(recipe, settings, name, entry):
         if evaluated:
             raise KeyboardInterrupt  # the device's time ran out during the second
         evaluated.append(name)
@@ -180,7 +181,8 @@ def test_a_variant_trained_to_the_end_is_reused_and_so_is_its_evaluation(
     first = real_variants.train_group(recipe, settings, group)
     assert "error" in first["code_only"] and first["best"]["train_tokens_per_s"] == 200.0
     assert (
-        real_variants.evaluate_variant(recipe, 0, "best", first["best"])["eval"]["tau_real"] == 2.5
+        real_variants.evaluate_variant(recipe, settings, "best", first["best"])["eval"]["tau_real"]
+        == 2.5
     )
 
     failing.clear()
@@ -191,11 +193,12 @@ def test_a_variant_trained_to_the_end_is_reused_and_so_is_its_evaluation(
     }  # fmt: skip
     assert "reused" not in second["code_only"] and "error" not in second["code_only"]
     for name in settings.variants:
-        result = real_variants.evaluate_variant(recipe, 0, name, second[name])
+        result = real_variants.evaluate_variant(recipe, settings, name, second[name])
         assert result["eval"]["tau_real"] == 2.5
     # best's first evaluation reused; code_only evaluated once, as it was retrained.
     assert [name.rsplit("_", 1)[0] for name in evaluations] == ["eval_best", "eval_code_only"]
-    real_variants.evaluate_variant(recipe, 4, "best", second["best"])  # another --limit
+    limited = msgspec.structs.replace(settings, eval_limit=4)
+    real_variants.evaluate_variant(recipe, limited, "best", second["best"])  # another --limit
     assert len(evaluations) == 3
     # The data step ran again with other settings (the same paths, other answers): both
     # variants train again.
@@ -338,3 +341,43 @@ def cpu_recipe(tmp_path: Path, overrides: list[str]) -> RealRecipe:
     data = f"data.path={json.dumps(str(tmp_path / 'data' / 'train'))}"
     config = load_config(ROOT / settings.config, [data, *overrides])
     return RealRecipe("cpu", settings, config, [], fresh=False, gguf="")
+
+
+def test_variants_are_evaluated_at_every_temperature_in_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With temperatures [0, 1] each variant is scored greedy and sampled by one
+    ringtrain-eval run; the table and the BENCHMARKS.md lines show both."""
+    recipe = cpu_recipe(tmp_path, [f"run.run_dir={json.dumps(str(tmp_path / 'runs' / 'r'))}"])
+    settings = real_variants.VariantsSettings(steps=4, variants={"best": []}, temperatures=[1.0])
+    drafter = tmp_path / "best"
+    drafter.mkdir()
+    runs: list[list[str]] = []
+
+    def run_all(commands, cwd):
+        runs.extend(commands.values())
+        evaluations = [
+            {"temperature": t, "tau_real": tau, "mismatches": [], "numerical_ties": 0, "prompts": 4,
+             "benchmarks": {"humaneval": {"tau_real": tau, "prompts": 4, "speedup": 1.5}}}
+            for t, tau in ((0.0, 3.0), (1.0, 1.75))
+        ]  # fmt: skip
+        out = json.dumps({"evaluations": evaluations})
+        return {name: subprocess.CompletedProcess(c, 0, out, "") for name, c in commands.items()}
+
+    monkeypatch.setattr(real_eval, "run_all", run_all)
+    entry = {"run_dir": str(drafter), "held_out": {"tau_sim": 2.0}, "overrides": []}
+    entry.update(real_variants.evaluate_variant(recipe, settings, "best", entry))
+    (command,) = runs
+    assert command[command.index("--temperature") :].count("--temperature") == 2
+    dtype = entry["eval_dtype"]
+    assert entry["eval"]["tau_real"] == 3.0
+    assert entry["sampled"][f"{dtype}-t1"]["tau_real"] == 1.75
+    report = {"machine": "m", "date": "d", "settings": {"steps": 4}, "variants": {"best": entry}}
+    lines = real_variants.benchmark_lines(report, "cmd")
+    assert [line.split(":")[0] for line in lines] == [
+        "- tau_real_humaneval_best",
+        "- tau_real_humaneval_t1_best",
+    ]
+    assert any(
+        row.split()[:3] == ["humaneval", "best", "t1"] for row in real_variants.variant_rows(report)
+    )

@@ -68,8 +68,13 @@ class VariantsSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
     # Training steps of every variant (its one held-out evaluation and checkpoint at the end).
     steps: Annotated[int, msgspec.Meta(ge=1)]
-    # ringtrain-eval's HumanEval problems per variant (the first N; 0: all 164).
+    # ringtrain-eval's prompts of each benchmark per variant (0: all).
     eval_limit: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Temperatures each variant is evaluated at (one ringtrain-eval run): 0 greedy, with
+    # its lossless check; above 0 the speculative sampling rule.
+    temperatures: list[Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=lambda: [0.0]
+    )
     # Variants trained at once on the one device (under the CUDA MPS daemon on CUDA).
     parallel: Annotated[int, msgspec.Meta(ge=1)] = 1
     # name -> training-config overrides (section.key=value), after the recipe's own.
@@ -217,14 +222,20 @@ def train_group(
     return {name: entries[name] for name in group}
 
 
-def evaluate_variant(recipe: RealRecipe, limit: int, name: str, entry: dict) -> dict:
-    """ringtrain-eval of one trained variant in the recipe's first eval dtype, timed (a
-    reused training's evaluation by the same command is reused too)."""
+def evaluate_variant(
+    recipe: RealRecipe, settings: VariantsSettings, name: str, entry: dict
+) -> dict:
+    """ringtrain-eval of one trained variant in the recipe's first eval dtype, greedy
+    (``eval``) and at the settings' other temperatures (``sampled``, by evaluation key),
+    timed (a reused training's evaluation by the same command is reused too)."""
     dtype = recipe.settings.eval_dtypes[0]
     drafter, reuse = Path(entry["run_dir"]), entry.get("reused", False)
+    temperatures = [0.0, *(t for t in settings.temperatures if t > 0)]
     with Timed(recipe, f"eval_{name}"):
-        result = evaluate_drafter(recipe, drafter, dtype, limit, [0.0], reuse)[dtype]
-    return {"eval": result, "eval_dtype": dtype, "eval_s": round(recipe.timings[f"eval_{name}"], 1)}
+        results = evaluate_drafter(recipe, drafter, dtype, settings.eval_limit, temperatures, reuse)
+    greedy = results.pop(dtype)
+    seconds = round(recipe.timings[f"eval_{name}"], 1)
+    return {"eval": greedy, "sampled": results, "eval_dtype": dtype, "eval_s": seconds}
 
 
 def run_variants(recipe: RealRecipe, settings: VariantsSettings, chosen: list[str]) -> dict:
@@ -275,9 +286,7 @@ def run_groups(
         save()
         for name, entry in trained.items():
             if "error" not in entry:
-                report["variants"][name].update(
-                    evaluate_variant(recipe, settings.eval_limit, name, entry)
-                )
+                report["variants"][name].update(evaluate_variant(recipe, settings, name, entry))
                 save()
 
 
@@ -305,7 +314,11 @@ def variant_rows(report: dict) -> list[str]:
             f"{cell(entry.get('train_tokens_per_s'), ',.0f'):>12} "
             f"{cell(entry.get('train_s'), '.0f'):>8} {cell(entry.get('eval_s'), '.0f'):>7}"
         )
-    per_benchmark = {name: entry.get("eval", {}) for name, entry in report["variants"].items()}
+    per_benchmark = {}
+    for name, entry in report["variants"].items():
+        per_benchmark[name] = entry.get("eval", {})
+        for key, result in entry.get("sampled", {}).items():
+            per_benchmark[f"{name} {key.removeprefix(entry['eval_dtype'] + '-')}"] = result
     return [*rows, "", *benchmark_rows(per_benchmark)]
 
 
@@ -325,15 +338,22 @@ def benchmark_lines(report: dict, command: str) -> list[str]:
         data = (
             f"; trained on {', '.join(entry['train_sources'])}" if "train_sources" in entry else ""
         )
-        for benchmark, figures in result.get("benchmarks", {}).items():
-            lines.append(
-                f"- {benchmark_metric(benchmark)}_{name}: {figures['tau_real']:.3f} ({where}; "
-                f"{' '.join(entry['overrides']) or 'the defaults'}{data}; {steps} steps{shared}; "
-                f"{entry['eval_dtype']}, {figures['prompts']} turns, "
-                f"{figures.get('numerical_ties', 0)} ties, {len(result['mismatches'])} mismatches "
-                f"in the evaluation; tau_sim {cell(tau_sim, '.3f')}; training "
-                f"{cell(entry.get('train_tokens_per_s'), ',.0f')} tokens/s)"
-            )
+        evaluations = [("", result)] + [
+            (f"_t{evaluation['temperature']:g}", evaluation)
+            for evaluation in entry.get("sampled", {}).values()
+            if "tau_real" in evaluation
+        ]
+        for suffix, evaluation in evaluations:
+            for benchmark, figures in evaluation.get("benchmarks", {}).items():
+                lines.append(
+                    f"- {benchmark_metric(benchmark)}{suffix}_{name}: "
+                    f"{figures['tau_real']:.3f} ({where}; "
+                    f"{' '.join(entry['overrides']) or 'the defaults'}{data}; {steps} steps"
+                    f"{shared}; {entry['eval_dtype']}, {figures['prompts']} turns, "
+                    f"{figures.get('numerical_ties', 0)} ties, {len(result['mismatches'])} "
+                    f"mismatches in the greedy evaluation; tau_sim {cell(tau_sim, '.3f')}; "
+                    f"training {cell(entry.get('train_tokens_per_s'), ',.0f')} tokens/s)"
+                )
     return lines
 
 
@@ -352,12 +372,22 @@ def main(argv: list[str] | None = None) -> int:
         "--parallel", type=int, help="variants trained at once (default: the settings')"
     )
     parser.add_argument(
+        "--temperature",
+        type=float,
+        action="append",
+        dest="temperatures",
+        help="evaluate each variant at this temperature too (repeatable; 0 always; "
+        "default: the settings')",
+    )
+    parser.add_argument(
         "--eval-limit",
         type=int,
         help="prompts of each benchmark evaluated per variant, the first N (0: all; "
         "default: the settings')",
     )
     args = parser.parse_args(argv)
+    if any(t < 0 for t in args.temperatures or []):
+        parser.error("--temperature: give 0 (greedy) or more")
     stop_children_on_sigterm()
     lowest = {"steps": 1, "parallel": 1, "eval_limit": 0}
     for flag, least in lowest.items():
@@ -366,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')} {value}: give {least} or more")
     recipe = load_recipe(args)
     settings = load_settings(recipe_tables(args), args.device, args.recipes)
-    chosen = {flag: getattr(args, flag) for flag in lowest}
+    chosen = {flag: getattr(args, flag) for flag in (*lowest, "temperatures")}
     settings = msgspec.structs.replace(
         settings, **{flag: value for flag, value in chosen.items() if value is not None}
     )
