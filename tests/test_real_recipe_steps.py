@@ -381,3 +381,17 @@ def test_variants_are_evaluated_at_every_temperature_in_one_run(
     assert any(
         row.split()[:3] == ["humaneval", "best", "t1"] for row in real_variants.variant_rows(report)
     )
+
+
+def test_a_recipe_setting_is_overridden_by_name_and_a_bad_one_refused() -> None:
+    section = {"config": "configs/smollm2-135m.toml", "train_prompts": [8], "max_new_tokens": 16}
+    settings = real_recipe.recipe_settings(
+        section, ["sampled_fraction=0.5", 'eval_dtypes=["float32"]'], "[cpu]"
+    )
+    assert settings.sampled_fraction == 0.5 and settings.eval_dtypes == ["float32"]
+    with pytest.raises(SystemExit, match=r"\[cpu\]: Object contains unknown field `sampled`"):
+        real_recipe.recipe_settings(section, ["sampled=0.5"], "[cpu]")
+    with pytest.raises(SystemExit, match=r"Expected `float` <= 1.0 - at `\$.sampled_fraction`"):
+        real_recipe.recipe_settings(section, ["sampled_fraction=2"], "[cpu]")
+    with pytest.raises(SystemExit, match="--setting 'sampled_fraction': give KEY=VALUE"):
+        real_recipe.recipe_settings(section, ["sampled_fraction"], "[cpu]")

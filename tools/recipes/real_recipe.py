@@ -362,6 +362,15 @@ def recipe_parser(description: str) -> argparse.ArgumentParser:
     add_override_option(parser)
     parser.add_argument("--recipes", default=str(RECIPES), help="recipe settings file")
     parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the device's section of the recipe settings (a TOML value, "
+        "e.g. --setting sampled_fraction=0.5 or --setting 'eval_dtypes=[\"float32\"]'); "
+        "--set overrides the training config",
+    )
+    parser.add_argument(
         "--until",
         choices=UNTIL_STEPS,
         help="stop after this step; a later run reuses what it made (steps that each fit "
@@ -380,10 +389,28 @@ def load_recipe(args: argparse.Namespace) -> RealRecipe:
     tables = recipe_tables(args)
     if args.device not in tables:
         raise SystemExit(f"real_recipe: {args.recipes} has no [{args.device}] section")
-    settings = msgspec.convert(tables[args.device], RealRecipeSettings)
+    settings = recipe_settings(tables[args.device], args.setting, f"[{args.device}]")
     overrides = [f"run.device={json.dumps(args.device)}", *settings.sets, *args.overrides]
     config = load_config(ROOT / settings.config, overrides)
     return RealRecipe(args.device, settings, config, overrides, args.fresh, args.gguf)
+
+
+def recipe_settings(section: dict, assignments: list[str], where: str) -> RealRecipeSettings:
+    """The settings of a device's section with ``--setting KEY=VALUE`` overrides (TOML
+    values); a bad key or value is refused by name."""
+    section = dict(section)
+    for assignment in assignments:
+        key, equals, value = assignment.partition("=")
+        try:
+            if not equals or not key.strip():
+                raise ValueError("give KEY=VALUE")
+            section[key.strip()] = msgspec.toml.decode(f"value = {value}")["value"]
+        except (ValueError, msgspec.DecodeError) as exc:
+            raise SystemExit(f"real_recipe: --setting {assignment!r}: {exc}") from None
+    try:
+        return msgspec.convert(section, RealRecipeSettings)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"real_recipe: the recipe settings {where}: {exc}") from None
 
 
 def make_data_steps(recipe: RealRecipe, until: str | None = None) -> dict:
