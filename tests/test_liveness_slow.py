@@ -16,6 +16,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -146,14 +147,86 @@ def test_cpu_use_in_one_place_counts_as_work_up_to_the_startup_allowance() -> No
     assert reason is not None and "has used the CPU at x.py:1 for 150 s without moving" in reason
 
 
+def test_only_an_attached_rank_is_judged_slow_or_hung() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=60.0, active_s=1.0, still_s=40.0, busy=True)
+    assert phases.slow_reason(row, now, spec) is not None
+    for status in (cb.FINISHED, cb.CLOSED, cb.FAILED):  # a finished target drains, say
+        row["status"] = status
+        assert phases.slow_reason(row, now, spec) is None
+    row, now = _row(spec, progress_s=30.0, active_s=30.0, still_s=30.0, busy=False)
+    assert phases.hang_reason(row, now, spec) is not None
+    for status in (cb.FINISHED, cb.CLOSED, cb.FAILED):
+        row["status"] = status
+        assert phases.hang_reason(row, now, spec) is None
+
+
+def test_a_wait_on_peers_counts_as_work_while_it_lasts() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=50.0, active_s=50.0, still_s=50.0, busy=False)
+    entered = now - int(40e9)
+    in_wait = ThreadActivity(
+        moved=False, busy=False, peer_wait=PeerWait(entered, 3, 2), where="dist.py:9 in wait"
+    )
+    phases.record_activity(row, in_wait, now, spec)
+    assert (int(row["peer_wait_ns"]), int(row["peer_waits_done"]), int(row["peer_group"])) == (
+        entered,
+        3,
+        2,
+    )
+    assert phases.where(row) == "dist.py:9 in wait"
+    assert phases.hang_reason(row, now, spec) is None  # still and idle, but it waits on peers
+    # The wait ended and the thread blocks elsewhere: 20 s later it is hung.
+    later = now + int(20e9)
+    left = ThreadActivity(moved=False, busy=False, peer_wait=PeerWait(0, 4, 0), where="x.py:1")
+    phases.record_activity(row, left, later, spec)
+    reason = phases.hang_reason(row, later, spec)
+    assert reason is not None and "blocked at x.py:1, using no CPU for 20 s" in reason
+
+
+def test_a_moved_stack_starts_the_count_of_cpu_use_in_one_place_again() -> None:
+    spec = _spec()
+    row, now = _row(spec, progress_s=50.0, active_s=50.0, still_s=150.0, busy=True)
+    moved = ThreadActivity(moved=True, busy=True, peer_wait=PeerWait(), where="x.py:2")
+    phases.record_activity(row, moved, now, spec)
+    assert int(row["still_ns"]) == now
+    # 90 s more of CPU use in the new place: within startup_timeout_s (100 s), so working,
+    # although 240 s have passed since the place it computed in before.
+    later = now + int(90e9)
+    busy = ThreadActivity(moved=False, busy=True, peer_wait=PeerWait(), where="x.py:2")
+    phases.record_activity(row, busy, later, spec)
+    assert int(row["active_ns"]) == later
+    assert phases.hang_reason(row, later, spec) is None
+
+
+def test_a_stopped_process_is_named_stopped_not_blocked() -> None:
+    spec = _spec()
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        os.waitpid(child.pid, os.WUNTRACED)  # returns once the kernel has stopped it
+        row, now = _row(spec, progress_s=30.0, active_s=30.0, still_s=30.0, busy=False)
+        row["pid"], row["heartbeat_ns"] = child.pid, now - int(12e9)
+        reason = phases.hang_reason(row, now, spec)
+    finally:
+        child.kill()
+        child.wait()
+    assert reason is not None and reason.startswith(
+        "stopped beating (heartbeat lost 12.0 s ago: its process is stopped), "
+        "no progress for 30 s while training"
+    ), reason
+
+
 def _waiting_group(
-    done: tuple[int, int], waited_s: tuple[float, float], members: int = 2
+    done: tuple[int, ...], waited_s: tuple[float, ...], members: int | None = None
 ) -> tuple[np.ndarray, int, RingSpec]:
-    """The rank table of 1 target + 2 drafters, the drafters both blocked in a wait on each
-    other (`done` waits completed, the current one entered `waited_s` ago, no progress for
-    40 s, stacks still, no CPU in use): what their heartbeat threads record in a deadlock."""
+    """The rank table of 1 target + one drafter per entry of `done` (2 unless told), the
+    drafters all blocked in a wait on each other (`done` waits completed, the current one
+    entered `waited_s` ago, no progress for 40 s, stacks still, no CPU in use; a group of
+    `members`, all of them by default): what their heartbeat threads record in a deadlock."""
+    members = len(done) if members is None else members
     spec = dataclasses.replace(
-        rw.make_spec("deadlock", producers=1, consumers=2),
+        rw.make_spec("deadlock", producers=1, consumers=len(done)),
         progress_timeout_s=10.0,
         startup_timeout_s=100.0,
     )
@@ -203,6 +276,30 @@ def test_a_wait_on_a_working_or_absent_peer_is_no_deadlock() -> None:
     ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
     ranks[1]["peer_wait_ns"] = 0  # not in a wait: judged by its own row
     assert phases.deadlock(ranks, now, spec) is None
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
+    ranks[1]["progress_ns"] = now - int(5e9)  # it made progress within its allowance
+    assert phases.deadlock(ranks, now, spec) is None
+
+
+def test_cpu_use_in_one_place_inside_a_peer_wait_counts_up_to_the_startup_allowance() -> None:
+    ranks, now, spec = _waiting_group(done=(7, 6), waited_s=(20.0, 30.0))
+    ranks[1]["cpu_busy"] = 1
+    ranks[1]["still_ns"] = now - int(90e9)  # within startup_timeout_s (100 s): computing
+    assert phases.deadlock(ranks, now, spec) is None
+    ranks[1]["still_ns"] = now - int(150e9)  # past it: a loop that never ends
+    assert phases.deadlock(ranks, now, spec) is not None
+
+
+def test_in_a_group_of_three_the_rank_behind_is_told_by_every_other_rank() -> None:
+    # Rank 12 and rank 13 both still have wait #7 to leave; 13 entered it last.
+    ranks, now, spec = _waiting_group(done=(7, 6, 6), waited_s=(20.0, 30.0, 25.0))
+    index, reason = phases.deadlock(ranks, now, spec)
+    assert index == 3 and "entered the wait they share last" in reason, reason
+    assert "the other 2 rank(s) of its group" in reason
+    # Only rank 13 is still in wait #7: both others have left it.
+    ranks, now, spec = _waiting_group(done=(7, 7, 6), waited_s=(20.0, 30.0, 25.0))
+    index, reason = phases.deadlock(ranks, now, spec)
+    assert index == 3 and "still in its wait #7 on them, which the others have left" in reason
 
 
 # ---- whole runs ------------------------------------------------------------------------
