@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.eval import Generation, PromptOutcome, summarize
+from ringtrain.eval.settings import SamplingSettings
 
 BLOCK = 6
 
@@ -70,6 +71,16 @@ def test_the_json_and_the_table_show_the_same_figures() -> None:
     assert "tau_real           2.333  (block size 6)" in table
     assert "24.0 speculative, 6.9 greedy (3.50x)" in table
     assert "acceptance by pos  1:0.56 2:0.33 3:0.22 4:0.11 5:0.11" in table
+
+
+def test_the_table_says_when_speculative_decoding_was_slower_and_what_helps() -> None:
+    assert "slower" not in summarize(OUTCOMES, BLOCK).table()  # 3.50x
+    slow = [outcome(0, 8, [0, 1, 0], 1.0, 0.8, benchmark="chat")]
+    greedy = summarize(slow, BLOCK).table()
+    assert "slower             than greedy decoding without the drafter (0.80x)" in greedy
+    sampled = summarize(slow, BLOCK, sampling=SamplingSettings(1.0, 1.0, 0)).table()
+    assert "slower             than sampling without the drafter (0.80x)" in sampled
+    assert "regenerate --temperature" in sampled
 
 
 def test_no_forwards_give_zero_figures_not_an_error() -> None:

@@ -145,11 +145,28 @@ class EvalReport:
         ]
         if self.sampling is None:
             lines.append("divergence rule    " + self.tie_rule)
+        if 0 < self.speedup < 1:
+            lines.append("slower             " + self._slower())
         for name, report in self.benchmarks.items():
             if len(self.benchmarks) > 1 or report.categories:
                 lines.append(_row(f"  {name:<16}", report))
             lines += [_row(f"    {c:<14}", r) for c, r in report.categories.items()]
         return "\n".join(lines)
+
+    def _slower(self) -> str:
+        """Why speculative decoding lost to decoding alone, and what raises tau_real."""
+        if self.sampling is not None:
+            return (
+                f"than sampling without the drafter ({self.speedup:.2f}x): at this "
+                "temperature it accepts too few tokens to pay for its proposals; a drafter "
+                "trained on answers drawn at the served temperature accepts more "
+                "(docs/regeneration.md: regenerate --temperature)"
+            )
+        return (
+            f"than greedy decoding without the drafter ({self.speedup:.2f}x): its proposals "
+            "cost more than the tokens they save on this device; longer training, or data "
+            "like these prompts (docs/general-data.md), raises tau_real"
+        )
 
     def _verdict(self) -> str:
         if self.sampling is not None:
