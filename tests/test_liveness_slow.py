@@ -5,9 +5,10 @@ step waits for it.
 The sampler and the verdicts run on real threads and rank-table rows; the end-to-end
 cases are real ringtrain-launch runs of the embedded default on CPU (1 target + 2
 drafters) with tests/helpers/stall_hook on the PYTHONPATH: SIGUSR1 makes a drafter's
-main thread compute for three allowances, SIGUSR2 blocks it on a lock for good (at once,
-or at the end of its next wait on the other drafter). Every wall-clock bound follows
-from the configured allowance; waits poll files or processes.
+main thread compute for three allowances, SIGUSR2 blocks it on a lock for good; or with
+ringtrain.testing's spin hook, whose SIGUSR2 blocks it at the end of its next wait on the
+other drafter. Every wall-clock bound follows from the configured allowance; waits poll
+files or processes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ringtrain.ring.liveness import (
     waiting_on_peers,
 )
 from ringtrain.ring.spec import RingSpec
+from ringtrain.testing import SPIN_HOOK
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
@@ -310,15 +312,14 @@ def _launch(
     name: str,
     overrides: list[str],
     launcher_flags: tuple[str, ...] = (),
-    block_at: str = "",
+    hook: Path = STALL_HOOK,
 ) -> tuple[subprocess.Popen, Path]:
     """ringtrain-launch of the embedded default (1 target + 2 drafters) with torchrun's
-    `launcher_flags`, the stall hook on every rank's PYTHONPATH (SIGUSR2 blocking at
-    `block_at`), its console in a file."""
+    `launcher_flags`, `hook` (a sitecustomize's directory) first on every rank's
+    PYTHONPATH, its console in a file."""
     env = run_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(STALL_HOOK), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env.get("PYTHONPATH", "")])
     env["STALL_HOOK_BUSY_S"] = str(SLOW_S)
-    env["STALL_HOOK_BLOCK_AT"] = block_at
     overrides = [
         "run.max_steps=1000",
         "run.log_every=1",
@@ -427,7 +428,7 @@ def test_a_drafter_stuck_inside_a_wait_on_its_peer_is_named_hung(tmp_path: Path)
     waiting on its peers, so neither row alone is hung; the pair is, and the one behind
     is named in the last line."""
     name = f"peerwait{os.getpid()}"
-    proc, output = _launch(tmp_path, name, [], block_at="peer-wait")
+    proc, output = _launch(tmp_path, name, [], hook=SPIN_HOOK)
     run_dir = tmp_path / "run"
     try:
         victim = _drafter(name, proc, run_dir, output)
@@ -440,4 +441,4 @@ def test_a_drafter_stuck_inside_a_wait_on_its_peer_is_named_hung(tmp_path: Path)
     last = text.strip().splitlines()[-1]
     named = f"rank {victim.rank} (drafter, pid {victim.pid}) is hung: it and the other 1 rank"
     assert named in last, text[-4000:]
-    assert "blocked at" in last and "stall_hook/sitecustomize.py" in last, last
+    assert "blocked at" in last and "spin_hook/sitecustomize.py" in last, last

@@ -2,10 +2,12 @@
 
 A deterministic OpenAI-compatible chat server with injectable faults, chat records with
 the regenerated output each should give, and a start-up hook that makes a process's main
-thread hang on SIGUSR1. Training never imports this package.
+thread hang on SIGUSR1 (at once) or SIGUSR2 (inside its next wait on its peers). Training
+never imports this package.
 """
 
 from pathlib import Path
 
-# Put first on a child's PYTHONPATH: its sitecustomize makes SIGUSR1 hang the main thread.
+# Put first on a child's PYTHONPATH: its sitecustomize makes SIGUSR1 (SIGUSR2) hang the main
+# thread at once (at the end of its next wait on its peers).
 SPIN_HOOK = Path(__file__).resolve().parent / "spin_hook"

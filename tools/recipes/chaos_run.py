@@ -13,15 +13,18 @@ whole run to end:
     term     SIGTERM to the launcher (as a scheduler's preemption sends it)
     stuck    a random rank's main thread blocks for good while its other threads live
              (SIGUSR1 through ringtrain/testing/spin_hook, which every process loads from PYTHONPATH)
+    stuckpeer  a random drafter's main thread blocks so at the end of its next gradient
+             reduction, while the other drafter goes on and waits for it (SIGUSR2): a
+             group that waits on itself (ring/phases.py, deadlock)
     corrupt  the newest good checkpoint damaged before the launch, which is then ended
              by a SIGTERM (chaos_faults.py says how, and what is checked)
     regen    no training run: two `ringtrain-data regenerate` clients on one output, the
              second refused, the first SIGKILLed and resumed (chaos_faults.py)
 
 `--faults` picks the kinds drawn from (default: all). `stop` waits until the ranks have
-joined the ring (before that a rank's peers wait for it in the rendezvous), `stuck` and
-`corrupt` until every rank runs its loop (a main thread stuck while loading or compiling
-is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks, over all
+joined the ring (before that a rank's peers wait for it in the rendezvous), `stuck`,
+`stuckpeer` and `corrupt` until every rank runs its loop (a main thread stuck while
+loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks, over all
 rounds: every stop took at most 60 s (fault to launcher exit) and, for a fault of one
 rank, the output named that rank (its pid); no batch was trained twice or skipped (the
 step records of metrics.jsonl, each step superseded by its resumed replay, against the
@@ -66,7 +69,13 @@ from tools.recipes.chaos_faults import (
     regen_round,
 )
 
-FAULTS = ("kill", "stop", "term", "stuck", "corrupt", "regen")
+FAULTS = ("kill", "stop", "term", "stuck", "stuckpeer", "corrupt", "regen")
+SIGNALS = {
+    "kill": signal.SIGKILL,
+    "stop": signal.SIGSTOP,
+    "stuck": signal.SIGUSR1,
+    "stuckpeer": signal.SIGUSR2,
+}
 UNDAMAGED = "fewer than two good checkpoints: nothing damaged"
 GENTLE = ("term", "corrupt")  # rounds whose run ends by the launcher's SIGTERM: exit 0
 STOP_LIMIT_S = 60.0  # the promise: a fault ends the whole run within this
@@ -116,17 +125,24 @@ def workers(launcher: int) -> dict[int, int]:
     return found
 
 
+def ring_ranks(name: str) -> list | None:
+    """The snapshot of each rank of the run's ring, once it exists and every rank maps it."""
+    rings = [r for r in discover() if r.run.startswith(f"{name}-") and len(r.pids) == 3]
+    if not rings:
+        return None
+    reader = RingReader(rings[0])
+    try:
+        return reader.snapshot().ranks
+    finally:
+        reader.close()
+
+
 def ring_up(name: str, running: bool = False) -> bool:
     """Whether the run's ring exists and every rank maps it (and, with `running`, every
     rank made progress in its loop)."""
-    rings = [r for r in discover() if r.run.startswith(f"{name}-") and len(r.pids) == 3]
-    if not rings or not running:
-        return bool(rings)
-    reader = RingReader(rings[0])
-    try:
-        ranks = reader.snapshot().ranks
-    finally:
-        reader.close()
+    ranks = ring_ranks(name)
+    if ranks is None or not running:
+        return ranks is not None
     return all(r.doing == WORK[r.label] for r in ranks)
 
 
@@ -143,7 +159,7 @@ def inject(result: Round, proc: subprocess.Popen, name: str, started: float) -> 
     """Deliver the round's fault; returns the workers then ({}: the run ended before)."""
     wait_until(lambda: False, started + result.planned_s, proc)
     give_up = time.monotonic() + GIVE_UP_S
-    if result.fault in ("stop", "stuck", "corrupt"):
+    if result.fault in ("stop", "stuck", "stuckpeer", "corrupt"):
         wait_until(lambda: ring_up(name, result.fault != "stop"), give_up, proc)
     wait_until(lambda: len(workers(proc.pid)) == 3, give_up, proc)
     ranks = workers(proc.pid)
@@ -152,10 +168,12 @@ def inject(result: Round, proc: subprocess.Popen, name: str, started: float) -> 
     if result.fault in GENTLE:
         proc.send_signal(signal.SIGTERM)
     else:
-        result.victim_rank = random.choice(sorted(ranks))
+        chosen = sorted(ranks)
+        if result.fault == "stuckpeer":  # only drafters wait on their peers
+            chosen = sorted(r.rank for r in ring_ranks(name) or [] if r.label == "drafter")
+        result.victim_rank = random.choice(chosen)
         result.victim_pid = ranks[result.victim_rank]
-        kind = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "stuck": signal.SIGUSR1}
-        os.kill(result.victim_pid, kind[result.fault])
+        os.kill(result.victim_pid, SIGNALS[result.fault])
     result.injected_s = time.monotonic() - started
     return ranks
 
