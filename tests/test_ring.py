@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import threading
@@ -12,7 +13,15 @@ import pytest
 import torch
 
 from ringtrain.batch import HIDDEN, slot_fields
-from ringtrain.ring import CONSUMER, PRODUCER, Ring, RingError, RingSpec, ShmTooSmall
+from ringtrain.ring import (
+    CONSUMER,
+    PRODUCER,
+    Ring,
+    RingError,
+    RingSpec,
+    RingTimeout,
+    ShmTooSmall,
+)
 from ringtrain.ring.names import check_shm_space
 from ringtrain.ring.spec import SlotLayout
 from tests.helpers import ring_workers as rw
@@ -254,3 +263,195 @@ def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
     finally:
         releaser.join()
         ring.close()
+
+
+# ---- the slot protocol on in-process rings (real shared memory, one rank per Ring) ---------
+
+# A blocked waiter that an unclean close wakes returns within this; its own wait rounds
+# (wait_timeout_s) are made far longer, so only the wake-up can end it in time.
+WAKE_S = 5.0
+
+
+def _ranks(producers: int, consumers: int, **changes) -> list[Ring]:
+    """Every rank of a small CPU ring in this process: local index 0 creates it, the
+    others attach (global rank = 10 + local index); `changes` replace spec fields."""
+    spec = dataclasses.replace(rw.make_spec(run_id(), producers, consumers), **changes)
+    first = Ring.create(spec, 0, "cpu")
+    return [first, *(Ring.attach(spec.run_id, i, "cpu") for i in range(1, spec.num_ranks))]
+
+
+def _close(rings: list[Ring]) -> None:
+    for ring in reversed(rings):
+        ring.close()
+
+
+def _publish(producer, seq: int, num_tokens: int = 4, num_docs: int = 1) -> None:
+    slot = producer.acquire()
+    me = producer.index
+    rw.write_item(slot, me, seq, num_tokens, torch.device("cpu"))
+    bounds = torch.linspace(0, num_tokens, num_docs + 1).round().to(torch.int32)
+    slot.cu_seqlens[: num_docs + 1].copy_(bounds)
+    producer.publish(slot, num_tokens, num_docs, {"producer": me, "seq": seq})
+
+
+def _raised_within(seconds: float, call) -> BaseException | None:
+    """What `call` raised (None if it returned), run in a thread that must end within
+    `seconds`: a wait that misses its own timeout fails the test instead of hanging it."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # recorded for the test to check
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return raised[0] if raised else None
+
+
+def test_a_consumer_sees_the_end_only_once_every_producer_finished() -> None:
+    rings = _ranks(producers=2, consumers=1)
+    try:
+        first, second = rings[0].producer(), rings[1].producer()
+        consumer = rings[2].consumer()
+        first.finish()
+        # The first producer's finish wakes the consumer, but the second still produces.
+        timed_out = _raised_within(WAKE_S, lambda: consumer.take(timeout=0.5))
+        assert isinstance(timed_out, RingTimeout), timed_out
+        assert "waited 0.5 s for a ready slot" in str(timed_out)
+        _publish(second, 0)
+        item = consumer.take(timeout=JOIN_S)
+        assert item is not None and rw.item_ok(item) and item.meta["producer"] == 1
+        second.finish()
+        assert consumer.take(timeout=JOIN_S) is None
+    finally:
+        _close(rings)
+
+
+def test_a_producer_goes_on_while_one_of_its_consumers_is_still_open() -> None:
+    rings = _ranks(producers=1, consumers=2)
+    try:
+        producer = rings[0].producer()
+        for seq in range(2):
+            _publish(producer, seq)
+        rings[1].close(clean=True)  # one drafter left; the other still reads
+        # Both slots are taken: the wait times out (every peer alive), it is not closed.
+        timed_out = _raised_within(WAKE_S, lambda: producer.acquire(timeout=0.5))
+        assert isinstance(timed_out, RingTimeout), timed_out
+        assert "waited 0.5 s for a free slot" in str(timed_out)
+        item = rings[2].consumer().take(timeout=JOIN_S)
+        assert item is not None and item.meta["seq"] == 0
+        assert producer.acquire(timeout=JOIN_S).index == 0  # the slot it freed
+    finally:
+        _close([rings[0], rings[2]])
+
+
+def test_a_wait_refreshes_progress_even_when_its_token_is_there_at_once() -> None:
+    rings = _ranks(producers=1, consumers=1)
+    try:
+        progress = rings[0].control.rank["progress_ns"]
+        progress[0] = time.monotonic_ns() - 10**12  # silent for 1000 s
+        before = time.monotonic_ns()
+        rings[0].producer().acquire()  # a slot is free: no wait at all
+        assert int(progress[0]) >= before
+    finally:
+        _close(rings)
+
+
+def _blocked(wait, ring: Ring, index: int) -> tuple[threading.Thread, list[BaseException]]:
+    """Run `wait` in a thread that records what it raised; return once the thread is
+    inside its blocking wait (its rank's wait_start_ns is set)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as exc:  # recorded for the test to check
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert _poll(lambda: int(ring.control.rank["wait_start_ns"][index]) != 0)
+    return thread, raised
+
+
+def test_an_unclean_close_wakes_blocked_producers_and_consumers_at_once() -> None:
+    # A consumer waiting for a ready slot; its producer closes unclean.
+    target, drafter = _ranks(producers=1, consumers=1, wait_timeout_s=60.0)
+    try:
+        thread, raised = _blocked(drafter.consumer().take, drafter, 1)
+        target.close(clean=False)
+        thread.join(WAKE_S)
+        assert not thread.is_alive() and "rank 10 (target" in str(raised[0])
+    finally:
+        drafter.close(clean=False)
+        target.close(clean=False)
+    # A producer waiting for a free slot; its consumer closes unclean.
+    target, drafter = _ranks(producers=1, consumers=1, wait_timeout_s=60.0)
+    try:
+        producer = target.producer()
+        for seq in range(2):
+            _publish(producer, seq)
+        thread, raised = _blocked(producer.acquire, target, 0)
+        drafter.close(clean=False)
+        thread.join(WAKE_S)
+        assert not thread.is_alive() and "rank 11 (drafter" in str(raised[0])
+    finally:
+        target.close(clean=False)
+        drafter.close(clean=False)
+
+
+def test_items_name_their_producer_and_their_own_document_count() -> None:
+    """One slot per producer: the second item of a producer reuses the slot of its first,
+    with as many tokens but more documents."""
+    rings = _ranks(producers=2, consumers=1, slots_per_producer=1)
+    try:
+        producers = [rings[0].producer(), rings[1].producer()]
+        consumer = rings[2].consumer()
+        for seq, num_docs in enumerate((1, 2)):
+            for producer in producers:
+                _publish(producer, seq, num_tokens=4, num_docs=num_docs)
+                item = consumer.take(timeout=JOIN_S)
+                assert item.producer_rank == 10 + producer.index
+                assert (item.seq, item.num_docs) == (seq, num_docs)
+                assert item.cu_seqlens.tolist() == ([0, 4] if num_docs == 1 else [0, 2, 4])
+    finally:
+        _close(rings)
+
+
+def test_an_item_may_fill_the_slot_and_not_one_row_more() -> None:
+    rings = _ranks(producers=1, consumers=1)
+    try:
+        producer, spec = rings[0].producer(), rings[0].spec
+        slot = producer.acquire()
+        for tokens, docs in [(spec.max_tokens + 1, 1), (1, spec.max_docs + 1)]:
+            with pytest.raises(RingError, match=r"exceeds the slot \(max_tokens=64, max_docs=4"):
+                producer.publish(slot, tokens, docs, {"producer": 0, "seq": 0})
+        refused = None  # (a failure reported outside the ring's calls reads no unmapped slot)
+        try:
+            producer.publish(slot, spec.max_tokens, spec.max_docs, {"producer": 0, "seq": 0})
+        except RingError as exc:
+            refused = str(exc)
+        assert refused is None, f"a full item was refused: {refused}"
+        item = rings[1].consumer().take(timeout=JOIN_S)
+        assert (item.num_tokens, item.num_docs) == (spec.max_tokens, spec.max_docs)
+    finally:
+        _close(rings)
+
+
+def test_draining_does_not_wait_for_the_slot_the_producer_still_holds() -> None:
+    target, drafter = _ranks(producers=1, consumers=1)
+    producer = target.producer()
+    producer.acquire()  # never published: no consumer will hand it back
+    drain = threading.Thread(target=producer.drain, daemon=True)
+    try:
+        drain.start()
+        drain.join(WAKE_S)
+        assert not drain.is_alive(), "the drain waits for the slot its producer holds"
+    finally:
+        drafter.close()  # a drain still waiting ends: every consumer closed (RingClosed)
+        drain.join(WAKE_S)
+        target.close()
