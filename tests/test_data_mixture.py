@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from ringtrain.cli.data import main as data_main
-from ringtrain.data.mixture import Mixture, Source, plan_counts
+from ringtrain.data.mixture import Mixture, Source, plan_counts, write_mixture
 from ringtrain.data.sources import source_counts
 
 
@@ -115,6 +115,53 @@ def test_without_a_total_weights_take_what_no_source_must_repeat() -> None:
     assert plan_counts(fixed, [2, 50]) == [4, 6]
 
 
+def test_the_rows_that_rounding_leaves_go_to_the_largest_remainders() -> None:
+    def weighted(*weights: float, rows: int) -> Mixture:
+        return Mixture([Source(str(i), Path(), weight=w) for i, w in enumerate(weights)], rows)
+
+    # 10 * 1/3 = 3.33 and 10 * 2/3 = 6.67: the one row left goes to the second source.
+    assert plan_counts(weighted(1, 2, rows=10), [50, 50]) == [3, 7]
+    # 1.2, 2.4, 2.4: the one row left goes to the first of the two largest remainders.
+    assert plan_counts(weighted(1, 2, 2, rows=6), [50, 50, 50]) == [1, 3, 2]
+
+
+def test_the_records_drawn_are_a_seeded_sample_and_repeats_cover_every_record(
+    sources: Path,
+) -> None:
+    """3 of the 5 records of one source, and 7 of the 4 of another: written directly (no
+    tokenizer), the records of each source are told by their question number."""
+
+    def drawn(seed: int) -> dict[str, list[int]]:
+        mixture = Mixture(
+            [
+                Source("synthesized", sources / "synthesized.jsonl", rows=3),
+                Source("code", sources / "code.jsonl", rows=7),
+            ],
+            seed=seed,
+        )
+        output = sources / f"mixed{seed}.jsonl"
+        write_mixture(mixture, output)
+        records: dict[str, list[int]] = {"synthesized": [], "code": []}
+        for line in output.read_text().splitlines():
+            record = json.loads(line)
+            question = record["messages"][0]["content"].split(":")[0]
+            records[record["source"]].append(int(question.rsplit(" ", 1)[1]))
+        return records
+
+    samples = set()
+    for seed in range(8):
+        records = drawn(seed)
+        assert records == drawn(seed)  # the same seed draws the same records, in order
+        synthesized = sorted(records["synthesized"])
+        assert len(set(synthesized)) == 3 and set(synthesized) <= set(range(5))
+        samples.add(tuple(synthesized))
+        # Every record of the smaller source once, then three distinct ones once more.
+        code = sorted(records["code"])
+        assert sorted(set(code)) == [0, 1, 2, 3]
+        assert sorted(code.count(i) for i in set(code)) == [1, 2, 2, 2]
+    assert len(samples) > 1, f"every seed drew the same records: {samples}"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -126,6 +173,15 @@ def test_without_a_total_weights_take_what_no_source_must_repeat() -> None:
             "ask for 5 rows in all, not the mixture's rows = 2",
         ),
         ("seed = 1\n", "no sources"),
+        (
+            'rows = 10\n[[sources]]\npath = "code.jsonl"\nrows = 7\n',
+            "ask for 7 rows in all, not the mixture's rows = 10",
+        ),
+        (
+            '[[sources]]\npath = "code.jsonl"\nrows = 1\n'
+            '[[sources]]\nname = "code"\npath = "own.jsonl"\nrows = 1\n',
+            "two sources have the same name",
+        ),
     ],
 )
 def test_a_bad_mixture_is_refused_by_name(
