@@ -20,7 +20,7 @@ from ringtrain.checkpoint.resume_record import (
     encode_resume_record,
     read_resume_record,
 )
-from ringtrain.config import Config, ConfigError
+from ringtrain.config import Config, ConfigError, LayoutConfig
 from ringtrain.data import open_dataset, write_synthetic_dataset
 from ringtrain.data.config import DataConfig
 
@@ -34,8 +34,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def identity(data_dir: Path, targets: int = 2, **data: object) -> StreamIdentity:
-    config = Config(data=DataConfig(**{"token_budget": 2048, "max_len": 512, "bucket": 64, **data}))
+def identity(
+    data_dir: Path, targets: int = 2, target_tp: int = 1, **data: object
+) -> StreamIdentity:
+    config = Config(
+        data=DataConfig(**{"token_budget": 2048, "max_len": 512, "bucket": 64, **data}),
+        layout=LayoutConfig(target_tp=target_tp),
+    )
     dataset = open_dataset(
         data_dir, max_len=config.data.max_len, truncate=config.data.truncate, block_size=BLOCK
     )
@@ -65,6 +70,25 @@ def test_a_change_of_the_batch_sequence_is_refused_naming_it(
     check_resume_stream(checkpoint, identity(data_dir), announce=True)
     with pytest.raises(ConfigError, match=setting):
         check_resume_stream(checkpoint, identity(data_dir, **change), announce=True)
+
+
+def test_another_target_count_or_target_group_size_is_refused_naming_it(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The producers (target groups) shard the data: their count decides the batch
+    sequence as much as the [data] settings do."""
+    checkpoint = checkpoint_with(tmp_path, identity(data_dir, targets=2, target_tp=1))
+    check_resume_stream(checkpoint, identity(data_dir, targets=2, target_tp=1), announce=True)
+    with pytest.raises(
+        ConfigError,
+        match=r"target count \(layout.targets_per_node x nodes\) is 4 but checkpoint .* was "
+        "trained with 2",
+    ):
+        check_resume_stream(checkpoint, identity(data_dir, targets=4), announce=True)
+    with pytest.raises(
+        ConfigError, match=r"layout\.target_tp is 2 but checkpoint .* trained with 1"
+    ):
+        check_resume_stream(checkpoint, identity(data_dir, targets=2, target_tp=2), announce=True)
 
 
 def test_other_rows_under_the_same_path_are_refused(data_dir: Path, tmp_path: Path) -> None:
