@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.checkpoint.resume_checks import check_resume_spec
 from ringtrain.checkpoint.resume_record import ResumeRecord, StreamCursor
+from ringtrain.config import ConfigError
 from ringtrain.drafter import (
     build_optimizer,
     drafter_spec_from_target,
@@ -62,6 +65,22 @@ def test_round_trip_is_exact_and_config_is_a_dflash_qwen3_config(tmp_path: Path)
     assert spec_from_hf_config(raw) == spec
     state_only = load_checkpoint(path, "cpu", weights=False)
     assert state_only.model is None and state_only.record == record
+
+
+def test_a_resume_refuses_a_checkpoint_of_another_drafter_shape_naming_it(
+    tmp_path: Path,
+) -> None:
+    spec, model, optimizer, scheduler = trained_state(steps=1)
+    record = ResumeRecord(step=1, run_id="r", cursors={0: StreamCursor(3, (4,))})
+    path = save_checkpoint(tmp_path, 1, model, spec, optimizer, scheduler, record)
+    check_resume_spec(path, spec)  # the same shape resumes
+    wider = msgspec.structs.replace(spec, num_layers=3, block_size=8)
+    with pytest.raises(ConfigError) as refused:
+        check_resume_spec(path, wider)
+    message = str(refused.value)
+    assert "was trained for another drafter shape" in message
+    assert "num_layers 2 in the checkpoint vs 3 now" in message
+    assert "block_size 4 in the checkpoint vs 8 now" in message and "hidden_size" not in message
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:
