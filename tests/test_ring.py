@@ -455,3 +455,25 @@ def test_draining_does_not_wait_for_the_slot_the_producer_still_holds() -> None:
         drafter.close()  # a drain still waiting ends: every consumer closed (RingClosed)
         drain.join(WAKE_S)
         target.close()
+
+
+def _read_a_held_slot_after_close(results) -> None:
+    """A spawned process: hold a producer's slot, close the ring, read the slot's views."""
+    rings = _ranks(producers=1, consumers=1)
+    slot = rings[0].producer().acquire()
+    rw.write_item(slot, 0, 7, 4, torch.device("cpu"))
+    written = {name: view.clone() for name, view in slot.arrays.items()}
+    for ring in reversed(rings):
+        ring.close(clean=False)
+    results.put(all(torch.equal(slot.arrays[name], copy) for name, copy in written.items()))
+
+
+def test_a_slot_held_past_the_rings_close_stays_readable() -> None:
+    """The host segment is unmapped with the last view of it, not under a view a producer
+    still holds (reading it then crashed the process: the spawned one's exit code)."""
+    results = CTX.Queue()
+    proc = CTX.Process(target=_read_a_held_slot_after_close, args=(results,), daemon=True)
+    proc.start()
+    proc.join(JOIN_S)
+    assert proc.exitcode == 0, f"the process ended with {proc.exitcode}"
+    assert results.get(timeout=JOIN_S) is True

@@ -7,7 +7,6 @@ copy a slot's used prefix out of it. See payload.py for the operations.
 
 from __future__ import annotations
 
-import logging
 import mmap
 from typing import ClassVar
 
@@ -20,7 +19,6 @@ from ringtrain.ring.control import ControlBlock
 from ringtrain.ring.names import data_name
 from ringtrain.ring.spec import RingSpec, SlotLayout
 
-log = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
 
 
@@ -85,14 +83,14 @@ class HostPayload:
         """Nothing to wait for: the producer synchronised before publishing."""
 
     def close(self) -> None:
-        """Unregister and unmap (views handed out keep the mapping alive until dropped)."""
+        """Unregister and let go of the mapping. It is not closed here: torch.frombuffer's
+        tensors hold the mapping object but no buffer export, so closing it would unmap the
+        memory under views a producer still holds (reading one then crashes the process).
+        The mapping is unmapped when its last view is dropped, at once when none is left."""
         if self._registered:
             cuda.host_unregister(self._base.data_ptr())
             self._registered = False
         self._views = []
         self._reader_bytes = []
         self._base = None
-        try:
-            self._mm.close()
-        except BufferError:
-            log.debug("host payload still referenced by live views; unmapped when they go")
+        self._mm = None
