@@ -477,3 +477,36 @@ def test_a_slot_held_past_the_rings_close_stays_readable() -> None:
     proc.join(JOIN_S)
     assert proc.exitcode == 0, f"the process ended with {proc.exitcode}"
     assert results.get(timeout=JOIN_S) is True
+
+
+def test_items_are_taken_in_the_order_they_were_published_across_producers() -> None:
+    """The ready FIFO hands out each published slot once, oldest first (a FIFO whose head
+    did not advance handed the first slot out again)."""
+    rings = _ranks(producers=2, consumers=1)
+    try:
+        first, second = rings[0].producer(), rings[1].producer()
+        consumer = rings[2].consumer()
+        for producer, seq in ((first, 0), (first, 1), (second, 0)):
+            _publish(producer, seq)
+        taken = [consumer.take(timeout=JOIN_S) for _ in range(3)]
+        assert [(item.producer_rank, item.seq) for item in taken] == [(10, 0), (10, 1), (11, 0)]
+    finally:
+        _close(rings)
+
+
+def test_a_taken_slot_goes_back_to_the_producer_that_owns_it() -> None:
+    """Each producer has one slot: once the consumer took the second producer's item,
+    that producer (not the first) may write again."""
+    rings = _ranks(producers=2, consumers=1, slots_per_producer=1)
+    try:
+        first, second = rings[0].producer(), rings[1].producer()
+        _publish(first, 0)
+        _publish(second, 0)
+        consumer = rings[2].consumer()
+        assert consumer.take(timeout=JOIN_S).producer_rank == 10
+        assert consumer.take(timeout=JOIN_S).producer_rank == 11
+        for producer in (second, first):
+            error = _raised_within(WAKE_S, lambda p=producer: p.acquire(timeout=1.0))
+            assert error is None, f"producer {producer.index} got no slot back: {error}"
+    finally:
+        _close(rings)
