@@ -30,7 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ringtrain.generate.sampling import TokenSampler
+from ringtrain.generate.sampling import TokenSampler, next_tokens
 
 KERNELS = ("matmul", "sdpa")
 BATCH_DECODE = "ringtrain_batch_decode"
@@ -187,8 +187,7 @@ def prompt_mask(valid: torch.Tensor) -> torch.Tensor:
 def _record(state: StepState, logits: torch.Tensor) -> None:
     """Take the greedy (or the sampler's) token of ``logits`` [B, V] as every row's next
     token."""
-    picked = logits.argmax(dim=-1) if state.sampler is None else state.sampler.sample(logits)
-    chosen = torch.where(state.done, state.pad_id, picked)
+    chosen = torch.where(state.done, state.pad_id, next_tokens(logits, state.sampler))
     state.out.index_copy_(1, state.column, chosen[:, None])
     state.done |= torch.isin(chosen, state.stops)
     state.token.copy_(chosen[:, None])

@@ -36,7 +36,7 @@ from ringtrain.generate.batch_decode import (
 )
 from ringtrain.generate.greedy import Answer, left_padded
 from ringtrain.generate.memory import DecodeFootprint, format_gib
-from ringtrain.generate.sampling import TokenSampler
+from ringtrain.generate.sampling import TokenSampler, next_tokens
 
 INITIAL_PROMPT = 512
 SHORTEST_PROMPT = 64
@@ -287,7 +287,8 @@ class SlotDecoder:
             decode_cache=prefill,
         ).logits[:, -1]
         settled: list[tuple[Request, Answer | TooLong]] = []
-        for row, (request, token) in enumerate(zip(group, self._pick(logits), strict=True)):
+        picked = next_tokens(logits, self.sampler).tolist()
+        for row, (request, token) in enumerate(zip(group, picked, strict=True)):
             index, length = len(self.active), len(request.prompt)
             self.cache.place(index, prefill, row, length)
             self.keep[index] = False
@@ -299,11 +300,6 @@ class SlotDecoder:
             else:
                 settled.append((request, answer))
         return settled
-
-    def _pick(self, logits: torch.Tensor) -> list[int]:
-        """Each row's next token: the most likely, or the sampler's draw."""
-        picked = logits.argmax(-1) if self.sampler is None else self.sampler.sample(logits)
-        return picked.tolist()
 
     def _ended(self, slot: _Slot) -> Answer | None:
         """The slot's answer once it has ended, else None."""
@@ -333,7 +329,7 @@ class SlotDecoder:
             logits_to_keep=1,
             decode_cache=self.cache,
         ).logits[:, -1]
-        chosen = self._pick(logits)
+        chosen = next_tokens(logits, self.sampler).tolist()
         ended = []
         for index in reversed(range(len(active))):
             slot = active[index]

@@ -82,3 +82,8 @@ class TokenSampler:
         device = self.generator.device
         drawn = torch.randint(SEED_BOUND, (1,), generator=self.generator, device=device)
         return int(drawn.item())
+
+
+def next_tokens(logits: torch.Tensor, sampler: TokenSampler | None) -> torch.Tensor:
+    """Each row's next token of ``logits`` [B, V]: the most likely, or ``sampler``'s draw."""
+    return logits.argmax(dim=-1) if sampler is None else sampler.sample(logits)
