@@ -69,6 +69,15 @@ class GenerationStats:
         """Generated (new) tokens per second of wall time."""
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def __add__(self, other: GenerationStats) -> GenerationStats:
+        """Two calls' figures together."""
+        return GenerationStats(
+            self.prompts + other.prompts,
+            self.new_tokens + other.new_tokens,
+            self.seconds + other.seconds,
+            self.batches + other.batches,
+        )
+
 
 def length_batches(
     lengths: Sequence[int],

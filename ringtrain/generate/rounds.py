@@ -104,7 +104,7 @@ def answer_in_rounds(
                     memory_budget=memory_budget,
                 )
                 by_row.update(zip(rows, rule_answers, strict=True))
-                totals = _add(totals, stats)
+                totals += stats
         round_answers = [by_row[row] for row in range(len(active))]
         for i, answer in zip(active, round_answers, strict=True):
             reply = renderer.answer_text(answer.tokens)
@@ -127,13 +127,3 @@ def _by_rule(
         (None, [row for row, draws in enumerate(drawn) if not draws]),
         (sampled.sampler, [row for row, draws in enumerate(drawn) if draws]),
     ]
-
-
-def _add(totals: GenerationStats, stats: GenerationStats) -> GenerationStats:
-    """Two calls' generation figures together."""
-    return GenerationStats(
-        totals.prompts + stats.prompts,
-        totals.new_tokens + stats.new_tokens,
-        totals.seconds + stats.seconds,
-        totals.batches + stats.batches,
-    )
