@@ -294,9 +294,8 @@ def _publish(producer, seq: int, num_tokens: int = 4, num_docs: int = 1) -> None
     producer.publish(slot, num_tokens, num_docs, {"producer": me, "seq": seq})
 
 
-def _raised_within(seconds: float, call) -> BaseException | None:
-    """What `call` raised (None if it returned), run in a thread that must end within
-    `seconds`: a wait that misses its own timeout fails the test instead of hanging it."""
+def _recording(call) -> tuple[threading.Thread, list[BaseException]]:
+    """`call` started in a thread that records what it raised."""
     raised: list[BaseException] = []
 
     def run() -> None:
@@ -307,6 +306,13 @@ def _raised_within(seconds: float, call) -> BaseException | None:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, raised
+
+
+def _raised_within(seconds: float, call) -> BaseException | None:
+    """What `call` raised (None if it returned), run in a thread that must end within
+    `seconds`: a wait that misses its own timeout fails the test instead of hanging it."""
+    thread, raised = _recording(call)
     thread.join(seconds)
     assert not thread.is_alive(), f"still waiting after {seconds} s"
     return raised[0] if raised else None
@@ -364,16 +370,7 @@ def test_a_wait_refreshes_progress_even_when_its_token_is_there_at_once() -> Non
 def _blocked(wait, ring: Ring, index: int) -> tuple[threading.Thread, list[BaseException]]:
     """Run `wait` in a thread that records what it raised; return once the thread is
     inside its blocking wait (its rank's wait_start_ns is set)."""
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            wait()
-        except BaseException as exc:  # recorded for the test to check
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, raised = _recording(wait)
     assert _poll(lambda: int(ring.control.rank["wait_start_ns"][index]) != 0)
     return thread, raised
 
