@@ -77,10 +77,11 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # one just written always kept). 0: keep every checkpoint.
     keep_checkpoints: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Persistent Triton / Inductor caches (compiled kernels, graphs, autotune results:
-    # a warm start skips FLA's Gated DeltaNet autotune) live below this directory, one
-    # folder per role and local rank (target0/, drafter1/, ...), so concurrent ranks
-    # never write the same files. TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and
-    # TRITON_CACHE_AUTOTUNING set in the environment win.
+    # a warm start skips FLA's Gated DeltaNet autotune) live below this directory
+    # (triton/, inductor/), one set shared by every rank and run of the user: each entry
+    # is written to a temporary file and renamed into place, so concurrent ranks can
+    # share it, and what one rank or run compiled the others reuse. TRITON_CACHE_DIR,
+    # TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_AUTOTUNING set in the environment win.
     cache_dir: str = "~/.cache/ringtrain"
     # "auto": CUDA when present, else CPU.
     device: Literal["auto", "cuda", "cpu"] = "auto"

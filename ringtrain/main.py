@@ -124,17 +124,19 @@ def check_run_dir(run_dir: Path) -> None:
         ) from None
 
 
-def set_compile_caches(config: Config, info: RankInfo) -> None:
-    """Give this process its own persistent Triton and Inductor caches.
+def set_compile_caches(config: Config) -> None:
+    """Point Triton and Inductor at the persistent caches under ``run.cache_dir``.
 
-    Separate directories per local rank mean no two processes share autotune state;
-    persistence means a warm restart skips compilation and autotuning: FLA keeps its
-    kernels' autotune results in Triton's cache (its own default), so a warm start skips
-    the Gated DeltaNet autotune (43 s cold, 0.4 s warm on an H200), and
-    TRITON_CACHE_AUTOTUNING keeps those of any other autotuned Triton kernel there too
-    (Triton reads it when a kernel is defined, before the model is built). A value the
-    user set in the environment wins."""
-    root = Path(config.run.cache_dir).expanduser() / f"{info.role}{info.local_rank}"
+    One set of caches serves every rank and run: Inductor and Triton write each entry to
+    a temporary file of their own and rename it into place, so ranks compiling at once
+    leave whole entries (two that compile the same graph write the same entry twice),
+    and what one rank, one run or one layout compiled the next reuses. Persistence means
+    a warm restart skips compilation and autotuning: FLA keeps its kernels' autotune
+    results in Triton's cache (its own default), so a warm start skips the Gated DeltaNet
+    autotune (43 s cold, 0.4 s warm on an H200), and TRITON_CACHE_AUTOTUNING keeps those
+    of any other autotuned Triton kernel there too (Triton reads it when a kernel is
+    defined, before the model is built). A value the user set in the environment wins."""
+    root = Path(config.run.cache_dir).expanduser()
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
     for note in notes:
         log.info("%s", note)
-    set_compile_caches(config, info)
+    set_compile_caches(config)
     stop = StopRequest()
     stop.install()
     if info.device.type == "cuda":

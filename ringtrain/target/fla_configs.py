@@ -2,7 +2,7 @@
 
 FLA's Triton kernels for Gated DeltaNet layers autotune on their first call: 43 s for
 ``chunk_gated_delta_rule`` on an H200 with empty caches, the largest share of a hybrid
-target's first step on a fresh machine (the persistent per-rank Triton cache under
+target's first step on a fresh machine (the persistent Triton cache under
 ``run.cache_dir`` only helps the second start). FLA can take a kernel's configuration
 from a directory of JSON files instead (``FLA_CONFIG_DIR``: one ``<kernel>.json`` per
 kernel, entries keyed by the kernel's autotune key), looked up as ``FLA_CACHE_MODE``
