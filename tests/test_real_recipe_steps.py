@@ -14,9 +14,13 @@ from types import SimpleNamespace
 
 import msgspec
 import pytest
+from transformers import AutoTokenizer
 
 from ringtrain.config import load_config
+from ringtrain.generate.chat import ChatRenderer
+from ringtrain.target.tiny import build_tiny_target
 from tools.recipes import real_eval, real_prompts, real_recipe, real_report, real_variants
+from tools.recipes import regenerate as recipe_regenerate
 from tools.recipes.real_base import ROOT, RealRecipe, RealRecipeSettings, Timed
 from tools.recipes.real_prompts import Synthesis
 
@@ -395,3 +399,27 @@ def test_a_recipe_setting_is_overridden_by_name_and_a_bad_one_refused() -> None:
         real_recipe.recipe_settings(section, ["sampled_fraction=2"], "[cpu]")
     with pytest.raises(SystemExit, match="--setting 'sampled_fraction': give KEY=VALUE"):
         real_recipe.recipe_settings(section, ["sampled_fraction"], "[cpu]")
+
+
+def test_the_recipes_regenerator_keeps_the_source_each_prompt_record_names(
+    tmp_path: Path,
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=False, num_layers=2)
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(target))
+    mixed, unnamed = tmp_path / "mixed.jsonl", tmp_path / "unnamed.jsonl"
+    mixed.write_text(
+        '{"prompt": "def add(a, b):", "source": "code"}\n'
+        '{"prompt": "Write a haiku.", "source": "chat"}\n'
+        '{"input_ids": [5, 6, 7], "source": "code"}\n'
+    )
+    unnamed.write_text('{"prompt": "def add(a, b):", "source": "code"}\n{"prompt": "Hi"}\n')
+
+    def read(path: Path) -> tuple[list, list[str] | None]:
+        args = SimpleNamespace(prompts=str(path), benchmark=None, limit=0)
+        return recipe_regenerate.read_conversations(args, renderer, 512)
+
+    conversations, sources = read(mixed)
+    assert sources == ["code", "chat", "code"]
+    assert len(conversations) == 3 and conversations[2].input_ids == [5, 6, 7]
+    conversations, sources = read(unnamed)
+    assert len(conversations) == 2 and sources is None

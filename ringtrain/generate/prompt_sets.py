@@ -147,7 +147,14 @@ def record_conversation(record: dict, where: str, options: PromptOptions) -> Con
 def read_prompt_file(path: str | Path, options: PromptOptions, name: str = "") -> PromptSet:
     """A JSONL prompts file as a set named ``name`` (default: the file's stem)."""
     path = Path(path).expanduser()
-    records = read_prompt_records(path)
+    return prompt_set_of_records(read_prompt_records(path), path, options, name)
+
+
+def prompt_set_of_records(
+    records: list[tuple[int, dict]], path: Path, options: PromptOptions, name: str = ""
+) -> PromptSet:
+    """The set of a prompts file's records as `read_prompt_records` returns them (the
+    first ``options.limit`` where it is set), named ``name`` or the file's stem."""
     if options.limit:
         records = records[: options.limit]
     conversations = [

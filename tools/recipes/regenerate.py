@@ -46,7 +46,12 @@ from ringtrain.data.writer import TokenFileWriter
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.local_model import DEVICES, LocalModel
 from ringtrain.generate.memory import generation_budget
-from ringtrain.generate.prompt_sets import PromptOptions, read_benchmark, read_prompt_file
+from ringtrain.generate.prompt_sets import (
+    Conversation,
+    PromptOptions,
+    prompt_set_of_records,
+    read_benchmark,
+)
 from ringtrain.generate.prompts import read_prompt_records
 from ringtrain.generate.rounds import SampledShare, answer_in_rounds
 from ringtrain.generate.sampling import TokenSampler
@@ -100,12 +105,10 @@ def write_dataset(
     return writer.path
 
 
-def record_sources(args: argparse.Namespace, count: int) -> list[str] | None:
-    """The source each of the first ``count`` prompt records names (a mixture's records
-    name theirs), or None unless every one names one."""
-    if not args.prompts:
-        return None
-    names = [record.get(SOURCE) for _, record in read_prompt_records(args.prompts)[:count]]
+def record_sources(records: list[tuple[int, dict]]) -> list[str] | None:
+    """The source each prompt record names (a mixture's records name theirs), or None
+    unless every one names one."""
+    names = [record.get(SOURCE) for _, record in records]
     return names if all(isinstance(name, str) for name in names) else None
 
 
@@ -191,13 +194,18 @@ def make_prompts(args: argparse.Namespace, target: Path) -> None:
     log(f"wrote {len(prompts)} {args.split} prompts of {args.prompt_len} tokens to {path}")
 
 
-def read_conversations(args: argparse.Namespace, renderer: ChatRenderer, vocab_size: int):
-    """The conversations to answer: a prompts file, or a benchmark's prompts."""
+def read_conversations(
+    args: argparse.Namespace, renderer: ChatRenderer, vocab_size: int
+) -> tuple[list[Conversation], list[str] | None]:
+    """The conversations to answer, a prompts file's or a benchmark's, and the source each
+    names (None for a benchmark, or unless every record of the file names one)."""
     if args.prompts:
+        path = Path(args.prompts).expanduser()
+        records = read_prompt_records(path)
         options = PromptOptions(renderer, vocab_size, raw_prompts=True)
-        return read_prompt_file(args.prompts, options).conversations
+        return prompt_set_of_records(records, path, options).conversations, record_sources(records)
     options = PromptOptions(renderer, vocab_size, limit=args.limit)
-    return read_benchmark(args.benchmark, options).conversations
+    return read_benchmark(args.benchmark, options).conversations, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     local = LocalModel.load(target, args.device, args.dtype, args.batch_size, args.max_batch_tokens)
     renderer = ChatRenderer(local.tokenizer, args.chat_template_kwargs)
-    conversations = read_conversations(args, renderer, local.vocab_size)
+    conversations, sources = read_conversations(args, renderer, local.vocab_size)
     sampled = None
     if args.sampled_fraction > 0:
         sampler = TokenSampler.seeded(args.temperature, 1.0, args.seed, local.model.device)
@@ -221,7 +229,6 @@ def main(argv: list[str] | None = None) -> int:
             local, conversations, renderer, args.max_new_tokens, bar.update,
             memory_budget=generation_budget(local.model.device), sampled=sampled,
         )  # fmt: skip
-    sources = record_sources(args, len(conversations))
     responses = [answer.tokens for answer in answers]
     truncated = sum(answer.truncated for answer in answers)
     log(
