@@ -423,3 +423,16 @@ def test_the_recipes_regenerator_keeps_the_source_each_prompt_record_names(
     assert len(conversations) == 3 and conversations[2].input_ids == [5, 6, 7]
     conversations, sources = read(unnamed)
     assert len(conversations) == 2 and sources is None
+
+
+def test_a_timed_step_that_is_not_the_recipes_own_is_kept_out_of_its_seconds_file(
+    tmp_path: Path,
+) -> None:
+    recipe = cpu_recipe(tmp_path, [])
+    with Timed(recipe, "model"):
+        pass
+    with Timed(recipe, "train_best+code_only", recorded=False):
+        pass
+
+    assert set(recipe.step_seconds()) == {"model"}
+    assert set(recipe.timings) == {"model", "train_best+code_only"}

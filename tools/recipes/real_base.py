@@ -136,10 +136,15 @@ class Timed:
     ``recipe.seconds_file``: when its block finished, as the step's seconds for the runs
     that reuse it; when it was stopped (a device call's end), as the step's stopped
     seconds, which the run that ``continues`` the step adds to its own (and reports as an
-    earlier call's), so a training run as two calls counts both."""
+    earlier call's), so a training run as two calls counts both. ``recorded`` False: the
+    time goes to ``recipe.timings`` only (steps that are not the recipe's own, such as
+    the variants' trainings, which keep their seconds with their outputs)."""
 
-    def __init__(self, recipe: RealRecipe, name: str, continues: bool = False) -> None:
+    def __init__(
+        self, recipe: RealRecipe, name: str, continues: bool = False, recorded: bool = True
+    ) -> None:
         self.recipe, self.name, self.continues = recipe, name, continues
+        self.recorded = recorded
 
     @property
     def stopped_key(self) -> str:
@@ -153,6 +158,8 @@ class Timed:
         seconds = time.perf_counter() - self.started
         recipe = self.recipe
         recipe.timings[self.name] = recipe.timings.get(self.name, 0.0) + seconds
+        if not self.recorded:
+            return
         ledger = recipe.step_seconds()
         stopped = ledger.pop(self.stopped_key, 0.0)
         if not self.continues:  # a fresh start does not build on the stopped attempt

@@ -204,7 +204,10 @@ def train_group(
     if not commands:
         return entries
     label = f"train_{'+'.join(commands)}"
-    with mps_daemon(trains_under_mps(recipe, len(commands) > 1)), Timed(recipe, label):
+    with (
+        mps_daemon(trains_under_mps(recipe, len(commands) > 1)),
+        Timed(recipe, label, recorded=False),
+    ):
         procs = run_children({f"train_{name}": command for name, command in commands.items()})
     for name in commands:
         run_dir, proc = run_dirs[name], procs[f"train_{name}"]
@@ -231,7 +234,7 @@ def evaluate_variant(
     dtype = recipe.settings.eval_dtypes[0]
     drafter, reuse = Path(entry["run_dir"]), entry.get("reused", False)
     temperatures = [0.0, *(t for t in settings.temperatures if t > 0)]
-    with Timed(recipe, f"eval_{name}"):
+    with Timed(recipe, f"eval_{name}", recorded=False):
         results = evaluate_drafter(recipe, drafter, dtype, settings.eval_limit, temperatures, reuse)
     greedy = results.pop(dtype)
     seconds = round(recipe.timings[f"eval_{name}"], 1)
