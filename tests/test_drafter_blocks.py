@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from ringtrain.drafter.arch.dflash.model import _gathered_attend
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
-from ringtrain.drafter.masks import TILE, BlockMaskBuilder
+from ringtrain.drafter.masks import TILE, BlockMaskBuilder, GatheredMask
 from ringtrain.packed_batch import random_packed_batch
 
 MASK_ID = 99
@@ -67,6 +69,17 @@ def expand_block_mask(block_mask, mask_mod, q_len, kv_len):
     return out.numpy()
 
 
+def expand_gathered_mask(mask: GatheredMask, kv_len: int) -> np.ndarray:
+    """How often each query row sees each key among its gathered ones, [A*B, kv_len]
+    (a key seen twice would count twice in its softmax)."""
+    blocks, block, _ = mask.visible.shape
+    rows = np.arange(blocks * block).reshape(blocks, block, 1)
+    columns = mask.keys.numpy()[:, None, :]
+    out = np.zeros((blocks * block, kv_len), int)
+    np.add.at(out, tuple(np.broadcast_arrays(rows, columns)), mask.visible.numpy().astype(int))
+    return out
+
+
 @pytest.mark.parametrize(("window", "causal"), [(0, False), (24, False), (24, True), (0, True)])
 def test_block_mask_equals_dense_reference(window: int, causal: bool) -> None:
     for seed in range(25):
@@ -87,8 +100,9 @@ def test_block_mask_equals_dense_reference(window: int, causal: bool) -> None:
         full = block_mask.full_kv_num_blocks[0, 0].sum().item()
         assert partial == int(((tiles > 0) & (tiles < TILE * TILE)).sum()), f"seed {seed}"
         assert full == int((tiles == TILE * TILE).sum()), f"seed {seed}"
-        dense = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, dense=True)[window]
-        np.testing.assert_array_equal(dense.numpy(), expected, err_msg=f"seed {seed}")
+        gathered = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, gathered=True)
+        seen = expand_gathered_mask(gathered[window], kv_len)
+        np.testing.assert_array_equal(seen, expected.astype(int), err_msg=f"seed {seed}")
 
 
 def test_block_mask_has_full_tiles_for_long_documents() -> None:
@@ -175,3 +189,38 @@ def test_block_tokens_positions_and_labels() -> None:
                 assert bool(blocks.scored[a, k]) == scored, f"seed {seed} anchor {p} slot {k}"
                 if scored:
                     assert int(blocks.labels[a, k]) == ids[p + k]
+
+
+@pytest.mark.parametrize(("window", "causal"), [(0, False), (24, True)])
+def test_gathered_attention_equals_attention_under_the_dense_mask_with_its_gradients(
+    window: int, causal: bool
+) -> None:
+    cfg, batch, blocks, ctx_capacity, max_anchors = random_case(3)
+    builder = BlockMaskBuilder(
+        ctx_capacity, max_anchors, cfg.block_size, (window,), torch.device("cpu"), causal
+    )
+    mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, gathered=True)[window]
+    dense = reference_mask(blocks, batch, ctx_capacity, max_anchors, cfg.block_size, window, causal)
+    q_len, kv_len = dense.shape
+    generator = torch.Generator().manual_seed(0)
+    # 4 query heads over 2 key heads, as the drafters group them.
+    q, k, v = (
+        torch.randn(1, heads, rows, 8, generator=generator, dtype=torch.float64)
+        for heads, rows in ((4, q_len), (2, kv_len), (2, kv_len))
+    )
+    grad_out = torch.randn(1, 4, q_len, 8, generator=generator, dtype=torch.float64)
+
+    def run(attend) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = attend(*inputs)
+        out.backward(grad_out)
+        return [out.detach(), *(x.grad for x in inputs)]
+
+    gathered = run(lambda *qkv: _gathered_attend(*qkv, mask=mask, scale=0.3))
+    reference = run(
+        lambda *qkv: F.scaled_dot_product_attention(
+            *qkv, attn_mask=torch.from_numpy(dense), scale=0.3, enable_gqa=True
+        )
+    )
+    for got, expected in zip(gathered, reference, strict=True):
+        torch.testing.assert_close(got, expected)

@@ -25,7 +25,7 @@ from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.hf_config import hf_config_dict, spec_from_hf_config
 from ringtrain.drafter.optim import resume_settings, schedule_at
 from tests.helpers.checkpoints import TARGET, trained_state
-from tests.helpers.tiny_drafter import paper_optim
+from tests.helpers.tiny_drafter import all_visible, paper_optim
 
 LAYER_WEIGHTS = (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -97,7 +97,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     for _ in range(2):
         loaded.model(
             torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
-            [torch.ones(8, 13, dtype=torch.bool)] * 2,
+            all_visible(8, 13, 2),
         ).square().mean().backward()  # fmt: skip
         optimizer_step(loaded.model, opt_b, sched_b, paper_optim())
     # restore() put the torch RNG back where it was after step 2, so steps 3-4 drew the

@@ -18,7 +18,7 @@ import torch
 
 from ringtrain.drafter import DFlashDrafter, FrozenHead, drafter_spec_from_target, seeded_drafter
 from ringtrain.packed_batch import random_packed_batch
-from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, objective
+from tests.helpers.tiny_drafter import TAPS, TARGET, all_visible, make_cfg, objective
 
 TRAINED_ROW_NORM = 3.2
 VOCAB = TARGET["vocab_size"]
@@ -75,7 +75,7 @@ def test_the_fitted_output_gives_the_mask_state_logits_of_unit_spread() -> None:
         assert float((head.lm_head @ state).std()) == pytest.approx(1.0, rel=1e-4)
         slots = model(
             context, torch.arange(40), head.embed[block], torch.arange(40, 40 + cfg.block_size),
-            [torch.ones(cfg.block_size, 40 + cfg.block_size, dtype=torch.bool)] * cfg.num_layers,
+            all_visible(cfg.block_size, 40 + cfg.block_size, cfg.num_layers),
         )  # fmt: skip
     spread = (slots @ head.lm_head.T).std(dim=-1)
     assert spread.min() > 0.9 and spread.max() < 1.1, spread

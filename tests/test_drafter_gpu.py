@@ -49,26 +49,26 @@ def setup(windows: list[int], architecture: str = "dflash"):
     return cfg, model, head
 
 
-def test_flex_attention_matches_dense_attention_on_gpu() -> None:
+def test_flex_attention_matches_gathered_attention_on_gpu() -> None:
     cfg, model, head = setup([0, 64])
     batch = random_packed_batch([400, 300, 200], 3 * 256, 1024, "cuda", torch.float32, 0)
     blocks, _, workspace = prepare_batch(
         model, batch,
         torch.Generator("cuda").manual_seed(0), cfg, MAX_TOKENS,
     )  # fmt: skip
-    by_window = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, dense=True)
-    dense_masks = tuple(by_window[w] for w in model.spec.sliding_windows)
+    by_window = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, gathered=True)
+    gathered_masks = tuple(by_window[w] for w in model.spec.sliding_windows)
     args = (blocks.ctx_features, blocks.ctx_positions, head.embed[blocks.block_ids].float(),
             blocks.block_positions)  # fmt: skip
     with torch.no_grad():
-        dense = model(*args, dense_masks)
+        gathered = model(*args, gathered_masks)
         flex_masks = workspace.builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)
         flex = torch.compile(model, dynamic=False)(
             *args, tuple(flex_masks[w] for w in model.spec.sliding_windows)
         )
     valid = blocks.valid.repeat_interleave(cfg.block_size)
     # Loose: Triton may run fp32 dots as TF32; the exact mask equality is tested on CPU.
-    torch.testing.assert_close(flex[valid], dense[valid], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(flex[valid], gathered[valid], rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("architecture", ["dflash", "dflash2"])

@@ -34,7 +34,7 @@ from ringtrain.drafter.optim import (
 )
 from ringtrain.drafter.schedules import WarmupCosine, WarmupStableDecay
 from tests.helpers.launcher import run_training, step_records, trained_batches
-from tests.helpers.tiny_drafter import PAPER_DRAFTER
+from tests.helpers.tiny_drafter import PAPER_DRAFTER, all_visible
 
 TARGET = {
     "hidden_size": 16, "vocab_size": 40, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -64,7 +64,7 @@ def train_step(
     """One step on random inputs drawn from the global RNG (which a checkpoint restores)."""
     out = model(
         torch.randn(5, 32), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
-        [torch.ones(8, 13, dtype=torch.bool)] * 2,
+        all_visible(8, 13, 2),
     )  # fmt: skip
     out.square().mean().backward()
     return optimizer_step(model, optimizer, scheduler, cfg)

@@ -96,9 +96,10 @@ def checked_workspace(
 
 
 def block_masks(workspace: _Workspace, batch: BlockBatch) -> tuple:
-    """One attention mask per drafter layer for the blocks of `batch` (dense off CUDA)."""
-    dense = batch.ctx_features.device.type != "cuda"
-    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, dense=dense)
+    """One attention mask per drafter layer for the blocks of `batch` (gathered keys off
+    CUDA)."""
+    gathered = batch.ctx_features.device.type != "cuda"
+    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, gathered=gathered)
     return tuple(masks[w] for w in workspace.spec.sliding_windows)
 
 

@@ -15,16 +15,36 @@ exactly from interval overlaps on the device, with static shapes; no dense mask 
 built. The mask_mod reads per-block bounds from buffers that are refilled in place for
 every batch, so the function object and its tensors never change and a compiled graph
 never recompiles because of them. Consequence: run backward before building the masks of
-the next batch with the same builder. On CPU, where flex_attention has no backward, the
-same mask_mod is evaluated densely for SDPA instead.
+the next batch with the same builder.
+
+On CPU, where flex_attention has no backward, each block's candidate keys are gathered
+instead (`GatheredMask`): the W context rows from its first visible row, W the longest
+visible context of the batch, then its own B rows, with the same mask_mod saying which of
+them each query row sees. Attention then scores B x (W + B) pairs per block rather than
+every query against all C + A * B keys: about an eighth of the dense work on the embedded
+default's batches.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 TILE = 128
+
+
+@dataclass(frozen=True)
+class GatheredMask:
+    """Each block's candidate keys and which of them its query rows see.
+
+    ``keys`` [A, W + B]: rows of [ctx ; blocks] (the W context rows from the block's first
+    visible row, then its own B rows; context rows past its visible end point at row 0);
+    ``visible`` [A, B, W + B]: whether query row k of block a sees key j."""
+
+    keys: torch.Tensor
+    visible: torch.Tensor
 
 
 class BlockMaskBuilder:
@@ -116,27 +136,37 @@ class BlockMaskBuilder:
             seq_lengths=(self.q_len, self.kv_len),
         )
 
-    def _dense_mask(self, window: int) -> torch.Tensor:
-        q_idx = torch.arange(self.q_len, device=self.device)[:, None]
-        kv_idx = torch.arange(self.kv_len, device=self.device)[None, :]
-        return self.mask_mods[window](0, 0, q_idx, kv_idx)
+    def _gathered_mask(self, window: int) -> GatheredMask:
+        lo, hi = self.ctx_lo.long(), self.ctx_hi.long()
+        span = int((hi - lo).max())  # a host sync: this path is the CPU's
+        ctx_rows = lo[:, None] + torch.arange(span, device=self.device)
+        in_span = ctx_rows < hi[:, None]
+        own_rows = self.ctx_capacity + torch.arange(self.q_len, device=self.device)
+        keys = torch.cat(
+            (torch.where(in_span, ctx_rows, 0), own_rows.view(self.max_anchors, -1)), dim=1
+        )
+        q_idx = torch.arange(self.q_len, device=self.device).view(self.max_anchors, -1, 1)
+        visible = self.mask_mods[window](0, 0, q_idx, keys[:, None, :])
+        visible[:, :, :span] &= in_span[:, None, :]
+        return GatheredMask(keys, visible)
 
     def build(
         self,
         ctx_lo: torch.Tensor,
         ctx_hi: torch.Tensor,
         anchor: torch.Tensor,
-        dense: bool = False,
-    ) -> dict[int, BlockMask | torch.Tensor]:
+        gathered: bool = False,
+    ) -> dict[int, BlockMask | GatheredMask]:
         """Mask per window for per-block context bounds [ctx_lo, ctx_hi) and anchors [A].
 
-        A BlockMask for flex_attention, or with dense=True the same mask as a bool tensor
-        [A * B, C + A * B] for SDPA (CPU training: flex_attention has no CPU backward).
+        A BlockMask for flex_attention, or with gathered=True each block's keys gathered
+        with what its rows see (`GatheredMask`; CPU training: flex_attention has no CPU
+        backward).
         """
         self.ctx_lo.copy_(ctx_lo)
         self.ctx_hi.copy_(ctx_hi)
         self.anchor.copy_(anchor)
-        make = self._dense_mask if dense else self._block_mask
+        make = self._gathered_mask if gathered else self._block_mask
         return {window: make(window) for window in self.mask_mods}
 
 

@@ -15,7 +15,7 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.config import DrafterConfig
-from tests.helpers.tiny_drafter import PAPER_DRAFTER, paper_optim
+from tests.helpers.tiny_drafter import PAPER_DRAFTER, all_visible, paper_optim
 
 TARGET = {
     "hidden_size": 16,
@@ -42,7 +42,7 @@ def trained_state(steps: int):
     for _ in range(steps):
         model(
             torch.randn(5, 48), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),
-            [torch.ones(8, 13, dtype=torch.bool)] * 2,
+            all_visible(8, 13, 2),
         ).square().mean().backward()  # fmt: skip
         optimizer_step(model, optimizer, scheduler, paper_optim())
     return spec, model, optimizer, scheduler

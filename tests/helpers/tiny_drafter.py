@@ -17,6 +17,7 @@ from ringtrain.drafter import (
     optimizer_step,
 )
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
+from ringtrain.drafter.masks import GatheredMask
 from ringtrain.packed_batch import PackedBatch, random_packed_batch
 
 TARGET = {
@@ -107,3 +108,9 @@ def train(
         optimizer_step(model, optimizer, scheduler, optim_cfg)
         losses.append(float(sums.loss_sum.detach() / sums.weight_sum))
     return losses
+
+
+def all_visible(queries: int, keys: int, layers: int) -> list[GatheredMask]:
+    """Per layer: one block of ``queries`` rows that sees all ``keys`` keys of [ctx ; block]."""
+    mask = GatheredMask(torch.arange(keys)[None], torch.ones(1, queries, keys, dtype=torch.bool))
+    return [mask] * layers

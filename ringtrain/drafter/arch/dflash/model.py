@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from ringtrain.drafter.head import FrozenHead
+from ringtrain.drafter.masks import GatheredMask
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.generate.sampling import TokenSampler, race
 
@@ -151,6 +152,44 @@ def _dense_attend(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
+def _gathered_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: GatheredMask, scale: float
+) -> torch.Tensor:
+    """Attention of each block's query rows over its gathered keys (`GatheredMask`).
+
+    q [1, heads, A * B, D], k and v [1, kv_heads, C + A * B, D] as `_dense_attend` takes
+    them; the keys and values of block a are gathered as rows, and the query heads that
+    share a key head are scored together, so one SDPA call covers every block."""
+    _, heads, length, head_dim = q.shape
+    kv_heads = k.shape[1]
+    blocks, width = mask.keys.shape
+    block, group = length // blocks, heads // kv_heads
+
+    def gathered(x: torch.Tensor) -> torch.Tensor:  # [1, kv_heads, N, D] -> [A, kv_heads, W, D]
+        rows = x[0].transpose(0, 1).reshape(-1, kv_heads * head_dim)
+        picked = rows.index_select(0, mask.keys.view(-1))
+        return picked.view(blocks, width, kv_heads, head_dim).transpose(1, 2)
+
+    queries = q[0].view(kv_heads, group, blocks, block, head_dim).permute(2, 0, 1, 3, 4)
+    visible = mask.visible[:, None].expand(blocks, group, block, width)
+    out = F.scaled_dot_product_attention(
+        queries.reshape(blocks, kv_heads, group * block, head_dim),
+        gathered(k),
+        gathered(v),
+        attn_mask=visible.reshape(blocks, 1, group * block, width),
+        scale=scale,
+    )
+    out = out.view(blocks, kv_heads, group, block, head_dim).permute(1, 2, 0, 3, 4)
+    return out.reshape(1, heads, length, head_dim)
+
+
+def _training_attend(mask: BlockMask | GatheredMask, scale: float) -> Attend:
+    """The attention of a training forward for one layer's mask."""
+    if isinstance(mask, BlockMask):
+        return partial(_flex_attend, block_mask=mask, scale=scale)
+    return partial(_gathered_attend, mask=mask, scale=scale)
+
+
 class DFlashDrafter(nn.Module):
     """The drafter: fc + hidden_norm over the taps, `num_layers` decoder layers, final norm."""
 
@@ -224,23 +263,18 @@ class DFlashDrafter(nn.Module):
         ctx_positions: torch.Tensor,
         block_embeds: torch.Tensor,
         block_positions: torch.Tensor,
-        block_masks: Sequence[BlockMask | torch.Tensor],
+        block_masks: Sequence[BlockMask | GatheredMask],
     ) -> torch.Tensor:
         """Training path: hidden states [L, H] of all block tokens of a packed batch.
 
         ctx_features [C, K*H] and ctx_positions [C] are the (padded) context; block_embeds
         [L, H] and block_positions [L] the blocks laid out one after another; block_masks
         holds one mask per layer over keys [ctx ; blocks]: a flex_attention BlockMask (GPU),
-        or the same mask as a dense bool tensor [L, C + L] for SDPA (CPU, where
-        flex_attention has no backward).
+        or each block's keys gathered with what its rows see (CPU, where flex_attention has
+        no backward).
         """
         scale = self.spec.head_dim**-0.5
-        attends = [
-            partial(_flex_attend, block_mask=m, scale=scale)
-            if isinstance(m, BlockMask)
-            else partial(_dense_attend, mask=m, scale=scale)
-            for m in block_masks
-        ]
+        attends = [_training_attend(m, scale) for m in block_masks]
         return self._run(ctx_features, ctx_positions, block_embeds, block_positions, attends)
 
     @torch.no_grad()
