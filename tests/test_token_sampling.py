@@ -26,6 +26,13 @@ def test_top_p_keeps_the_smallest_head_reaching_p_renormalised() -> None:
     assert torch.allclose(hotter, torch.softmax(logits / 2, dim=-1))
 
 
+def test_top_p_stops_at_the_token_whose_mass_reaches_p_exactly() -> None:
+    """Four equally likely tokens (0.25 each, exact in float32) at top_p 0.5: the first two
+    reach 0.5, so the nucleus is those two, the third left out."""
+    probs = TokenSampler.seeded(1.0, 0.5, 0, "cpu").probabilities(torch.zeros(1, 4))
+    assert sorted(probs[0].tolist()) == [0.0, 0.0, 0.5, 0.5]
+
+
 def test_draws_follow_the_probabilities_and_repeat_with_the_seed() -> None:
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0]).expand(40_000, 5)
     sampler = TokenSampler.seeded(0.7, 1.0, 11, "cpu")
@@ -43,6 +50,8 @@ def test_bad_settings_are_refused() -> None:
         TokenSampler.seeded(0.0, 1.0, 0, "cpu")
     with pytest.raises(ValueError, match="top_p"):
         TokenSampler.seeded(1.0, 0.0, 0, "cpu")
+    with pytest.raises(ValueError, match="top_p"):
+        TokenSampler.seeded(1.0, 1.5, 0, "cpu")
 
 
 @pytest.fixture(scope="module")
