@@ -218,6 +218,22 @@ def test_the_target_sampling_alone_draws_from_the_same_distribution(
     assert tv(dict(firsts), alone) <= tv_bound(dict(firsts), 200)
 
 
+@pytest.mark.parametrize("mode", ["own", "cache"])
+def test_the_target_sampling_alone_draws_every_token_it_makes(
+    target: VerifyingTarget, mode: str
+) -> None:
+    """Past the prompt's own forward too: the first two tokens drawn one forward at a time
+    follow the target's joint distribution, on its own stepper and on transformers' cache."""
+    pairs, _, _ = _exact_first_tokens(target)
+    plain = load_verifying_target(Path(target.model.name_or_path), [0], mode=mode)
+    assert plain.mode == mode
+    sampler = TokenSampler.seeded(TEMPERATURE, TOP_P, 9, "cpu")
+    drawn = [
+        tuple(sampled_generate(plain, torch.tensor(PROMPT), 2, sampler).tokens) for _ in range(300)
+    ]
+    assert tv(pairs, drawn) <= tv_bound(pairs, 300)
+
+
 # ---- a trained drafter's drawn proposals ---------------------------------------------
 
 
