@@ -234,6 +234,40 @@ def test_the_target_sampling_alone_draws_every_token_it_makes(
     assert tv(pairs, drawn) <= tv_bound(pairs, 300)
 
 
+class RecordingDrafter(FixedDrafter):
+    """A FixedDrafter that keeps every (start, context, block) it is given."""
+
+    def __init__(self, q: torch.Tensor, mask_token_id: int) -> None:
+        super().__init__(q, mask_token_id)
+        self.calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def propose_sampled(self, context, block, start, sampler) -> tuple:
+        self.calls.append((start, context.clone(), block.clone()))
+        return super().propose_sampled(context, block, start, sampler)
+
+
+def test_sampled_drafts_see_the_targets_tapped_features_of_every_committed_token(
+    target: VerifyingTarget,
+) -> None:
+    """Each block is drafted after the taps of exactly the committed tokens, as a full
+    forward of the committed sequence gives them, with [anchor, MASK...] as its block."""
+    _, _, rows = _exact_first_tokens(target)
+    mask = target.vocab_size - 1
+    drafter = RecordingDrafter(_fixed_proposals(rows), mask_token_id=mask)
+    sampler = TokenSampler.seeded(TEMPERATURE, TOP_P, 4, "cpu")
+    out = sampled_speculative_generate(target, drafter, torch.tensor(PROMPT), 16, sampler)
+    sequence = PROMPT + out.tokens
+    assert len(drafter.calls) == len(out.accepted) > 2
+    for start, context, block in drafter.calls:
+        assert context.shape == (start, target.tap_width)
+        assert block.tolist() == [sequence[start]] + [mask] * (drafter.block_size - 1)
+    start, context, _ = drafter.calls[-1]
+    with torch.inference_mode():
+        hidden = target.model(input_ids=torch.tensor([sequence[:start]]), output_hidden_states=True)
+    taps = torch.cat([hidden.hidden_states[layer + 1][0] for layer in target.tap_layers], dim=-1)
+    torch.testing.assert_close(context, taps, rtol=1e-4, atol=1e-4)
+
+
 # ---- a trained drafter's drawn proposals ---------------------------------------------
 
 
