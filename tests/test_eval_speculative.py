@@ -123,9 +123,11 @@ def test_own_mode_leaves_the_models_attention_to_other_users(tmp_path: Path) -> 
     assert own.model.config._attn_implementation == implementation
 
 
-def test_stop_token_ends_both_decodings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["own", "cache"])
+def test_stop_token_ends_both_decodings(tmp_path: Path, mode: str) -> None:
+    """The stop token ends the answer, kept, on the own stepper and on transformers' cache."""
     directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
-    target = load_verifying_target(directory, TAPS)
+    target = load_verifying_target(directory, TAPS, mode=mode)
     prompt = _prompt(10, seed=2)
     free = greedy_generate(target, prompt, 30).tokens
     stop = free[7]
