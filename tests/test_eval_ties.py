@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,12 +75,14 @@ def tied_target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, in
     return directory, a, b
 
 
-def _decode(target: VerifyingTarget, judge: TieJudge) -> PromptOutcome:
+def _decode(
+    target: VerifyingTarget, judge: TieJudge, stop_ids: Sequence[int] = ()
+) -> PromptOutcome:
     prompt = _prompt()
-    greedy = greedy_generate(target, prompt, NEW_TOKENS)
+    greedy = greedy_generate(target, prompt, NEW_TOKENS, stop_ids)
     drafter = ScriptedDrafter(prompt.tolist() + greedy.tokens, BLOCK - 1, target.vocab_size)
     reference = GreedyReference(greedy.tokens, judge)
-    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS, reference=reference)
+    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS, stop_ids, reference)
     return PromptOutcome(0, len(prompt), spec, greedy)
 
 
@@ -99,6 +102,18 @@ def test_near_tie_in_bf16_is_a_numerical_tie_and_decoding_goes_on(tied_target) -
     assert len(report.numerical_ties) == len(ties)
     assert report.as_dict()["numerical_ties"] == len(ties)
     assert "numerical ties" in report.table()
+
+
+def test_a_tie_on_a_stop_token_goes_on_from_greedys_token(tied_target) -> None:
+    """Speculative decoding commits b (a stop token) where greedy took a: at the tie
+    decoding continues from a, so b does not end the answer."""
+    directory, a, b = tied_target
+    model = load_causal_lm(directory, dtype="bfloat16")
+    outcome = _decode(NudgedTarget(model, b, 0.01), TieJudge(model), stop_ids=[b])
+    assert len(outcome.plain.tokens) == NEW_TOKENS and b not in outcome.plain.tokens
+    ties = outcome.speculative.divergences
+    assert ties and all(d.tie and (d.speculative, d.greedy) == (b, a) for d in ties)
+    assert outcome.speculative.tokens == outcome.plain.tokens
 
 
 def test_the_same_divergence_in_float32_fails(tied_target) -> None:
