@@ -10,6 +10,7 @@ decoding commits b where greedy committed a.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +115,22 @@ def test_a_tie_on_a_stop_token_goes_on_from_greedys_token(tied_target) -> None:
     ties = outcome.speculative.divergences
     assert ties and all(d.tie and (d.speculative, d.greedy) == (b, a) for d in ties)
     assert outcome.speculative.tokens == outcome.plain.tokens
+
+
+def test_time_spent_judging_is_left_out_of_the_decoding_time(tied_target) -> None:
+    """The judge's float32 recomputation is timed on its own; the decoding time reported
+    excludes it, so it and the judging fit in the wall time of the call."""
+    directory, _, b = tied_target
+    model = load_causal_lm(directory, dtype="bfloat16")
+    target, judge, prompt = NudgedTarget(model, b, 0.01), TieJudge(model), _prompt()
+    greedy = greedy_generate(target, prompt, NEW_TOKENS)
+    drafter = ScriptedDrafter(prompt.tolist() + greedy.tokens, BLOCK - 1, target.vocab_size)
+    reference = GreedyReference(greedy.tokens, judge)
+    started = time.perf_counter()
+    spec = speculative_generate(target, drafter, prompt, NEW_TOKENS, reference=reference)
+    wall = time.perf_counter() - started
+    assert spec.divergences and judge.seconds > 0
+    assert 0 < spec.seconds <= wall - judge.seconds
 
 
 def test_the_same_divergence_in_float32_fails(tied_target) -> None:
