@@ -133,6 +133,27 @@ def test_time_spent_judging_is_left_out_of_the_decoding_time(tied_target) -> Non
     assert 0 < spec.seconds <= wall - judge.seconds
 
 
+def test_the_judge_recomputes_in_float32_on_a_copy(tied_target) -> None:
+    """The judge's logits come from an upcast copy of the bf16 target (not rounded to bf16),
+    and the target it judges stays in bf16."""
+    directory, _, _ = tied_target
+    model = load_causal_lm(directory, dtype="bfloat16")
+    logits = TieJudge(model).float32_logits(_prompt())
+    assert next(model.parameters()).dtype == torch.bfloat16
+    upcast = load_causal_lm(directory, dtype="bfloat16").float()
+    with torch.inference_mode():
+        expected = upcast(input_ids=_prompt()[None]).logits[0, -1]
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert not torch.equal(logits, logits.bfloat16().float())
+
+
+def test_a_negative_tie_tolerance_is_refused(tied_target) -> None:
+    model = load_causal_lm(tied_target[0], dtype="bfloat16")
+    with pytest.raises(ValueError, match="at least 0 ulps"):
+        TieJudge(model, tie_ulps=-1.0)
+
+
 def test_the_same_divergence_in_float32_fails(tied_target) -> None:
     directory, a, b = tied_target
     model = load_causal_lm(directory, dtype="float32")
@@ -168,6 +189,10 @@ def test_ulp_follows_the_dtype() -> None:
     assert ulp(1.5, torch.bfloat16) == 2**-7
     assert ulp(20.0, torch.float16) == 2**-6
     assert ulp(20.0, torch.float32) == 0.0
+    # By magnitude: a negative top logit has the ulp of its absolute value.
+    assert ulp(-20.0, torch.bfloat16) == 0.125
+    # Below 1 the tolerance stays at the ulp of 1.
+    assert ulp(0.3, torch.bfloat16) == ulp(-0.3, torch.bfloat16) == 2**-7
 
 
 class FixedLogits(torch.nn.Module):
