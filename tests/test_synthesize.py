@@ -136,6 +136,39 @@ def test_filters_drop_each_kind_of_bad_turn_with_its_reason() -> None:
     assert rejection("go " * 20, False, False, repeated) == synth_filters.NOT_TEXT
 
 
+def test_word_limits_are_inclusive() -> None:
+    """A turn of exactly min_words or max_words words is kept; one word past is dropped."""
+    settings = FilterSettings(min_words=3, max_words=6)
+    assert rejection("write a haiku", False, False, settings) is None
+    assert rejection("write a haiku about autumn leaves", False, False, settings) is None
+    too_long = "write a haiku about the autumn leaves"
+    assert rejection(too_long, False, False, settings) == synth_filters.TOO_LONG
+
+
+def test_control_characters_and_a_word_repeated_are_not_text() -> None:
+    """Control characters other than line breaks and tabs make a turn not text, and so do
+    twelve words (the least counted) that are one word repeated."""
+    settings = FilterSettings(min_words=3, max_words=100)
+    for text in ("Write a haiku\x1b[31m about leaves", "Write a haiku\x00 about leaves"):
+        assert rejection(text, False, False, settings) == synth_filters.NOT_TEXT, text
+    assert rejection("Write a haiku\r\nabout autumn\tleaves.", False, False, settings) is None
+    assert rejection("go " * 12, False, False, settings) == synth_filters.NOT_TEXT
+
+
+def test_texts_differing_in_their_last_or_only_words_are_not_near_duplicates() -> None:
+    """Every run of three words counts, the last one too, and a text of fewer words is one
+    shingle of its own: such texts differ."""
+    assert shingles("write a poem about cats") == {
+        b"write a poem",
+        b"a poem about",
+        b"poem about cats",
+    }
+    assert shingles("hello there") == {b"hello there"}
+    index = NearDuplicateIndex(THRESHOLD)
+    texts = ["write a poem about cats", "write a poem about dogs", "hello there", "good night"]
+    assert index.keep(texts) == [True, True, True, True]
+
+
 def test_prefix_and_markers_come_from_the_template(model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     system = [{"role": "system", "content": "be brief"}]
