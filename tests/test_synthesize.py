@@ -169,6 +169,15 @@ def test_texts_differing_in_their_last_or_only_words_are_not_near_duplicates() -
     assert index.keep(texts) == [True, True, True, True]
 
 
+def test_thresholds_up_to_one_are_accepted_and_exact_copies_still_removed() -> None:
+    """At the strictest thresholds only copies (same words, any case and punctuation)
+    are removed."""
+    text = "explain how a python function sorts a list of numbers in place"
+    for threshold in (0.99, 1.0):
+        index = NearDuplicateIndex(threshold)
+        assert index.keep([text, text.upper() + "!", text + " quickly"]) == [True, False, True]
+
+
 def test_prefix_and_markers_come_from_the_template(model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     system = [{"role": "system", "content": "be brief"}]

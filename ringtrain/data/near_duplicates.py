@@ -38,7 +38,12 @@ class NearDuplicateIndex:
         except ImportError:
             raise DatasetError(f"near-duplicate removal needs datasketch: {INSTALL}") from None
         self._minhash, self._lean = MinHash, LeanMinHash
-        self._lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        try:
+            self._lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        except ValueError:  # near 1 the best banding is one band, which datasketch refuses
+            self._lsh = MinHashLSH(
+                threshold=threshold, num_perm=num_perm, params=(2, num_perm // 2)
+            )
         self._signatures: dict[int, object] = {}
         self.threshold = threshold
         self.num_perm = num_perm
