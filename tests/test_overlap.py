@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.cli.data import main as data_main
-from ringtrain.data.overlap import NgramIndex, evaluation_texts
+from ringtrain.data.overlap import EvaluationText, NgramIndex, evaluation_texts, find_overlaps
 
 EVAL_PROMPTS = [
     {
@@ -98,6 +98,34 @@ def test_a_planted_leak_is_flagged_and_shorter_runs_are_not(
     flagged = sorted(int(o["where"].rsplit(":", 1)[1]) for o in report["overlaps"])
     assert flagged == [2, 3, 4, 5]
     assert report["records"] == 5 and report["against"] == {str(eval_file): 3}
+
+
+def test_a_run_at_the_end_is_flagged_once_per_record_and_blank_lines_are_no_records(
+    tmp_path: Path,
+) -> None:
+    """A run that ends a message counts; a record with several overlapping messages is
+    one overlap, named by the first evaluation prompt holding the run."""
+    prompt = "Describe how the old lighthouse keeper counted every passing ship on foggy nights"
+    index = NgramIndex([EvaluationText("first", prompt), EvaluationText("second", prompt)])
+    train = _write(
+        tmp_path / "train.jsonl",
+        [
+            _chat("Please answer this: " + prompt),
+            "",
+            _chat(prompt + " Thanks.", "ok. " + prompt),
+            _chat("write a poem about the sea"),
+        ],
+    )
+    records, overlaps = find_overlaps(train, index)
+    assert records == 3
+    assert [(o.where, o.label) for o in overlaps] == [
+        (f"{train}:1", "first"),
+        (f"{train}:3", "first"),
+    ]
+    assert (
+        overlaps[0].words
+        == "describe how the old lighthouse keeper counted every passing ship on foggy nights"
+    )
 
 
 def test_clean_data_passes(eval_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
