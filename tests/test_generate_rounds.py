@@ -27,6 +27,15 @@ def test_user_segments_drop_the_given_assistant_turns() -> None:
     assert user_segments(conversation) == [[system, FIRST], [SECOND]]
 
 
+def test_messages_after_the_last_user_turn_are_no_turn() -> None:
+    """A tool result after the last user turn is answered by no row of its own: one row
+    per user turn."""
+    tool = {"role": "tool", "content": "42"}
+    conversation = Conversation("c", messages=[FIRST, OLD_ANSWER, tool, OLD_ANSWER])
+    assert user_segments(conversation) == [[FIRST]]
+    assert conversation.turns == 1
+
+
 def test_every_user_turn_is_answered_after_the_targets_own_answers(tmp_path: Path) -> None:
     torch.manual_seed(0)
     local = LocalModel.load(build_word_chat_model(tmp_path / "m"), "cpu", "float32", 8)
