@@ -4,8 +4,11 @@ checkpoints over a kill, a stop and two resumes is in tests/test_trainer.py.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+import pytest
 
 from ringtrain.checkpoint.layout import REQUIRED_FILES
 from ringtrain.checkpoint.retention import prune_checkpoints
@@ -33,3 +36,19 @@ def test_retention_spares_the_written_partial_and_incomplete_checkpoints(tmp_pat
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([partial.name, incomplete.name, "step_00000004", "step_00000009"])
     assert prune_checkpoints(tmp_path, 0, written) == []  # 0 keeps all
+
+
+def test_a_checkpoint_that_cannot_be_deleted_is_logged_and_the_others_go(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deletion that fails (here: the hidden name it is moved to is taken by a
+    non-empty directory) is logged; the other old checkpoints are still deleted."""
+    for step in (1, 2, 3):
+        _fake_checkpoint(tmp_path, f"step_{step:08d}")
+    written = _fake_checkpoint(tmp_path, "step_00000004")
+    _fake_checkpoint(tmp_path, f".old-step_00000002-{os.getpid()}", ("leftover",))
+    with caplog.at_level(logging.WARNING):
+        deleted = prune_checkpoints(tmp_path, 1, written)
+    assert sorted(p.name for p in deleted) == ["step_00000001", "step_00000003"]
+    assert (tmp_path / "step_00000002" / REQUIRED_FILES[0]).is_file()
+    assert f"could not delete {tmp_path / 'step_00000002'}" in caplog.text
