@@ -5,6 +5,7 @@ with non-finite weights, and training_state.pt cannot run code when it is read."
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,25 @@ def test_evaluation_refuses_a_drafter_with_non_finite_weights(
     with pytest.raises(ValueError, match=rf"{WEIGHTS_FILE}: 1 of \d+ weight values are not finite"):
         checkpoint_spec(newest)
     assert checkpoint_spec(good).block_size == 4
+
+
+def test_weights_rewritten_after_a_verdict_are_checked_again(
+    two_checkpoints: tuple[Path, Path],
+) -> None:
+    """Verdicts are kept per file version: weights rewritten later at the same size (a
+    newer mtime) are read again, by the resume check and by evaluation alike."""
+    _, newest = two_checkpoints
+    assert checkpoint_problem(newest) is None
+    assert checkpoint_spec(newest).block_size == 4
+    weights = newest / WEIGHTS_FILE
+    before = weights.stat()
+    _nan_weights(newest)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    assert weights.stat().st_size == before.st_size
+    problem = checkpoint_problem(newest)
+    assert problem is not None and "1 of" in problem and "weight values are not finite" in problem
+    with pytest.raises(ValueError, match="weight values are not finite"):
+        checkpoint_spec(newest)
 
 
 class _Planted:
