@@ -278,7 +278,7 @@ def test_a_recipe_run_as_several_calls_reports_the_seconds_of_the_steps_it_reuse
     tmp_path: Path,
 ) -> None:
     """Each step's seconds are kept beside the data when it finishes; a later run that
-    reuses the step reports them, and real_recipe_gpu_s adds them to its own."""
+    reuses the step reports them, and the recipe's seconds line adds them to its own."""
 
     def recipe() -> RealRecipe:
         return cpu_recipe(tmp_path, [])
@@ -296,12 +296,15 @@ def test_a_recipe_run_as_several_calls_reports_the_seconds_of_the_steps_it_reuse
     assert later.earlier == {"data": first.step_seconds()["data"]}
     later.earlier["data"] = 234.0  # as the first call measured it on a GPU
     report = {
-        "machine": "m", "date": "d", "regenerate": {}, "earlier_s": later.earlier,
+        "machine": "m", "device": "cuda", "date": "d", "regenerate": {},
+        "earlier_s": later.earlier,
         "timings_s": {"eval": 231.0, "total": 231.2},
     }  # fmt: skip
-    line = real_report.real_recipe_gpu_line(report, "m, d, `command`")
+    line = real_report.real_recipe_seconds_line(report, "m, d, `command`")
     assert line.startswith("- real_recipe_gpu_s: 465 (")
     assert "data 234 (an earlier call), eval 231" in line
+    on_cpu = real_report.real_recipe_seconds_line({**report, "device": "cpu"}, "m, d, `c`")
+    assert on_cpu.startswith("- real_recipe_cpu_s: 465 (")
 
 
 def test_a_training_stopped_in_one_call_and_continued_in_the_next_counts_both_calls(

@@ -59,18 +59,20 @@ def recipe_lines(report: dict, command: str) -> list[str]:
         f"- regen_tokens_per_s: {regen['tokens_per_s']} ({where}; {regen['prompts']} prompts, "
         f"{regen['new_tokens']} tokens, {regen['truncated']} cut at the limit)"
     )
-    lines.append(real_recipe_gpu_line(report, where))
+    lines.append(real_recipe_seconds_line(report, where))
     return lines
 
 
-def real_recipe_gpu_line(report: dict, where: str) -> str:
-    """The BENCHMARKS.md line of the recipe's whole time: this run's, plus the seconds of
-    the steps it reused as the earlier calls that made them measured them."""
+def real_recipe_seconds_line(report: dict, where: str) -> str:
+    """The BENCHMARKS.md line of the recipe's whole time (real_recipe_gpu_s on CUDA,
+    real_recipe_cpu_s on the CPU): this run's, plus the seconds of the steps it reused as
+    the earlier calls that made them measured them."""
     timings, earlier = report["timings_s"], report.get("earlier_s", {})
     steps = [f"{k} {v:.0f} (an earlier call)" for k, v in earlier.items()]
     steps += [f"{k} {v:.0f}" for k, v in timings.items() if k != "total"]
     total = timings["total"] + sum(earlier.values())
-    return f"- real_recipe_gpu_s: {total:.0f} ({where}; {', '.join(steps)})"
+    kind = "gpu" if report["device"] == "cuda" else "cpu"
+    return f"- real_recipe_{kind}_s: {total:.0f} ({where}; {', '.join(steps)})"
 
 
 def table(report: dict, command: str) -> str:
