@@ -205,3 +205,41 @@ def test_padding_is_small_for_long_rows(tmp_path: Path) -> None:
         real += batch.num_tokens
         cells += batch.padded().input_ids.size
     assert 1 - real / cells < 0.03
+
+
+def _docs(batch) -> frozenset[bytes]:
+    """The documents of a batch, by content."""
+    cu = batch.cu_seqlens
+    return frozenset(batch.input_ids[cu[d] : cu[d + 1]].tobytes() for d in range(batch.num_docs))
+
+
+def test_batches_of_all_lengths_are_interleaved(dataset: TokenDataset) -> None:
+    """An epoch does not run from short rows to long ones: its batches are shuffled."""
+    stream = _stream(dataset)
+    widths = [b.padded().input_ids.shape[1] for b in islice(stream, stream.batches_per_epoch)]
+    assert len(set(widths)) > 3
+    assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
+
+
+def test_every_epoch_groups_the_rows_anew(dataset: TokenDataset) -> None:
+    """Rows of one padded length are shuffled before they are cut into batches, so the
+    batches of epoch 1 hold other row combinations than those of epoch 0."""
+    stream = _stream(dataset)
+    n = stream.batches_per_epoch
+    first = {_docs(b) for b in islice(stream, n)}
+    second = {_docs(b) for b in islice(stream, n)}
+    assert len(first & second) < n // 2
+
+
+def test_a_row_padded_to_exactly_the_budget_fits(tmp_path: Path) -> None:
+    lengths = np.array([256, 40, 100, 64])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    with TokenFileWriter(tmp_path / "a.arrow") as writer:
+        writer.write(
+            offsets, np.arange(offsets[-1], dtype=np.int32), np.ones(offsets[-1], np.uint8)
+        )
+    ds = open_dataset(tmp_path, max_len=256, truncate=False, block_size=BLOCK)
+    stream = _stream(ds, token_budget=256)
+    batches = list(islice(stream, stream.batches_per_epoch))
+    # 40 and 64 share a batch of width 64; 100 pads to 128; 256 fills a batch alone.
+    assert sorted(b.num_tokens for b in batches) == [100, 104, 256]
