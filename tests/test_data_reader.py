@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ringtrain.data import DatasetError, open_dataset
+from ringtrain.data.dataset import supervised_counts
 from ringtrain.data.writer import TokenFileWriter
 
 BLOCK = 2  # rows need >= 4 supervised tokens
@@ -198,7 +199,7 @@ def test_writer_splits_record_batches_and_reads_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("ringtrain.data.writer.MAX_BATCH_TOKENS", 16)
-    lengths = np.array([5, 9, 4, 12, 7])
+    lengths = np.array([5, 9, 4, 12, 7, 20, 6])
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     ids = np.arange(offsets[-1], dtype=np.int32)
     mask = np.ones(offsets[-1], dtype=np.uint8)
@@ -206,5 +207,19 @@ def test_writer_splits_record_batches_and_reads_back(
         writer.write(offsets, ids, mask)
     ds = _open(tmp_path)
     assert len(ds.segments) > 1
+    # A record batch stays within the token limit unless it is one longer row.
+    assert all(s.lengths.sum() <= 16 or len(s.lengths) == 1 for s in ds.segments)
     for i in range(len(lengths)):
         np.testing.assert_array_equal(_row_tokens(ds, i), ids[offsets[i] : offsets[i + 1]])
+
+
+def test_supervised_counts_are_exact_across_scan_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mask is scanned in chunks; runs crossing chunk boundaries count in full."""
+    monkeypatch.setattr("ringtrain.data.dataset._EDGE_CHUNK_TOKENS", 7)
+    rng = np.random.default_rng(0)
+    mask = (rng.random(500) < 0.5).astype(np.uint8)
+    mask[:3] = mask[-3:] = 1
+    starts = rng.integers(0, 500, size=200)
+    lengths = rng.integers(0, 500 - starts + 1)
+    expected = [int(mask[s : s + n].sum()) for s, n in zip(starts, lengths, strict=True)]
+    np.testing.assert_array_equal(supervised_counts(mask, starts, lengths), expected)
