@@ -14,6 +14,7 @@ from ringtrain.data import BatchStream, open_dataset
 from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.row_view import read_row
 from ringtrain.data.stats import dataset_statistics
 from tests.helpers.chat_data import (
     ASSISTANT_TEXTS,
@@ -101,6 +102,39 @@ def test_max_len_truncates(tokenizer_dir: Path, chats: Path, tmp_path: Path) -> 
     assert open_dataset(tmp_path / "t", max_len=56, truncate=False, block_size=1).max_row_len == 56
 
 
+def test_a_row_of_exactly_max_len_is_not_truncated(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path
+) -> None:
+    totals = prepare_dataset(tokenizer_dir, chats, tmp_path / "t", max_len=59, progress=None)
+    assert totals.truncated == 1 and totals.tokens == 59 + 59
+
+
+def test_rows_flushed_in_many_record_batches_are_written_once_in_order(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = prepare_dataset(tokenizer_dir, chats, tmp_path / "whole", progress=None)
+    monkeypatch.setattr("ringtrain.data.prepare.LINES_PER_TASK", 1)
+    monkeypatch.setattr("ringtrain.data.prepare.FLUSH_TOKENS", 1)
+    split = prepare_dataset(tokenizer_dir, chats, tmp_path / "split", progress=None)
+    assert split == whole
+    rows = [read_row(tmp_path / "whole", r) for r in range(2)]
+    ds = open_dataset(tmp_path / "split", max_len=512, truncate=False, block_size=1)
+    assert len(ds.segments) == 2 and ds.num_rows == 2
+    for r, (ids, mask) in enumerate(rows):
+        np.testing.assert_array_equal(read_row(tmp_path / "split", r)[0], ids)
+        np.testing.assert_array_equal(read_row(tmp_path / "split", r)[1], mask)
+
+
+def test_errors_name_the_input_line_in_any_chunk(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ringtrain.data.prepare.LINES_PER_TASK", 2)
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join([json.dumps(CONVERSATIONS[0])] * 5 + ["{not json"]) + "\n")
+    with pytest.raises(DatasetError, match=r"chats\.jsonl:6: not valid JSON"):
+        prepare_dataset(tokenizer_dir, path, tmp_path / "out", progress=None)
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -175,7 +209,7 @@ def test_qwen3_style_reasoning_block_is_supervised(tokenizer_dir: Path) -> None:
     assert tokenizer.decode(ids[mask.astype(bool)]) == "".join(generated)
 
 
-@pytest.mark.parametrize(("block_size", "dropped"), [(None, 1), (4, 0), (40, 2)])
+@pytest.mark.parametrize(("block_size", "dropped"), [(None, 1), (4, 0), (28, 1), (40, 2)])
 def test_prepare_reports_the_rows_training_drops(
     tokenizer_dir: Path,
     chats: Path,
@@ -184,7 +218,8 @@ def test_prepare_reports_the_rows_training_drops(
     block_size: int | None,
     dropped: int,
 ) -> None:
-    """The two rows have 13 and 56 supervised tokens; the default block size is 16."""
+    """The two rows have 13 and 56 supervised tokens; the default block size is 16; a row
+    with exactly 2 * block_size supervised tokens is kept."""
     args = ["prepare", "--tokenizer", str(tokenizer_dir), "--input", str(chats)]
     args += ["--output", str(tmp_path / "data"), "--workers", "1"]
     args += ["--block-size", str(block_size)] if block_size else []
@@ -196,6 +231,9 @@ def test_prepare_reports_the_rows_training_drops(
     ) in capsys.readouterr().out
     stats = dataset_statistics(tmp_path / "data", block_size=size)
     assert stats["rows_too_few_supervised"] == dropped  # what inspect and training count
+    if dropped < 2:
+        ds = open_dataset(tmp_path / "data", max_len=512, truncate=False, block_size=size)
+        assert ds.num_dropped == dropped
 
 
 def test_inspect_row_marks_the_supervised_tokens(
@@ -232,3 +270,35 @@ def test_inspect_row_refusals_name_the_fix(
     assert "inspect --row needs --tokenizer DIR" in capsys.readouterr().err
     assert data_main(["inspect", str(out), "--row", "2", "--tokenizer", str(tokenizer_dir)]) == 2
     assert "there is no row 2; the dataset has 2 rows (0..1)" in capsys.readouterr().err
+
+
+# A reasoning model's template: an assistant turn renders its reasoning_content first.
+REASONING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' and message['reasoning_content'] is defined %}"
+    "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_reasoning_content_is_rendered_and_supervised(tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tokenizer.chat_template = REASONING_TEMPLATE
+    answer, thought = "paris is the capital of france.", "the quick brown fox"
+    record = {
+        "messages": [
+            {"role": "user", "content": "what is the capital of france?"},
+            {"role": "assistant", "content": answer, "reasoning_content": thought},
+            {"role": "user", "content": "and trains?", "reasoning_content": 3},
+        ]
+    }
+    messages = conversation_messages(record, "test")
+    assert messages[1]["reasoning_content"] == thought
+    assert "reasoning_content" not in messages[2]  # only text is kept
+    ids, mask, _ = ConversationEncoder(tokenizer).encode(messages, "test")
+    generated = f"<think>\n{thought}\n</think>\n\n{answer}<|im_end|>"
+    assert tokenizer.decode(ids[mask.astype(bool)]) == generated
