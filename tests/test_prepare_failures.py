@@ -111,3 +111,18 @@ def _worker_pid(pid: int) -> int:
                 return int(child)
         time.sleep(POLL_S)
     raise AssertionError(f"process {pid} started no worker in {FAILURE_TIMEOUT_S} s")
+
+
+def test_only_records_longer_than_the_limit_are_rejected(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+) -> None:
+    path = tmp_path / "chats.jsonl"
+    short, long = json.dumps(CONVERSATIONS[0]), json.dumps(CONVERSATIONS[1])
+    path.write_text(f"{short}\n{long}\n")
+    size = len(long.encode()) + 1  # with its newline
+    for limit, rejected in ((size, 0), (size - 2, 1)):
+        totals = prepare_dataset(
+            tokenizer_dir, path, tmp_path / str(limit), max_record_bytes=limit, progress=None
+        )
+        assert (totals.too_large, totals.samples) == (rejected, 2 - rejected)
