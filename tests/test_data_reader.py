@@ -12,6 +12,7 @@ import pytest
 
 from ringtrain.data import DatasetError, open_dataset
 from ringtrain.data.dataset import supervised_counts
+from ringtrain.data.sources import source_counts
 from ringtrain.data.writer import TokenFileWriter
 
 BLOCK = 2  # rows need >= 4 supervised tokens
@@ -223,3 +224,27 @@ def test_supervised_counts_are_exact_across_scan_chunks(monkeypatch: pytest.Monk
     lengths = rng.integers(0, 500 - starts + 1)
     expected = [int(mask[s : s + n].sum()) for s, n in zip(starts, lengths, strict=True)]
     np.testing.assert_array_equal(supervised_counts(mask, starts, lengths), expected)
+
+
+def test_writer_keeps_each_rows_source_across_record_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ringtrain.data.writer.MAX_BATCH_TOKENS", 16)
+    lengths = np.array([5, 9, 4, 12, 7])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.arange(offsets[-1], dtype=np.int32)
+    with TokenFileWriter(tmp_path / "s.arrow", ["a", "b", "c"]) as writer:
+        writer.write(offsets, ids, np.ones(len(ids), np.uint8), np.array([0, 1, 1, 2, 0]))
+    table = pa.ipc.open_file(pa.memory_map(str(tmp_path / "s.arrow"))).read_all()
+    assert table.column("source").num_chunks > 1
+    assert table.column("source").to_pylist() == ["a", "b", "b", "c", "a"]
+    assert source_counts(tmp_path) == {"a": 2, "b": 2, "c": 1}
+
+
+@pytest.mark.parametrize("token", [-1, 2**31])
+def test_wide_token_ids_outside_int32_are_refused(tmp_path: Path, token: int) -> None:
+    ids, masks = _rows([5, 6])
+    ids[1][2] = token
+    pq.write_table(_table(ids, masks, id_type=pa.int64()), tmp_path / "w.parquet")
+    with pytest.raises(DatasetError, match=r"w\.parquet: input_ids values out of the int32 range"):
+        _open(tmp_path)
