@@ -172,3 +172,24 @@ def test_layout_rates_use_the_trainers_roles_and_the_busiest_gpu() -> None:
         check_layout(LayoutConfig(targets_per_node=3, drafters_per_node=1, target_tp=2))
     with pytest.raises(ConfigError, match=r"give one GPU per rank \(2 ranks, targets first\)"):
         gpu_residents(LayoutConfig(targets_per_node=1, drafters_per_node=1, gpu_map=[0]))
+
+
+def test_a_tie_keeps_more_targets_and_is_no_reason_to_change_the_split() -> None:
+    # 4 GPUs, a target 20/s, a drafter 10/s: 2 + 2 and 1 + 3 both move 20, 3 + 1 moves 10.
+    rates = MeasuredRates(targets=1, drafters=3, target_rate=20.0, drafter_rate=10.0, gpus=4)
+    best = best_split(rates)
+    assert (best.targets, best.drafters, best.rate) == (2, 2, 20.0)
+    lines = advise(rates)
+    assert "  best 2 targets + 2 drafters: min(2 x 20, 2 x 10) = 20 tok/s, 1.00x now" in lines
+    assert lines[-1] == "  => nothing here beats the current split's 20 tok/s"
+
+
+def test_shared_gpus_without_a_target_and_a_drafter_on_each_are_not_colocation() -> None:
+    # GPU 0 holds a target and a drafter, GPU 1 two drafters: a measured rate of that
+    # layout says nothing of one target and one drafter per GPU.
+    placed = [(0, "target", 0), (1, "drafter", 0), (2, "drafter", 1), (3, "drafter", 1)]
+    before = _figures([(rank, role, device, 0, 0.0, 0.0) for rank, role, device in placed])
+    after = _figures([(rank, role, device, 40, 10.0, 0.0) for rank, role, device in placed])
+    rates = measured_rates(intervals(before, after))
+    assert rates is not None and rates.shared and rates.colocated_rate is None
+    assert not any("co-locat" in line for line in advise(rates))

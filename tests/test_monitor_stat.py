@@ -107,3 +107,39 @@ def test_the_verdict_line_names_the_split_that_the_analysis_finds_fastest() -> N
     assert ring_judgement(window, before, tokens_per_item=1000.0).line.endswith(
         "2 targets + 2 drafters would be fastest: ~12.0k tok/s"
     )
+
+
+def test_a_drafter_that_starved_the_whole_window_counts_in_the_starvation() -> None:
+    """One target feeds two drafters; drafter 3 got no batch in the window and waited all
+    of it: the drafters starved half the time on average, so the targets limit the ring."""
+
+    def ranks(items: int, up_s: float) -> list[RankSnapshot]:
+        return [
+            _rank(0, "target", items, up_s, 0.0),
+            _rank(1, "drafter", items, up_s, 0.0),
+            _rank(3, "drafter", 0, up_s, up_s),
+        ]
+
+    before = _snapshot(ranks(100, 50.0), taken_s=50.0)
+    after = _snapshot(ranks(120, 60.0), taken_s=60.0)
+    verdict = ring_judgement(with_interval(before, after), before)
+    assert verdict.line.startswith("targets are the bottleneck: drafters starved 50% of the time")
+
+
+def test_a_target_group_in_the_ring_counts_as_one_target_of_its_gpus() -> None:
+    """Ranks 0 and 1 are one tensor-parallel target group (the lead, rank 0, publishes)."""
+
+    def ranks(items: int, up_s: float) -> list[RankSnapshot]:
+        lead = replace(_rank(0, "target", items, up_s, 0.0), group=0, member=0)
+        member = replace(_rank(1, "target", 0, up_s, 0.0), group=0, member=1)
+        drafters = [_rank(r, "drafter", items // 2, up_s, 0.0) for r in (2, 3)]
+        return [lead, member, *drafters]
+
+    before = _snapshot(ranks(100, 50.0), taken_s=50.0)
+    after = _snapshot(ranks(120, 60.0), taken_s=60.0)
+    advice = ring_judgement(with_interval(before, after), before).advice
+    assert "one target group makes 2 batches/s" in advice[0]
+    assert (
+        advice[1]
+        == "  now  1 target group of 2 GPUs + 2 drafters: min(1 x 2, 2 x 1) = 2 batches/s (measured 2)"
+    )
