@@ -51,6 +51,29 @@ def test_a_resumed_run_keeps_the_retrained_steps_and_marks_the_restart(tmp_path:
     assert read_run(write_run(tmp_path / "c", legacy)).restarts == [2]
 
 
+def test_a_step_logged_again_right_after_itself_is_a_restart(tmp_path: Path) -> None:
+    """Without start records: the crash came right after step 3 was logged and the
+    resumed session trained step 3 again; its record wins."""
+    legacy = [step_record(s) for s in (1, 2, 3, 3, 4)]
+    legacy[3]["loss"] = 100.0
+    run = read_run(write_run(tmp_path, legacy))
+    assert run.restarts == [3]
+    assert [r["step"] for r in run.steps] == [1, 2, 3, 4] and run.steps[2]["loss"] == 100.0
+
+
+def test_an_evaluation_at_the_step_a_session_resumes_from_is_dropped(tmp_path: Path) -> None:
+    """The round due after step 4 was recorded, then the run crashed; resumed from the
+    checkpoint of step 3, the session trains step 4 again and evaluates it again: only
+    the new evaluation stays."""
+    first = [*[step_record(s) for s in range(1, 5)], eval_record(4, 1), step_record(5)]
+    again = eval_record(4, 1)
+    again["tau_sim"] = 9.0
+    resumed = [{"event": "start"}, step_record(4), again, step_record(5)]
+    run = read_run(write_run(tmp_path, [*first, *resumed]))
+    assert run.restarts == [4]
+    assert [(e["step"], e["tau_sim"]) for e in run.evals] == [(4, 9.0)]
+
+
 def test_what_is_not_a_run_is_refused_with_a_reason(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="is not a ringtrain run directory"):
         read_run(tmp_path)
