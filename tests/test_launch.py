@@ -248,3 +248,31 @@ def test_the_report_of_a_stop_names_what_happened_to_every_rank() -> None:
     )
     assert describe_end([lead], 2, {}, "SIGTERM", "cmd")[0] == 128 + signal.SIGTERM
     assert describe_end([_outcome(0, "done"), _outcome(1, "done")], 2, {}, "", "cmd") == (0, "")
+
+
+def test_of_several_failures_the_report_names_the_earliest() -> None:
+    own = [
+        _outcome(0, FAILED, 1, wall=5.0, message="rank0-target0 failed: later"),
+        _outcome(1, FAILED, 1, wall=1.0, message="rank1-drafter0 failed: first"),
+    ]
+    assert describe_end(own, 2, {0: 1, 1: 1}, "", "x") == (1, "rank1-drafter0 failed: first")
+    seen = [
+        _outcome(0, PEER_FAILED, 1, wall=4.0, message="rank 2 is hung", culprit=2, primary=True),
+        _outcome(1, PEER_FAILED, 1, wall=2.0, message="rank 3 died", culprit=3, primary=True),
+    ]
+    assert describe_end(seen, 4, {0: 1, 1: 1}, "", "x") == (1, "rank 3 died")
+    # Echoes only, each blaming a rank that left no report: the earliest echo is named.
+    echoes = [
+        _outcome(0, PEER_FAILED, 1, wall=1.0, message="rank 3 aborted the ring", culprit=3),
+        _outcome(2, PEER_FAILED, 1, wall=3.0, message="rank 1 aborted the ring", culprit=1),
+    ]
+    assert describe_end(echoes, 4, {}, "", "x") == (1, "rank 3 aborted the ring")
+
+
+def test_a_stop_where_one_rank_was_still_starting_says_nothing_was_trained() -> None:
+    starting = _outcome(0, STOPPED, 130, signal="SIGINT")
+    lead = _outcome(1, STOPPED, signal="SIGINT")
+    assert describe_end([starting, lead], 2, {}, "SIGINT", "cmd") == (
+        130,
+        "stopped by SIGINT during start-up: nothing trained yet, no checkpoint written",
+    )
