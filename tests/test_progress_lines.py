@@ -1,0 +1,142 @@
+"""The lead drafter's progress lines and summary: a line at the last step, figures over
+the line's own window, and a resumed session told apart from the run."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from types import SimpleNamespace
+
+import pytest
+
+from ringtrain.config import Config, parse_config
+from ringtrain.monitor.verdict import ring_judgement
+from ringtrain.ring import RingSnapshot, with_interval
+from ringtrain.trainer import progress as progress_module
+from ringtrain.trainer.drafter_loop import StepRecord
+from ringtrain.trainer.logs import LOGGER_NAME
+from ringtrain.trainer.progress import Progress
+from tests.helpers.ring_snapshots import rank, snapshot
+
+
+class ScriptedRing:
+    """A ring whose snapshots are given in advance, one per call."""
+
+    def __init__(self, snapshots: list[RingSnapshot]) -> None:
+        self._snapshots = iter(snapshots)
+
+    def snapshot(self) -> RingSnapshot:
+        return next(self._snapshots)
+
+
+class Clock:
+    """A perf_counter that reads what the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _config(*overrides: str) -> Config:
+    text = resources.files("ringtrain").joinpath("tiny.toml").read_text(encoding="utf-8")
+    return parse_config(text, "<tiny.toml>", list(overrides))
+
+
+def _ring_at(t: float, produced: int, consumed: int) -> RingSnapshot:
+    """1 target blocked 60% of its time and 1 drafter never starved, attached at t = 0."""
+    ranks = [rank(0, "target", produced, t, 0.6 * t), rank(1, "drafter", consumed, t, 0.0)]
+    return snapshot(ranks, taken_s=t)
+
+
+def _record(step: int, tokens: int = 1000) -> StepRecord:
+    return StepRecord(
+        step=step,
+        loss=2.0,
+        accuracy=[0.5],
+        tau_uniform=1.5,
+        tokens=tokens,
+        seconds=1.0,
+        lr=1e-3,
+        batches=[[0, step - 1, step - 1]],
+        wall=0.0,
+        compiles=0,
+        gpu_busy=None,
+        gpu_busy_by_rank={},
+    )
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    return clock
+
+
+def _lines(caplog: pytest.LogCaptureFixture, prefix: str) -> list[str]:
+    return [m for m in caplog.messages if m.startswith(prefix)]
+
+
+def test_the_last_step_has_a_line_off_the_log_every_grid(caplog: pytest.LogCaptureFixture) -> None:
+    ring = ScriptedRing([_ring_at(1.0, 0, 0), _ring_at(40.0, 30, 4)])
+    progress = Progress(_config("run.max_steps=3", "run.log_every=2"), ring)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        entries = [progress.step(_record(s), _ring_at(10.0 * s, 5 * s, s)) for s in (1, 2, 3)]
+    assert entries[0] is None
+    assert [entry["steps"] for entry in entries[1:]] == [[1, 2], [2, 3]]
+    assert len(_lines(caplog, "step 2/3 |")) == 1 and len(_lines(caplog, "step 3/3 |")) == 1
+
+
+def test_a_lines_rate_and_verdict_are_over_its_own_window(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Steps 1-2 of 1000 tokens take 12 s with start-up; steps 3-4 of 3000 tokens 4 s: the
+    second line says 6000 tokens / 4 s, its verdict in tok/s at 3000 tokens a batch."""
+    ring = ScriptedRing([_ring_at(1.0, 0, 0)])
+    progress = Progress(_config("run.max_steps=8", "run.log_every=2"), ring)
+    timeline = {1: (10.0, 1000), 2: (12.0, 1000), 3: (14.0, 3000), 4: (16.0, 3000)}
+    snapshots = {s: _ring_at(t, 5 * s, s) for s, (t, _) in timeline.items()}
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        for step, (t, tokens) in timeline.items():
+            clock.now = t
+            entry = progress.step(_record(step, tokens), snapshots[step])
+    (line,) = _lines(caplog, "step 4/8 |")
+    assert "| 1,500 tok/s |" in line
+    expected = ring_judgement(
+        with_interval(snapshots[2], snapshots[4]), snapshots[2], tokens_per_item=3000
+    )
+    assert expected.advice
+    assert entry == {"steps": [2, 4], "line": expected.line, "advice": expected.advice}
+
+
+def test_a_resumed_session_shows_the_runs_last_round_and_counts_its_own_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    evaluation = {"step": 4, "tau_sim": 1.25, "loss": 1.5, "accuracy": 0.4}
+    start, end = _ring_at(50.0, 40, 8), _ring_at(80.0, 60, 10)
+    ring = ScriptedRing([start, end])
+    config = _config("run.max_steps=6", "run.log_every=1")
+    progress = Progress(config, ring, resumed_step=4, evaluation=evaluation)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        progress.step(_record(5), _ring_at(60.0, 50, 9))
+        progress.step(_record(6), end)
+        progress.summary()
+    (line,) = _lines(caplog, "step 5/6 |")
+    assert "| tau_sim 1.250 (step 4) |" in line
+    (done,) = _lines(caplog, "done: ")
+    assert done.startswith("done: this session 2 steps (5 to 6), 2,000 tokens in ")
+    assert "; run: 6 steps |" in done
+
+
+def test_a_one_step_session_is_judged_over_that_step(caplog: pytest.LogCaptureFixture) -> None:
+    """With one step there is nothing after the first step: the summary judges the whole
+    session (from the resumed step 5), not an empty window."""
+    start, after, end = _ring_at(50.0, 40, 8), _ring_at(60.0, 50, 9), _ring_at(61.0, 51, 9)
+    progress = Progress(_config("run.max_steps=6"), ScriptedRing([start, end]), resumed_step=5)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        progress.step(_record(6), after)
+        progress.summary()
+    expected = ring_judgement(end, start, tokens_per_item=1000)
+    assert f"ring over steps 5-6: {expected.line}" in caplog.messages
+    assert expected.advice and caplog.messages[-len(expected.advice) :] == expected.advice
