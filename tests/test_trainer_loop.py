@@ -212,6 +212,14 @@ def test_step_sums_sections_read_back_by_name_and_start_afresh() -> None:
     assert sums.reduce(None).stopped and not sums.reduce(None).stopped
 
 
+def test_each_drafters_batch_identity_is_kept_apart_from_the_stop_flag() -> None:
+    sums = StepSums(BLOCK, drafters=2, device=torch.device("cpu"), sums_type=SelectorSums)
+    sums.add_training(0, objective_sums(1.0), 60, BatchMeta(batch_id=5, epoch=0, seq=3, producer=1))
+    sums.add_training(1, objective_sums(1.0), 60, BatchMeta(batch_id=9, epoch=0, seq=8, producer=0))
+    reduced = sums.reduce(None)
+    assert not reduced.stopped and reduced.batches == [[1, 3, 5], [0, 8, 9]]
+
+
 def test_eval_tally_completes_a_round_by_batch_count() -> None:
     tally = EvalTally(total_batches=3, block_size=BLOCK, sums_type=SelectorSums)
     vector = eval_sums(1.0).as_vector()
