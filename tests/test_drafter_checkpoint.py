@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from ringtrain.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ringtrain.checkpoint.resume import ResumePoint, resume_training, save_training
 from ringtrain.checkpoint.resume_checks import check_resume_spec
 from ringtrain.checkpoint.resume_record import ResumeRecord, StreamCursor
 from ringtrain.config import ConfigError
@@ -104,6 +105,24 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     # same random inputs as the uninterrupted run.
     for name, tensor in uninterrupted.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
+
+
+def test_a_saved_training_resumes_at_its_step_cursors_and_last_round(tmp_path: Path) -> None:
+    spec, model, optimizer, scheduler = trained_state(steps=2)
+    cursors = {0: StreamCursor(3, (5,)), 1: StreamCursor(2, ())}
+    for step in (1, 2):
+        record = ResumeRecord(step=step, run_id="r", cursors=cursors, eval_step=step - 1)
+        path = save_training(tmp_path, record, model, spec, optimizer, scheduler, keep=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000002"]
+
+    _, fresh, fresh_optimizer, _ = trained_state(steps=0)
+    point, resumed = resume_training(
+        path, fresh, fresh_optimizer, paper_optim(), 10, torch.device("cpu")
+    )
+    assert point == ResumePoint(step=2, cursors=cursors, evaluated_step=1)
+    assert resumed.last_epoch == 2 and resumed.get_last_lr() == scheduler.get_last_lr()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
 
 
 def test_latest_ignores_partial_and_temporary_checkpoints(tmp_path: Path) -> None:
