@@ -22,6 +22,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ringtrain.compile_caches import set_compile_caches
 from ringtrain.config import (
     Config,
     ConfigError,
@@ -122,24 +123,6 @@ def check_run_dir(run_dir: Path) -> None:
             f"run.run_dir = {str(run_dir)!r} cannot be written ({exc.strerror}); choose a "
             f"writable directory (--set run.run_dir=...)"
         ) from None
-
-
-def set_compile_caches(config: Config) -> None:
-    """Point Triton and Inductor at the persistent caches under ``run.cache_dir``.
-
-    One set of caches serves every rank and run: Inductor and Triton write each entry to
-    a temporary file of their own and rename it into place, so ranks compiling at once
-    leave whole entries (two that compile the same graph write the same entry twice),
-    and what one rank, one run or one layout compiled the next reuses. Persistence means
-    a warm restart skips compilation and autotuning: FLA keeps its kernels' autotune
-    results in Triton's cache (its own default), so a warm start skips the Gated DeltaNet
-    autotune (43 s cold, 0.4 s warm on an H200), and TRITON_CACHE_AUTOTUNING keeps those
-    of any other autotuned Triton kernel there too (Triton reads it when a kernel is
-    defined, before the model is built). A value the user set in the environment wins."""
-    root = Path(config.run.cache_dir).expanduser()
-    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
 def refuse(exc: Exception, reporter: bool) -> int:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from ringtrain.compile_caches import expected_compile_time, set_compile_caches
 from ringtrain.config import parse_config
-from ringtrain.main import set_compile_caches
 
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
 # Ranks of a node that compile at once.
@@ -95,3 +95,15 @@ def test_cache_settings_the_user_made_win(
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor"),
         "TRITON_CACHE_AUTOTUNING": "0",
     }
+
+
+def test_the_announced_compile_time_follows_what_the_cache_holds(
+    tmp_path: Path, clean_environment: pytest.MonkeyPatch
+) -> None:
+    cache_settings(tmp_path / "cache")
+    assert expected_compile_time() == "a minute or so with empty caches"
+    graphs = tmp_path / "cache" / "inductor" / "fxgraph"
+    graphs.mkdir(parents=True)
+    assert expected_compile_time() == "a minute or so with empty caches"
+    (graphs / "an-entry").mkdir()
+    assert expected_compile_time().startswith(f"seconds where {tmp_path / 'cache' / 'inductor'}")

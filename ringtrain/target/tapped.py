@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from ringtrain.compile_caches import expected_compile_time
 from ringtrain.target.compiled import compile_decoder_layers
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,10 @@ class TappedTarget:
         started = time.perf_counter()
         log.info(
             "compiling the target's decoder layers for multi-row and one-row batches "
-            "(torch.compile, %d units of %d layers); this takes a minute or so with empty "
-            "caches",
+            "(torch.compile, %d units of %d layers): %s",
             len(self.compiled_units),
             len(self.module.layers),
+            expected_compile_time(),
         )
         for rows in (2, 1):
             input_ids = torch.zeros((rows, length), dtype=torch.int64, device=self.device)

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.batch import PackedRows
+from ringtrain.compile_caches import expected_compile_time
 from ringtrain.config import Config
 from ringtrain.drafter import (
     FrozenHead,
@@ -281,8 +282,8 @@ class DrafterLoop:
         trajectory is the same as without this."""
         started = time.perf_counter()
         get_logger().info(
-            "compiling the drafter while the target starts (Inductor, flex_attention): a "
-            "minute or so with empty caches, seconds with warm ones"
+            "compiling the drafter while the target starts (Inductor, flex_attention): %s",
+            expected_compile_time(),
         )
         objective = self._objective(self._layout_batch(), seed=0)
         with self.with_peers():
