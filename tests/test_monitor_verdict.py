@@ -17,6 +17,7 @@ from ringtrain.ring import RingSnapshot, with_interval
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import LOGGER_NAME, MetricsWriter
 from ringtrain.trainer.progress import LeadReporter, Progress
+from tests.helpers.monitor_records import lead_step
 from tests.helpers.ring_snapshots import rank, snapshot
 
 TOKENS = 1000  # per batch
@@ -52,20 +53,7 @@ TIMELINE = [
 
 
 def _record(step: int) -> StepRecord:
-    return StepRecord(
-        step=step,
-        loss=2.0,
-        accuracy=[0.5],
-        tau_uniform=1.5,
-        tokens=TOKENS,
-        seconds=10.0,
-        lr=1e-3,
-        batches=[[0, step - 1, step - 1]],
-        wall=0.0,
-        compiles=0,
-        gpu_busy=None,
-        gpu_busy_by_rank={},
-    )
+    return lead_step(step, TOKENS, seconds=10.0)
 
 
 def test_progress_line_summary_and_stat_give_one_verdict(

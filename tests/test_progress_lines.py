@@ -16,6 +16,7 @@ from ringtrain.trainer import progress as progress_module
 from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import LOGGER_NAME
 from ringtrain.trainer.progress import Progress
+from tests.helpers.monitor_records import lead_step
 from tests.helpers.ring_snapshots import rank, snapshot
 
 
@@ -51,20 +52,7 @@ def _ring_at(t: float, produced: int, consumed: int) -> RingSnapshot:
 
 
 def _record(step: int, tokens: int = 1000) -> StepRecord:
-    return StepRecord(
-        step=step,
-        loss=2.0,
-        accuracy=[0.5],
-        tau_uniform=1.5,
-        tokens=tokens,
-        seconds=1.0,
-        lr=1e-3,
-        batches=[[0, step - 1, step - 1]],
-        wall=0.0,
-        compiles=0,
-        gpu_busy=None,
-        gpu_busy_by_rank={},
-    )
+    return lead_step(step, tokens, seconds=1.0)
 
 
 @pytest.fixture

@@ -1,11 +1,14 @@
 """Helpers of the monitor tests: synthetic metrics records shaped like the lead drafter's,
-and TensorBoard scalars read back with TensorBoard's own reader."""
+the lead drafter's in-memory step records, and TensorBoard scalars read back with
+TensorBoard's own reader."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from ringtrain.trainer.drafter_loop import StepRecord
 
 BLOCK_POSITIONS = 7
 WALL0 = 1_800_000_000.0
@@ -79,3 +82,22 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, dict[int, float]]:
         tag: {event.step: event.value for event in reader.Scalars(tag)}
         for tag in reader.Tags()["scalars"]
     }
+
+
+def lead_step(step: int, tokens: int, seconds: float) -> StepRecord:
+    """The lead drafter's record of training step `step` (its batch: producer 0's
+    step - 1), with the token count and seconds the test needs."""
+    return StepRecord(
+        step=step,
+        loss=2.0,
+        accuracy=[0.5],
+        tau_uniform=1.5,
+        tokens=tokens,
+        seconds=seconds,
+        lr=1e-3,
+        batches=[[0, step - 1, step - 1]],
+        wall=0.0,
+        compiles=0,
+        gpu_busy=None,
+        gpu_busy_by_rank={},
+    )
