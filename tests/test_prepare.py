@@ -169,11 +169,19 @@ def test_inspect_fails_on_bad_dataset(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "bad.arrow: cannot read" in capsys.readouterr().err
 
 
-def test_template_without_end_marker_is_rejected(tokenizer_dir: Path) -> None:
+def tokenizer_with_template(tokenizer_dir: Path, template: str):
+    """The test tokenizer with ``template`` as its chat template."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_template_without_end_marker_is_rejected(tokenizer_dir: Path) -> None:
+    tokenizer = tokenizer_with_template(
+        tokenizer_dir, "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
     with pytest.raises(DatasetError, match="no end-of-turn marker"):
         ConversationEncoder(tokenizer)
 
@@ -195,10 +203,7 @@ QWEN3_STYLE_TEMPLATE = (
 
 
 def test_qwen3_style_reasoning_block_is_supervised(tokenizer_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    tokenizer = tokenizer_with_template(tokenizer_dir, QWEN3_STYLE_TEMPLATE)
     encoder = ConversationEncoder(tokenizer)
     messages = conversation_messages(CONVERSATIONS[1], "test")
     ids, mask, truncated = encoder.encode(messages, "test")
@@ -284,10 +289,7 @@ REASONING_TEMPLATE = (
 
 
 def test_reasoning_content_is_rendered_and_supervised(tokenizer_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    tokenizer.chat_template = REASONING_TEMPLATE
+    tokenizer = tokenizer_with_template(tokenizer_dir, REASONING_TEMPLATE)
     answer, thought = "paris is the capital of france.", "the quick brown fox"
     record = {
         "messages": [
