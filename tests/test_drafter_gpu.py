@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+import msgspec
 import pytest
 import torch
 
@@ -16,6 +19,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.config import DrafterConfig
+from ringtrain.drafter.masks import GatheredMask
 from ringtrain.packed_batch import random_packed_batch
 from tests.helpers.tiny_drafter import paper_optim
 
@@ -69,6 +73,22 @@ def test_flex_attention_matches_gathered_attention_on_gpu() -> None:
     valid = blocks.valid.repeat_interleave(cfg.block_size)
     # Loose: Triton may run fp32 dots as TF32; the exact mask equality is tested on CPU.
     torch.testing.assert_close(flex[valid], gathered[valid], rtol=1e-2, atol=1e-2)
+
+
+def test_an_eager_drafter_on_gpu_attends_over_gathered_keys_not_unfused_flex() -> None:
+    cfg, model, head = setup([0, 64])
+    cfg = msgspec.structs.replace(cfg, compile=False)
+    batch = random_packed_batch([400, 300, 200], 3 * 256, 1024, "cuda", torch.float32, 0)
+    generator = torch.Generator("cuda").manual_seed(0)
+    _, masks, _ = prepare_batch(model, batch, generator, cfg, MAX_TOKENS)
+    assert all(isinstance(mask, GatheredMask) for mask in masks)
+    with warnings.catch_warnings():
+        # flex_attention run without torch.compile warns that it materialises the scores.
+        warnings.simplefilter("error", UserWarning)
+        sums = block_objective(model, head, batch, generator, cfg, MAX_TOKENS)
+        loss = sums.loss_sum / sums.weight_sum
+        loss.backward()
+    assert torch.isfinite(loss)
 
 
 @pytest.mark.parametrize("architecture", ["dflash", "dflash2"])

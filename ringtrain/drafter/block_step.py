@@ -35,6 +35,10 @@ class _Workspace:
         architecture = architecture_named(spec.architecture)
         self.sums_type = architecture.sums_type
         compile_mode = cfg.compile_mode if cfg.compile and device.type == "cuda" else None
+        # flex_attention is fast only compiled; run eagerly it scores the whole [A*B, C + A*B]
+        # matrix, so an eager drafter (any CPU, a GPU with drafter.compile false) attends
+        # over each block's gathered keys instead.
+        self.gathered_attention = compile_mode is None
         make_term = architecture.block_term
         self.term = (
             make_term(drafter_of(model), cfg, compile_mode) if make_term is not None else None
@@ -96,10 +100,11 @@ def checked_workspace(
 
 
 def block_masks(workspace: _Workspace, batch: BlockBatch) -> tuple:
-    """One attention mask per drafter layer for the blocks of `batch` (gathered keys off
-    CUDA)."""
-    gathered = batch.ctx_features.device.type != "cuda"
-    masks = workspace.builder.build(batch.ctx_lo, batch.ctx_hi, batch.anchor, gathered=gathered)
+    """One attention mask per drafter layer for the blocks of `batch` (a flex_attention
+    BlockMask for a compiled drafter, else each block's gathered keys)."""
+    masks = workspace.builder.build(
+        batch.ctx_lo, batch.ctx_hi, batch.anchor, gathered=workspace.gathered_attention
+    )
     return tuple(masks[w] for w in workspace.spec.sliding_windows)
 
 

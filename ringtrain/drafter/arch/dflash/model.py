@@ -269,9 +269,9 @@ class DFlashDrafter(nn.Module):
 
         ctx_features [C, K*H] and ctx_positions [C] are the (padded) context; block_embeds
         [L, H] and block_positions [L] the blocks laid out one after another; block_masks
-        holds one mask per layer over keys [ctx ; blocks]: a flex_attention BlockMask (GPU),
-        or each block's keys gathered with what its rows see (CPU, where flex_attention has
-        no backward).
+        holds one mask per layer over keys [ctx ; blocks]: a flex_attention BlockMask (a
+        compiled drafter), or each block's keys gathered with what its rows see (an eager
+        one: flex_attention has no CPU backward and runs unfused without torch.compile).
         """
         scale = self.spec.head_dim**-0.5
         attends = [_training_attend(m, scale) for m in block_masks]
