@@ -38,7 +38,7 @@ from ringtrain.trainer.logs import (
     FILE_ONLY,
     get_logger,
     setup_logging,
-    silence_cpu_kernel_fallbacks,
+    silence_kernel_fallbacks,
 )
 from ringtrain.trainer.outcome import (
     FAILED,
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # the lock and its refusals are local rank 0's to report
         return refuse(exc, reporter=info.local_rank == 0)
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
-    if info.device.type == "cpu":
-        silence_cpu_kernel_fallbacks()
+    if info.device.type == "cpu" or config.target.linear_attention == "torch":
+        silence_kernel_fallbacks()
     log = get_logger()
     log.info("%s on %s; log file %s", info.tag, info.device, log_path)
     for note in notes:

@@ -35,8 +35,9 @@ LOGGER_NAME = "ringtrain"
 
 # transformers' notice, on each rank that runs a hybrid target, that Gated DeltaNet and
 # causal conv1d fall back to torch because flash-linear-attention or causal_conv1d is not
-# installed: on CPU there is nothing to install (both packages need CUDA), and the
-# target's load line says which kernels run.
+# installed: on CPU there is nothing to install (both packages need CUDA), with
+# target.linear_attention = "torch" the torch kernels are the configuration's choice (the
+# embedded default's, on a GPU too), and the target's load line says which kernels run.
 KERNEL_FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
 KERNEL_FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
 
@@ -52,7 +53,7 @@ class _WithoutNotice(logging.Filter):
         return self.notice not in record.getMessage()
 
 
-_CPU_KERNEL_FALLBACKS = _WithoutNotice(KERNEL_FALLBACK_NOTICE)
+_KERNEL_FALLBACKS = _WithoutNotice(KERNEL_FALLBACK_NOTICE)
 
 # `extra=` of a record for the rank's log file only: something every rank says alike, or
 # that ringtrain-launch reports once for all of them.
@@ -66,9 +67,10 @@ class _NotFileOnly(logging.Filter):
         return not getattr(record, "file_only", False)
 
 
-def silence_cpu_kernel_fallbacks() -> None:
-    """Keep transformers' kernel fallback notices off a CPU rank's console (idempotent)."""
-    logging.getLogger(KERNEL_FALLBACK_LOGGER).addFilter(_CPU_KERNEL_FALLBACKS)
+def silence_kernel_fallbacks() -> None:
+    """Keep transformers' kernel fallback notices off the console (idempotent): for a CPU
+    rank, or one whose configuration chose the torch kernels."""
+    logging.getLogger(KERNEL_FALLBACK_LOGGER).addFilter(_KERNEL_FALLBACKS)
 
 
 def rank_log_path(run_dir: Path, rank: int, role: str) -> Path:
