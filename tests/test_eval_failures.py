@@ -143,3 +143,44 @@ def test_a_killed_worker_is_named_with_its_signal(
     for unwanted in ("Traceback", "BrokenProcessPool", "leaked semaphore"):
         assert unwanted not in err
     assert not any(_alive(pid) for pid in _children(evaluation.pid) | workers)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("stop", ["SIGTERM to the command", "SIGINT to the terminal's group"])
+def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
+    stop: str, models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    target, drafter = models
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [5, 6, k]}) + "\n" for k in range(64)))
+    command = [
+        sys.executable, "-m", "ringtrain.cli.eval", "--target", str(target),
+        "--drafter", str(drafter), "--prompts", str(prompts), "--workers", "2",
+        "--threads", "1", "--device", "cpu", "--max-new-tokens", "256",
+    ]  # fmt: skip
+    evaluation = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    signum = signal.SIGTERM if stop.startswith("SIGTERM") else signal.SIGINT
+    try:
+        deadline = time.monotonic() + 120
+        workers: dict[int, bytes] = {}
+        while len(workers) < 2 and time.monotonic() < deadline and evaluation.poll() is None:
+            children = _children(evaluation.pid)
+            workers = {pid: cmd for pid, cmd in children.items() if b"spawn_main" in cmd}
+        assert len(workers) == 2, "the workers did not appear"
+        if signum == signal.SIGTERM:
+            os.kill(evaluation.pid, signum)
+        else:  # a Ctrl-C: every process of the group gets it, the workers too
+            os.killpg(evaluation.pid, signum)
+        _, err = evaluation.communicate(timeout=120)
+    finally:
+        if evaluation.poll() is None:
+            os.killpg(evaluation.pid, signal.SIGKILL)
+    assert evaluation.returncode == 128 + signum
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"ringtrain-eval: stopped by {signum.name} ")
+    assert "of 64 turns; nothing reported" in last or "before decoding" in last
+    for unwanted in ("Traceback", "KeyboardInterrupt", "BrokenPipeError", "leaked semaphore"):
+        assert unwanted not in err
+    assert not any(_alive(pid) for pid in workers)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ringtrain.eval.processes import WorkerDied
 from ringtrain.eval.settings import DEFAULT_TIE_ULPS, VERIFY_MODES, SamplingSettings
+from ringtrain.eval.stop import EvalStopped
 from ringtrain.generate.prompt_sets import BUILTIN_BENCHMARKS
 from ringtrain.generate.prompts import PromptFileError
 
@@ -263,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerDied as exc:
         print(f"ringtrain-eval: {exc}", file=sys.stderr)
         return exc.code
+    except EvalStopped as stop:
+        print(f"ringtrain-eval: {stop.describe()}", file=sys.stderr)
+        return stop.code
     print("\n\n".join(report.table() for report in reports))
     for report in reports:
         if report.lossless is False:

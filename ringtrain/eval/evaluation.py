@@ -30,6 +30,7 @@ from ringtrain.eval.runner import (
     decode_tasks,
 )
 from ringtrain.eval.settings import SamplingSettings
+from ringtrain.eval.stop import EvalStopped, stopped_by_signals
 from ringtrain.eval.target import load_verifying_target
 from ringtrain.eval.ties import TieJudge
 from ringtrain.generate.chat import ChatRenderer
@@ -135,15 +136,19 @@ def decode_share(
 def evaluate(args: argparse.Namespace) -> list[EvalReport]:
     """Run the evaluation described by the parsed arguments; its report at each of
     ``args.samplings`` (the models load once, and every temperature's turns are handed
-    out together)."""
-    prepared = prepare(args)
-    sets, _, spec = prepared
-    tasks = conversation_tasks(sets, len(args.samplings))
-    with TurnProgress(sets, [decoding_label(sampling) for sampling in args.samplings]) as progress:
-        if args.workers == 1:
-            tie_rule = decode_share(args, (0, 1), local_pull(tasks, progress.report), prepared)
-        else:
-            tie_rule = run_workers(decode_share, args, args.workers, tasks, progress.report)[0]
+    out together). Raises `EvalStopped` when SIGTERM or SIGINT arrives."""
+    with stopped_by_signals():
+        prepared = prepare(args)
+        sets, _, spec = prepared
+        tasks = conversation_tasks(sets, len(args.samplings))
+        labels = [decoding_label(sampling) for sampling in args.samplings]
+        with TurnProgress(sets, labels) as progress:
+            try:
+                tie_rule = _decode_all(args, prepared, tasks, progress)
+            except EvalStopped as stop:
+                stop.done = sum(map(len, progress.outcomes))
+                stop.total = progress.turns
+                raise
     set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
     groups = {prompt_set.name: prompt_set.groups for prompt_set in sets}
     reports = []
@@ -152,3 +157,13 @@ def evaluate(args: argparse.Namespace) -> list[EvalReport]:
         rule = tie_rule if sampling is None else NOT_COMPARED
         reports.append(summarize(ordered, spec.block_size, rule, sampling, groups))
     return reports
+
+
+def _decode_all(
+    args: argparse.Namespace, prepared: Prepared, tasks: list[Task], progress: TurnProgress
+) -> str:
+    """Every conversation decoded, in this process or by ``args.workers`` processes; the
+    tie rule the decoding used."""
+    if args.workers == 1:
+        return decode_share(args, (0, 1), local_pull(tasks, progress.report), prepared)
+    return run_workers(decode_share, args, args.workers, tasks, progress.report)[0]

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ringtrain.trainer.report import exit_text, shell_code
+
+# What reading or writing a pipe raises once the process at its other end has ended.
+PEER_GONE = (EOFError, BrokenPipeError, ConnectionResetError)
 
 
 class WorkerDied(RuntimeError):
@@ -53,17 +58,24 @@ def _work(
     function: Callable[..., Any], args: Any, share: tuple[int, int], pipe: Connection
 ) -> None:
     """A worker's body: tasks pulled through ``pipe``, then the result, or the exception,
-    sent through it."""
+    sent through it. A parent gone (its end of the pipe closed) ends the worker quietly
+    at its next pull."""
 
     def pull(report: Any) -> Any:
-        pipe.send(("next", report, ""))
-        return pipe.recv()
+        try:
+            pipe.send(("next", report, ""))
+            return pipe.recv()
+        except PEER_GONE:
+            raise SystemExit(1) from None
 
     try:
         message = ("result", function(args, share, pull), "")
     except Exception as error:  # sent to the parent, which raises it there
         message = ("error", _portable(error), traceback.format_exc())
-    pipe.send(message)
+    try:
+        pipe.send(message)
+    except PEER_GONE:
+        raise SystemExit(1) from None
     pipe.close()
 
 
@@ -86,7 +98,8 @@ def run_workers(
             process = context.Process(
                 target=_work, args=(function, args, (k, workers), theirs), daemon=True
             )
-            process.start()
+            with _sigint_ignored():
+                process.start()
             theirs.close()  # the worker holds the only other end: its death closes the pipe
             pipes.append(mine)
             processes.append(process)
@@ -99,6 +112,19 @@ def run_workers(
             process.join()
         for pipe in pipes:
             pipe.close()
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while a worker starts, so that the worker ignores it from its first
+    instruction on (an ignored signal stays ignored across exec, and Python then installs
+    no KeyboardInterrupt handler): a Ctrl-C reaches every process of the terminal's group,
+    and it is the parent's to act on (it ends the workers), in a worker's start-up too."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def local_pull(tasks: Iterable[Any], on_report: Callable[[Any], None]) -> Callable[[Any], Any]:
@@ -131,7 +157,7 @@ def _serve(
                     if value is not None:
                         on_report(value)
                     pipe.send(next(tasks, None))
-            except (EOFError, BrokenPipeError, ConnectionResetError):
+            except PEER_GONE:
                 raise _died(k, processes) from None
             if kind == "error":
                 raise value from WorkerTraceback(text)
