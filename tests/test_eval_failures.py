@@ -159,16 +159,26 @@ def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
         "--threads", "1", "--device", "cpu", "--max-new-tokens", "256",
     ]  # fmt: skip
     evaluation = subprocess.Popen(
-        command, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # Ctrl-C as in a terminal, whatever this process ignores (a background job of a
+        # non-interactive shell starts with SIGINT ignored, and its children with it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     signum = signal.SIGTERM if stop.startswith("SIGTERM") else signal.SIGINT
     try:
-        deadline = time.monotonic() + 120
-        workers: dict[int, bytes] = {}
-        while len(workers) < 2 and time.monotonic() < deadline and evaluation.poll() is None:
-            children = _children(evaluation.pid)
-            workers = {pid: cmd for pid, cmd in children.items() if b"spawn_main" in cmd}
-        assert len(workers) == 2, "the workers did not appear"
+        # Worker 0 loaded the models: the workers are past their imports (a Ctrl-C that
+        # reaches a worker still importing, before it ignores SIGINT, ends it with a
+        # traceback).
+        read = ""
+        while not read.startswith("ringtrain-eval: 64 assistant turns"):
+            read = evaluation.stderr.readline()
+            assert read, "the evaluation ended before decoding"
+        children = _children(evaluation.pid)
+        workers = {pid: cmd for pid, cmd in children.items() if b"spawn_main" in cmd}
+        assert len(workers) == 2
         if signum == signal.SIGTERM:
             os.kill(evaluation.pid, signum)
         else:  # a Ctrl-C: every process of the group gets it, the workers too

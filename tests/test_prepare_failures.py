@@ -99,6 +99,48 @@ def test_killed_worker_stops_the_command(tmp_path: Path, tokenizer_dir: Path) ->
     assert not list((tmp_path / "out").glob("*.arrow*"))
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_prepare_leaves_no_output_and_one_line(
+    tmp_path: Path, tokenizer_dir: Path, stop: signal.Signals
+) -> None:
+    """SIGTERM to the command, or a Ctrl-C to its process group (its workers too), while
+    the workers encode: exit 128 + the signal, one line naming it, no partial file."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 200_000)
+    command = [sys.executable, "-m", "ringtrain.cli.data", "prepare", "--tokenizer"]
+    command += [str(tokenizer_dir), "--input", str(path), "--output", str(tmp_path / "out")]
+    prepare = subprocess.Popen(
+        [*command, "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # Ctrl-C as in a terminal, whatever this process ignores (a background job of a
+        # non-interactive shell starts with SIGINT ignored, and its children with it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert "encoding" in prepare.stderr.readline()
+        # The first progress line: the workers started and encode (a Ctrl-C that reaches a
+        # worker still importing, before it ignores SIGINT, ends it with a traceback).
+        assert "conversations" in prepare.stderr.readline()
+        if stop == signal.SIGTERM:
+            os.kill(prepare.pid, stop)
+        else:  # a terminal's Ctrl-C
+            os.killpg(prepare.pid, stop)
+        _, err = prepare.communicate(timeout=FAILURE_TIMEOUT_S)
+    finally:
+        prepare.kill()
+    name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
+    assert prepare.returncode == 128 + stop, err
+    assert (
+        err.strip().splitlines()[-1]
+        == f"ringtrain-data: prepare stopped by {name} before it finished"
+    ), err
+    assert "Traceback" not in err
+    assert not list((tmp_path / "out").glob("*.arrow*"))
+
+
 def _worker_pid(pid: int) -> int:
     """The pid of a pool worker of ``pid`` (a spawned child that is not multiprocessing's
     resource tracker), once one exists; /proc is watched until FAILURE_TIMEOUT_S."""

@@ -266,24 +266,28 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, _Console]:
     return process, _Console(process)
 
 
-@pytest.mark.parametrize("presses", [1, 2])
-def test_ctrl_c_once_finishes_the_answers_in_flight_twice_aborts(
-    model_dir: Path, tmp_path: Path, presses: int
+@pytest.mark.parametrize(
+    ("stop", "presses"), [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 1)]
+)
+def test_a_stop_finishes_the_answers_in_flight_a_second_ctrl_c_aborts(
+    model_dir: Path, tmp_path: Path, stop: signal.Signals, presses: int
 ) -> None:
+    """A SIGTERM (a scheduler, `timeout`) is taken as the first Ctrl-C, named as itself."""
     chats, output = _chats(tmp_path / "chats.jsonl", 3), tmp_path / "out.jsonl"
     args = _args(model_dir, chats, output, "--max-tokens", str(LONG_ANSWER), "--batch-size", "2")
     args.remove("--no-progress")
     process, console = _start(args)
     try:
         console.wait_for(" tok at ")  # answers are being generated
-        process.send_signal(signal.SIGINT)
-        console.wait_for("press Ctrl-C again to abort")
+        process.send_signal(stop)
+        name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
+        console.wait_for(f"stopping ({name}): the answers in flight finish")
         if presses == 2:
             process.send_signal(signal.SIGINT)
-        assert process.wait(300) == 130
+        assert process.wait(300) == 128 + stop
     finally:
         process.kill()
-    console.wait_for("rerun the same command to continue")
+    console.wait_for(f"stopped by {name}; the records written are kept")
     if presses == 1:  # the answers in flight were finished and written
         kept = output.read_text()
         written = _records(output)

@@ -36,7 +36,9 @@ def _args(url: str, chats: Path, output: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("stop", "status"), [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    ("stop", "status"), [(signal.SIGKILL, -9), (signal.SIGINT, 130), (signal.SIGTERM, 143)]
+)
 def test_stopped_run_resumed_yields_every_record_once(
     tmp_path: Path, stop: signal.Signals, status: int
 ) -> None:

@@ -282,3 +282,33 @@ def test_a_killed_run_is_continued_by_the_next(
     records = _records(output)
     assert len(records) == complete + 6
     _assert_no_near_duplicates(_first_turns(records))
+
+
+def test_sigterm_stops_with_one_line_and_the_rerun_continues(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (a scheduler, `timeout`) is taken as a Ctrl-C: the conversations written are
+    kept, one line names the signal, the exit status is 143, and a rerun continues."""
+    output = tmp_path / "prompts.jsonl"
+    command = [sys.executable, "-m", "ringtrain.cli.data", *_args(model_dir, output, 100_000)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _count_lines(output) < 6:
+            assert process.poll() is None, "the synthesize process ended early"
+            assert time.monotonic() < deadline, "no records written in time"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == (
+        f"ringtrain-data: stopped by SIGTERM; the conversations written are kept in {output}: "
+        "rerun the same command to continue"
+    )
+    assert "Traceback" not in err
+    complete = _count_lines(output)
+    assert data_main(_args(model_dir, output, complete + 4)) == 0
+    assert len(_records(output)) == complete + 4

@@ -40,6 +40,7 @@ from ringtrain.generate.defaults import (
     GPU_MAX_TOKENS,
     REGENERATE_CPU_BATCH_SIZE,
 )
+from ringtrain.interrupts import EXIT_STATUS, report_stop, sigterm_taken_as_ctrl_c, stop_name
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalEngine
@@ -242,21 +243,11 @@ def _regenerate(args: argparse.Namespace) -> int:
     except ServerGone as exc:
         print(f"ringtrain-data: error: {exc}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print(
-            f"ringtrain-data: interrupted; the records written are kept in {args.output}: "
-            "rerun the same command to continue",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as stop:
+        return report_stop(stop_name(stop), "records", args.output)
     print(summary(options, totals))
-    if totals.stopped:
-        print(
-            f"ringtrain-data: stopped by Ctrl-C; the records written are kept in "
-            f"{args.output}: rerun the same command to continue",
-            file=sys.stderr,
-        )
-        return 130
+    if totals.stopped_by:
+        return report_stop(totals.stopped_by, "records", args.output)
     return 1 if totals.failed else 0
 
 
@@ -377,20 +368,33 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 on a bad dataset or input; regenerate's
     other statuses are in its help)."""
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "synthesize":
-            return run_synthesize(args)
-        if args.command == "overlap":
-            return run_overlap(args)
-        if args.command == "regenerate":
-            return _regenerate(args)
-        if args.command == "prepare":
-            _prepare(args)
-        else:
-            _inspect(args)
-    except DatasetError as exc:
-        print(f"ringtrain-data: error: {exc}", file=sys.stderr)
-        return 2
+    with sigterm_taken_as_ctrl_c():
+        try:
+            return _run(args)
+        except DatasetError as exc:
+            print(f"ringtrain-data: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as stop:  # the commands whose output is all or nothing
+            name = stop_name(stop)
+            print(
+                f"ringtrain-data: {args.command} stopped by {name} before it finished",
+                file=sys.stderr,
+            )
+            return EXIT_STATUS[name]
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The parsed command run; its exit status."""
+    if args.command == "synthesize":
+        return run_synthesize(args)
+    if args.command == "overlap":
+        return run_overlap(args)
+    if args.command == "regenerate":
+        return _regenerate(args)
+    if args.command == "prepare":
+        _prepare(args)
+    else:
+        _inspect(args)
     return 0
 
 

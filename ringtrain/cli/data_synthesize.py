@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.synth_steering import DEFAULT_TOPIC_HINT
+from ringtrain.interrupts import report_stop, stop_name
 
 SYNTHESIZE_HELP = """\
 Write chat prompts with the target alone (the Magpie method): the model is given its
@@ -118,12 +119,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     )
     try:
         totals = synthesize(options, progress=None if args.no_progress else sys.stderr)
-    except KeyboardInterrupt:
-        print(
-            f"ringtrain-data: interrupted; the conversations written are kept in {args.output}: "
-            "rerun the same command to continue",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as stop:
+        return report_stop(stop_name(stop), "conversations", args.output)
     print(summary(options, totals))
     return 0

@@ -26,6 +26,7 @@ names its source in a `source` field, and the dataset gets a `source` column.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import sys
 import time
@@ -44,6 +45,7 @@ from ringtrain.data.chat import ConversationEncoder, conversation_messages, deco
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
+from ringtrain.interrupts import set_worker_stops, stops_deferred
 
 OUTPUT_FILE = "data-00000.arrow"
 LINES_PER_TASK = 256
@@ -119,6 +121,7 @@ def _init_worker(
     sources: tuple[str, ...] | None = None,
 ) -> None:
     global _encoder, _max_record_bytes, _min_supervised, _sources
+    set_worker_stops()
     _encoder = ConversationEncoder(load_tokenizer(tokenizer_dir), max_len)
     _max_record_bytes = max_record_bytes
     _min_supervised = min_supervised
@@ -240,8 +243,11 @@ def _in_order(
     children_before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(workers, context, _init_worker, initargs) as pool:
         queued: deque[Future[EncodedChunk]] = deque()
+        remaining = iter(tasks)
         try:
-            for task in tasks:
+            with stops_deferred():  # the pool starts a worker per submit while one is idle
+                queued.extend(_submit(pool, task) for task in itertools.islice(remaining, workers))
+            for task in remaining:
                 queued.append(_submit(pool, task))
                 if len(queued) >= workers * CHUNKS_IN_FLIGHT_PER_WORKER:
                     yield queued.popleft().result()

@@ -19,9 +19,10 @@ a reason a retry could have fixed, the server is taken to be gone and the run st
 generated and their rate, updated as the model generates them) is a tqdm bar; the
 summary counts the answers cut at `max_tokens` (finish reason `length`).
 
-With `local`, the first Ctrl-C stops taking new conversations: the answers in flight
-finish and their records are written, then the run ends (`RegenerateTotals.stopped`); a
-second Ctrl-C aborts at once (KeyboardInterrupt). With servers, whose answers in flight
+With `local`, the first Ctrl-C (or SIGTERM, ringtrain.interrupts) stops taking new
+conversations: the answers in flight finish and their records are written, then the run
+ends (`RegenerateTotals.stopped_by`); a second aborts at once (KeyboardInterrupt, or
+`Terminated` for SIGTERM). With servers, whose answers in flight
 are not this process's work, the first Ctrl-C aborts. Either way the output keeps every
 record written and a rerun continues it. A run that leaves the output without a record
 removes it with its settings and lock files, so a failed first try never blocks the
@@ -51,6 +52,7 @@ from ringtrain.data.regen_records import (
     parse_record,
     regenerate_record,
 )
+from ringtrain.interrupts import CTRL_C, SIGTERM, Terminated
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalChat, LocalEngine
@@ -114,7 +116,8 @@ class RegenerateTotals:
     generated_tokens: int = 0
     truncated: int = 0  # answers cut at max_tokens (finish reason "length")
     seconds: float = 0.0
-    stopped: bool = False  # ended early by Ctrl-C, after the answers in flight
+    # What ended the run early, after the answers in flight ("Ctrl-C" or "SIGTERM"; "": none).
+    stopped_by: str = ""
 
 
 class _Run:
@@ -130,7 +133,9 @@ class _Run:
         self.started = self.last_postfix = time.monotonic()
         self.generating_since = self.started
         self.live_tokens = 0  # generated so far, as the local model reports them
-        self.stopping = False
+        # The latest stop asked for ("Ctrl-C" or "SIGTERM"; "" none): the first stops
+        # taking conversations, a second aborts.
+        self.stopped_by = ""
         self.client: ChatClient | LocalChat | None = None
 
     def record_failed(self, line: int, reason: str, server_fault: bool) -> None:
@@ -171,14 +176,16 @@ class _Run:
         self.live_tokens += count
         self._postfix(redraw=True)
 
-    def interrupt(self, task: asyncio.Task) -> None:
-        """Ctrl-C: the first stops taking conversations, the second aborts."""
-        if not self.stopping:
-            self.stopping = True
+    def interrupt(self, task: asyncio.Task, name: str) -> None:
+        """Ctrl-C or SIGTERM (``name``): the first stops taking conversations, the second
+        aborts."""
+        first = not self.stopped_by
+        self.stopped_by = name
+        if first:
             getattr(self.client, "stop", lambda: None)()
             self.note(
-                "stopping: the answers in flight finish and their records are written; "
-                "press Ctrl-C again to abort"
+                f"stopping ({name}): the answers in flight finish and their records are "
+                "written; press Ctrl-C again to abort"
             )
             return
         self.note("aborting")
@@ -216,7 +223,7 @@ async def _feed(queue: asyncio.Queue, run: _Run, workers: int) -> None:
     """Queue the input's conversations not done yet; bad lines go to the errors file."""
     with run.options.input.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
-            if run.stopping:
+            if run.stopped_by:
                 break
             if not line.strip() or number in run.journal.done:
                 continue
@@ -235,7 +242,7 @@ async def _work(queue: asyncio.Queue, client: ChatClient | LocalChat, run: _Run)
     the queued ones are left for the next run)."""
     while (record := await queue.get()) is not None:
         assert isinstance(record, InputRecord)
-        if run.stopping:
+        if run.stopped_by:
             continue
         try:
             output, tokens = await regenerate_record(client, record)
@@ -287,8 +294,11 @@ async def _main(run: _Run) -> None:
     loop = asyncio.get_running_loop()
     main_thread = threading.current_thread() is threading.main_thread()
     hears_signals = run.options.local is not None and main_thread
+    stops = ((signal.SIGINT, CTRL_C), (signal.SIGTERM, SIGTERM))
+    previous = {signum: signal.getsignal(signum) for signum, _ in stops}
     if hears_signals:
-        loop.add_signal_handler(signal.SIGINT, run.interrupt, asyncio.current_task())
+        for signum, name in stops:
+            loop.add_signal_handler(signum, run.interrupt, asyncio.current_task(), name)
     try:
         await client.open()
         if run.options.local is not None:
@@ -301,9 +311,11 @@ async def _main(run: _Run) -> None:
         await _regenerate_all(run, client)
     finally:
         if hears_signals:
-            loop.remove_signal_handler(signal.SIGINT)
+            for signum, _ in stops:  # asyncio leaves them to the default action
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, previous[signum])
         run.totals.requests = client.requests
-        run.totals.stopped = run.stopping
+        run.totals.stopped_by = run.stopped_by
         await client.aclose()
 
 
@@ -358,8 +370,8 @@ def _regenerate_locked(
         run.note(f"dropped the torn last line of {options.output} ({journal.cut_bytes} bytes)")
     try:
         asyncio.run(_main(run))
-    except asyncio.CancelledError:  # the second Ctrl-C
-        raise KeyboardInterrupt from None
+    except asyncio.CancelledError:  # the second Ctrl-C or SIGTERM
+        raise (Terminated if run.stopped_by == SIGTERM else KeyboardInterrupt)() from None
     finally:
         bar.close()
         journal.close()

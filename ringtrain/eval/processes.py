@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import signal
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ringtrain.interrupts import set_worker_stops, stops_deferred
 from ringtrain.trainer.report import exit_text, shell_code
 
 # What reading or writing a pipe raises once the process at its other end has ended.
@@ -60,6 +59,7 @@ def _work(
     """A worker's body: tasks pulled through ``pipe``, then the result, or the exception,
     sent through it. A parent gone (its end of the pipe closed) ends the worker quietly
     at its next pull."""
+    set_worker_stops()
 
     def pull(report: Any) -> Any:
         try:
@@ -98,7 +98,7 @@ def run_workers(
             process = context.Process(
                 target=_work, args=(function, args, (k, workers), theirs), daemon=True
             )
-            with _sigint_ignored():
+            with stops_deferred():
                 process.start()
             theirs.close()  # the worker holds the only other end: its death closes the pipe
             pipes.append(mine)
@@ -112,19 +112,6 @@ def run_workers(
             process.join()
         for pipe in pipes:
             pipe.close()
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while a worker starts, so that the worker ignores it from its first
-    instruction on (an ignored signal stays ignored across exec, and Python then installs
-    no KeyboardInterrupt handler): a Ctrl-C reaches every process of the terminal's group,
-    and it is the parent's to act on (it ends the workers), in a worker's start-up too."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def local_pull(tasks: Iterable[Any], on_report: Callable[[Any], None]) -> Callable[[Any], Any]:

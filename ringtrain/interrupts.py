@@ -1,0 +1,99 @@
+"""How ringtrain's data and evaluation commands stop on SIGTERM and Ctrl-C.
+
+A scheduler or `timeout` stops a command with SIGTERM. ringtrain-data takes it as a
+Ctrl-C (a KeyboardInterrupt, or for a local regenerate the first Ctrl-C's orderly stop:
+the answers in flight finish and are written), so what was written is kept and a rerun
+continues it; the last line names the stop, and the exit status is 128 + the signal's
+number (143 for SIGTERM, 130 for Ctrl-C), as a shell reports a process it killed.
+
+Worker processes start inside `stops_deferred`: a stop that arrives while a pool or a
+worker starts is acted on once it has started (half-started, the pool cannot be shut
+down and the child dies reading its start-up data), and each worker's first call is
+`set_worker_stops`, so that a Ctrl-C, which reaches every process of the
+terminal's group, is the parent's alone to act on (it ends them). A Ctrl-C that reaches
+a worker still importing, before that call, ends it with a KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+CTRL_C = "Ctrl-C"
+SIGTERM = "SIGTERM"
+EXIT_STATUS = {CTRL_C: 128 + signal.SIGINT, SIGTERM: 128 + signal.SIGTERM}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: handled wherever a Ctrl-C is."""
+
+
+def _terminated(_signum: int, _frame: FrameType | None) -> None:
+    raise Terminated
+
+
+@contextmanager
+def sigterm_taken_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises `Terminated` in the main thread inside (elsewhere: no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_name(stop: KeyboardInterrupt) -> str:
+    """What stopped the command: SIGTERM or Ctrl-C."""
+    return SIGTERM if isinstance(stop, Terminated) else CTRL_C
+
+
+def report_stop(name: str, kept: str, output: Path) -> int:
+    """Say that the command was stopped and what it kept; returns the exit status."""
+    print(
+        f"ringtrain-data: stopped by {name}; the {kept} written are kept in {output}: "
+        "rerun the same command to continue",
+        file=sys.stderr,
+    )
+    return EXIT_STATUS[name]
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held back inside and raised again on the way out (the first of
+    them). Off the main thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda number, _frame: held.append(number))
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+def _leave(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def set_worker_stops() -> None:
+    """A worker process's first call. Ctrl-C is ignored: it reaches every process of the
+    terminal's group, and it is the parent's to act on (it ends its workers). SIGTERM, the
+    parent ending it, leaves through SystemExit, so that the worker's finalizers release
+    what it holds (killed outright, its semaphores are reported leaked)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _leave)
