@@ -19,11 +19,14 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+# The signals that ask a ringtrain process to stop (a scheduler's, a terminal's).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 CTRL_C = "Ctrl-C"
 SIGTERM = "SIGTERM"
 EXIT_STATUS = {CTRL_C: 128 + signal.SIGINT, SIGTERM: 128 + signal.SIGTERM}
@@ -37,17 +40,27 @@ def _terminated(_signum: int, _frame: FrameType | None) -> None:
     raise Terminated
 
 
+Handler = Callable[[int, FrameType | None], Any]
+
+
 @contextmanager
-def sigterm_taken_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM raises `Terminated` in the main thread inside (elsewhere: no change)."""
+def signals_handled(handler: Handler, signums: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
+    """``handler`` for ``signums`` inside, the previous handlers restored on the way out.
+    Off the main thread, where no handler can be set, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
+
+
+def sigterm_taken_as_ctrl_c() -> AbstractContextManager[None]:
+    """SIGTERM raises `Terminated` in the main thread inside."""
+    return signals_handled(_terminated, [signal.SIGTERM])
 
 
 def stop_name(stop: KeyboardInterrupt) -> str:
@@ -68,20 +81,12 @@ def report_stop(name: str, kept: str, output: Path) -> int:
 @contextmanager
 def stops_deferred() -> Iterator[None]:
     """SIGTERM and SIGINT held back inside and raised again on the way out (the first of
-    them). Off the main thread, where no handler can be set, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    them), to the handlers in place outside."""
     held: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda number, _frame: held.append(number))
-        for signum in (signal.SIGTERM, signal.SIGINT)
-    }
     try:
-        yield
+        with signals_handled(lambda signum, _frame: held.append(signum)):
+            yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if held:
             signal.raise_signal(held[0])
 

@@ -44,6 +44,7 @@ from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from ringtrain.interrupts import STOP_SIGNALS
 from ringtrain.main import build_parser
 from ringtrain.ring.names import remove_dead_runs
 from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, read_outcomes
@@ -60,7 +61,6 @@ TORCH_LAUNCHER_LOGGERS = (
     "torch.distributed.run",
 )
 # The stop signals the launcher passes on itself; torch's launcher handles the others.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TORCH_HANDLED_SIGNALS = "SIGHUP,SIGQUIT"
 
 

@@ -108,18 +108,26 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _two_worker_command(
+    models: tuple[Path, Path], tmp_path: Path, prompts: int, max_new_tokens: int
+) -> list[str]:
+    """ringtrain-eval on the CPU with 2 workers over ``prompts`` short prompts written to
+    ``tmp_path``."""
+    target, drafter = models
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": [5, 6, k]}) + "\n" for k in range(prompts)))
+    return [
+        sys.executable, "-m", "ringtrain.cli.eval", "--target", str(target),
+        "--drafter", str(drafter), "--prompts", str(path), "--workers", "2",
+        "--threads", "1", "--device", "cpu", "--max-new-tokens", str(max_new_tokens),
+    ]  # fmt: skip
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
 def test_a_killed_worker_is_named_with_its_signal(
     models: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    target, drafter = models
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input_ids": [5, 6, k]}) + "\n" for k in range(8)))
-    command = [
-        sys.executable, "-m", "ringtrain.cli.eval", "--target", str(target),
-        "--drafter", str(drafter), "--prompts", str(prompts), "--workers", "2",
-        "--threads", "1", "--device", "cpu", "--max-new-tokens", "64",
-    ]  # fmt: skip
+    command = _two_worker_command(models, tmp_path, prompts=8, max_new_tokens=64)
     evaluation = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -150,14 +158,7 @@ def test_a_killed_worker_is_named_with_its_signal(
 def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
     stop: str, models: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    target, drafter = models
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input_ids": [5, 6, k]}) + "\n" for k in range(64)))
-    command = [
-        sys.executable, "-m", "ringtrain.cli.eval", "--target", str(target),
-        "--drafter", str(drafter), "--prompts", str(prompts), "--workers", "2",
-        "--threads", "1", "--device", "cpu", "--max-new-tokens", "256",
-    ]  # fmt: skip
+    command = _two_worker_command(models, tmp_path, prompts=64, max_new_tokens=256)
     evaluation = subprocess.Popen(
         command,
         stderr=subprocess.PIPE,

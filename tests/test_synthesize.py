@@ -255,6 +255,24 @@ def _count_lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def _synthesizing(model_dir: Path, output: Path, stderr: int) -> subprocess.Popen:
+    """A synthesize process writing (far more than it will) into ``output``, once it has
+    written 6 lines; ``stderr`` as subprocess.Popen takes it (text when a pipe)."""
+    command = [sys.executable, "-m", "ringtrain.cli.data", *_args(model_dir, output, 100_000)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=stderr, text=True)
+    deadline = time.monotonic() + 300
+    try:
+        while _count_lines(output) < 6:
+            assert process.poll() is None, "the synthesize process ended early"
+            assert time.monotonic() < deadline, "no records written in time"
+            time.sleep(0.05)
+    except BaseException:
+        process.kill()
+        raise
+    return process
+
+
 @pytest.mark.slow
 def test_a_killed_run_is_continued_by_the_next(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
@@ -262,15 +280,8 @@ def test_a_killed_run_is_continued_by_the_next(
     """A real process is killed (SIGKILL) while it writes; while it runs a second client
     is refused; the rerun takes over its lock and writes the rest without duplicates."""
     output = tmp_path / "prompts.jsonl"
-    command = [sys.executable, "-m", "ringtrain.cli.data", *_args(model_dir, output, 100_000)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    process = _synthesizing(model_dir, output, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 300
-        while _count_lines(output) < 6:
-            assert process.poll() is None, "the synthesize process ended early"
-            assert time.monotonic() < deadline, "no records written in time"
-            time.sleep(0.05)
         assert data_main(_args(model_dir, output, 100_000)) == 2
         assert "another synthesize client is writing it" in capsys.readouterr().err
     finally:
@@ -290,15 +301,8 @@ def test_sigterm_stops_with_one_line_and_the_rerun_continues(
     """SIGTERM (a scheduler, `timeout`) is taken as a Ctrl-C: the conversations written are
     kept, one line names the signal, the exit status is 143, and a rerun continues."""
     output = tmp_path / "prompts.jsonl"
-    command = [sys.executable, "-m", "ringtrain.cli.data", *_args(model_dir, output, 100_000)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    process = _synthesizing(model_dir, output, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 300
-        while _count_lines(output) < 6:
-            assert process.poll() is None, "the synthesize process ended early"
-            assert time.monotonic() < deadline, "no records written in time"
-            time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=120)
     finally:

@@ -11,11 +11,10 @@ is gone.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from types import FrameType
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from ringtrain.interrupts import signals_handled
 
 
 class EvalStopped(Exception):
@@ -38,16 +37,10 @@ class EvalStopped(Exception):
         )
 
 
-@contextmanager
-def stopped_by_signals() -> Iterator[None]:
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    raise EvalStopped(signum)
+
+
+def stopped_by_signals() -> AbstractContextManager[None]:
     """Raise `EvalStopped` in the main thread when SIGTERM or SIGINT arrives inside."""
-
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        raise EvalStopped(signum)
-
-    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    return signals_handled(_stop)

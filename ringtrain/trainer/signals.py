@@ -22,11 +22,11 @@ import signal
 import threading
 from types import FrameType
 
+from ringtrain.interrupts import STOP_SIGNALS
 from ringtrain.ring import Ring, open_rings
 from ringtrain.trainer.logs import FILE_ONLY, get_logger
 from ringtrain.trainer.outcome import FAILED, STOPPED, Outcome, env_rank, launched, report_outcome
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A stop may take this many of the longest step measured so far (plus a checkpoint's
 # allowance) before the rank gives up on reaching its safe point.
 STOP_STEPS = 3
