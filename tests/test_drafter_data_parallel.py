@@ -84,7 +84,6 @@ def drafter_worker(architecture: str, rank: int, store: str, out: str) -> None:
     )
     results["stopped"] = {"step": state.step, "unchanged": unchanged, "left": len(ring.items)}
     torch.save(results, Path(out) / f"{rank}.pt")
-    dist.destroy_process_group()
 
 
 def one_drafter_on_both_batches(architecture: str) -> dict[str, list[torch.Tensor]]:

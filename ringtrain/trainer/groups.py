@@ -15,6 +15,7 @@ On CPU both are one gloo group.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from dataclasses import dataclass
 
@@ -77,3 +78,19 @@ def new_groups(info: RankInfo) -> RankGroups:
     return RankGroups(
         drafters=drafters if info.role == DRAFTER else None, target=target, target_control=control
     )
+
+
+def close_groups() -> None:
+    """Destroy this rank's process groups now, while the interpreter is whole (call after
+    the rank's last collective, on a clean finish).
+
+    Gloo runs each collective on its own worker threads, and such a thread can still hold
+    the last reference to a finished operation when the rank returns. Left to interpreter
+    shutdown, those threads and the groups' destructors run while Python tears itself
+    down, and a thread that then needs the interpreter aborts the process ("terminate
+    called without an active exception", exit -6) after a run that succeeded. The
+    modules that hold a group (DDP) are collected first, so destroying the groups frees
+    them and joins their threads here."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -16,6 +16,7 @@ from pathlib import Path
 from ringtrain.config import Config, parse_config
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.ring import RingReader, discover
+from ringtrain.trainer.groups import close_groups
 
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
@@ -153,13 +154,23 @@ def worker_pid(launcher_pid: int, local_rank: int) -> int:
     raise LookupError(f"torchrun {launcher_pid} has no worker of local rank {local_rank}")
 
 
+def gloo_member(worker: Callable[[int, str, str], None], rank: int, store: str, out: str) -> None:
+    """One process of `run_gloo_pair`: the worker, then its groups closed as a rank of a
+    run closes them (after the worker's frame, and the modules it held, are gone)."""
+    worker(rank, store, out)
+    close_groups()
+
+
 def run_gloo_pair(worker: Callable[[int, str, str], None], tmp_path: Path) -> list[dict]:
     """Run ``worker(rank, store, out)`` in two spawned processes (a gloo group over a file
-    store under ``tmp_path``) and return what each saved as ``<out>/<rank>.pt``."""
+    store under ``tmp_path``, which the worker joins) and return what each saved as
+    ``<out>/<rank>.pt``."""
     import torch
 
     processes = [
-        SPAWN.Process(target=worker, args=(rank, str(tmp_path / "store"), str(tmp_path)))
+        SPAWN.Process(
+            target=gloo_member, args=(worker, rank, str(tmp_path / "store"), str(tmp_path))
+        )
         for rank in (0, 1)
     ]
     for process in processes:
