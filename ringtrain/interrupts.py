@@ -8,10 +8,12 @@ number (143 for SIGTERM, 130 for Ctrl-C), as a shell reports a process it killed
 
 Worker processes start inside `stops_deferred`: a stop that arrives while a pool or a
 worker starts is acted on once it has started (half-started, the pool cannot be shut
-down and the child dies reading its start-up data), and each worker's first call is
-`set_worker_stops`, so that a Ctrl-C, which reaches every process of the
-terminal's group, is the parent's alone to act on (it ends them). A Ctrl-C that reaches
-a worker still importing, before that call, ends it with a KeyboardInterrupt.
+down and the child dies reading its start-up data). A Ctrl-C reaches every process of
+the terminal's group, and it is the parent's alone to act on (it ends its workers): a
+worker starts with both signals blocked (it inherits the mask `stops_deferred` set) and
+its first call, `set_worker_stops`, ignores Ctrl-C before it unblocks them, so a Ctrl-C
+that reaches a worker still importing is dropped there instead of ending it with a
+KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -81,12 +83,15 @@ def report_stop(name: str, kept: str, output: Path) -> int:
 @contextmanager
 def stops_deferred() -> Iterator[None]:
     """SIGTERM and SIGINT held back inside and raised again on the way out (the first of
-    them), to the handlers in place outside."""
+    them), to the handlers in place outside. The calling thread blocks both inside, so a
+    process started there begins with them blocked (see `set_worker_stops`)."""
     held: list[int] = []
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         with signals_handled(lambda signum, _frame: held.append(signum)):
             yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one still pending arrives here
         if held:
             signal.raise_signal(held[0])
 
@@ -99,6 +104,9 @@ def set_worker_stops() -> None:
     """A worker process's first call. Ctrl-C is ignored: it reaches every process of the
     terminal's group, and it is the parent's to act on (it ends its workers). SIGTERM, the
     parent ending it, leaves through SystemExit, so that the worker's finalizers release
-    what it holds (killed outright, its semaphores are reported leaked)."""
+    what it holds (killed outright, its semaphores are reported leaked). A worker started
+    inside `stops_deferred` has both blocked until here: a Ctrl-C that came while it
+    imported is dropped, a SIGTERM acted on now."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _leave)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

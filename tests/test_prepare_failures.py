@@ -99,18 +99,20 @@ def test_killed_worker_stops_the_command(tmp_path: Path, tokenizer_dir: Path) ->
     assert not list((tmp_path / "out").glob("*.arrow*"))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_prepare_leaves_no_output_and_one_line(
-    tmp_path: Path, tokenizer_dir: Path, stop: signal.Signals
+    tmp_path: Path, tokenizer_dir: Path, stop: signal.Signals, workers: int
 ) -> None:
     """SIGTERM to the command, or a Ctrl-C to its process group (its workers too), while
-    the workers encode: exit 128 + the signal, one line naming it, no partial file."""
+    it encodes, in worker processes or in its own: exit 128 + the signal, one line naming
+    it, no partial file."""
     path = tmp_path / "chats.jsonl"
     path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 200_000)
     command = [sys.executable, "-m", "ringtrain.cli.data", "prepare", "--tokenizer"]
     command += [str(tokenizer_dir), "--input", str(path), "--output", str(tmp_path / "out")]
     prepare = subprocess.Popen(
-        [*command, "--workers", "2"],
+        [*command, "--workers", str(workers)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -121,8 +123,7 @@ def test_a_stopped_prepare_leaves_no_output_and_one_line(
     )
     try:
         assert "encoding" in prepare.stderr.readline()
-        # The first progress line: the workers started and encode (a Ctrl-C that reaches a
-        # worker still importing, before it ignores SIGINT, ends it with a traceback).
+        # The first progress line: the encoding runs.
         assert "conversations" in prepare.stderr.readline()
         if stop == signal.SIGTERM:
             os.kill(prepare.pid, stop)

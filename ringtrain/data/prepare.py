@@ -113,7 +113,13 @@ PROBE_CONVERSATION = [
 ]
 
 
-def _init_worker(
+def _init_worker(*initargs: Any) -> None:
+    """A worker process's start: its stops (the parent acts on a Ctrl-C), then its encoder."""
+    set_worker_stops()
+    _init_encoder(*initargs)
+
+
+def _init_encoder(
     tokenizer_dir: str,
     max_len: int | None,
     max_record_bytes: int,
@@ -121,7 +127,6 @@ def _init_worker(
     sources: tuple[str, ...] | None = None,
 ) -> None:
     global _encoder, _max_record_bytes, _min_supervised, _sources
-    set_worker_stops()
     _encoder = ConversationEncoder(load_tokenizer(tokenizer_dir), max_len)
     _max_record_bytes = max_record_bytes
     _min_supervised = min_supervised
@@ -288,7 +293,7 @@ def _encoded_chunks(
     """Encoded chunks in input order: in worker processes, or here with one worker."""
     if workers > 1:
         return _in_order(workers, initargs, tasks)
-    _init_worker(*initargs)
+    _init_encoder(*initargs)
     return map(_encode_chunk, tasks)
 
 

@@ -1,0 +1,65 @@
+"""Stops held back while worker processes start (ringtrain/interrupts.py), with real
+signals and a real child process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ringtrain.interrupts import stops_deferred
+
+# A worker as ringtrain's start: it says it runs (still "importing"), waits for a line,
+# then makes its first call, set_worker_stops, and says it survived.
+WORKER = """
+import sys
+print("importing", flush=True)
+sys.stdin.readline()
+from ringtrain.interrupts import set_worker_stops
+set_worker_stops()
+print("stops set", flush=True)
+"""
+TIMEOUT_S = 60
+
+
+def test_a_stop_inside_is_raised_on_the_way_out() -> None:
+    finished = False
+    with pytest.raises(KeyboardInterrupt), stops_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        finished = True
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}
+
+
+@pytest.mark.parametrize(
+    ("stop", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
+)
+def test_a_worker_started_inside_is_not_ended_by_a_stop_while_it_imports(
+    stop: signal.Signals, status: int
+) -> None:
+    """A Ctrl-C that reaches a worker before its first call is dropped (it is the parent's
+    to act on); a SIGTERM ends it through SystemExit once the worker can act (143), not
+    half-way through its imports."""
+    with stops_deferred():
+        worker = subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # Ctrl-C as in a terminal, whatever this process ignores.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    try:
+        assert worker.stdout.readline() == "importing\n"
+        worker.send_signal(stop)
+        out, err = worker.communicate("go on\n", timeout=TIMEOUT_S)
+    finally:
+        worker.kill()
+    assert worker.returncode == status, err
+    assert ("stops set" in out) == (stop == signal.SIGINT), out
+    assert "KeyboardInterrupt" not in err
