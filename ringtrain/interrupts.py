@@ -80,6 +80,14 @@ def report_stop(name: str, kept: str, output: Path) -> int:
     return EXIT_STATUS[name]
 
 
+def report_unfinished(command: str, stop: KeyboardInterrupt) -> int:
+    """Say that ``command``, whose output is all or nothing, was stopped before it
+    finished (nothing was written); returns the exit status."""
+    name = stop_name(stop)
+    print(f"{command} stopped by {name} before it finished", file=sys.stderr)
+    return EXIT_STATUS[name]
+
+
 @contextmanager
 def stops_deferred() -> Iterator[None]:
     """SIGTERM and SIGINT held back inside and raised again on the way out (the first of

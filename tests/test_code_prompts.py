@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from ringtrain.data.code_prompts import (
     KINDS,
@@ -35,6 +41,8 @@ SOURCE = textwrap.dedent(
         """Only a docstring and one statement."""
     '''
 )
+
+STOP_TIMEOUT_S = 60
 
 
 def make_function(i: int) -> SourceFunction:
@@ -94,3 +102,39 @@ def test_benchmark_problems_are_kept_out() -> None:
     records = list(prompt_records(functions, seed=0, excluded_names=excluded))
     assert len(records) == 1
     assert "fn_0" not in records[0]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stopped_run_ends_its_workers_writes_nothing_and_says_so(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """SIGTERM to the command, or a Ctrl-C to its process group (its workers too), while
+    it reads sources: exit 128 + the signal, one line naming it, no file, no worker left
+    (each holds the command's stderr open: it closes when the last one has ended)."""
+    output = tmp_path / "prompts.jsonl"
+    command = subprocess.Popen(
+        [sys.executable, "-m", "ringtrain.data.code_prompts", "--output", str(output)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # Ctrl-C as in a terminal, whatever this process ignores.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        progress = ""
+        while "file/s" not in progress:  # the first batch of files was read
+            progress += command.stderr.read(1)
+            assert progress, "the command ended before it read a file"
+        if stop == signal.SIGTERM:
+            os.kill(command.pid, stop)
+        else:
+            os.killpg(command.pid, stop)
+        _, err = command.communicate(timeout=STOP_TIMEOUT_S)
+    finally:
+        command.kill()
+    name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
+    assert command.returncode == 128 + stop, err
+    assert err.strip().splitlines()[-1] == f"code_prompts stopped by {name} before it finished"
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

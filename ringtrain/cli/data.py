@@ -40,7 +40,12 @@ from ringtrain.generate.defaults import (
     GPU_MAX_TOKENS,
     REGENERATE_CPU_BATCH_SIZE,
 )
-from ringtrain.interrupts import EXIT_STATUS, report_stop, sigterm_taken_as_ctrl_c, stop_name
+from ringtrain.interrupts import (
+    report_stop,
+    report_unfinished,
+    sigterm_taken_as_ctrl_c,
+    stop_name,
+)
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalEngine
@@ -375,12 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ringtrain-data: error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as stop:  # the commands whose output is all or nothing
-            name = stop_name(stop)
-            print(
-                f"ringtrain-data: {args.command} stopped by {name} before it finished",
-                file=sys.stderr,
-            )
-            return EXIT_STATUS[name]
+            return report_unfinished(f"ringtrain-data: {args.command}", stop)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ import argparse
 import ast
 import hashlib
 import json
+import multiprocessing
 import random
 import sys
 import sysconfig
@@ -38,8 +39,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING, humaneval_entry_points
 from ringtrain.generate.prompts import PromptFileError
+from ringtrain.interrupts import (
+    report_unfinished,
+    set_worker_stops,
+    sigterm_taken_as_ctrl_c,
+    stops_deferred,
+)
 
 MIN_LINES = 3
 MAX_LINES = 60
@@ -164,15 +173,29 @@ def prompt_records(
 
 
 def documented_functions(files: list[Path], wanted: int, workers: int) -> list[SourceFunction]:
-    """The documented functions of ``files`` in order, read until ``wanted`` (0: all) are found."""
+    """The documented functions of ``files`` in order, read until ``wanted`` (0: all) are
+    found, by ``workers`` processes (0: one per CPU) that leave a stop to this one."""
     functions: list[SourceFunction] = []
     chunk = 256
-    with ProcessPoolExecutor(max_workers=workers or None) as pool:
-        for first in range(0, len(files), chunk):
-            for found in pool.map(functions_in, files[first : first + chunk], chunksize=8):
-                functions.extend(found)
-            if wanted and len(functions) >= wanted:
-                break
+    spawn = multiprocessing.get_context("spawn")
+    with (
+        ProcessPoolExecutor(workers or None, spawn, set_worker_stops) as pool,
+        tqdm(total=len(files), desc="code_prompts: reading sources", unit="file") as bar,
+    ):
+        try:
+            for first in range(0, len(files), chunk):
+                part = files[first : first + chunk]
+                with stops_deferred():  # a submit starts a worker while none is idle
+                    found_per_file = pool.map(functions_in, part, chunksize=8)
+                for found in found_per_file:
+                    functions.extend(found)
+                bar.set_postfix(functions=len(functions), refresh=False)
+                bar.update(len(part))
+                if wanted and len(functions) >= wanted:
+                    break
+        except BaseException:  # a stop: the files not yet being read are not waited for
+            pool.shutdown(cancel_futures=True)
+            raise
     return functions
 
 
@@ -195,13 +218,19 @@ def build_prompts(count: int, seed: int = 0, workers: int = 0) -> list[dict]:
 
 
 def write_jsonl(records: Iterable[dict], path: Path) -> int:
-    """Write ``records`` one JSON object per line; returns how many."""
+    """Write ``records`` one JSON object per line, whole or not at all (written beside
+    ``path`` and renamed); returns how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
     written = 0
-    with path.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            written += 1
+    try:
+        with partial.open("w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return written
 
 
@@ -212,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="parser processes (0: all CPUs)")
     args = parser.parse_args(argv)
-    records = build_prompts(args.count, args.seed, args.workers)
-    written = write_jsonl(records, Path(args.output))
+    with sigterm_taken_as_ctrl_c():
+        try:
+            records = build_prompts(args.count, args.seed, args.workers)
+            written = write_jsonl(records, Path(args.output))
+        except KeyboardInterrupt as stop:
+            return report_unfinished("code_prompts", stop)
     kinds = {kind: sum(r["kind"] == kind for r in records) for kind in sorted(KINDS)}
     print(f"code_prompts: wrote {written} prompts to {args.output} ({kinds})", file=sys.stderr)
     return 0
