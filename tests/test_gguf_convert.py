@@ -8,6 +8,7 @@ directory with transformers' own reading of the same GGUF file.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,22 @@ def test_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[
     report = capsys.readouterr().out
     assert "model.safetensors" in report and "bfloat16" in report
     assert AutoConfig.from_pretrained(tmp_path / "hf").dtype == torch.bfloat16
+
+
+def test_cli_stopped_by_sigterm_leaves_nothing_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (a scheduler's stop) while the files are written: exit 143, one line, no
+    directory and no half-written sibling."""
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setattr(
+        target_gguf, "_write_configs", lambda *_: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    assert convert_main([str(source), str(tmp_path / "hf")]) == 143
+    err = capsys.readouterr().err  # after the loader's progress bar
+    assert err.endswith("ringtrain-convert-gguf stopped by SIGTERM before it finished\n"), err
+    assert "Traceback" not in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny.gguf"]
 
 
 def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

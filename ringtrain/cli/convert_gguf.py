@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ringtrain.interrupts import report_unfinished, sigterm_taken_as_ctrl_c
 from ringtrain.target.gguf import (
     DTYPES,
     GGUFConversionError,
@@ -52,11 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     started = time.perf_counter()
     try:
-        source = find_smollm2_gguf() if args.smollm2 else args.gguf
-        output = convert_gguf(source, args.output_dir, dtype=args.dtype)
+        with sigterm_taken_as_ctrl_c():
+            source = find_smollm2_gguf() if args.smollm2 else args.gguf
+            output = convert_gguf(source, args.output_dir, dtype=args.dtype)
     except GGUFConversionError as exc:
         print(f"ringtrain-convert-gguf: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # the half-written directory is gone
+        return report_unfinished("ringtrain-convert-gguf", stop)
     files = sorted(path for path in output.iterdir() if path.is_file())
     total = sum(path.stat().st_size for path in files)
     print(
