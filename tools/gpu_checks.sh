@@ -5,6 +5,7 @@
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
 #        [speed] [speed_moe] [speed_dflash2] [speed_experts] [ceilings] [hybrid]
+#        [speed_small] [hybrid_pipeline]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -14,7 +15,10 @@
 # bf16 gradient reduction; multigpu_fp64: fp64, the repeatable sum) [split] (1 target on GPU 0, 1 drafter on GPU 1).
 # One GPU: [longdocs] (1 + 1 on rows of 3k, 8k, 16k and 32k tokens). [hybrid] (about 8
 # minutes): FLA's kernel configurations tuned and written for this GPU, the first forward
-# without and with them, the hybrid target's compiled MFU.
+# without and with them, the hybrid target's compiled MFU. [hybrid_pipeline] (about 9
+# minutes): the hybrid target 1 + 1 under MPS, its first step cold and warm, each role's
+# busy share. [speed_small] (about 4 minutes): the real recipe's drafter shape, DFlash
+# (also as CUDA graphs) against DFlash2 and the default, profiled.
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
@@ -138,6 +142,21 @@ for step in $steps; do
             run speed_dflash2_smollm2 200 python -m tools.bench.bench_drafter \
                 --target-shape smollm2-135m --variants fast_step,dflash2,default --steps 10 --json
             mv "$out/bench_drafter.json" "$out/speed_dflash2_smollm2.json" 2>/dev/null ;;
+        speed_small)
+            # The real recipe's drafter shape: DFlash (fast_step, and replayed as CUDA
+            # graphs) against DFlash2 and the default, profiled (dflash2_speed_ratio_small,
+            # default_speed_ratio_small, drafter_mfu_small).
+            run speed_small 300 python -m tools.bench.bench_drafter --target-shape smollm2-135m \
+                --variants fast_step,cudagraphs,dflash2,default --steps 10 --profile --json
+            mv "$out/bench_drafter.json" "$out/speed_small.json" 2>/dev/null ;;
+        hybrid_pipeline)
+            # The hybrid target, 1 + 1 on one GPU under MPS: the first step from empty
+            # caches, then from warm ones, and each role's busy share
+            # (cold_first_step_hybrid_s, warm_first_step_hybrid_s, pipeline_min_busy_hybrid).
+            run hybrid_pipeline 560 python -m tools.bench.bench_pipeline --skip-standalone \
+                --budget 9216 --steps 30 --shapes qwen3.5-hybrid --cold-shapes qwen3.5-hybrid \
+                --mps --run-timeout 250 --json
+            mv "$out/bench_pipeline.json" "$out/hybrid_pipeline.json" 2>/dev/null ;;
         speed_moe)
             run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
