@@ -33,7 +33,7 @@ from ringtrain.config import (
 )
 from ringtrain.ring import PeerDied
 from ringtrain.trainer.context import SessionContext
-from ringtrain.trainer.groups import RankGroups, close_groups, new_groups
+from ringtrain.trainer.groups import RankGroups, close_groups, gloo_only, new_groups
 from ringtrain.trainer.logs import (
     FILE_ONLY,
     get_logger,
@@ -187,10 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     # Under ringtrain-launch the launcher prints one line for the run; details stay in logs.
     console = FILE_ONLY if launched() else None
     try:
-        outcome = run_session(
-            SessionContext(config, info, run_dir, plan, init_distributed(info), stop)
-        )
-        if outcome.code == 0:
+        groups = init_distributed(info)
+        outcome = run_session(SessionContext(config, info, run_dir, plan, groups, stop))
+        if outcome.code == 0 and gloo_only(groups):
             close_groups()
     except PeerDied as exc:  # another rank failed first: name it and point at its log
         log.error("%s; stopping this rank", exc, extra=console)

@@ -80,9 +80,15 @@ def new_groups(info: RankInfo) -> RankGroups:
     )
 
 
+def gloo_only(groups: RankGroups) -> bool:
+    """Whether every group of this rank runs gloo (the world group always does)."""
+    members = (groups.drafters, groups.target, groups.target_control)
+    return all(dist.get_backend(group) == "gloo" for group in members if group is not None)
+
+
 def close_groups() -> None:
     """Destroy this rank's process groups now, while the interpreter is whole (call after
-    the rank's last collective, on a clean finish).
+    the rank's last collective, on a clean finish, where `gloo_only`).
 
     Gloo runs each collective on its own worker threads, and such a thread can still hold
     the last reference to a finished operation when the rank returns. Left to interpreter
@@ -90,7 +96,10 @@ def close_groups() -> None:
     down, and a thread that then needs the interpreter aborts the process ("terminate
     called without an active exception", exit -6) after a run that succeeded. The
     modules that hold a group (DDP) are collected first, so destroying the groups frees
-    them and joins their threads here."""
+    them and joins their threads here. NCCL groups are left to the process's exit as
+    before: a communicator destroyed while a peer may still read this rank's buffers of
+    the last collective needs a barrier first, which a rank that stopped alone would
+    never reach."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
