@@ -123,7 +123,7 @@ def test_a_stopped_run_ends_its_workers_writes_nothing_and_says_so(
     )
     try:
         progress = ""
-        while "file/s" not in progress:  # the first batch of files was read
+        while "functions=" not in progress:  # the first batch of files was read
             progress += command.stderr.read(1)
             assert progress, "the command ended before it read a file"
         if stop == signal.SIGTERM:
