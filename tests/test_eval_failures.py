@@ -170,11 +170,10 @@ def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
     )
     signum = signal.SIGTERM if stop.startswith("SIGTERM") else signal.SIGINT
     try:
-        # Worker 0 loaded the models: the workers are past their imports (a Ctrl-C that
-        # reaches a worker still importing, before it ignores SIGINT, ends it with a
-        # traceback).
+        # Worker 0 loaded the models. Its line may follow the parent's progress bar on the
+        # same line (the bar ends in a carriage return, not a newline).
         read = ""
-        while not read.startswith("ringtrain-eval: 64 assistant turns"):
+        while "ringtrain-eval: 64 assistant turns" not in read:
             read = evaluation.stderr.readline()
             assert read, "the evaluation ended before decoding"
         children = _children(evaluation.pid)
