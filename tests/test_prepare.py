@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from itertools import islice
 from pathlib import Path
 
@@ -92,6 +93,20 @@ def test_parallel_prepare_matches_serial(tokenizer_dir: Path, chats: Path, tmp_p
     assert serial == parallel
     a = (tmp_path / "a" / "data-00000.arrow").read_bytes()
     assert a == (tmp_path / "b" / "data-00000.arrow").read_bytes()
+
+
+def test_prepare_runs_one_worker_per_core_it_may_use(
+    tokenizer_dir: Path, chats: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Not one per core of the machine: a container or a `taskset` gives fewer."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        args = ["--tokenizer", str(tokenizer_dir), "--input", str(chats)]
+        assert data_main(["prepare", *args, "--output", str(tmp_path / "data")]) == 0
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert "with 1 process(es)" in capsys.readouterr().err
 
 
 def test_max_len_truncates(tokenizer_dir: Path, chats: Path, tmp_path: Path) -> None:

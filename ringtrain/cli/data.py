@@ -274,7 +274,10 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--output", required=True, help="new dataset directory")
     prepare.add_argument("--max-len", type=int, default=None, help="truncate rows to N tokens")
     prepare.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)"
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="processes (default: one per core this process may use)",
     )
     prepare.add_argument(
         "--max-record-bytes",
@@ -328,6 +331,7 @@ def _prepare(args: argparse.Namespace) -> None:
         "workers": max(1, args.workers),
         "max_record_bytes": args.max_record_bytes,
         "block_size": args.block_size,
+        "progress": sys.stderr,  # the stream in use now, not the one of import time
     }
     if args.mixture is not None:
         from ringtrain.data.mixture import prepare_mixture

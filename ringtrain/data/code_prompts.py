@@ -30,6 +30,7 @@ import ast
 import hashlib
 import json
 import multiprocessing
+import os
 import random
 import sys
 import sysconfig
@@ -174,12 +175,15 @@ def prompt_records(
 
 def documented_functions(files: list[Path], wanted: int, workers: int) -> list[SourceFunction]:
     """The documented functions of ``files`` in order, read until ``wanted`` (0: all) are
-    found, by ``workers`` processes (0: one per CPU) that leave a stop to this one."""
+    found, by ``workers`` processes (0: one per core this process may use) that leave a
+    stop to this one."""
     functions: list[SourceFunction] = []
     chunk = 256
     spawn = multiprocessing.get_context("spawn")
     with (
-        ProcessPoolExecutor(workers or None, spawn, set_worker_stops) as pool,
+        ProcessPoolExecutor(
+            workers or len(os.sched_getaffinity(0)), spawn, set_worker_stops
+        ) as pool,
         tqdm(total=len(files), desc="code_prompts: reading sources", unit="file") as bar,
     ):
         try:
@@ -239,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="JSONL file to write")
     parser.add_argument("--count", type=int, default=0, help="prompts to keep (0: all)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=0, help="parser processes (0: all CPUs)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="parser processes (0: one per core it may use)"
+    )
     args = parser.parse_args(argv)
     with sigterm_taken_as_ctrl_c():
         try:

@@ -96,7 +96,7 @@ def decode_share(
     ``prepared``: what ``prepare`` returned, where this process already read it (a
     worker process reads the prompts itself)."""
     threads = args.threads or (
-        max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else 0
+        max(1, len(os.sched_getaffinity(0)) // args.workers) if args.workers > 1 else 0
     )
     if threads:
         torch.set_num_threads(threads)
