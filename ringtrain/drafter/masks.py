@@ -18,8 +18,9 @@ never recompiles because of them. Consequence: run backward before building the 
 the next batch with the same builder.
 
 On CPU, where flex_attention has no backward, each block's candidate keys are gathered
-instead (`GatheredMask`): the W context rows from its first visible row, W the longest
-visible context of the batch, then its own B rows, with the same mask_mod saying which of
+instead (`GatheredMask`): the W context rows from its first visible row (in a sliding
+layer, the first its window reaches), W the longest visible context of the batch, then
+its own B rows, with the same mask_mod saying which of
 them each query row sees. Attention then scores B x (W + B) pairs per block rather than
 every query against all C + A * B keys: about an eighth of the dense work on the embedded
 default's batches.
@@ -138,6 +139,8 @@ class BlockMaskBuilder:
 
     def _gathered_mask(self, window: int) -> GatheredMask:
         lo, hi = self.ctx_lo.long(), self.ctx_hi.long()
+        if window:  # no row of the block sees a key before its first row's window
+            lo = torch.maximum(lo, self.anchor.long() - (window - 1))
         span = int((hi - lo).max())  # a host sync: this path is the CPU's
         ctx_rows = lo[:, None] + torch.arange(span, device=self.device)
         in_span = ctx_rows < hi[:, None]
