@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections import Counter
@@ -20,6 +18,7 @@ from ringtrain.data.code_prompts import (
     prompt_records,
 )
 from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING
+from tests.helpers.stops import send_stop, start_in_session, stop_name
 
 SOURCE = textwrap.dedent(
     '''
@@ -112,29 +111,20 @@ def test_a_stopped_run_ends_its_workers_writes_nothing_and_says_so(
     it reads sources: exit 128 + the signal, one line naming it, no file, no worker left
     (each holds the command's stderr open: it closes when the last one has ended)."""
     output = tmp_path / "prompts.jsonl"
-    command = subprocess.Popen(
-        [sys.executable, "-m", "ringtrain.data.code_prompts", "--output", str(output)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # Ctrl-C as in a terminal, whatever this process ignores.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    command = start_in_session(
+        [sys.executable, "-m", "ringtrain.data.code_prompts", "--output", str(output)]
     )
     try:
         progress = ""
         while "functions=" not in progress:  # the first batch of files was read
             progress += command.stderr.read(1)
             assert progress, "the command ended before it read a file"
-        if stop == signal.SIGTERM:
-            os.kill(command.pid, stop)
-        else:
-            os.killpg(command.pid, stop)
+        send_stop(command, stop)
         _, err = command.communicate(timeout=STOP_TIMEOUT_S)
     finally:
         command.kill()
-    name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
     assert command.returncode == 128 + stop, err
-    assert err.strip().splitlines()[-1] == f"code_prompts stopped by {name} before it finished"
+    last = err.strip().splitlines()[-1]
+    assert last == f"code_prompts stopped by {stop_name(stop)} before it finished"
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []

@@ -15,6 +15,7 @@ import pytest
 from ringtrain.cli.eval import main
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import write_drafter
+from tests.helpers.stops import send_stop, start_in_session
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -159,15 +160,7 @@ def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
     stop: str, models: tuple[Path, Path], tmp_path: Path
 ) -> None:
     command = _two_worker_command(models, tmp_path, prompts=64, max_new_tokens=256)
-    evaluation = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # Ctrl-C as in a terminal, whatever this process ignores (a background job of a
-        # non-interactive shell starts with SIGINT ignored, and its children with it).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    evaluation = start_in_session(command, stdout=None)
     signum = signal.SIGTERM if stop.startswith("SIGTERM") else signal.SIGINT
     try:
         # Worker 0 loaded the models. Its line may follow the parent's progress bar on the
@@ -179,10 +172,7 @@ def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
         children = _children(evaluation.pid)
         workers = {pid: cmd for pid, cmd in children.items() if b"spawn_main" in cmd}
         assert len(workers) == 2
-        if signum == signal.SIGTERM:
-            os.kill(evaluation.pid, signum)
-        else:  # a Ctrl-C: every process of the group gets it, the workers too
-            os.killpg(evaluation.pid, signum)
+        send_stop(evaluation, signum)
         _, err = evaluation.communicate(timeout=120)
     finally:
         if evaluation.poll() is None:

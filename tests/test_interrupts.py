@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from ringtrain.interrupts import stops_deferred
+from tests.helpers.stops import reset_ctrl_c
 
 # A worker as ringtrain's start: it says it runs (still "importing"), waits for a line,
 # then makes its first call, set_worker_stops, and says it survived.
@@ -60,8 +61,7 @@ def test_a_worker_started_inside_is_not_ended_by_a_stop_while_it_imports(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            # Ctrl-C as in a terminal, whatever this process ignores.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=reset_ctrl_c,
         )
     try:
         assert worker.stdout.readline() == "importing\n"

@@ -18,6 +18,7 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
 from tests.helpers.chat_data import CONVERSATIONS
+from tests.helpers.stops import send_stop, start_in_session, stop_name
 
 FAILURE_TIMEOUT_S = 120
 POLL_S = 0.01
@@ -111,33 +112,18 @@ def test_a_stopped_prepare_leaves_no_output_and_one_line(
     path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 200_000)
     command = [sys.executable, "-m", "ringtrain.cli.data", "prepare", "--tokenizer"]
     command += [str(tokenizer_dir), "--input", str(path), "--output", str(tmp_path / "out")]
-    prepare = subprocess.Popen(
-        [*command, "--workers", str(workers)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # Ctrl-C as in a terminal, whatever this process ignores (a background job of a
-        # non-interactive shell starts with SIGINT ignored, and its children with it).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    prepare = start_in_session([*command, "--workers", str(workers)])
     try:
         assert "encoding" in prepare.stderr.readline()
         # The first progress line: the encoding runs.
         assert "conversations" in prepare.stderr.readline()
-        if stop == signal.SIGTERM:
-            os.kill(prepare.pid, stop)
-        else:  # a terminal's Ctrl-C
-            os.killpg(prepare.pid, stop)
+        send_stop(prepare, stop)
         _, err = prepare.communicate(timeout=FAILURE_TIMEOUT_S)
     finally:
         prepare.kill()
-    name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
     assert prepare.returncode == 128 + stop, err
-    assert (
-        err.strip().splitlines()[-1]
-        == f"ringtrain-data: prepare stopped by {name} before it finished"
-    ), err
+    last = err.strip().splitlines()[-1]
+    assert last == f"ringtrain-data: prepare stopped by {stop_name(stop)} before it finished"
     assert "Traceback" not in err
     assert not list((tmp_path / "out").glob("*.arrow*"))
 

@@ -29,6 +29,7 @@ from ringtrain.data.regen_lock import lock_path
 from ringtrain.generate.continuous import plan_slots
 from ringtrain.generate.memory import DecodeFootprint
 from ringtrain.target.tiny import EOS_TOKEN_ID, build_tiny_target
+from tests.helpers.stops import reset_ctrl_c
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -261,7 +262,7 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, _Console]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=reset_ctrl_c,
     )
     return process, _Console(process)
 

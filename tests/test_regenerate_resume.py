@@ -23,6 +23,7 @@ from ringtrain.testing.regenerate_chats import (
     read_output,
     write_chats,
 )
+from tests.helpers.stops import reset_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_stopped_run_resumed_yields_every_record_once(
         # Ctrl-C as in a terminal: the child takes SIGINT whatever this process ignores
         # (a background job of a non-interactive shell starts with SIGINT ignored).
         process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.DEVNULL, preexec_fn=_default_sigint
+            command, cwd=ROOT, stdout=subprocess.DEVNULL, preexec_fn=reset_ctrl_c
         )
         try:
             assert server.held.wait(60), "the run never reached the held answers"
@@ -65,10 +66,6 @@ def test_stopped_run_resumed_yields_every_record_once(
         server.open_gate()
         assert data_main(_args(server.url, chats, output, "--resume")) == 0
     assert_all_regenerated(chats, output, good)
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _options(url: str, chats: Path, output: Path) -> RegenerateOptions:

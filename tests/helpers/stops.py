@@ -1,0 +1,42 @@
+"""Commands started as from a terminal and stopped as a scheduler or a user stops them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+
+def reset_ctrl_c() -> None:
+    """Ctrl-C as in a terminal in the child, whatever this process ignores (a background
+    job of a non-interactive shell starts with SIGINT ignored, and its children with it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_in_session(command: list[str], **options: Any) -> subprocess.Popen:
+    """``command`` in a session of its own (its own process group, as a terminal's
+    foreground job), Ctrl-C as in a terminal, stdout and stderr piped as text."""
+    return subprocess.Popen(
+        command,
+        stdout=options.pop("stdout", subprocess.PIPE),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=reset_ctrl_c,
+        **options,
+    )
+
+
+def send_stop(process: subprocess.Popen, stop: signal.Signals) -> None:
+    """SIGTERM to the process (a scheduler's, `timeout`'s), SIGINT to its group (a
+    terminal's Ctrl-C reaches every process of the group, workers too)."""
+    if stop == signal.SIGTERM:
+        os.kill(process.pid, stop)
+    else:
+        os.killpg(process.pid, stop)
+
+
+def stop_name(stop: signal.Signals) -> str:
+    """How the commands name the stop."""
+    return "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
