@@ -271,10 +271,12 @@ def _in_order(
 
 
 def _submit(pool: ProcessPoolExecutor, task: tuple[str, int, list[bytes]]) -> Future[EncodedChunk]:
-    """``pool.submit`` of one chunk; an OSError from starting a worker means the pool broke."""
+    """``pool.submit`` of one chunk; an error from starting a worker means the pool broke
+    while it started: it closed its queue, whose descriptors the new worker was to keep
+    (OSError, or ValueError "bad value(s) in fds_to_keep")."""
     try:
         return pool.submit(_encode_chunk, task)
-    except OSError as error:  # the pool broke (and closed its queue) while a worker started
+    except (OSError, ValueError) as error:
         raise BrokenProcessPool(str(error)) from error
 
 
