@@ -10,12 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ringtrain.target.compiled import compiled_forward
 from ringtrain.target.linear_attention import (
+    CHUNK_RULE_FUNCTION,
     GATED_DELTA_RULE_FUNCTIONS,
     SHORT_CONVOLUTION_FUNCTION,
     fla_causal_conv1d_fn,
     linear_attention_backend,
+    normalized_qkv,
+    use_normalized_qk,
     use_torch_linear_attention,
+    with_normalized_qk,
 )
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir
@@ -47,6 +52,40 @@ def test_torch_choice_swaps_the_dispatching_functions_for_transformers_own(
         assert not hasattr(getattr(modeling, name), "__wrapped__"), name
     assert use_torch_linear_attention(torch_target.module) == 0  # already swapped
     torch.testing.assert_close(_forward(torch_target, ids), before)
+
+
+@pytest.mark.skipif(FLA_INSTALLED, reason="with FLA installed a hybrid target refuses the CPU")
+def test_queries_and_keys_normalised_before_the_recurrence_give_the_same_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = build_tiny_target(tmp_path / "t", seed=6)
+    target = load_target(path, num_taps=3, device="cpu", dtype="float32")
+    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))
+    before = _forward(target, ids)
+    layer = next(m for m in target.module.modules() if "GatedDeltaNet" in type(m).__name__)
+    modeling = sys.modules[type(layer).__module__]
+    chunk_rule = getattr(modeling, CHUNK_RULE_FUNCTION)
+    asked = []
+
+    def recurrence(*args, **kwargs):
+        asked.append(kwargs["use_qk_l2norm_in_kernel"])
+        return chunk_rule(*args, **kwargs)
+
+    monkeypatch.setattr(modeling, CHUNK_RULE_FUNCTION, recurrence)  # restored after the test
+    layouts = []
+
+    def prepare(query, key, value):
+        prepared = normalized_qkv(query, key, value)
+        layouts.append((query.is_contiguous(), [t.is_contiguous() for t in prepared]))
+        return prepared
+
+    assert use_normalized_qk(target.module, prepare) == 1
+    assert use_normalized_qk(target.module, prepare) == 0  # already switched
+    after = _forward(target, ids)
+    # Strided views in, contiguous tensors out, and the recurrence no longer normalises.
+    assert layouts and all(not given and all(out) for given, out in layouts)
+    assert asked and not any(asked)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 
 
 def test_a_dense_target_has_no_linear_attention(tmp_path: Path) -> None:
@@ -95,3 +134,34 @@ def test_fla_short_convolution_runs_and_equals_the_depthwise_convolution(tmp_pat
         )
         assert out.shape == inputs.shape
         torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and FLA_INSTALLED),
+    reason="needs a CUDA GPU and flash-linear-attention",
+)
+def test_compiled_normalisation_equals_fla_s_own_on_the_layer_s_strided_views() -> None:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    batch, length, heads, width = 2, 300, 4, 128
+    mixed = torch.randn(batch, length, 3 * heads * width, device="cuda", generator=generator)
+    query, key, value = (
+        part.reshape(batch, length, heads, width)
+        for part in mixed.bfloat16().split(heads * width, -1)
+    )
+    g = -torch.rand(batch, length, heads, device="cuda", generator=generator)
+    beta = torch.rand(batch, length, heads, device="cuda", generator=generator).bfloat16()
+    expected, _ = chunk_gated_delta_rule(
+        query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True
+    )
+    prepare = compiled_forward(normalized_qkv, "inductor")
+    out, _ = with_normalized_qk(chunk_gated_delta_rule, prepare)(
+        query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=True
+    )
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+    prepared = prepare(query, key, value)
+    assert all(t.is_contiguous() for t in prepared)
+    unit = prepared[0].float().norm(dim=-1)
+    torch.testing.assert_close(unit, torch.ones_like(unit), atol=1e-2, rtol=0)

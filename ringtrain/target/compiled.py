@@ -16,7 +16,9 @@ What is compiled, per decoder layer:
   flash-linear-attention's autograd functions and autotuned Triton kernels, which Dynamo
   does not reliably trace; their gated RMSNorm (``linear_attn.norm``, about six float32
   elementwise kernels eagerly) compiles on its own where it is plain torch (not FLA's
-  fused norm, which some models bind). A mixture-of-experts block (an ``mlp`` with ``experts``)
+  fused norm, which some models bind), and where FLA runs them, the scaling of their
+queries and keys before the recurrence compiles on its own too
+(ringtrain.target.linear_attention.use_normalized_qk). A mixture-of-experts block (an ``mlp`` with ``experts``)
   stays eager by default: transformers' "eager" experts loop over the experts a batch hit,
   with data-dependent shapes that break graphs and recompile. The residual adds of such
   layers stay eager too.

@@ -14,6 +14,13 @@ generic depthwise convolution on a [batch, channels, time] layout (1.8 ms per la
 output back to [batch, time, channels] before splitting it into queries, keys and
 values. Where FLA runs the recurrence and ``causal_conv1d`` is absent, FLA's Triton causal
 convolution takes the [batch, time, channels] layout directly (0.16 ms there).
+
+The convolution's output holds queries, keys and values side by side in each row; the
+layer passes FLA three strided views of it, and FLA copies each into a contiguous tensor
+and then scales queries and keys to unit length in two more kernels. In a compiled target
+that preparation runs instead as one compiled function (`use_normalized_qk`): the scaling
+reads the strided views and writes the contiguous tensors FLA takes, and FLA is told the
+queries and keys are normalised already.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ GATED_DELTA_RULE_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_g
 # The module-level function transformers' hybrid models call for the short causal
 # convolution of a whole sequence (one-token decoding calls causal_conv1d_update).
 SHORT_CONVOLUTION_FUNCTION = "causal_conv1d_fn"
+# The whole-sequence Gated DeltaNet recurrence, the one a target's forward calls.
+CHUNK_RULE_FUNCTION = GATED_DELTA_RULE_FUNCTIONS[0]
+# FLA's L2 normalisation: x / sqrt(sum(x^2) + eps) per head, in float32.
+L2NORM_EPS = 1e-6
 
 
 def linear_attention_backend(
@@ -135,6 +146,49 @@ def use_fla_short_convolution(model: nn.Module) -> None:
     for module in modeling_modules(model):
         if hasattr(module, SHORT_CONVOLUTION_FUNCTION):
             setattr(module, SHORT_CONVOLUTION_FUNCTION, fla_causal_conv1d_fn)
+
+
+def normalized_qkv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries and keys scaled to unit length over each head's features as FLA's
+    ``use_qk_l2norm_in_kernel`` scales them (float32, then the input's dtype), and the
+    values: all three contiguous."""
+
+    def unit(rows: torch.Tensor) -> torch.Tensor:
+        wide = rows.float()
+        scale = 1 / torch.sqrt((wide * wide).sum(-1, keepdim=True) + L2NORM_EPS)
+        return (wide * scale).to(rows.dtype).contiguous()
+
+    return unit(query), unit(key), value.contiguous()
+
+
+def with_normalized_qk(chunk_rule: Callable, prepare: Callable = normalized_qkv) -> Callable:
+    """``chunk_rule`` (transformers' whole-sequence Gated DeltaNet function) taking queries
+    and keys that ``prepare`` normalised where the caller asks for the normalisation."""
+
+    def run(query, key, value, *args, use_qk_l2norm_in_kernel: bool = False, **kwargs):
+        if use_qk_l2norm_in_kernel:
+            query, key, value = prepare(query, key, value)
+        return chunk_rule(query, key, value, *args, use_qk_l2norm_in_kernel=False, **kwargs)
+
+    run.normalizes_qk = True
+    return run
+
+
+def use_normalized_qk(model: nn.Module, prepare: Callable) -> int:
+    """Make the Gated DeltaNet layers of ``model`` prepare their queries, keys and values
+    with ``prepare`` (`normalized_qkv`, compiled by the caller) before the recurrence;
+    returns how many modeling modules were switched. Process-wide like the other switches
+    here; a second call leaves a switched module as it is."""
+    switched = 0
+    for module in modeling_modules(model):
+        chunk_rule = getattr(module, CHUNK_RULE_FUNCTION, None)
+        if chunk_rule is None or getattr(chunk_rule, "normalizes_qk", False):
+            continue
+        setattr(module, CHUNK_RULE_FUNCTION, with_normalized_qk(chunk_rule, prepare))
+        switched += 1
+    return switched
 
 
 def settle_linear_attention(

@@ -27,7 +27,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from ringtrain.compile_caches import expected_compile_time
-from ringtrain.target.compiled import compile_decoder_layers
+from ringtrain.target.compiled import compile_decoder_layers, compiled_forward
+from ringtrain.target.linear_attention import normalized_qkv, use_normalized_qk
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class TappedTarget:
         allow it (``ringtrain.target.compiled.compile_units``); ``grouped_experts`` False
         keeps transformers' experts there (benchmarks compare the two).
 
+        Where FLA runs the Gated DeltaNet layers, the preparation of their queries, keys and
+        values compiles too (ringtrain.target.linear_attention.use_normalized_qk).
         Compilation happens on the next forward; `precompile()` does it at once, logged.
         Call once.
         """
@@ -92,6 +95,8 @@ class TappedTarget:
         self.compiled_units = compile_decoder_layers(
             self.module.layers, backend, moe, grouped_experts
         )
+        if self.linear_attention == "fla":
+            use_normalized_qk(self.module, compiled_forward(normalized_qkv, backend))
 
     def precompile(self, length: int = 64) -> None:
         """Compile now, on two small dummy batches: the graphs for several rows and for
