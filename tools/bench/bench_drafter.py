@@ -29,7 +29,9 @@ graphs (compile mode "reduce-overhead"); "muon" is fast_step's switches with Muo
 layers' matrices; "dflash2" is fast_step's switches with the DFlash2 drafter (its
 dynamic convolutions and candidate selector: work the model FLOPs above do not count, so
 its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost);
-"default" is what the config's defaults train (DFlash2, D-PACE, Muon). Every other
+"default" is what the config's defaults train (DFlash2, D-PACE, Muon); "_graphs" names
+replay a variant's compiled parts as CUDA graphs, "_chunk16k" forms the loss over
+16,384-row chunks (the real recipe's loss_chunk). Every other
 variant trains the paper's drafter and objective (DFlash, decayed cross-entropy).
 
     python -m tools.bench.bench_drafter --json                         # H200, default variant
@@ -145,6 +147,8 @@ VARIANTS = {
 # chunks (fewer, larger LM-head and cross-entropy launches on small drafters).
 VARIANTS["default_graphs"] = {**VARIANTS["default"], "compile_mode": "reduce-overhead"}
 VARIANTS["default_chunk16k"] = {**VARIANTS["default"], "loss_chunk": 16384}
+VARIANTS["default_graphs_chunk16k"] = {**VARIANTS["default_graphs"], "loss_chunk": 16384}
+VARIANTS["dflash2_graphs"] = {**VARIANTS["dflash2"], "compile_mode": "reduce-overhead"}
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
 

@@ -1,7 +1,9 @@
 """Benchmark the drafter's attention alone: flex_attention over the anchor blocks' mask.
 
-One layer's attention as the drafter trains it (Qwen3-8B drafter shape: 32 query / 8 KV
-heads of 128; 3 documents of 3072 tokens, 512 anchors each, blocks of 16; keys
+One layer's attention as the drafter trains it (``--shape qwen3-8b``, the default: 32
+query / 8 KV heads of 128, 3 documents of 3072 tokens, 512 anchors each, blocks of 16;
+``--shape smollm2-135m``, the real recipe's drafter: 9 / 3 heads of 64, 32 documents of
+512 tokens, 128 anchors each, blocks of 16; keys
 `[context ; blocks]`, the BlockMask of ringtrain/drafter/masks.py), compiled, forward and
 forward + backward, for a list of flex_attention kernel options (tile sizes, stages,
 warps; "autotune" lets inductor's max-autotune choose). Beside it, as the reference of
@@ -11,6 +13,7 @@ query heads forward, 2.5 times that for the backward.
 
     python -m tools.bench.bench_flex --json
     python -m tools.bench.bench_flex --json --options default,rows_safe,bwd_64x64
+    python -m tools.bench.bench_flex --json --shape smollm2-135m
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ringtrain.drafter.masks import BlockMaskBuilder
 from ringtrain.packed_batch import random_packed_batch
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
-from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID
+from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID, SMOLLM2_135M
 
 
 def _bwd(m1: int, n1: int, m2: int, n2: int, stages: int, warps: int) -> dict:
@@ -61,6 +64,11 @@ OPTIONS = {
         "fwd_num_warps": 8,
     },
     "autotune": {},
+}
+# Per --shape: the model's heads, then documents, tokens per document, anchors per document.
+SHAPES = {
+    "qwen3-8b": (QWEN3_8B, 3, 3072, 512),
+    "smollm2-135m": (SMOLLM2_135M, 32, 512, 128),
 }
 
 
@@ -157,16 +165,17 @@ def dense_reference(
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma list of names")
+    parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     require_cuda("bench_flex")
     device = torch.device("cuda")
+    model, docs, doc_len, anchors = SHAPES[args.shape]
     heads, kv_heads, head_dim = (
-        QWEN3_8B[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
+        model[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
     )
-    docs, doc_len = 3, 3072
-    mask, q_len, kv_len, visible = drafter_layout(device, docs, doc_len, anchors=512, block=16)
+    mask, q_len, kv_len, visible = drafter_layout(device, docs, doc_len, anchors, block=16)
     fwd_flops = 4 * visible * head_dim * heads
 
     def leaf(h: int, n: int) -> torch.Tensor:
@@ -192,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "bench_flex",
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
+        "shape": args.shape,
         "q_rows": q_len,
         "kv_rows": kv_len,
         "visible_pairs": visible,
