@@ -6,9 +6,10 @@ query / 8 KV heads of 128, 3 documents of 3072 tokens, 512 anchors each, blocks 
 512 tokens, 128 anchors each, blocks of 16; keys
 `[context ; blocks]`, the BlockMask of ringtrain/drafter/masks.py), compiled, forward and
 forward + backward, for a list of flex_attention kernel options (tile sizes, stages,
-warps; "autotune" lets inductor's max-autotune choose). Beside it, as the reference of
-what dense attention reaches on the same chip: causal SDPA (flash) over 3 documents of
-3072 tokens with the same heads. FLOPs: 4 x visible (query, key) pairs x head_dim x
+warps; "autotune" lets inductor's max-autotune choose; "gathered" is not flex_attention
+but each block's keys gathered and scored by one SDPA call). Beside it, as the reference of
+what dense attention reaches on the same chip: causal SDPA (flash) over the shape's
+documents with the same heads. FLOPs: 4 x visible (query, key) pairs x head_dim x
 query heads forward, 2.5 times that for the backward.
 
     python -m tools.bench.bench_flex --json
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from ringtrain.drafter.arch.dflash.model import _gathered_attend
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
@@ -65,6 +67,8 @@ OPTIONS = {
     },
     "autotune": {},
 }
+# Not flex_attention: each block's keys gathered, then dense SDPA (`gathered_variant`).
+GATHERED = "gathered"
 # Per --shape: the model's heads, then documents, tokens per document, anchors per document.
 SHAPES = {
     "qwen3-8b": (QWEN3_8B, 3, 3072, 512),
@@ -73,7 +77,7 @@ SHAPES = {
 
 
 def drafter_layout(device: torch.device, docs: int, doc_len: int, anchors: int, block: int):
-    """(BlockMask, query rows, key rows, visible pairs) of one packed batch."""
+    """(BlockMask, GatheredMask, query rows, key rows, visible pairs) of one packed batch."""
     cfg = DrafterConfig(
         block_size=block, num_anchors=anchors, anchor_ref_len=doc_len, mask_token_id=0
     )
@@ -83,10 +87,11 @@ def drafter_layout(device: torch.device, docs: int, doc_len: int, anchors: int, 
     generator = torch.Generator(device).manual_seed(0)
     blocks = build_blocks(rows, generator, cfg, QWEN3_MASK_TOKEN_ID, ctx_capacity, max_anchors)
     builder = BlockMaskBuilder(ctx_capacity, max_anchors, block, (0,), device)
+    gathered = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, gathered=True)[0]
     mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)[0]
     valid = blocks.valid
     visible = int(((blocks.ctx_hi - blocks.ctx_lo)[valid] + block).sum()) * block
-    return mask, max_anchors * block, ctx_capacity + max_anchors * block, visible
+    return mask, gathered, max_anchors * block, ctx_capacity + max_anchors * block, visible
 
 
 def time_attention(attend, q, k, v, reps: int) -> tuple[float, float]:
@@ -141,6 +146,22 @@ def flex_variant(name: str, mask, q, k, v, scale: float, reps: int, fwd_flops: f
     }
 
 
+def gathered_variant(mask, q, k, v, scale: float, reps: int, fwd_flops: float) -> dict:
+    """Each block's keys gathered and scored by one SDPA call (the eager drafter's
+    attention, ringtrain/drafter/arch/dflash/model.py), compiled."""
+    torch._dynamo.reset()
+    attend = torch.compile(partial(_gathered_attend, mask=mask, scale=scale), dynamic=False)
+    began = time.perf_counter()
+    attend(q, k, v).sum().backward()
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - began
+    return {
+        "options": GATHERED,
+        "compile_s": compile_s,
+        **rates(*time_attention(attend, q, k, v, reps), fwd_flops),
+    }
+
+
 def dense_reference(
     heads: int, kv_heads: int, head_dim: int, docs: int, doc_len: int, reps: int
 ) -> dict:
@@ -164,7 +185,9 @@ def dense_reference(
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--options", default=",".join(OPTIONS), help="comma list of names")
+    parser.add_argument(
+        "--options", default=",".join(OPTIONS), help=f"comma list of names (and {GATHERED!r})"
+    )
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -175,7 +198,9 @@ def main(argv: list[str] | None = None) -> dict:
     heads, kv_heads, head_dim = (
         model[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
     )
-    mask, q_len, kv_len, visible = drafter_layout(device, docs, doc_len, anchors, block=16)
+    mask, gathered, q_len, kv_len, visible = drafter_layout(
+        device, docs, doc_len, anchors, block=16
+    )
     fwd_flops = 4 * visible * head_dim * heads
 
     def leaf(h: int, n: int) -> torch.Tensor:
@@ -187,7 +212,14 @@ def main(argv: list[str] | None = None) -> dict:
     for name in args.options.split(","):
         print(f"[bench_flex] {name}", flush=True)
         try:
-            results.append(flex_variant(name, mask, q, k, v, head_dim**-0.5, args.reps, fwd_flops))
+            if name == GATHERED:
+                results.append(
+                    gathered_variant(gathered, q, k, v, head_dim**-0.5, args.reps, fwd_flops)
+                )
+            else:
+                results.append(
+                    flex_variant(name, mask, q, k, v, head_dim**-0.5, args.reps, fwd_flops)
+                )
         except Exception as exc:  # report and go on with the next option set
             results.append({"options": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
     print(f"{'options':<18} {'fwd ms':>7} {'bwd ms':>7} {'fwd TF/s':>9} {'bwd TF/s':>9} {'mfu':>6}")
