@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -77,3 +78,22 @@ def test_nothing_is_set_on_cpu_or_once_fla_is_imported(
     monkeypatch.setitem(sys.modules, "fla", object())
     assert use_shipped_fla_configs(CUDA) is None
     assert "FLA_CONFIG_DIR" not in os.environ and "FLA_CACHE_MODE" not in os.environ
+
+
+def test_a_gpu_without_shipped_configurations_is_told_the_autotune_wait(
+    shipped: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    with caplog.at_level(logging.INFO, logger=fla_configs.__name__):
+        assert use_shipped_fla_configs(CUDA) is None
+    assert "FLA_CONFIG_DIR" not in os.environ
+    (line,) = caplog.messages
+    assert "autotune at the target's first forward" in line and "about 40 s" in line
+    assert "NVIDIA B200" in line
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=fla_configs.__name__):
+        monkeypatch.setattr(fla_configs, "installed_fla_version", lambda: "0.7.0")
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+        assert use_shipped_fla_configs(CUDA) is None
+    (line,) = caplog.messages
+    assert "about 40 s" in line and "0.6.0" in line and "0.7.0" in line
