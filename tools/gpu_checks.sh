@@ -52,7 +52,8 @@ for step in $steps; do
     case $step in
         tests) run tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests ;;
         quicktests) run tests 200 python -m pytest -q -m gpu -p no:cacheprovider \
-            tests/test_ring_gpu.py tests/test_target_gpu.py tests/test_drafter_gpu.py ;;
+            tests/test_ring_gpu.py tests/test_target_gpu.py tests/test_drafter_gpu.py \
+            tests/test_linear_attention.py ;;
         ring | ring_mps)
             # ring_mps: the same under the CUDA MPS daemon (two ranks on one GPU share
             # one hardware context instead of being time-sliced).
