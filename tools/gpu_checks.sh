@@ -5,7 +5,7 @@
 # Usage: tools/gpu_checks.sh [tests|quicktests] [ring] [ring_mps] [ipc_copy] [drafter]
 #        [target] [pipeline] [pipeline_mps] [target_moe] [load] [pipeline_moe] [moe_report]
 #        [speed] [speed_moe] [speed_dflash2] [speed_experts] [ceilings] [hybrid]
-#        [speed_small] [hybrid_pipeline]
+#        [speed_small] [hybrid_pipeline] [hybrid_27b_pipeline]
 # (default: tests ring drafter target pipeline; run from the project root: the benchmarks
 # run as modules, python -m tools.bench.<name>). The Qwen3-30B-A3B (mixture-of-experts)
 # checks, about 7 minutes: tools/gpu_checks.sh target_moe load pipeline_moe moe_report
@@ -17,7 +17,8 @@
 # minutes): FLA's kernel configurations tuned and written for this GPU, the first forward
 # without and with them, the hybrid target's compiled MFU. [hybrid_pipeline] (about 9
 # minutes): the hybrid target 1 + 1 under MPS, its first step cold and warm, each role's
-# busy share. [speed_small] (about 5 minutes): the real recipe's drafter shape, its
+# busy share. [hybrid_27b_pipeline] (about 9 minutes): the same for the Qwen3.5-27B
+# hybrid at full size, once. [speed_small] (about 5 minutes): the real recipe's drafter shape, its
 # attention alone, DFlash (also over gathered keys and as CUDA graphs) against DFlash2 and
 # the default (also as CUDA graphs).
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
@@ -164,6 +165,14 @@ for step in $steps; do
                 --budget 9216 --steps 30 --shapes qwen3.5-hybrid --cold-shapes qwen3.5-hybrid \
                 --mps --run-timeout 250 --json
             mv "$out/bench_pipeline.json" "$out/hybrid_pipeline.json" 2>/dev/null ;;
+        hybrid_27b_pipeline)
+            # The Qwen3.5-27B hybrid target at full size (random weights, about 46 GiB of
+            # bf16) 1 + 1 with its drafter on one GPU under MPS, once, from empty caches
+            # (pipeline_tokens_per_s_hybrid_27b, each role's busy share).
+            run hybrid_27b_pipeline 560 python -m tools.bench.bench_pipeline --skip-standalone \
+                --budget 9216 --steps 20 --shapes qwen3.5-27b --cold-shapes none --mps \
+                --run-timeout 500 --json
+            mv "$out/bench_pipeline.json" "$out/hybrid_27b_pipeline.json" 2>/dev/null ;;
         speed_moe)
             run speed_moe 200 python -m tools.bench.bench_target --shape qwen3-30b-a3b \
                 --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
