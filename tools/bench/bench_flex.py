@@ -135,15 +135,7 @@ def flex_variant(name: str, mask, q, k, v, scale: float, reps: int, fwd_flops: f
         mode=mode,
         dynamic=False,
     )
-    began = time.perf_counter()
-    attend(q, k, v).sum().backward()
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - began
-    return {
-        "options": name,
-        "compile_s": compile_s,
-        **rates(*time_attention(attend, q, k, v, reps), fwd_flops),
-    }
+    return compiled_result(name, attend, q, k, v, reps, fwd_flops)
 
 
 def gathered_variant(mask, q, k, v, scale: float, reps: int, fwd_flops: float) -> dict:
@@ -151,12 +143,17 @@ def gathered_variant(mask, q, k, v, scale: float, reps: int, fwd_flops: float) -
     attention, ringtrain/drafter/arch/dflash/model.py), compiled."""
     torch._dynamo.reset()
     attend = torch.compile(partial(_gathered_attend, mask=mask, scale=scale), dynamic=False)
+    return compiled_result(GATHERED, attend, q, k, v, reps, fwd_flops)
+
+
+def compiled_result(name: str, attend, q, k, v, reps: int, fwd_flops: float) -> dict:
+    """A compiled attention's first call (its compilation) timed, then its rates."""
     began = time.perf_counter()
     attend(q, k, v).sum().backward()
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - began
     return {
-        "options": GATHERED,
+        "options": name,
         "compile_s": compile_s,
         **rates(*time_attention(attend, q, k, v, reps), fwd_flops),
     }
