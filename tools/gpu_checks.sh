@@ -18,9 +18,9 @@
 # without and with them, the hybrid target's compiled MFU. [hybrid_pipeline] (about 9
 # minutes): the hybrid target 1 + 1 under MPS, its first step cold and warm, each role's
 # busy share. [hybrid_27b_pipeline] (about 9 minutes): the same for the Qwen3.5-27B
-# hybrid at full size, once. [speed_small] (about 5 minutes): the real recipe's drafter shape, its
-# attention alone, DFlash (also over gathered keys and as CUDA graphs) against DFlash2 and
-# the default (also as CUDA graphs).
+# hybrid at full size, once. [speed_small] (about 5 minutes): the real recipe's drafter
+# shape, its attention alone, DFlash (also over gathered keys and as CUDA graphs) against
+# DFlash2 and the default (also as CUDA graphs).
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each

@@ -18,10 +18,10 @@ never recompiles because of them. Consequence: run backward before building the 
 the next batch with the same builder.
 
 On CPU, where flex_attention has no backward (and where ``drafter.attention`` asks for
-it), each block's candidate keys are gathered instead (`GatheredMask`): the W context rows from its first visible row (in a sliding
-layer, the first its window reaches), W the longest visible context of the batch, then
-its own B rows, with the same mask_mod saying which of
-them each query row sees. Attention then scores B x (W + B) pairs per block rather than
+it), each block's candidate keys are gathered instead (`GatheredMask`): the W context
+rows from its first visible row (in a sliding layer, the first its window reaches), W the
+longest visible context of the batch, then its own B rows, with the same mask_mod saying
+which of them each query row sees. Attention then scores B x (W + B) pairs per block rather than
 every query against all C + A * B keys: about an eighth of the dense work on the embedded
 default's batches. With ``static_spans`` (a compiled drafter) W is rounded up to TILE
 times a power of two, so that batches compile a few shapes, not one per longest context.
@@ -29,7 +29,6 @@ times a power of two, so that batches compile a few shapes, not one per longest 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -147,9 +146,8 @@ class BlockMaskBuilder:
             lo = torch.maximum(lo, self.anchor.long() - (window - 1))
         span = int((hi - lo).max())  # a host sync
         if self.static_spans:  # a compiled drafter: few distinct shapes, few compilations
-            span = min(
-                TILE * 2 ** max(0, math.ceil(math.log2(max(span, 1) / TILE))), self.ctx_capacity
-            )
+            tiles = max(1, -(-span // TILE))
+            span = min(TILE << (tiles - 1).bit_length(), self.ctx_capacity)
         ctx_rows = lo[:, None] + torch.arange(span, device=self.device)
         in_span = ctx_rows < hi[:, None]
         own_rows = self.ctx_capacity + torch.arange(self.q_len, device=self.device)

@@ -17,11 +17,11 @@ What is compiled, per decoder layer:
   does not reliably trace; their gated RMSNorm (``linear_attn.norm``, about six float32
   elementwise kernels eagerly) compiles on its own where it is plain torch (not FLA's
   fused norm, which some models bind), and where FLA runs them, the scaling of their
-queries and keys before the recurrence compiles on its own too
-(ringtrain.target.linear_attention.use_normalized_qk). A mixture-of-experts block (an ``mlp`` with ``experts``)
-  stays eager by default: transformers' "eager" experts loop over the experts a batch hit,
-  with data-dependent shapes that break graphs and recompile. The residual adds of such
-  layers stay eager too.
+  queries and keys before the recurrence compiles on its own too
+  (ringtrain.target.linear_attention.use_normalized_qk). A mixture-of-experts block (an
+  ``mlp`` with ``experts``) stays eager by default: transformers' "eager" experts loop
+  over the experts a batch hit, with data-dependent shapes that break graphs and
+  recompile. The residual adds of such layers stay eager too.
 
 Mixture-of-experts layers with ``moe=True``: where the experts run by an implementation
 without data-dependent shapes (`STATIC_SHAPE_EXPERTS`: transformers' "grouped_mm" sorts

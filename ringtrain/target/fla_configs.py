@@ -39,11 +39,20 @@ FLA_CACHE_MODE = "fuzzy"
 # The distribution whose kernels were tuned, recorded in each folder's versions.json.
 FLA_DISTRIBUTION = "fla-core"
 VERSIONS_FILE = "versions.json"
-# What an autotuning first forward costs, for the log lines that announce it.
+# What an autotuning first forward costs, for the log line that announces it.
 AUTOTUNE_WAIT = (
     "about 40 s on an H200 with empty caches, seconds where the Triton cache under "
     "run.cache_dir holds their results from an earlier run"
 )
+
+
+def log_autotune(reason: str, *args: object) -> None:
+    """Say that FLA's kernels will autotune at the first forward, what that costs, and
+    why (``reason``, a format string for ``args``)."""
+    log.info(
+        "FLA kernels autotune at the target's first forward (%s): " + reason,
+        AUTOTUNE_WAIT, *args,
+    )  # fmt: skip
 
 
 def gpu_folder(gpu_name: str) -> str:
@@ -68,10 +77,9 @@ def shipped_fla_configs(gpu_name: str, fla_version: str | None) -> Path | None:
         return None
     tuned_with = json.loads(versions.read_text()).get(FLA_DISTRIBUTION)
     if tuned_with != fla_version:
-        log.info(
-            "FLA kernels autotune at the target's first forward (%s): the configurations "
-            "shipped for this GPU were tuned with %s %s, %s is installed",
-            AUTOTUNE_WAIT, FLA_DISTRIBUTION, tuned_with, fla_version,
+        log_autotune(
+            "the configurations shipped for this GPU were tuned with %s %s, %s is installed",
+            FLA_DISTRIBUTION, tuned_with, fla_version,
         )  # fmt: skip
         return None
     return folder
@@ -89,18 +97,10 @@ def use_shipped_fla_configs(device: torch.device) -> Path | None:
     folder = shipped_fla_configs(gpu, installed_fla_version())
     if folder is None:
         if not (SHIPPED_FLA_CONFIGS / gpu_folder(gpu)).is_dir():
-            log.info(
-                "FLA kernels autotune at the target's first forward (%s): no tuned "
-                "configurations are shipped for the %s",
-                AUTOTUNE_WAIT, gpu,
-            )  # fmt: skip
+            log_autotune("no tuned configurations are shipped for the %s", gpu)
         return None
     if "fla" in sys.modules:
-        log.info(
-            "FLA kernels autotune at the target's first forward (%s): FLA was imported "
-            "before its tuned configurations could be set",
-            AUTOTUNE_WAIT,
-        )  # fmt: skip
+        log_autotune("FLA was imported before its tuned configurations could be set")
         return None
     os.environ["FLA_CONFIG_DIR"] = str(folder)
     os.environ["FLA_CACHE_MODE"] = FLA_CACHE_MODE

@@ -163,7 +163,7 @@ def normalized_qkv(
     return unit(query), unit(key), value.contiguous()
 
 
-def with_normalized_qk(chunk_rule: Callable, prepare: Callable = normalized_qkv) -> Callable:
+def with_normalized_qk(chunk_rule: Callable, prepare: Callable) -> Callable:
     """``chunk_rule`` (transformers' whole-sequence Gated DeltaNet function) taking queries
     and keys that ``prepare`` normalised where the caller asks for the normalisation."""
 
