@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,21 @@ def test_tokenizer_is_byte_level_with_chat_template(tmp_path: Path) -> None:
     assert tokenizer.decode(assistant) == "yo<|im_end|>"
     template = json.loads((path / "tokenizer_config.json").read_text())
     assert template["mask_token"] == "<|mask|>"
+
+
+def test_a_known_structure_is_read_without_importing_the_model_code(tmp_path: Path) -> None:
+    """The built-in target's ranks (drafters too) skip the structure check: importing the
+    model's code takes seconds of every rank's start-up. A fresh process shows it."""
+    path = build_tiny_target(tmp_path, num_layers=4)
+    probe = (
+        "import sys; from ringtrain.target import read_target_config; "
+        f"config = read_target_config({str(path)!r}, structure=sys.argv[1] == 'check'); "
+        "print(config.num_hidden_layers, 'transformers.modeling_utils' in sys.modules)"
+    )
+    said = {
+        structure: subprocess.run(
+            [sys.executable, "-c", probe, structure], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for structure in ("check", "known")
+    }
+    assert said == {"check": ["4", "True"], "known": ["4", "False"]}

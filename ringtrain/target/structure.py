@@ -100,16 +100,21 @@ def check_structure(config: PretrainedConfig) -> None:
         )
 
 
-def read_target_config(path: str | Path, weights: bool = True) -> PretrainedConfig:
+def read_target_config(
+    path: str | Path, weights: bool = True, structure: bool = True
+) -> PretrainedConfig:
     """The FULL HF text config of a target directory, after checking config, weights,
-    structure and quantization (``weights=False``: config only, for random weights).
+    structure and quantization (``weights=False``: config only, for random weights;
+    ``structure=False``: the structure is known, e.g. the built-in target's, or checked
+    elsewhere, so the model's code is not imported).
 
     Cheap (reads config.json and the weight index or safetensors headers, builds one
     layer on the meta device), so every rank can validate its inputs with it before any
-    GPU work.
+    GPU work. Importing the model's code is what costs: seconds on a busy CPU.
     """
     checkpoint = TargetModelDir(path, weights)
     config = checkpoint.text_config()
-    check_structure(config)
+    if structure:
+        check_structure(config)
     dequantizing_config(checkpoint.quantization, str(checkpoint.path))
     return config

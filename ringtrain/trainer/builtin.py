@@ -64,9 +64,10 @@ def prepare_builtin_inputs(config: Config, run_dir: Path) -> tuple[Path, Path, P
             )
         if not config.data.path:
             weights = not config.target.random_weights
-            # Read once, and only when a split is built (the model code takes seconds to import).
+            # Read once, and only when a split is built; the structure is checked in the
+            # pre-flight that follows (the model code takes seconds to import).
             vocab_size = functools.cache(
-                lambda: read_target_config(target_path, weights=weights).vocab_size
+                lambda: read_target_config(target_path, weights, structure=False).vocab_size
             )
 
             def synthetic(directory: Path, rows: int, seed: int) -> None:

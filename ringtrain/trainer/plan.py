@@ -200,7 +200,11 @@ def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]
     """The target's config and its tapped layers, checked; with target groups, also that
     the layers a group keeps (up to the deepest tap) can be split over target_tp members,
     before anything is loaded."""
-    target_config = read_target_config(target_path, weights=not config.target.random_weights)
+    # The built-in target's structure is known: its ranks (drafters too) need not import
+    # the model's code for the check.
+    target_config = read_target_config(
+        target_path, weights=not config.target.random_weights, structure=bool(config.target.path)
+    )
     num_layers = target_config.num_hidden_layers
     try:
         taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)
