@@ -404,6 +404,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def summary_line(r: dict) -> str:
+    """One variant's result as a row of the closing table (or why it has none)."""
+    if "step_s" not in r:
+        return str(r.get("error") or r.get("skipped"))
+    mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
+    saved = f"{r['saved_for_backward_gib']:.1f}" if "saved_for_backward_gib" in r else "-"
+    return (f"{r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} {r['tflops_per_s']:>8.1f} "
+            f"{r['mfu'] or 0:>6.3f} {mem:>8} {saved:>6} {r['recompiles']:>6}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -419,6 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         try:
             results.append(run_variant(name, VARIANTS[name], args, device))
+            log(f"{name}: {summary_line(results[-1])}")  # kept if a later variant overruns
         except Exception as exc:  # report and go on with the next variant
             traceback.print_exc()
             results.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -432,14 +443,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{'saved':>6} {'recomp':>6}"
     )
     for r in results:
-        if "step_s" not in r:
-            print(f"{r['variant']:<12} {r.get('error') or r.get('skipped')}")
-            continue
-        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
-        saved = f"{r['saved_for_backward_gib']:.1f}" if "saved_for_backward_gib" in r else "-"
-        print(f"{r['variant']:<12} {r['step_s']:>8.3f} {r['tokens_per_s']:>10.0f} "
-              f"{r['tflops_per_s']:>8.1f} {r['mfu'] or 0:>6.3f} {mem:>8} {saved:>6} "
-              f"{r['recompiles']:>6}")  # fmt: skip
+        print(f"{r['variant']:<12} {summary_line(r)}")
     report = {
         "benchmark": "bench_drafter",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -187,6 +187,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument(
+        "--token-major",
+        action="store_true",
+        help="queries, keys and values as the drafter passes them: head-major views of "
+        "token-major [rows, heads, dim] tensors (default: contiguous head-major tensors)",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     require_cuda("bench_flex")
@@ -201,6 +207,11 @@ def main(argv: list[str] | None = None) -> dict:
     fwd_flops = 4 * visible * head_dim * heads
 
     def leaf(h: int, n: int) -> torch.Tensor:
+        if (
+            args.token_major
+        ):  # the drafter's layout: [1, heads, rows, dim] views of [rows, heads, dim]
+            rows = torch.randn(n, h, head_dim, device=device, dtype=torch.bfloat16)
+            return rows.requires_grad_().transpose(0, 1).unsqueeze(0)
         x = torch.randn(1, h, n, head_dim, device=device, dtype=torch.bfloat16)
         return x.requires_grad_()
 
@@ -231,6 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "shape": args.shape,
+        "token_major": args.token_major,
         "q_rows": q_len,
         "kv_rows": kv_len,
         "visible_pairs": visible,
