@@ -37,8 +37,8 @@ class _Workspace:
         compile_mode = cfg.compile_mode if cfg.compile and device.type == "cuda" else None
         # flex_attention is fast only compiled; run eagerly it scores the whole [A*B, C + A*B]
         # matrix, so an eager drafter (any CPU, a GPU with drafter.compile false) attends
-        # over each block's gathered keys instead, as a compiled one does where asked.
-        self.gathered_attention = compile_mode is None or cfg.attention == "gathered"
+        # over each block's gathered keys instead.
+        self.gathered_attention = compile_mode is None
         make_term = architecture.block_term
         self.term = (
             make_term(drafter_of(model), cfg, compile_mode) if make_term is not None else None
@@ -51,7 +51,6 @@ class _Workspace:
             spec.sliding_windows,
             device,
             spec.sliding_causal,
-            static_spans=compile_mode is not None,
         )
         self.forward = (
             torch.compile(model, mode=compile_mode, dynamic=False) if compile_mode else model

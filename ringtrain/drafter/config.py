@@ -85,10 +85,6 @@ class DrafterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compile: bool = True
     # torch.compile mode ("default", "max-autotune-no-cudagraphs", ...).
     compile_mode: str = "default"
-    # How a compiled drafter attends in training: "flex" (flex_attention over the blocks'
-    # sparse mask) or "gathered" (each block's visible context rows gathered, then one
-    # dense attention call over them; what an eager drafter always does).
-    attention: Literal["flex", "gathered"] = "flex"
 
 
 class OptimConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

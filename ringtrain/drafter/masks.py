@@ -17,14 +17,14 @@ every batch, so the function object and its tensors never change and a compiled 
 never recompiles because of them. Consequence: run backward before building the masks of
 the next batch with the same builder.
 
-On CPU, where flex_attention has no backward (and where ``drafter.attention`` asks for
-it), each block's candidate keys are gathered instead (`GatheredMask`): the W context
-rows from its first visible row (in a sliding layer, the first its window reaches), W the
-longest visible context of the batch, then its own B rows, with the same mask_mod saying
-which of them each query row sees. Attention then scores B x (W + B) pairs per block rather than
+An eager drafter (any CPU, where flex_attention has no backward; a GPU with
+drafter.compile false, where uncompiled flex_attention scores the whole matrix) gathers
+each block's candidate keys instead (`GatheredMask`): the W context rows from its first
+visible row (in a sliding layer, the first its window reaches), W the longest visible
+context of the batch, then its own B rows, with the same mask_mod saying which of them
+each query row sees. Attention then scores B x (W + B) pairs per block rather than
 every query against all C + A * B keys: about an eighth of the dense work on the embedded
-default's batches. With ``static_spans`` (a compiled drafter) W is rounded up to TILE
-times a power of two, so that batches compile a few shapes, not one per longest context.
+default's batches.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class BlockMaskBuilder:
         windows: tuple[int, ...],
         device: torch.device,
         causal: bool = False,
-        static_spans: bool = False,
     ) -> None:
         if ctx_capacity % TILE or (max_anchors * block_size) % TILE:
             raise ValueError(
@@ -74,7 +73,6 @@ class BlockMaskBuilder:
         self.kv_len = ctx_capacity + self.q_len
         self.device = device
         self.causal = causal
-        self.static_spans = static_spans
         self.ctx_lo = torch.zeros(max_anchors, dtype=torch.int32, device=device)
         self.ctx_hi = torch.zeros(max_anchors, dtype=torch.int32, device=device)
         self.anchor = torch.zeros(max_anchors, dtype=torch.int32, device=device)
@@ -144,10 +142,7 @@ class BlockMaskBuilder:
         lo, hi = self.ctx_lo.long(), self.ctx_hi.long()
         if window:  # no row of the block sees a key before its first row's window
             lo = torch.maximum(lo, self.anchor.long() - (window - 1))
-        span = int((hi - lo).max())  # a host sync
-        if self.static_spans:  # a compiled drafter: few distinct shapes, few compilations
-            tiles = max(1, -(-span // TILE))
-            span = min(TILE << (tiles - 1).bit_length(), self.ctx_capacity)
+        span = int((hi - lo).max())  # a host sync: this path is the CPU's
         ctx_rows = lo[:, None] + torch.arange(span, device=self.device)
         in_span = ctx_rows < hi[:, None]
         own_rows = self.ctx_capacity + torch.arange(self.q_len, device=self.device)

@@ -149,8 +149,6 @@ VARIANTS["default_graphs"] = {**VARIANTS["default"], "compile_mode": "reduce-ove
 VARIANTS["default_chunk16k"] = {**VARIANTS["default"], "loss_chunk": 16384}
 VARIANTS["default_graphs_chunk16k"] = {**VARIANTS["default_graphs"], "loss_chunk": 16384}
 VARIANTS["dflash2_graphs"] = {**VARIANTS["dflash2"], "compile_mode": "reduce-overhead"}
-# fast_step with each block's keys gathered for one dense attention call, not flex_attention.
-VARIANTS["gathered"] = {**FAST_STEP, "attention": "gathered"}
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
 
