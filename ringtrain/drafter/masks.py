@@ -142,7 +142,7 @@ class BlockMaskBuilder:
         lo, hi = self.ctx_lo.long(), self.ctx_hi.long()
         if window:  # no row of the block sees a key before its first row's window
             lo = torch.maximum(lo, self.anchor.long() - (window - 1))
-        span = int((hi - lo).max())  # a host sync: this path is the CPU's
+        span = int((hi - lo).max())  # a host sync: this path is the eager drafter's
         ctx_rows = lo[:, None] + torch.arange(span, device=self.device)
         in_span = ctx_rows < hi[:, None]
         own_rows = self.ctx_capacity + torch.arange(self.q_len, device=self.device)

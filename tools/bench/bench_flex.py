@@ -180,7 +180,7 @@ def dense_reference(
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--options", default=",".join(OPTIONS), help=f"comma list of names (and {GATHERED!r})"
@@ -194,7 +194,33 @@ def main(argv: list[str] | None = None) -> dict:
         "token-major [rows, heads, dim] tensors (default: contiguous head-major tensors)",
     )
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def attention_input(
+    heads: int, rows: int, head_dim: int, device: torch.device, token_major: bool
+) -> torch.Tensor:
+    """A [1, heads, rows, head_dim] bf16 input that gradients reach: contiguous, or with
+    ``token_major`` a view of a [rows, heads, head_dim] tensor (the drafter's layout)."""
+    if token_major:
+        x = torch.randn(rows, heads, head_dim, device=device, dtype=torch.bfloat16)
+        return x.requires_grad_().transpose(0, 1).unsqueeze(0)
+    x = torch.randn(1, heads, rows, head_dim, device=device, dtype=torch.bfloat16)
+    return x.requires_grad_()
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'options':<18} {'fwd ms':>7} {'bwd ms':>7} {'fwd TF/s':>9} {'bwd TF/s':>9} {'mfu':>6}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['options']:<18} {r['error'][:90]}")
+            continue
+        print(f"{r['options']:<18} {r['fwd_ms']:>7.2f} {r['bwd_ms']:>7.2f} "
+              f"{r['fwd_tflops']:>9.0f} {r['bwd_tflops']:>9.0f} {r['fwd_bwd_mfu']:>6.3f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     require_cuda("bench_flex")
     device = torch.device("cuda")
     model, docs, doc_len, anchors = SHAPES[args.shape]
@@ -205,17 +231,10 @@ def main(argv: list[str] | None = None) -> dict:
         device, docs, doc_len, anchors, block=16
     )
     fwd_flops = 4 * visible * head_dim * heads
-
-    def leaf(h: int, n: int) -> torch.Tensor:
-        if (
-            args.token_major
-        ):  # the drafter's layout: [1, heads, rows, dim] views of [rows, heads, dim]
-            rows = torch.randn(n, h, head_dim, device=device, dtype=torch.bfloat16)
-            return rows.requires_grad_().transpose(0, 1).unsqueeze(0)
-        x = torch.randn(1, h, n, head_dim, device=device, dtype=torch.bfloat16)
-        return x.requires_grad_()
-
-    q, k, v = leaf(heads, q_len), leaf(kv_heads, kv_len), leaf(kv_heads, kv_len)
+    q, k, v = (
+        attention_input(h, n, head_dim, device, args.token_major)
+        for h, n in ((heads, q_len), (kv_heads, kv_len), (kv_heads, kv_len))
+    )
     results = [dense_reference(heads, kv_heads, head_dim, docs, doc_len, args.reps)]
     for name in args.options.split(","):
         print(f"[bench_flex] {name}", flush=True)
@@ -230,13 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
         except Exception as exc:  # report and go on with the next option set
             results.append({"options": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
-    print(f"{'options':<18} {'fwd ms':>7} {'bwd ms':>7} {'fwd TF/s':>9} {'bwd TF/s':>9} {'mfu':>6}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['options']:<18} {r['error'][:90]}")
-            continue
-        print(f"{r['options']:<18} {r['fwd_ms']:>7.2f} {r['bwd_ms']:>7.2f} "
-              f"{r['fwd_tflops']:>9.0f} {r['bwd_tflops']:>9.0f} {r['fwd_bwd_mfu']:>6.3f}")  # fmt: skip
+    print_table(results)
     report = {
         "benchmark": "bench_flex",
         "device": torch.cuda.get_device_name(device),
