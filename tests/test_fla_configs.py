@@ -36,6 +36,7 @@ def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FLA_")}
     monkeypatch.setattr(os, "environ", environment)  # what the code sets stays here
     monkeypatch.delitem(sys.modules, "fla", raising=False)
+    monkeypatch.setattr(fla_configs, "_CHOSEN", {})  # no answer of an earlier test kept
     return folder
 
 
@@ -58,6 +59,19 @@ def test_fla_is_pointed_at_the_shipped_folder_before_it_is_imported(shipped: Pat
     assert use_shipped_fla_configs(CUDA) == shipped
     assert os.environ["FLA_CONFIG_DIR"] == str(shipped)
     assert os.environ["FLA_CACHE_MODE"] == FLA_CACHE_MODE == "fuzzy"
+
+
+def test_a_later_call_repeats_the_first_answer_unannounced(
+    shipped: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target rank's pre-flight chooses, then its loader asks again: the same folder
+    (FLA, imported in between, keeps what it read), one log line."""
+    with caplog.at_level(logging.INFO, logger=fla_configs.__name__):
+        assert use_shipped_fla_configs(CUDA) == shipped
+        monkeypatch.setitem(sys.modules, "fla", object())
+        assert use_shipped_fla_configs(CUDA) == shipped
+    (line,) = caplog.messages
+    assert "take the configurations tuned for this GPU (NVIDIA_H200)" in line
 
 
 @pytest.mark.parametrize("user_variable", ["FLA_CONFIG_DIR", "FLA_CACHE_MODE"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -10,11 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ringtrain.config import parse_config
+from ringtrain.target import loader
 from ringtrain.target.compiled import compiled_forward
 from ringtrain.target.linear_attention import (
     CHUNK_RULE_FUNCTION,
     GATED_DELTA_RULE_FUNCTIONS,
     SHORT_CONVOLUTION_FUNCTION,
+    choose_linear_attention,
     fla_causal_conv1d_fn,
     linear_attention_backend,
     normalized_qkv,
@@ -24,7 +28,10 @@ from ringtrain.target.linear_attention import (
 )
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir
+from ringtrain.target.structure import check_structure
 from ringtrain.target.tiny import build_tiny_target
+from ringtrain.trainer import plan
+from ringtrain.trainer.roles import rank_info_from_env
 
 FLA_INSTALLED = importlib.util.find_spec("fla") is not None
 
@@ -165,3 +172,40 @@ def test_compiled_normalisation_equals_fla_s_own_on_the_layer_s_strided_views() 
     assert all(t.is_contiguous() for t in prepared)
     unit = prepared[0].float().norm(dim=-1)
     torch.testing.assert_close(unit, torch.ones_like(unit), atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_a_target_rank_chooses_its_kernels_before_the_structure_check_imports_fla(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str
+) -> None:
+    """FLA reads its tuned kernel configurations only when it is imported, and the
+    structure check imports the model's code (and with it FLA): a target rank's pre-flight
+    and the loader choose the kernels (pointing FLA at the shipped configurations) first.
+    A drafter rank runs no Gated DeltaNet kernel and chooses none."""
+    path = build_tiny_target(tmp_path / "t")
+    calls: list[str] = []
+
+    def choose(config, device, choice):
+        calls.append("choose")
+        return choose_linear_attention(config, device, choice)
+
+    def check(config) -> None:
+        calls.append("check")
+        check_structure(config)
+
+    for module in (plan, loader):
+        monkeypatch.setattr(module, "choose_linear_attention", choose)
+        monkeypatch.setattr(module, "check_structure", check)
+    rank = "0" if role == "target" else "2"  # the default layout: 2 targets, 1 drafter
+    for key in ("RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(key, rank)
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(key, "3")
+    config = parse_config("", overrides=[f"target.path={json.dumps(str(path))}"])
+    info = rank_info_from_env(config.layout, "cpu")
+    assert info.role == role
+    plan._target_and_taps(config, path, info)
+    assert calls == (["choose", "check"] if role == "target" else ["check"])
+    calls.clear()
+    load_target(path, num_taps=3, device="cpu")
+    assert calls == ["choose", "check"]

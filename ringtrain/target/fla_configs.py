@@ -85,15 +85,28 @@ def shipped_fla_configs(gpu_name: str, fla_version: str | None) -> Path | None:
     return folder
 
 
+# The answer for each GPU in this process: FLA reads its variables once, so a later call
+# (the loader's, after a target rank's pre-flight made the choice) repeats the first one's
+# without announcing it again.
+_CHOSEN: dict[str, Path | None] = {}
+
+
 def use_shipped_fla_configs(device: torch.device) -> Path | None:
     """Point FLA at the configurations shipped for ``device``'s GPU, before FLA is
     imported; returns the folder FLA will read (None: none shipped, not CUDA, FLA already
     imported, or the user's own settings kept)."""
     if device.type != "cuda":
         return None
+    gpu = torch.cuda.get_device_name(device)
+    if gpu not in _CHOSEN:
+        _CHOSEN[gpu] = _point_fla_at_shipped(gpu)
+    return _CHOSEN[gpu]
+
+
+def _point_fla_at_shipped(gpu: str) -> Path | None:
+    """`use_shipped_fla_configs`' first answer for a GPU of this name, announced."""
     if any(os.environ.get(name) for name in ("FLA_CONFIG_DIR", "FLA_CACHE_MODE")):
         return None
-    gpu = torch.cuda.get_device_name(device)
     folder = shipped_fla_configs(gpu, installed_fla_version())
     if folder is None:
         if not (SHIPPED_FLA_CONFIGS / gpu_folder(gpu)).is_dir():

@@ -115,12 +115,14 @@ def load_target(
     dtype = resolve_dtype(dtype, device)
     compiled = resolve_compile(compile, device)
     full_config = checkpoint.text_config()
+    # Before the structure check: it imports the model's code, and with it FLA, which
+    # reads its kernel configurations only when imported.
+    backend = choose_linear_attention(full_config, device, linear_attention)
     check_structure(full_config)
     attention = resolve_attn_implementation(attn_implementation, full_config, device)
     kept = max(taps) + 1
     members = group_size(group)
     check_target_group(checkpoint.text_config(num_layers=kept), members)
-    backend = choose_linear_attention(full_config, device, linear_attention)
     _announce(checkpoint, taps, dtype, device, attention, compiled, members, backend)
     final_norm = taps_final_norm(taps, checkpoint.num_layers)
     place = TargetPlacement(device, dtype, attention, group)

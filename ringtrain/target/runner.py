@@ -83,11 +83,6 @@ class TargetRunner:
         return self.target.vocab_size
 
     @property
-    def linear_attention(self) -> str | None:
-        """The hybrid target's Gated DeltaNet implementation ("fla", "torch"; None: not hybrid)."""
-        return self.target.linear_attention
-
-    @property
     def config(self) -> PretrainedConfig:
         """The target's full HF text config."""
         return self.target.config

@@ -38,7 +38,9 @@ from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
 from ringtrain.ring.spec import dtype_name
 from ringtrain.target import TargetLoadError, TargetModelDir, read_target_config
+from ringtrain.target.linear_attention import choose_linear_attention
 from ringtrain.target.loader import check_target_group, resolve_dtype
+from ringtrain.target.structure import check_structure
 from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.trainer.builtin import prepare_builtin_inputs
 from ringtrain.trainer.logs import get_logger
@@ -72,7 +74,7 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
     /dev/shm can hold the ring, and that the run.report_to packages are installed."""
     check_report_to(config.run.report_to)
     target_path, data_path, eval_path = prepare_builtin_inputs(config, run_dir)
-    target_config, taps = _target_and_taps(config, target_path)
+    target_config, taps = _target_and_taps(config, target_path, info)
     dataset, eval_dataset = _datasets(config, target_config.vocab_size, data_path, eval_path)
     checkpoints = run_dir / "checkpoints"
     checkpoint = latest_checkpoint(checkpoints, read_run_id(run_dir)) if resume else None
@@ -196,15 +198,21 @@ def resolve_mask_token(
     return msgspec.structs.replace(drafter, mask_token_id=choice.token_id)
 
 
-def _target_and_taps(config: Config, target_path: Path) -> tuple[Any, list[int]]:
+def _target_and_taps(config: Config, target_path: Path, info: RankInfo) -> tuple[Any, list[int]]:
     """The target's config and its tapped layers, checked; with target groups, also that
     the layers a group keeps (up to the deepest tap) can be split over target_tp members,
-    before anything is loaded."""
+    before anything is loaded. A target rank of a hybrid target chooses its Gated DeltaNet
+    kernels first (`choose_linear_attention`): the structure check imports the model's
+    code, and with it FLA, which reads its kernel configurations only when imported."""
+    target_config = read_target_config(
+        target_path, weights=not config.target.random_weights, structure=False
+    )
+    if info.is_target:
+        choose_linear_attention(target_config, info.device, config.target.linear_attention)
     # The built-in target's structure is known: its ranks (drafters too) need not import
     # the model's code for the check.
-    target_config = read_target_config(
-        target_path, weights=not config.target.random_weights, structure=bool(config.target.path)
-    )
+    if config.target.path:
+        check_structure(target_config)
     num_layers = target_config.num_hidden_layers
     try:
         taps = config.target.tap_layers or default_tap_layers(num_layers, config.target.num_taps)

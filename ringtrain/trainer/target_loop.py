@@ -127,11 +127,6 @@ def run_target_loop(
     runner.prefetch(batch.padded(bucket))
     busy = GpuBusySampler(runner.device)
     started = time.perf_counter()
-    if runner.device.type == "cuda" and runner.linear_attention == "fla":
-        log.info(
-            "the first forward autotunes the Gated DeltaNet Triton kernels; this takes "
-            "about a minute with empty caches"
-        )
     while True:
         slot, decision = _lead_decision(ring, producer, order, stop)
         decision = decisions.share(decision)

@@ -151,7 +151,8 @@ def child(args: argparse.Namespace) -> dict:
 def run_child(args: argparse.Namespace, step: str) -> dict:
     """One step in a fresh process with an empty Triton cache of its own."""
     with tempfile.TemporaryDirectory(prefix="fla-configs-") as cache:
-        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": path}
         env.pop("FLA_CONFIG_DIR", None)
         env.pop("FLA_CACHE_MODE", None)
         if step == "tune":
