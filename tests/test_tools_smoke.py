@@ -298,6 +298,23 @@ def test_bench_drafter_small_on_cpu() -> None:
     assert torch.isfinite(torch.tensor(result["final_loss"]))
 
 
+def test_bench_drafter_packs_the_recipe_shape_from_documents_as_long_as_its_data() -> None:
+    """The recipe's measured batches: many documents of at most its data.max_len (1,024)
+    filling 97-100% of the batch; other shapes (and --longest-doc 0): 1-6 documents."""
+    from tools.bench.bench_drafter import PACKED, doc_lengths, parse_args
+
+    rng = torch.Generator().manual_seed(0)
+    for argv in ([], ["--target-shape", "smollm2-135m", "--longest-doc", "0"]):
+        args = parse_args(argv)
+        for _ in range(10):
+            assert 1 <= len(doc_lengths(rng, args.max_tokens, [], PACKED, args.longest)) <= 6
+    args = parse_args(["--target-shape", "smollm2-135m"])
+    for _ in range(10):
+        lengths = doc_lengths(rng, args.max_tokens, [], PACKED, args.longest)
+        assert all(2 <= n <= 1024 for n in lengths) and len(lengths) >= 16
+        assert PACKED[0] * args.max_tokens - 1 <= sum(lengths) <= args.max_tokens
+
+
 @pytest.mark.scripts
 def test_bench_target_small_on_cpu() -> None:
     report = _run(

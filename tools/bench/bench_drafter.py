@@ -8,7 +8,9 @@ Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV
 25600; ``smollm2-135m``: the real-model recipe's drafter, 4 layers of hidden 576, 9 query
 / 3 KV heads of 64, MLP 1536, vocabulary 49152, on 32 x 512-token documents with 128
 anchors per 512 tokens, as configs/smollm2-135m.toml trains it). After warm-up, two timed
-sets of 20 steps each, with 1-6 documents of random lengths per batch:
+sets of 20 steps each, with 1-6 documents of random lengths per batch (the recipe's shape:
+documents of 64 to 1,024 tokens, its `data.max_len`, as many as fill the batch; set by
+``--longest-doc``, 0 for the 1-6 documents):
 "packed" batches filled to 97-100% of the token budget, as the data pipeline packs them
 (padding fraction about 1.5%), give tokens/s (context tokens) and MFU; "varied" batches
 filled to only 60-100% give `mfu_varied_fill` (the drafter runs at a static layout, so
@@ -96,8 +98,13 @@ TARGETS = {
 }
 MASK_TOKEN_IDS = {"smollm2-135m": SMOLLM2_MASK_TOKEN_ID}
 # The batch layout per target shape where it is not the default (5 layers; 3 documents
-# of 3072 tokens, 512 anchors each): the real-model recipe's.
-LAYOUTS = {"smollm2-135m": {"layers": 4, "docs": 32, "doc_len": 512, "anchors": 128}}
+# of 3072 tokens, 512 anchors each; measured batches of 1-6 documents): the real-model
+# recipe's, whose documents are at most its data.max_len long.
+LAYOUTS = {
+    "smollm2-135m": {"layers": 4, "docs": 32, "doc_len": 512, "anchors": 128, "longest": 1024}
+}
+# The shortest document of a batch packed from documents of bounded length.
+SHORTEST_DOC = 64
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -158,12 +165,26 @@ def log(message: str) -> None:
 
 
 def doc_lengths(
-    rng: torch.Generator, max_tokens: int, nominal: list[int], fill: tuple[float, float] | None
+    rng: torch.Generator,
+    max_tokens: int,
+    nominal: list[int],
+    fill: tuple[float, float] | None,
+    longest: int = 0,
 ) -> list[int]:
-    """The nominal documents (fill None), or 1-6 documents of random lengths filling a
-    random fraction in [fill[0], fill[1]] of the batch."""
+    """The nominal documents (fill None), or documents filling a random fraction in
+    [fill[0], fill[1]] of the batch: 1-6 of random lengths (``longest`` 0), else as many
+    of SHORTEST_DOC to ``longest`` tokens (uniform) as it takes, the last one cut."""
     if fill is None:
         return nominal
+    if longest:
+        share = fill[0] + (fill[1] - fill[0]) * float(torch.rand(1, generator=rng))
+        target = int(share * max_tokens)
+        lengths = []
+        while sum(lengths) < target:
+            shortest = min(SHORTEST_DOC, longest)
+            lengths.append(int(torch.randint(shortest, longest + 1, (1,), generator=rng)))
+        lengths[-1] -= sum(lengths) - target
+        return [n for n in lengths if n >= 2]
     count = int(torch.randint(1, 7, (1,), generator=rng))
     fill = fill[0] + (fill[1] - fill[0]) * float(torch.rand(1, generator=rng))
     cuts = torch.rand(count, generator=rng) + 0.05
@@ -218,7 +239,7 @@ def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dty
     nominal = [args.doc_len] * args.docs
 
     def batch(seed: int, fill: tuple[float, float] | None) -> PackedBatch:
-        lengths = doc_lengths(rng, args.max_tokens, nominal, fill)
+        lengths = doc_lengths(rng, args.max_tokens, nominal, fill, args.longest)
         meta = random_packed_batch(lengths, 1, spec.vocab_size, device, dtype, seed)
         return dataclasses.replace(meta, hidden=shared_hidden)
 
@@ -388,14 +409,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="documents per batch (the batch's size: this many of the shape's length; "
         "0: the shape's own count)",
     )
+    parser.add_argument(
+        "--longest-doc",
+        type=int,
+        default=None,
+        help="measured batches packed from documents of 64 to this many tokens (0: 1-6 "
+        "documents of random lengths; default: the shape's, 1024 for smollm2-135m, else 0)",
+    )
     args = parser.parse_args(argv)
-    args.docs, args.block = 3, 16
+    args.docs, args.block, args.longest = 3, 16, 0
     args.layers = 2 if args.small else 5
     args.doc_len = 96 if args.small else 3072
     args.anchors = 16 if args.small else 512
     if not args.small:
         vars(args).update(LAYOUTS.get(args.target_shape, {}))
     args.docs = args.batch_docs or args.docs
+    if args.longest_doc is not None:
+        args.longest = args.longest_doc
     args.max_tokens = args.docs * args.doc_len
     if args.small:
         args.steps = min(args.steps, 5)
@@ -450,6 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
         "docs": args.docs,
         "doc_len": args.doc_len,
         "anchors_per_doc": args.anchors,
+        "longest_doc": args.longest,
         "block_size": args.block,
         "steps": args.steps,
         "results": results,
