@@ -19,8 +19,8 @@
 # minutes): the hybrid target 1 + 1 under MPS, its first step cold and warm, each role's
 # busy share. [hybrid_27b_pipeline] (about 9 minutes): the same for the Qwen3.5-27B
 # hybrid at full size, once. [speed_small] (about 5 minutes): the real recipe's drafter
-# shape, its attention alone in two input layouts, DFlash (also as CUDA graphs) against
-# DFlash2 and the default (also as CUDA graphs).
+# shape on the recipe's documents, DFlash against DFlash2 and the default with their
+# kernels and idle gaps, then on batches of a few long documents.
 # [speed] (about 4 minutes): the drafter's step paths side by side in one process
 # (bench_drafter base against fast_step, cudagraphs and muon); [speed_moe] (about 2
 # minutes): the Qwen3-30B-A3B target's mixture-of-experts blocks eager / compiled; each
@@ -146,21 +146,17 @@ for step in $steps; do
                 --target-shape smollm2-135m --variants fast_step,dflash2,default --steps 10 --json
             mv "$out/bench_drafter.json" "$out/speed_dflash2_smollm2.json" 2>/dev/null ;;
         speed_small)
-            # The real recipe's drafter shape: its attention alone (on contiguous head-major
-            # tensors, then on the drafter's token-major views), then DFlash (fast_step,
-            # replayed as CUDA graphs) against DFlash2 and the default
-            # (dflash2_speed_ratio_small, default_speed_ratio_small, drafter_mfu_small).
-            for layout in head_major token_major; do
-                flags=()
-                [ $layout = token_major ] && flags=(--token-major)
-                run "flex_small_$layout" 90 python -m tools.bench.bench_flex \
-                    --shape smollm2-135m --options default "${flags[@]}" --json
-                mv "$out/bench_flex.json" "$out/flex_small_$layout.json" 2>/dev/null
-            done
+            # The real recipe's drafter shape on the recipe's documents: DFlash (fast_step)
+            # against DFlash2 and the default, with the kernels and the GPU's idle gaps of
+            # each (dflash2_speed_ratio_small, default_speed_ratio_small, drafter_mfu_small),
+            # then the same on the earlier batches of 1-6 long documents (--longest-doc 0).
             run speed_small 300 python -m tools.bench.bench_drafter --target-shape smollm2-135m \
-                --variants fast_step,dflash2,default_chunk16k,cudagraphs,dflash2_graphs,default_graphs_chunk16k \
-                --steps 10 --json
-            mv "$out/bench_drafter.json" "$out/speed_small.json" 2>/dev/null ;;
+                --variants fast_step,dflash2,default_chunk16k --steps 10 --profile --gaps --json
+            mv "$out/bench_drafter.json" "$out/speed_small.json" 2>/dev/null
+            run speed_small_long_docs 200 python -m tools.bench.bench_drafter \
+                --target-shape smollm2-135m --longest-doc 0 \
+                --variants fast_step,dflash2,default_chunk16k --steps 10 --json
+            mv "$out/bench_drafter.json" "$out/speed_small_long_docs.json" 2>/dev/null ;;
         hybrid_pipeline)
             # The hybrid target, 1 + 1 on one GPU under MPS: the first step from empty
             # caches, then from warm ones, and each role's busy share

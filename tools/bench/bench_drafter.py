@@ -41,6 +41,8 @@ variant trains the paper's drafter and objective (DFlash, decayed cross-entropy)
     python -m tools.bench.bench_drafter --json --profile               # + top kernels of 3 steps
     python -m tools.bench.bench_drafter --json --variants base,fast_step,cudagraphs,muon --steps 10
     python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile
+    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --gaps
+                                     # + where the GPU idles in a step, by code
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants fast_step,dflash2,default
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants default --batch-docs 64
                                      # a batch of 64 documents (32,768 tokens) instead of 32
@@ -73,6 +75,7 @@ from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.packed_batch import PackedBatch, random_packed_batch
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.bench_report import save_report
+from tools.bench.gpu_gaps import idle_gaps, print_gaps
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import (
@@ -370,6 +373,9 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     if args.profile:
         profile["profile"] = top_kernels(lambda: run.step(packed[0]))
         print_top(f"drafter step, variant {name}", profile["profile"])
+    if args.gaps:
+        profile["gaps"] = idle_gaps(lambda: run.step(packed[0]))
+        print_gaps(f"drafter step, variant {name}", profile["gaps"])
     peak_flops = PEAK_FLOPS.get(device.type)
     return {
         "variant": name,
@@ -402,6 +408,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
+    parser.add_argument(
+        "--gaps", action="store_true", help="the GPU's idle time in 2 steps, by code (CUDA)"
+    )
     parser.add_argument(
         "--batch-docs",
         type=int,
