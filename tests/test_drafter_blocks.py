@@ -18,6 +18,8 @@ from ringtrain.packed_batch import random_packed_batch
 
 MASK_ID = 99
 VOCAB = 100
+# A BlockMask's kv-side tensors, what the builder computes.
+KV_BLOCK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
 
 
 def random_case(seed: int, block_size: int = 8, num_anchors: int = 6):
@@ -224,3 +226,32 @@ def test_gathered_attention_equals_attention_under_the_dense_mask_with_its_gradi
     )
     for got, expected in zip(gathered, reference, strict=True):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_compiled_builder_classifies_the_tiles_of_every_batch_as_the_eager_one() -> None:
+    """The compiled drafter's builder (its tile classification through torch.compile;
+    Inductor's kernels are the GPU's, so Dynamo's graph runs as is here) reads each
+    batch's bounds, not the first batch's: batches of one long document, then of short
+    ones, each equal to the eager builder's masks, in a full layer and a causal sliding
+    one (every branch of the rule)."""
+    cfg = DrafterConfig(block_size=16, num_anchors=64, anchor_ref_len=1024)
+    ctx_capacity, max_anchors = layout_sizes(cfg, 1024)
+    compiled, eager = (
+        BlockMaskBuilder(ctx_capacity, max_anchors, 16, (0, 24), torch.device("cpu"), True, backend)
+        for backend in ("aot_eager", None)
+    )
+    full_tiles = []
+    for seed, lengths in enumerate(([1024], [256] * 4, [100, 300, 600])):
+        batch = random_packed_batch(lengths, 4, VOCAB, "cpu", torch.float32, seed)
+        generator = torch.Generator().manual_seed(seed)
+        blocks = build_blocks(batch, generator, cfg, MASK_ID, ctx_capacity, max_anchors)
+        got, expected = (
+            builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)
+            for builder in (compiled, eager)
+        )
+        for window, name in itertools.product((0, 24), KV_BLOCK_FIELDS):
+            torch.testing.assert_close(
+                getattr(got[window], name), getattr(expected[window], name), msg=name
+            )
+        full_tiles.append(int(expected[0].full_kv_num_blocks.sum()))
+    assert len(set(full_tiles)) == 3, "the batches' masks differ, so a stale one would show"

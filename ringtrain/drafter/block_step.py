@@ -51,6 +51,7 @@ class _Workspace:
             spec.sliding_windows,
             device,
             spec.sliding_causal,
+            compile_backend="inductor" if compile_mode is not None else None,
         )
         self.forward = (
             torch.compile(model, mode=compile_mode, dynamic=False) if compile_mode else model

@@ -60,6 +60,7 @@ class BlockMaskBuilder:
         windows: tuple[int, ...],
         device: torch.device,
         causal: bool = False,
+        compile_backend: str | None = None,
     ) -> None:
         if ctx_capacity % TILE or (max_anchors * block_size) % TILE:
             raise ValueError(
@@ -86,6 +87,14 @@ class BlockMaskBuilder:
         block_lo = ctx_capacity + self._row_block * block_size
         self._block_counts = self._tile_counts(block_lo, block_lo + block_size)
         self._causal_block_counts = self._tile_counts(block_lo, block_lo + self._row_slot + 1)
+        # Compiled (a compiled drafter's masks, backend "inductor"): the tiles are
+        # classified by a few fused kernels instead of about eighty small ones, which the
+        # GPU otherwise waits for while they are launched one by one at every step's start.
+        self._kv_blocks = (
+            torch.compile(self._classified_tiles, backend=compile_backend, dynamic=False)
+            if compile_backend is not None
+            else self._classified_tiles
+        )
 
     def _causal(self, window: int) -> bool:
         """Whether blocks are causal in layers of this window (sliding layers only)."""
@@ -116,7 +125,11 @@ class BlockMaskBuilder:
         overlap = overlap.clamp_(min=0).to(torch.int32)
         return overlap.view(self.q_len // TILE, TILE, -1).sum(1, dtype=torch.int32)
 
-    def _block_mask(self, window: int) -> BlockMask:
+    def _classified_tiles(
+        self, window: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The partial and the full kv tiles of every q tile, as BlockMask.from_kv_blocks
+        takes them (partial count, partial indices, full count, full indices)."""
         lo = self.ctx_lo[self._row_block].long()
         hi = self.ctx_hi[self._row_block].long()
         if window:
@@ -126,13 +139,11 @@ class BlockMaskBuilder:
         counts = self._tile_counts(lo, hi) + own
         full = counts == TILE * TILE
         partial = (counts > 0) & ~full
-        kv_num_blocks, kv_indices = _as_kv_blocks(partial)
-        full_kv_num_blocks, full_kv_indices = _as_kv_blocks(full)
+        return (*_as_kv_blocks(partial), *_as_kv_blocks(full))
+
+    def _block_mask(self, window: int) -> BlockMask:
         return BlockMask.from_kv_blocks(
-            kv_num_blocks,
-            kv_indices,
-            full_kv_num_blocks,
-            full_kv_indices,
+            *self._kv_blocks(window),
             BLOCK_SIZE=TILE,
             mask_mod=self.mask_mods[window],
             seq_lengths=(self.q_len, self.kv_len),
