@@ -1,4 +1,5 @@
-"""The persistent compile caches under ``run.cache_dir``, and what they make a compile cost.
+"""The persistent compile caches under ``run.cache_dir``, what they make a compile cost,
+and how many graphs this process has compiled.
 
 Compiled graphs and kernels (Inductor), Triton's kernels and autotune results live below
 ``run.cache_dir`` so that later starts skip what earlier ones compiled and tuned.
@@ -42,3 +43,10 @@ def expected_compile_time() -> str:
     if graphs is not None and graphs.is_dir() and any(graphs.iterdir()):
         return f"seconds where {directory} holds these graphs from an earlier run"
     return "a minute or so with empty caches"
+
+
+def compiled_graph_count() -> int:
+    """Graphs compiled so far in this process (a rise after warm-up means a recompile)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -8,12 +8,12 @@ import msgspec
 import pytest
 import torch
 
+from ringtrain.compile_caches import compiled_graph_count
 from ringtrain.drafter import (
     FrozenHead,
     block_objective,
     build_drafter,
     build_optimizer,
-    compiled_graph_count,
     drafter_spec_from_target,
     optimizer_step,
 )

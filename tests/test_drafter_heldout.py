@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ringtrain.compile_caches import compiled_graph_count
 from ringtrain.drafter import (
     DFlashDrafter,
     EvalSums,
@@ -18,7 +19,6 @@ from ringtrain.drafter import (
     block_step,
     build_drafter,
     build_optimizer,
-    compiled_graph_count,
     drafter_spec_from_target,
     evaluate_batch,
     optimizer_step,

@@ -3,7 +3,7 @@ checkpoints: ringtrain.checkpoint)."""
 
 from ringtrain.drafter.arch import build_drafter, seeded_drafter
 from ringtrain.drafter.arch.dflash.model import DFlashDrafter
-from ringtrain.drafter.block_step import block_objective, compiled_graph_count
+from ringtrain.drafter.block_step import block_objective
 from ringtrain.drafter.head import FrozenHead, load_frozen_head
 from ringtrain.drafter.heldout import EvalSums, evaluate_batch
 from ringtrain.drafter.hf_config import drafter_spec_from_target
@@ -20,7 +20,6 @@ __all__ = [
     "block_objective",
     "build_drafter",
     "build_optimizer",
-    "compiled_graph_count",
     "drafter_spec_from_target",
     "evaluate_batch",
     "load_frozen_head",

@@ -197,10 +197,3 @@ def block_objective(
     """
     batch, masks, workspace = prepare_batch(model, rows, generator, cfg, max_tokens)
     return score_blocks(workspace, head, batch, masks, cfg)[0]
-
-
-def compiled_graph_count() -> int:
-    """Graphs compiled so far in this process (a rise after warm-up means a recompile)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from ringtrain.compile_caches import expected_compile_time
+from ringtrain.compile_caches import compiled_graph_count, expected_compile_time
 from ringtrain.target.compiled import compile_decoder_layers, compiled_forward
 from ringtrain.target.linear_attention import normalized_qkv, use_normalized_qk
 
@@ -104,10 +104,10 @@ class TappedTarget:
         compile when the first one-row batch (a long document) arrives, mid-run."""
         if not self.compiled_units:
             return
-        started = time.perf_counter()
+        started, graphs = time.perf_counter(), compiled_graph_count()
         log.info(
             "compiling the target's decoder layers for multi-row and one-row batches "
-            "(torch.compile, %d units of %d layers): %s",
+            "(torch.compile, %d units of %d layers; units of one kind share their graphs): %s",
             len(self.compiled_units),
             len(self.module.layers),
             expected_compile_time(),
@@ -118,7 +118,11 @@ class TappedTarget:
             self.forward_into(input_ids, torch.arange(rows * length, device=self.device), out)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        log.info("target layers compiled in %.1f s", time.perf_counter() - started)
+        log.info(
+            "target layers compiled in %.1f s: %d graphs",
+            time.perf_counter() - started,
+            compiled_graph_count() - graphs,
+        )
 
     def forward_into(
         self, input_ids: torch.Tensor, token_index: torch.Tensor, out: torch.Tensor

@@ -35,13 +35,12 @@ import torch
 import torch.distributed as dist
 
 from ringtrain.batch import PackedRows
-from ringtrain.compile_caches import expected_compile_time
+from ringtrain.compile_caches import compiled_graph_count, expected_compile_time
 from ringtrain.config import Config
 from ringtrain.drafter import (
     FrozenHead,
     ObjectiveSums,
     block_objective,
-    compiled_graph_count,
     evaluate_batch,
     optimizer_step,
 )

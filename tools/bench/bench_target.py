@@ -61,7 +61,7 @@ import transformers
 from torch import nn
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
-from ringtrain.drafter import compiled_graph_count
+from ringtrain.compile_caches import compiled_graph_count
 from ringtrain.target.compiled import experts_implementation, is_mixture_of_experts
 from ringtrain.target.linear_attention import (
     choose_linear_attention,
