@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -38,8 +38,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: handled wherever a Ctrl-C is."""
 
 
-def _terminated(_signum: int, _frame: FrameType | None) -> None:
-    raise Terminated
+# The stops taken inside `sigterm_taken_as_ctrl_c`. Python runs a signal handler in the
+# main thread at its next instruction, which may be inside a finalizer or a callback:
+# there the exception is printed ("Exception ignored in ...") and the work goes on, so a
+# command's loop asks `raise_taken_stop` between its units of work.
+_TAKEN: list[type[KeyboardInterrupt]] = []
+
+
+def _taken(signum: int, _frame: FrameType | None) -> None:
+    stop = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    _TAKEN.append(stop)
+    raise stop
 
 
 Handler = Callable[[int, FrameType | None], Any]
@@ -60,9 +69,27 @@ def signals_handled(handler: Handler, signums: Iterable[int] = STOP_SIGNALS) -> 
             signal.signal(signum, before)
 
 
-def sigterm_taken_as_ctrl_c() -> AbstractContextManager[None]:
-    """SIGTERM raises `Terminated` in the main thread inside."""
-    return signals_handled(_terminated, [signal.SIGTERM])
+@contextmanager
+def sigterm_taken_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises `Terminated` and Ctrl-C KeyboardInterrupt in the main thread inside,
+    each remembered for `raise_taken_stop` (Ctrl-C only where Python's own handler had
+    it: a process started with it ignored, as a shell's background job, keeps ignoring it)."""
+    signums = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signums.append(signal.SIGINT)
+    _TAKEN.clear()
+    try:
+        with signals_handled(_taken, signums):
+            yield
+    finally:
+        _TAKEN.clear()
+
+
+def raise_taken_stop() -> None:
+    """Raise again the first stop taken inside `sigterm_taken_as_ctrl_c` (one whose
+    exception a finalizer swallowed would otherwise be lost); nothing if none was."""
+    if _TAKEN:
+        raise _TAKEN[0]()
 
 
 def stop_name(stop: KeyboardInterrupt) -> str:

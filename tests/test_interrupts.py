@@ -10,8 +10,13 @@ import threading
 
 import pytest
 
-from ringtrain.interrupts import stops_deferred
-from tests.helpers.stops import reset_ctrl_c
+from ringtrain.interrupts import (
+    Terminated,
+    raise_taken_stop,
+    sigterm_taken_as_ctrl_c,
+    stops_deferred,
+)
+from tests.helpers.stops import reset_ctrl_c, sigterm_inside_a_finalizer
 
 # A worker as ringtrain's start: it says it runs (still "importing"), waits for a line,
 # then makes its first call, set_worker_stops, and says it survived.
@@ -72,3 +77,19 @@ def test_a_worker_started_inside_is_not_ended_by_a_stop_while_it_imports(
     assert worker.returncode == status, err
     assert ("stops set" in out) == (stop == signal.SIGINT), out
     assert "KeyboardInterrupt" not in err
+
+
+def test_a_stop_a_finalizer_swallowed_is_raised_again_between_units_of_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Terminated raised inside a finalizer is reported and dropped by Python; the
+    command's loop still stops at its next unit of work, and nothing is remembered outside."""
+    dropped: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: dropped.append(report.exc_type))
+    with sigterm_taken_as_ctrl_c():
+        sigterm_inside_a_finalizer()
+        went_on = True  # Python dropped the stop
+        with pytest.raises(Terminated):
+            raise_taken_stop()
+    assert went_on and dropped == [Terminated]
+    raise_taken_stop()  # outside: none taken

@@ -17,8 +17,14 @@ from transformers import AutoTokenizer
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import prepare_dataset
+from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 from tests.helpers.chat_data import CONVERSATIONS
-from tests.helpers.stops import send_stop, start_in_session, stop_name
+from tests.helpers.stops import (
+    send_stop,
+    sigterm_inside_a_finalizer,
+    start_in_session,
+    stop_name,
+)
 
 FAILURE_TIMEOUT_S = 120
 POLL_S = 0.01
@@ -97,6 +103,20 @@ def test_killed_worker_stops_the_command(tmp_path: Path, tokenizer_dir: Path) ->
         prepare.kill()
     assert prepare.returncode == 2, err
     assert "prepare worker process died" in err
+    assert not list((tmp_path / "out").glob("*.arrow*"))
+
+
+def test_a_stop_python_dropped_in_a_finalizer_still_stops_the_encoding(
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM whose exception a finalizer swallowed (Python reports it and goes on) is
+    acted on at the next chunk: Terminated, no output."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 2_000)
+    monkeypatch.setattr(sys, "unraisablehook", lambda _report: None)
+    with sigterm_taken_as_ctrl_c(), pytest.raises(Terminated):
+        sigterm_inside_a_finalizer()
+        prepare_dataset(tokenizer_dir, path, tmp_path / "out", progress=None)
     assert not list((tmp_path / "out").glob("*.arrow*"))
 
 

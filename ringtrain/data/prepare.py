@@ -45,7 +45,7 @@ from ringtrain.data.chat import ConversationEncoder, conversation_messages, deco
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.interrupts import set_worker_stops, stops_deferred
+from ringtrain.interrupts import raise_taken_stop, set_worker_stops, stops_deferred
 
 OUTPUT_FILE = "data-00000.arrow"
 LINES_PER_TASK = 256
@@ -320,6 +320,7 @@ def _write_chunks(
     with TokenFileWriter(partial, sources) as writer:
         buffered = _ChunkWriter(writer)
         for chunk in chunks:
+            raise_taken_stop()
             buffered.add(chunk)
             totals.add(chunk.totals)
             now = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from typing import Any
 
 
@@ -40,3 +41,21 @@ def send_stop(process: subprocess.Popen, stop: signal.Signals) -> None:
 def stop_name(stop: signal.Signals) -> str:
     """How the commands name the stop."""
     return "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
+
+
+def _next_call() -> None:
+    """A call: Python runs a pending signal handler when a function starts."""
+
+
+class _StoppedWhileFinalized:
+    """An object whose finalizer is running when SIGTERM arrives."""
+
+    def __del__(self) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        _next_call()  # the handler raises here, inside the finalizer
+
+
+def sigterm_inside_a_finalizer() -> None:
+    """SIGTERM to this thread while a finalizer runs: its handler's exception is
+    reported as unraisable and dropped by Python (the stop a command must not lose)."""
+    _StoppedWhileFinalized()
