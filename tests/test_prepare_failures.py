@@ -20,6 +20,7 @@ from ringtrain.data.prepare import prepare_dataset
 from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 from tests.helpers.chat_data import CONVERSATIONS
 from tests.helpers.stops import (
+    output_or_stacks,
     send_stop,
     sigterm_inside_a_finalizer,
     start_in_session,
@@ -138,7 +139,7 @@ def test_a_stopped_prepare_leaves_no_output_and_one_line(
         # The first progress line: the encoding runs.
         assert "conversations" in prepare.stderr.readline()
         send_stop(prepare, stop)
-        _, err = prepare.communicate(timeout=FAILURE_TIMEOUT_S)
+        err = output_or_stacks(prepare, FAILURE_TIMEOUT_S)
     finally:
         prepare.kill()
     assert prepare.returncode == 128 + stop, err

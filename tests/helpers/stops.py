@@ -17,7 +17,9 @@ def reset_ctrl_c() -> None:
 
 def start_in_session(command: list[str], **options: Any) -> subprocess.Popen:
     """``command`` in a session of its own (its own process group, as a terminal's
-    foreground job), Ctrl-C as in a terminal, stdout and stderr piped as text."""
+    foreground job), Ctrl-C as in a terminal, stdout and stderr piped as text, Python's
+    stacks printed on SIGABRT (`output_or_stacks`)."""
+    env = {**options.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         command,
         stdout=options.pop("stdout", subprocess.PIPE),
@@ -25,6 +27,7 @@ def start_in_session(command: list[str], **options: Any) -> subprocess.Popen:
         text=True,
         start_new_session=True,
         preexec_fn=reset_ctrl_c,
+        env=env,
         **options,
     )
 
@@ -59,3 +62,17 @@ def sigterm_inside_a_finalizer() -> None:
     """SIGTERM to this thread while a finalizer runs: its handler's exception is
     reported as unraisable and dropped by Python (the stop a command must not lose)."""
     _StoppedWhileFinalized()
+
+
+def output_or_stacks(process: subprocess.Popen, timeout_s: float) -> str:
+    """The stderr of ``process`` once it exits within ``timeout_s``; else (a hang) fail
+    with each of its threads' Python stack, which it prints on SIGABRT when started with
+    PYTHONFAULTHANDLER set (`start_in_session` sets it)."""
+    try:
+        return process.communicate(timeout=timeout_s)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        stacks = process.communicate(timeout=30)[1]
+        raise AssertionError(
+            f"still running {timeout_s:g} s after the stop; its threads:\n{stacks[-6000:]}"
+        ) from None
