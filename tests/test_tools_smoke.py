@@ -301,7 +301,8 @@ def test_bench_drafter_small_on_cpu() -> None:
 def test_bench_drafter_packs_the_recipe_shape_from_documents_as_long_as_its_data() -> None:
     """The recipe's measured batches: many documents of at most its data.max_len (1,024)
     filling 97-100% of the batch; other shapes (and --longest-doc 0): 1-6 documents."""
-    from tools.bench.bench_drafter import PACKED, doc_lengths, parse_args
+    from tools.bench.bench_drafter import parse_args
+    from tools.bench.drafter_batches import PACKED, doc_lengths
 
     rng = torch.Generator().manual_seed(0)
     for argv in ([], ["--target-shape", "smollm2-135m", "--longest-doc", "0"]):

@@ -52,7 +52,6 @@ variant trains the paper's drafter and objective (DFlash, decayed cross-entropy)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import time
 import traceback
@@ -72,9 +71,10 @@ from ringtrain.drafter import (
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, OptimConfig
 from ringtrain.drafter.spec import DrafterSpec
-from ringtrain.packed_batch import PackedBatch, random_packed_batch
+from ringtrain.packed_batch import PackedBatch
 from ringtrain.target.taps import default_tap_layers
 from tools.bench.bench_report import save_report
+from tools.bench.drafter_batches import make_batches
 from tools.bench.gpu_gaps import idle_gaps, print_gaps
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
@@ -106,8 +106,6 @@ MASK_TOKEN_IDS = {"smollm2-135m": SMOLLM2_MASK_TOKEN_ID}
 LAYOUTS = {
     "smollm2-135m": {"layers": 4, "docs": 32, "doc_len": 512, "anchors": 128, "longest": 1024}
 }
-# The shortest document of a batch packed from documents of bounded length.
-SHORTEST_DOC = 64
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 8,
@@ -119,8 +117,6 @@ TINY = {
     "rms_norm_eps": 1e-6,
     "rope_theta": 1e6,
 }
-PACKED = (0.97, 1.0)  # batch fill of the data pipeline's packing
-VARIED = (0.6, 1.0)
 # The optimiser-step switches of "fast_step", which the variants after it start from.
 FAST_STEP = {
     "loss_chunk": 4096,
@@ -167,34 +163,6 @@ def log(message: str) -> None:
     print(f"[bench_drafter {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def doc_lengths(
-    rng: torch.Generator,
-    max_tokens: int,
-    nominal: list[int],
-    fill: tuple[float, float] | None,
-    longest: int = 0,
-) -> list[int]:
-    """The nominal documents (fill None), or documents filling a random fraction in
-    [fill[0], fill[1]] of the batch: 1-6 of random lengths (``longest`` 0), else as many
-    of SHORTEST_DOC to ``longest`` tokens (uniform) as it takes, the last one cut."""
-    if fill is None:
-        return nominal
-    if longest:
-        share = fill[0] + (fill[1] - fill[0]) * float(torch.rand(1, generator=rng))
-        target = int(share * max_tokens)
-        lengths = []
-        while sum(lengths) < target:
-            shortest = min(SHORTEST_DOC, longest)
-            lengths.append(int(torch.randint(shortest, longest + 1, (1,), generator=rng)))
-        lengths[-1] -= sum(lengths) - target
-        return [n for n in lengths if n >= 2]
-    count = int(torch.randint(1, 7, (1,), generator=rng))
-    fill = fill[0] + (fill[1] - fill[0]) * float(torch.rand(1, generator=rng))
-    cuts = torch.rand(count, generator=rng) + 0.05
-    lengths = (cuts / cuts.sum() * fill * max_tokens).long().clamp(min=2)
-    return lengths.tolist()
-
-
 def step_flops(
     spec: DrafterSpec,
     batch: PackedBatch,
@@ -231,27 +199,6 @@ def step_flops(
     fc = 2 * ctx_tokens * spec.num_taps * hidden * hidden
     lm_head = 2 * num_blocks * (cfg.block_size - 1) * hidden * spec.vocab_size
     return 3 * spec.num_layers * per_layer + 2 * fc + 2 * lm_head
-
-
-def make_batches(args, spec: DrafterSpec, device: torch.device, dtype: torch.dtype):
-    """Warm-up batches (nominal documents), packed and varied-fill measured batches."""
-    rng = torch.Generator().manual_seed(0)
-    features = spec.num_taps * spec.hidden_size
-    shared_hidden = torch.randn(args.max_tokens, features, device=device, dtype=torch.float32)
-    shared_hidden = shared_hidden.to(dtype)
-    nominal = [args.doc_len] * args.docs
-
-    def batch(seed: int, fill: tuple[float, float] | None) -> PackedBatch:
-        lengths = doc_lengths(rng, args.max_tokens, nominal, fill, args.longest)
-        meta = random_packed_batch(lengths, 1, spec.vocab_size, device, dtype, seed)
-        return dataclasses.replace(meta, hidden=shared_hidden)
-
-    warm = [
-        batch(i, VARIED if i > 0 and i == args.warmup - 1 else None) for i in range(args.warmup)
-    ]
-    packed = [batch(1000 + i, PACKED) for i in range(args.steps)]
-    varied = [batch(2000 + i, VARIED) for i in range(args.steps)]
-    return warm, packed, varied
 
 
 class VariantRun:
