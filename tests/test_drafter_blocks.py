@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
 
 from ringtrain.drafter.arch.dflash.model import _gathered_attend
 from ringtrain.drafter.blocks import build_blocks, layout_sizes
@@ -18,8 +19,20 @@ from ringtrain.packed_batch import random_packed_batch
 
 MASK_ID = 99
 VOCAB = 100
-# A BlockMask's kv-side tensors, what the builder computes.
+# A BlockMask's tile tensors, what the builder computes: the forward's (kv tiles of each
+# q tile), then the backward's (q tiles of each kv tile).
 KV_BLOCK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+Q_BLOCK_FIELDS = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def assert_backward_tiles_as_torch_derives_them(block_mask: BlockMask) -> None:
+    """The builder's q-side tiles (flex_attention's backward reads them) equal those
+    BlockMask.from_kv_blocks derives from its kv-side tiles."""
+    derived = BlockMask.from_kv_blocks(
+        *(getattr(block_mask, name) for name in KV_BLOCK_FIELDS), BLOCK_SIZE=TILE
+    )
+    for name in Q_BLOCK_FIELDS:
+        torch.testing.assert_close(getattr(block_mask, name), getattr(derived, name), msg=name)
 
 
 def random_case(seed: int, block_size: int = 8, num_anchors: int = 6):
@@ -102,6 +115,7 @@ def test_block_mask_equals_dense_reference(window: int, causal: bool) -> None:
         full = block_mask.full_kv_num_blocks[0, 0].sum().item()
         assert partial == int(((tiles > 0) & (tiles < TILE * TILE)).sum()), f"seed {seed}"
         assert full == int((tiles == TILE * TILE).sum()), f"seed {seed}"
+        assert_backward_tiles_as_torch_derives_them(block_mask)
         gathered = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor, gathered=True)
         seen = expand_gathered_mask(gathered[window], kv_len)
         np.testing.assert_array_equal(seen, expected.astype(int), err_msg=f"seed {seed}")
@@ -118,6 +132,7 @@ def test_block_mask_has_full_tiles_for_long_documents() -> None:
     builder = BlockMaskBuilder(ctx_capacity, max_anchors, 16, (0,), torch.device("cpu"))
     block_mask = builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)[0]
     assert block_mask.full_kv_num_blocks.sum() > 0
+    assert_backward_tiles_as_torch_derives_them(block_mask)
     expected = reference_mask(blocks, batch, ctx_capacity, max_anchors, 16, 0)
     got = expand_block_mask(block_mask, builder.mask_mods[0], *expected.shape)
     np.testing.assert_array_equal(got, expected)
@@ -249,7 +264,7 @@ def test_a_compiled_builder_classifies_the_tiles_of_every_batch_as_the_eager_one
             builder.build(blocks.ctx_lo, blocks.ctx_hi, blocks.anchor)
             for builder in (compiled, eager)
         )
-        for window, name in itertools.product((0, 24), KV_BLOCK_FIELDS):
+        for window, name in itertools.product((0, 24), KV_BLOCK_FIELDS + Q_BLOCK_FIELDS):
             torch.testing.assert_close(
                 getattr(got[window], name), getattr(expected[window], name), msg=name
             )

@@ -88,9 +88,10 @@ class BlockMaskBuilder:
         self._block_counts = self._tile_counts(block_lo, block_lo + block_size)
         self._causal_block_counts = self._tile_counts(block_lo, block_lo + self._row_slot + 1)
         # Compiled (a compiled drafter's masks, backend "inductor"): the tiles are
-        # classified by a few fused kernels instead of about eighty small ones, which the
-        # GPU otherwise waits for while they are launched one by one at every step's start.
-        self._kv_blocks = (
+        # classified, for the forward and the backward, by a few fused kernels instead of
+        # about a hundred small ones, which the GPU otherwise waits for while they are
+        # launched one by one at every step's start.
+        self._tiles = (
             torch.compile(self._classified_tiles, backend=compile_backend, dynamic=False)
             if compile_backend is not None
             else self._classified_tiles
@@ -125,11 +126,11 @@ class BlockMaskBuilder:
         overlap = overlap.clamp_(min=0).to(torch.int32)
         return overlap.view(self.q_len // TILE, TILE, -1).sum(1, dtype=torch.int32)
 
-    def _classified_tiles(
-        self, window: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The partial and the full kv tiles of every q tile, as BlockMask.from_kv_blocks
-        takes them (partial count, partial indices, full count, full indices)."""
+    def _classified_tiles(self, window: int) -> tuple[torch.Tensor, ...]:
+        """The partial and the full tiles as a BlockMask holds them: the kv tiles of every
+        q tile (partial count, partial indices, full count, full indices; the forward's),
+        then the q tiles of every kv tile, the same four (the backward's). BlockMask's
+        own from_kv_blocks would derive the second four from the first, eagerly."""
         lo = self.ctx_lo[self._row_block].long()
         hi = self.ctx_hi[self._row_block].long()
         if window:
@@ -139,14 +140,25 @@ class BlockMaskBuilder:
         counts = self._tile_counts(lo, hi) + own
         full = counts == TILE * TILE
         partial = (counts > 0) & ~full
-        return (*_as_kv_blocks(partial), *_as_kv_blocks(full))
+        by_q_tile = (*_ordered_tiles(partial), *_ordered_tiles(full))
+        by_kv_tile = (*_ordered_tiles(partial.T), *_ordered_tiles(full.T))
+        return by_q_tile + by_kv_tile
 
     def _block_mask(self, window: int) -> BlockMask:
-        return BlockMask.from_kv_blocks(
-            *self._kv_blocks(window),
-            BLOCK_SIZE=TILE,
-            mask_mod=self.mask_mods[window],
+        kv_num, kv_indices, full_kv_num, full_kv_indices, *by_kv_tile = self._tiles(window)
+        q_num, q_indices, full_q_num, full_q_indices = by_kv_tile
+        return BlockMask(
             seq_lengths=(self.q_len, self.kv_len),
+            kv_num_blocks=kv_num,
+            kv_indices=kv_indices,
+            full_kv_num_blocks=full_kv_num,
+            full_kv_indices=full_kv_indices,
+            q_num_blocks=q_num,
+            q_indices=q_indices,
+            full_q_num_blocks=full_q_num,
+            full_q_indices=full_q_indices,
+            BLOCK_SIZE=(TILE, TILE),
+            mask_mod=self.mask_mods[window],
         )
 
     def _gathered_mask(self, window: int) -> GatheredMask:
@@ -185,8 +197,9 @@ class BlockMaskBuilder:
         return {window: make(window) for window in self.mask_mods}
 
 
-def _as_kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per q tile: how many kv tiles are set, and their indices first (ascending)."""
+def _ordered_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `tiles` [rows, columns]: how many columns are set, and their indices
+    first (ascending), with the leading batch and head dimensions BlockMask takes."""
     num = tiles.sum(-1, dtype=torch.int32)
     order = torch.argsort(tiles.to(torch.int32), dim=-1, descending=True, stable=True)
     return num[None, None], order.to(torch.int32)[None, None]
