@@ -10,16 +10,20 @@ scripts that only make sense on CUDA check their refusal here and run under the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from ringtrain.data.sources import source_counts
+from ringtrain.trainer.logs import LOGGER_NAME, rank_log_path, setup_logging
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
+from tools.bench.pipeline_layout import first_log_time
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -388,6 +392,32 @@ def test_bench_pipeline_tiny_on_cpu() -> None:
     run = report["shapes"]["tiny"]["cold"]
     assert "error" not in run, run
     assert run["steps"] == 6 and run["tokens_per_s"] > 0
+    assert 0 < run["first_log_s"] < run["first_step_s"]
+
+
+def test_first_log_time_reads_the_earliest_rank_log_line(tmp_path: Path) -> None:
+    """bench_pipeline's launch-to-first-log-line figure reads the rank logs as
+    ringtrain.trainer.logs writes them: the earliest first line of any rank (the target
+    logs first here, the drafter after it and then again); a rank log still empty is
+    left out."""
+    logger = logging.getLogger(LOGGER_NAME)
+    written = []
+    try:
+        for rank, role in ((0, "target"), (1, "drafter")):
+            setup_logging(tmp_path, rank, role, terminal_progress=False)
+            written.append(time.time())
+            logger.info("%s up", role)
+            # The next line's stamp must differ (they have millisecond resolution).
+            while time.time() < written[-1] + 0.005:
+                pass
+        logger.info("a later line")
+        rank_log_path(tmp_path, 2, "drafter").write_text("")
+    finally:
+        logger.handlers.clear()
+    first = first_log_time(tmp_path)
+    assert first is not None
+    assert written[0] - 0.001 <= first < written[1] - 0.002
+    assert first_log_time(tmp_path / "nothing-logged") is None
 
 
 def test_bench_pipeline_records_a_run_cut_by_its_timeout_with_its_start_up_log() -> None:

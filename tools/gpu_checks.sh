@@ -35,6 +35,15 @@
 # (bench_moe_combine).
 set -uo pipefail
 export OUT=${OUT:-gpu-results}
+# Python keeps the bytecode of what it imports, as pip's install writes it for a user: on
+# a machine whose Python is told not to (PYTHONDONTWRITEBYTECODE) and whose packages hold
+# none, every process compiled every module's source as it imported it (13-18 s for
+# `import ringtrain.main` on an H100 machine against 3 s), and the start-up figures
+# counted that as ringtrain's. The first import below writes it once, before any timing.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${TMPDIR:-/tmp}/ringtrain-pycache}
+python -c "import ringtrain.main, transformers.models.auto.modeling_auto"
+python -c "import fla.ops" 2>/dev/null || echo "flash-linear-attention is not installed (the hybrid steps need it)"
 out=$OUT
 mkdir -p "$out"
 steps=${*:-tests ring drafter target pipeline}

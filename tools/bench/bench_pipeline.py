@@ -58,6 +58,7 @@ from tools.bench.model_shapes import (
 from tools.bench.pipeline_layout import (
     Layout,
     PeakMemory,
+    first_log_time,
     gpu_busy,
     grad_sync,
     mps_daemon,
@@ -220,7 +221,8 @@ def run_pipeline(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Train `layout` (1 target + 1 drafter on GPU 0 by default); rate after warm-up,
-    launch->first step, each rank's GPU busy and peak memory, DDP's gradient reduction."""
+    launch->first rank log line and launch->first step, each rank's GPU busy and peak
+    memory, DDP's gradient reduction."""
     run_dir = work / f"{name}-run-{time.monotonic_ns()}"
     command = trainer_command(work, name, shape, args, cache_dir, layout, run_dir)
     print(
@@ -261,6 +263,7 @@ def run_pipeline(
         "layout": layout.name,
         **steady_state(steps_done, args.budget * layout.drafters),
         "first_step_s": steps_done[0]["wall"] - started,
+        "first_log_s": first_log - started if (first_log := first_log_time(run_dir)) else None,
         **gpu_busy(steps_done[len(steps_done) // 3 :], layout),
         "peak_memory_mib_by_rank": memory.peak_mib,
         **grad_sync(steps_done),

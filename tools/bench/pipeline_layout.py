@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from ringtrain.config import ConfigError, LayoutConfig
@@ -220,3 +221,22 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
                 break
         lines[log.name] = head
     return lines
+
+
+# How a rank log line begins (ringtrain.trainer.logs): its local time to the millisecond.
+LOG_LINE_TIME = "%Y-%m-%d %H:%M:%S.%f"
+
+
+def first_log_time(run_dir: Path) -> float | None:
+    """When the first rank to log wrote its first line (seconds since the epoch): the
+    launch's share of start-up before it is the launcher's and the ranks' imports. None
+    where no rank has logged."""
+    times = []
+    for log in (run_dir / "logs").glob("*.log"):
+        with log.open(errors="replace") as lines:
+            stamp = lines.readline()[:23]
+        try:
+            times.append(datetime.strptime(stamp, LOG_LINE_TIME).timestamp())
+        except ValueError:
+            continue
+    return min(times, default=None)
