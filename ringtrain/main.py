@@ -54,6 +54,7 @@ from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from ringtrain.trainer.run_dir import claim_run_dir, prepare_run_dir
 from ringtrain.trainer.session import run_session
 from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.startup import bytecode_advice, process_age_s, started_in
 
 # How long a rank that shares a start-up refusal waits for the launcher to stop it (refuse).
 REFUSAL_GRACE_S = 30.0
@@ -167,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     if info.device.type == "cpu" or config.target.linear_attention == "torch":
         silence_kernel_fallbacks()
     log = get_logger()
-    log.info("%s on %s; log file %s", info.tag, info.device, log_path)
+    age_s = process_age_s()
+    log.info("%s on %s; log file %s%s", info.tag, info.device, log_path, started_in(age_s))
+    if advice := bytecode_advice(age_s, torch):
+        log.info("%s", advice)
     for note in notes:
         log.info("%s", note)
     set_compile_caches(config)
