@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ringtrain.data import code_prompts
 from ringtrain.data.code_prompts import (
     KINDS,
     SourceFunction,
@@ -18,7 +19,13 @@ from ringtrain.data.code_prompts import (
     prompt_records,
 )
 from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING
-from tests.helpers.stops import send_stop, start_in_session, stop_name
+from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
+from tests.helpers.stops import (
+    send_stop,
+    sigterm_inside_a_finalizer,
+    start_in_session,
+    stop_name,
+)
 
 SOURCE = textwrap.dedent(
     '''
@@ -128,3 +135,27 @@ def test_a_stopped_run_ends_its_workers_writes_nothing_and_says_so(
     assert last == f"code_prompts stopped by {stop_name(stop)} before it finished"
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_python_dropped_in_a_finalizer_ends_the_reading_at_the_next_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM whose exception a finalizer swallowed while the first files were read
+    (Python reports it and goes on) stops the reading before the next ones: Terminated."""
+    monkeypatch.setattr(sys, "unraisablehook", lambda _report: None)
+    files = []
+    for i in range(300):  # two batches of files
+        files.append(tmp_path / f"m{i}.py")
+        files[-1].write_text(SOURCE)
+    batches_read = []
+
+    class BarDroppingAStop(code_prompts.tqdm):
+        def update(self, n: float | None = 1) -> bool | None:
+            batches_read.append(n)
+            sigterm_inside_a_finalizer()
+            return super().update(n)
+
+    monkeypatch.setattr(code_prompts, "tqdm", BarDroppingAStop)
+    with sigterm_taken_as_ctrl_c(), pytest.raises(Terminated):
+        code_prompts.documented_functions(files, wanted=0, workers=1)
+    assert batches_read == [256]

@@ -4,11 +4,14 @@ contents per record and turn, options passed through, retried faults, bad input 
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from ringtrain.cli.data import main as data_main
+from ringtrain.data import regenerate as regenerate_module
 from ringtrain.data.regen_client import RetryPolicy, Sampling
 from ringtrain.data.regenerate import RegenerateOptions, RegenerateTotals, regenerate
 from ringtrain.testing.chat_server import ChatServer, Faults
@@ -18,6 +21,7 @@ from ringtrain.testing.regenerate_chats import (
     read_output,
     write_chats,
 )
+from tests.helpers.stops import sigterm_inside_a_finalizer
 
 
 def _args(servers: list[ChatServer], chats: Path, output: Path, *extra: str) -> list[str]:
@@ -220,3 +224,33 @@ def test_the_api_key_is_sent_as_a_bearer_token(
         assert server.refused > 0 and len(server.requests) == 12
     error = capsys.readouterr().err
     assert "HTTP 401" in error and "Traceback" not in error, error
+
+
+def test_a_stop_python_dropped_in_a_finalizer_ends_the_run_at_the_next_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A SIGTERM whose exception a finalizer swallowed while a record was regenerated
+    (Python reports it and goes on) stops the run before the next record: the records
+    done are kept, the stop is named, exit status 143, and a rerun finishes the rest."""
+    monkeypatch.setattr(sys, "unraisablehook", lambda _report: None)
+    one_record = regenerate_module.regenerate_record
+    records = []
+
+    async def record_dropping_a_stop(client, record):
+        answer = await one_record(client, record)
+        records.append(record.line)
+        if len(records) == 1:
+            sigterm_inside_a_finalizer()
+        return answer
+
+    monkeypatch.setattr(regenerate_module, "regenerate_record", record_dropping_a_stop)
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    good = write_chats(chats, 40)
+    with ChatServer() as server:
+        extra = ("--concurrency", "1", "--no-progress")
+        assert data_main(_args([server], chats, output, *extra)) == 128 + signal.SIGTERM
+        assert "stopped by SIGTERM" in capsys.readouterr().err
+        assert len(records) == 1 and len(read_output(output)) == 1
+        monkeypatch.setattr(regenerate_module, "regenerate_record", one_record)
+        assert data_main(_args([server], chats, output, *extra)) == 0
+    assert_all_regenerated(chats, output, good)

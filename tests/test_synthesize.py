@@ -22,7 +22,9 @@ from ringtrain.data import synth_filters
 from ringtrain.data.near_duplicates import NearDuplicateIndex, shingles
 from ringtrain.data.regen_records import parse_record
 from ringtrain.data.synth_filters import FilterSettings, rejection
+from ringtrain.data.synth_rounds import Synthesizer
 from ringtrain.data.synth_template import template_markers, user_turn_prefix
+from tests.helpers.stops import sigterm_inside_a_finalizer
 from tests.helpers.word_chat_model import build_word_chat_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -316,3 +318,27 @@ def test_sigterm_stops_with_one_line_and_the_rerun_continues(
     complete = _count_lines(output)
     assert data_main(_args(model_dir, output, complete + 4)) == 0
     assert len(_records(output)) == complete + 4
+
+
+def test_a_stop_python_dropped_in_a_finalizer_ends_the_run_after_its_round(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A SIGTERM whose exception a finalizer swallowed during a round (Python reports it
+    and goes on) stops the run before the next round: the round's conversations are
+    kept, the stop is named, exit status 143."""
+    monkeypatch.setattr(sys, "unraisablehook", lambda _report: None)
+    one_round = Synthesizer.run
+    rounds = []
+
+    def round_dropping_a_stop(self, *args, **kwargs):
+        rounds.append(len(rounds))
+        result = one_round(self, *args, **kwargs)
+        sigterm_inside_a_finalizer()
+        return result
+
+    monkeypatch.setattr(Synthesizer, "run", round_dropping_a_stop)
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model_dir, output, 200)) == 128 + signal.SIGTERM
+    assert rounds == [0]
+    assert 0 < len(_records(output)) < 200
+    assert "stopped by SIGTERM" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from tqdm import tqdm
 from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING, humaneval_entry_points
 from ringtrain.generate.prompts import PromptFileError
 from ringtrain.interrupts import (
+    raise_taken_stop,
     report_unfinished,
     set_worker_stops,
     sigterm_taken_as_ctrl_c,
@@ -188,6 +189,7 @@ def documented_functions(files: list[Path], wanted: int, workers: int) -> list[S
     ):
         try:
             for first in range(0, len(files), chunk):
+                raise_taken_stop()
                 part = files[first : first + chunk]
                 with stops_deferred():  # a submit starts a worker while none is idle
                     found_per_file = pool.map(functions_in, part, chunksize=8)

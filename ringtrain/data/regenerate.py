@@ -52,7 +52,7 @@ from ringtrain.data.regen_records import (
     parse_record,
     regenerate_record,
 )
-from ringtrain.interrupts import CTRL_C, SIGTERM, Terminated
+from ringtrain.interrupts import CTRL_C, SIGTERM, Terminated, raise_taken_stop
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalChat, LocalEngine
@@ -244,6 +244,7 @@ async def _work(queue: asyncio.Queue, client: ChatClient | LocalChat, run: _Run)
         assert isinstance(record, InputRecord)
         if run.stopped_by:
             continue
+        raise_taken_stop()
         try:
             output, tokens = await regenerate_record(client, record)
         except Stopped:

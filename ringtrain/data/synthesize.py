@@ -37,6 +37,7 @@ from ringtrain.data.synth_output import SynthesisOutput
 from ringtrain.data.synth_rounds import RoundSettings, Synthesizer
 from ringtrain.data.synth_steering import DEFAULT_TOPIC_HINT, steerings
 from ringtrain.data.synth_template import require_chat_template, template_markers
+from ringtrain.interrupts import raise_taken_stop
 
 # Rounds in a row that keep nothing before the run gives up.
 STALL_ROUNDS = 8
@@ -263,6 +264,7 @@ def _rounds(
     number = output.next_round
     barren = 0
     while totals.done_before + totals.written < options.num:
+        raise_taken_stop()
         result = synthesizer.run(number, synthesizer.model.batch_size, tokens.update)
         totals.rounds += 1
         totals.candidates += result.candidates
