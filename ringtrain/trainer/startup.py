@@ -34,7 +34,7 @@ def process_age_s() -> float | None:
 def compiles_sources_at_each_start(module: ModuleType) -> bool:
     """Whether Python compiled `module` from source and may not keep the result."""
     cached = getattr(module, "__cached__", None)
-    return sys.dont_write_bytecode and not (cached and Path(cached).exists())
+    return sys.dont_write_bytecode and not (cached is not None and Path(cached).exists())
 
 
 def started_in(age_s: float | None) -> str:
