@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 import torch
@@ -242,3 +243,37 @@ def test_draining_after_a_clean_end_is_quiet_and_after_a_failure_warns(
         finally:
             drafter.close(clean=drafter_ends == "closes")
             target.close()
+
+
+@pytest.mark.parametrize("peer_killed", [True, False], ids=["peer-killed", "peers-alive"])
+def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed: bool) -> None:
+    """A launcher stops every rank when one dies. A rank still starting (nothing trained)
+    that gets that SIGTERM before its watchdog's next look reports the death (exit 1,
+    naming the dead rank) rather than a stop; with every peer alive it leaves as stopped
+    (128 + SIGTERM)."""
+    # The watchdog's next look lies far ahead: the stop's thread is the one to find it.
+    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    barrier, results = CTX.Barrier(2), CTX.Queue()
+    peer = CTX.Process(target=rw.idle_rank, args=(spec, 0, barrier, results))
+    rank = CTX.Process(target=rw.start_up_rank, args=(spec, 1, barrier, results))
+    peer.start()
+    rank.start()
+    try:
+        ready = sorted(results.get(timeout=JOIN_S)[:2] for _ in range(2))
+        assert ready == [("ready", 0), ("ready", 1)]
+        if peer_killed:
+            os.kill(peer.pid, signal.SIGKILL)
+            peer.join(JOIN_S)
+        os.kill(rank.pid, signal.SIGTERM)
+        rank.join(JOIN_S)
+        if peer_killed:
+            assert rank.exitcode == 1
+            tag, index, message = results.get(timeout=JOIN_S)
+            assert (tag, index) == ("peer_died", 1)
+            assert f"rank 10 (target, pid {peer.pid}) died" in message
+        else:
+            assert rank.exitcode == 128 + signal.SIGTERM
+    finally:
+        for process in (peer, rank):
+            process.kill()
+            process.join(JOIN_S)

@@ -146,6 +146,10 @@ class Ring:
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # The watchdog's reaction to a peer's failure, and the lock that lets it run once
+        # (the watchdog and a stop signal's thread may both find the failure).
+        self._on_dead: Callable[[PeerDied], None] | None = None
+        self._reacting = threading.Lock()
         where = f"ring index {local_index} (rank {spec.global_ranks[local_index]})"
         self.own_row.register(where, device)
         _OPENED.add(self)
@@ -351,6 +355,8 @@ class Ring:
         when ``check_more`` (the caller's own check, e.g. that its launcher lives) raises
         PeerDied."""
 
+        self._on_dead = on_dead
+
         def watch() -> None:
             while not self._stop.wait(self.spec.wait_timeout_s):
                 try:
@@ -360,10 +366,29 @@ class Ring:
                     self.watch.check_peers()
                     self.watch.note_slow_self()
                 except PeerDied as exc:
-                    on_dead(exc)
+                    self._react(exc)
                     return
 
         self._start_thread(watch, "ring-watchdog")
+
+    def react_to_peer_failure(self) -> None:
+        """Look for a peer's death, failure or hang now and, where there is one, react as
+        the watchdog does (its on_dead, once per ring; it ends the process): a stop the
+        launcher sends because a rank died is then reported as that death. Nothing
+        without a watchdog or a failure."""
+        if self._on_dead is None:
+            return
+        try:
+            self.watch.check_peers()
+        except PeerDied as exc:
+            self._react(exc)
+
+    def _react(self, exc: PeerDied) -> None:
+        """on_dead(exc), by one thread only: another that found the failure too waits
+        here while on_dead ends the process."""
+        assert self._on_dead is not None
+        with self._reacting:
+            self._on_dead(exc)
 
     def snapshot(self) -> RingSnapshot:
         """Statistics of the whole ring as `ringtrain-stat` shows them."""

@@ -12,7 +12,9 @@ them after torch's shutdown timeout (launch.py). Before that, in start-up
 nothing would be lost and the main thread may be blocked in a call that no signal
 interrupts (a barrier whose peers are gone, a file lock, a collective): a thread woken
 by the signal (through `signal.set_wakeup_fd`) leaves every ring cleanly and ends the
-process at once, with exit code 128 + the signal number.
+process at once, with exit code 128 + the signal number; unless a peer died, failed or
+hung (a launcher stops every rank when one died), which the rank then reports as its
+watchdog would have.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class StopRequest:
                 self.request(signal.Signals(signum).name)
                 rings = open_rings()
                 if not any(ring.own_row.worked for ring in rings):
+                    # A launcher stops every rank when one died: that death is the report.
+                    for ring in rings:
+                        ring.react_to_peer_failure()
                     leave_now(signal.Signals(signum))
                 if not bounded:
                     bounded = True

@@ -12,12 +12,14 @@ import mmap
 import os
 import random
 import signal
+import threading
 import time
 
 import torch
 
 from ringtrain.batch import slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
+from ringtrain.trainer.signals import StopRequest
 
 MAX_TOKENS = 64
 WIDTH = 8
@@ -198,3 +200,28 @@ def hold_mapped(path: str, mapped, release) -> None:
     with open(path, "r+b") as segment, mmap.mmap(segment.fileno(), 0) as _view:
         mapped.set()
         release.wait()
+
+
+def idle_rank(spec: RingSpec, index: int, barrier, results) -> None:
+    """A rank that joins the ring, says so, and waits until it is killed."""
+    join_ring(spec, index, barrier)
+    results.put(("ready", index, os.getpid()))
+    threading.Event().wait()
+
+
+def start_up_rank(spec: RingSpec, index: int, barrier, results) -> None:
+    """A trainer rank in its start-up (nothing trained yet): stop signals handled as a
+    rank handles them, the ring's watchdog reporting a peer's failure on `results` and
+    ending the process with 1; it waits until a signal ends it."""
+    ring = join_ring(spec, index, barrier)
+
+    def on_dead(exc: PeerDied) -> None:
+        results.put(("peer_died", index, str(exc)))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+
+    ring.start_watchdog(on_dead)
+    StopRequest().install()
+    results.put(("ready", index, os.getpid()))
+    threading.Event().wait()
