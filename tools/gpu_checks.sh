@@ -61,7 +61,7 @@ nvidia-smi -L
 for step in $steps; do
     case $step in
         tests) run tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests ;;
-        quicktests) run tests 200 python -m pytest -q -m gpu -p no:cacheprovider \
+        quicktests) run tests 320 python -m pytest -q -m gpu -p no:cacheprovider \
             tests/test_ring_gpu.py tests/test_target_gpu.py tests/test_drafter_gpu.py \
             tests/test_linear_attention.py ;;
         ring | ring_mps)
