@@ -31,6 +31,7 @@ from ringtrain.config import (
     load_config,
     parse_config,
 )
+from ringtrain.process_end import end_process
 from ringtrain.ring import PeerDied
 from ringtrain.trainer.context import SessionContext
 from ringtrain.trainer.groups import RankGroups, close_groups, gloo_only, new_groups
@@ -211,4 +212,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

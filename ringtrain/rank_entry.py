@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from types import FrameType
 
+from ringtrain.process_end import end_process
 from ringtrain.trainer.outcome import STOPPED, Outcome, env_rank, report_outcome
 
 
@@ -35,4 +35,4 @@ def run() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    end_process(run())
