@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ringtrain.monitor.sinks import Sink
 
 LOGGER_NAME = "ringtrain"
+# A rank log line begins with this local time, then ".<milliseconds>".
+LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 # transformers' notice, on each rank that runs a hybrid target, that Gated DeltaNet and
 # causal conv1d fall back to torch because flash-linear-attention or causal_conv1d is not
@@ -90,7 +92,7 @@ def setup_logging(run_dir: Path, rank: int, role: str, terminal_progress: bool) 
     file_handler.setFormatter(
         logging.Formatter(
             f"%(asctime)s.%(msecs)03d rank{rank} {role} %(levelname)s %(message)s",
-            "%Y-%m-%d %H:%M:%S",
+            LOG_TIME_FORMAT,
         )
     )
     logger.addHandler(file_handler)

@@ -14,21 +14,20 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from ringtrain.ring.liveness import CLOCK_TICKS_PER_S, process_start_time
+
 # A start this slow (seconds) is worth a word about bytecode when Python writes none.
 SLOW_START_S = 8.0
 
 
 def process_age_s() -> float | None:
     """Seconds since this process started (Linux's /proc), None where that is unknown."""
+    started_ticks = process_start_time(os.getpid())
     try:
-        stat = Path("/proc/self/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        # Field 22, the start time in clock ticks after boot; the fields after the
-        # parenthesised command name begin at field 3.
-        started_ticks = int(stat.rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
-    return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    return None if started_ticks < 0 else uptime - started_ticks / CLOCK_TICKS_PER_S
 
 
 def compiles_sources_at_each_start(module: ModuleType) -> bool:

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ringtrain.config import ConfigError, LayoutConfig
+from ringtrain.trainer.logs import LOG_TIME_FORMAT
 from ringtrain.trainer.roles import check_gpu_map, check_layout, layout_rate, local_role
 
 # Steps whose DDP timings are skipped: the first ones compile and warm the allocator.
@@ -224,7 +225,7 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
 
 
 # How a rank log line begins (ringtrain.trainer.logs): its local time to the millisecond.
-LOG_LINE_TIME = "%Y-%m-%d %H:%M:%S.%f"
+LOG_LINE_TIME = f"{LOG_TIME_FORMAT}.%f"
 
 
 def first_log_time(run_dir: Path) -> float | None:
