@@ -145,8 +145,10 @@ class BlockMaskBuilder:
         return by_q_tile + by_kv_tile
 
     def _block_mask(self, window: int) -> BlockMask:
-        kv_num, kv_indices, full_kv_num, full_kv_indices, *by_kv_tile = self._tiles(window)
-        q_num, q_indices, full_q_num, full_q_indices = by_kv_tile
+        (
+            kv_num, kv_indices, full_kv_num, full_kv_indices,
+            q_num, q_indices, full_q_num, full_q_indices,
+        ) = self._tiles(window)  # fmt: skip
         return BlockMask(
             seq_lengths=(self.q_len, self.kv_len),
             kv_num_blocks=kv_num,
