@@ -60,7 +60,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     cfg: OptimConfig,
-) -> float:
+) -> torch.Tensor:
     """One step on random inputs drawn from the global RNG (which a checkpoint restores)."""
     out = model(
         torch.randn(5, 32), torch.arange(5), torch.randn(8, 16), torch.arange(5, 13),

@@ -1,5 +1,6 @@
 """optimizer_step's switches train as the plain step does: freed gradients exactly, the
-clip inside fused AdamW's kernel within rounding, and every path skips a non-finite step."""
+clip inside the optimiser's step (fused AdamW, Muon beside a fused AdamW) within rounding,
+and every path skips a non-finite step, leaving weights, moments and momenta alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from ringtrain.drafter import build_optimizer, optimizer_step
-from ringtrain.drafter.optim import is_fused_adamw
+from ringtrain.drafter.muon import BatchedMuon, MuonAdamW
+from ringtrain.drafter.optim import clips_in_step, hidden_matrices
 from tests.helpers.tiny_drafter import make_setup, objective, paper_optim
 
 # A clip low enough that every step of the tiny drafter is clipped.
@@ -17,56 +19,68 @@ OPTIM = paper_optim(lr=1e-2, warmup_fraction=0.0, grad_clip=0.05)
 STEPS = 6
 
 
-def fused_adamw(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, object]:
-    """AdamW with the fused kernel (what build_optimizer picks on CUDA; CPU runs it too)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM.lr, fused=True)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+def in_step_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
+    """What build_optimizer picks on CUDA, on this CPU: AdamW with its fused kernel
+    (``adamw``), or Muon on the layers' matrices beside it (``muon``)."""
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=OPTIM.lr, fused=True)
+    hidden = hidden_matrices(model)
+    rest = [p for p in model.parameters() if all(p is not h for h in hidden)]
+    muon = BatchedMuon(hidden, lr=OPTIM.lr, adjust_lr_fn="match_rms_adamw")
+    return MuonAdamW(muon, torch.optim.AdamW(rest, lr=OPTIM.lr, fused=True))
 
 
-def train(fused: bool, **switches: bool) -> tuple[list[float], list[float], dict]:
-    """STEPS steps on one fixed batch: (losses, gradient norms, final weights)."""
+def train(name: str | None, **switches: bool) -> tuple[list[float], list[float], dict]:
+    """STEPS steps on one fixed batch with build_optimizer's choice (``name`` None) or
+    `in_step_optimizer`'s: (losses, gradient norms, final weights)."""
     cfg, model, head, batch = make_setup(seed=4)
-    if fused:
-        optimizer, scheduler = fused_adamw(model)
-    else:
+    if name is None:
         optimizer, scheduler = build_optimizer(model, OPTIM, STEPS)
+    else:
+        optimizer = in_step_optimizer(model, name)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     losses, norms = [], []
     for step in range(STEPS):
         sums = objective(model, head, batch, cfg, seed=step)
         (sums.loss_sum / sums.weight_sum).backward()
-        norms.append(optimizer_step(model, optimizer, scheduler, OPTIM, **switches))
+        norms.append(float(optimizer_step(model, optimizer, scheduler, OPTIM, **switches)))
         losses.append(float(sums.loss_sum.detach() / sums.weight_sum))
     return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def test_freed_gradients_train_exactly_as_zeroed_ones() -> None:
-    losses, norms, weights = train(fused=False)
-    freed_losses, freed_norms, freed_weights = train(fused=False, grads_to_none=True)
+    losses, norms, weights = train(None)
+    freed_losses, freed_norms, freed_weights = train(None, grads_to_none=True)
     assert freed_losses == losses and freed_norms == norms
     for name, tensor in weights.items():
         assert torch.equal(freed_weights[name], tensor), name
 
 
-def test_clip_in_fused_adamw_matches_clip_then_step() -> None:
-    losses, norms, weights = train(fused=True)
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_clip_in_the_step_matches_clip_then_step(name: str) -> None:
+    losses, norms, weights = train(name)
     assert min(norms) > OPTIM.grad_clip, "every step clips"
     in_step_losses, in_step_norms, in_step_weights = train(
-        fused=True, clip_in_step=True, grads_to_none=True
+        name, clip_in_step=True, grads_to_none=True
     )
     assert in_step_losses[-1] < in_step_losses[0], "it trains"
-    # The kernel takes its divisor in float32: this fp64 drafter's clipped gradients
+    # The kernels take the divisor in float32: this fp64 drafter's clipped gradients
     # differ from clip_grad_norm_'s by float32 rounding (an fp32 drafter's do not).
     assert in_step_losses == pytest.approx(losses, rel=1e-6)
     assert in_step_norms == pytest.approx(norms, rel=1e-6)
-    for name, tensor in weights.items():
-        torch.testing.assert_close(in_step_weights[name], tensor, rtol=1e-4, atol=1e-8)
+    for key, tensor in weights.items():
+        torch.testing.assert_close(in_step_weights[key], tensor, rtol=1e-4, atol=1e-8)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
-def test_a_non_finite_gradient_leaves_weights_and_moments_alone(fused: bool) -> None:
+@pytest.mark.parametrize("name", [None, "adamw", "muon"], ids=["foreach", "fused", "muon"])
+def test_a_non_finite_gradient_leaves_weights_and_moments_alone(name: str | None) -> None:
     cfg, model, head, batch = make_setup(seed=4)
-    optimizer, scheduler = fused_adamw(model) if fused else build_optimizer(model, OPTIM, 4)
-    assert is_fused_adamw(optimizer) is fused
+    if name is None:
+        optimizer, scheduler = build_optimizer(model, OPTIM, 4)
+    else:
+        optimizer = in_step_optimizer(model, name)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    assert clips_in_step(optimizer) is (name is not None)
     for step in range(2):
         sums = objective(model, head, batch, cfg, seed=step)
         (sums.loss_sum / sums.weight_sum).backward()
@@ -75,13 +89,16 @@ def test_a_non_finite_gradient_leaves_weights_and_moments_alone(fused: bool) -> 
             moments = {
                 id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()
             }
-            next(model.parameters()).grad[0] = math.inf
+            # A matrix Muon steps, and with it every matrix of its shape.
+            hidden_matrices(model)[0].grad[0] = math.inf
+            next(model.parameters()).grad[0] = math.nan
         norm = optimizer_step(
             model, optimizer, scheduler, OPTIM, clip_in_step=True, grads_to_none=True
         )
     assert not math.isfinite(norm)
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(tensor, before[name]), name
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[key]), key
+    assert len(moments) == len(list(model.parameters()))
     for param, state in optimizer.state.items():
         for key, value in state.items():
             assert torch.equal(value, moments[id(param)][key]), key

@@ -12,6 +12,11 @@ shape at a time: the momenta of all matrices in one multi-tensor pass, then one 
 Newton-Schulz orthogonalisation per matrix shape. torch's steps one matrix at a time,
 about twenty small kernels each, which on a small drafter (a few dozen 576-wide matrices)
 leaves the GPU waiting on launches for a fifth of the step.
+
+Both take the clip and the non-finite skip as tensors, as the fused AdamW does: a
+``grad_scale`` the gradients are divided by and a ``found_inf`` that, where 1, leaves
+weights and momenta as they were (drafter/optim.py's optimizer_step sets them), so
+stepping needs no host read of the gradient norm.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+# The attributes an optimiser's step reads its clip divisor and skip flag from (torch's
+# mixed-precision scaler sets them on the fused optimisers).
+SCALE_HOOKS = ("grad_scale", "found_inf")
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -52,8 +61,15 @@ class MuonAdamW(torch.optim.Optimizer):
         """One step of both parts (no closure: each part would evaluate it again)."""
         if closure is not None:
             raise ValueError("MuonAdamW.step takes no closure")
+        hooks = {name: getattr(self, name) for name in SCALE_HOOKS if hasattr(self, name)}
         for part in self.parts:
-            part.step()
+            for name, value in hooks.items():
+                setattr(part, name, value)
+            try:
+                part.step()
+            finally:
+                for name in hooks:
+                    delattr(part, name)
 
 
 # Muon's lr per matrix of shape (rows, cols), by its adjust_lr_fn setting.
@@ -97,24 +113,39 @@ class BatchedMuon(torch.optim.Muon):
                 self._step_group(group, params)
 
     def _step_group(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        grads = [p.grad for p in params]
-        momenta = []
-        for param, grad in zip(params, grads, strict=True):
-            state = self.state[param]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(grad)
-            momenta.append(state["momentum_buffer"])
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
         momentum, lr = group["momentum"], group["lr"]
-        torch._foreach_lerp_(momenta, grads, 1 - momentum)
-        updates = torch._foreach_lerp(grads, momenta, momentum) if group["nesterov"] else momenta
-        torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        by_shape: dict[torch.Size, list[int]] = defaultdict(list)
-        for index, param in enumerate(params):
-            by_shape[param.shape].append(index)
-        for shape, indices in by_shape.items():
-            stacked = torch.stack([updates[i] for i in indices])
+        # The decay's factor, 1 where the step is skipped.
+        decay = 1 - lr * group["weight_decay"]
+        if found_inf is not None:
+            decay = 1 - lr * group["weight_decay"] * (1 - found_inf)
+        by_shape: dict[torch.Size, list[torch.Tensor]] = defaultdict(list)
+        for param in params:
+            by_shape[param.shape].append(param)
+        for shape, members in by_shape.items():
+            momenta = [self._momentum_buffer(param) for param in members]
+            grads = torch.stack([param.grad for param in members])
+            if grad_scale is not None:
+                grads = grads / grad_scale
+            before = torch.stack(momenta)
+            after = before.lerp(grads, 1 - momentum)
+            update = grads.lerp(after, momentum) if group["nesterov"] else after
             ortho = orthogonalize(
-                stacked, group["ns_coefficients"], group["ns_steps"], group["eps"]
-            ).to(params[indices[0]].dtype)
+                update, group["ns_coefficients"], group["ns_steps"], group["eps"]
+            ).to(members[0].dtype)
+            if found_inf is not None:
+                skip = found_inf.bool()
+                after = torch.where(skip, before, after)
+                ortho = torch.where(skip, 0.0, ortho)
+            torch._foreach_copy_(momenta, after.unbind(0))
+            torch._foreach_mul_(members, decay)
             ratio = _LR_RATIO[group["adjust_lr_fn"]](*shape)
-            torch._foreach_add_([params[i] for i in indices], ortho.unbind(0), alpha=-lr * ratio)
+            torch._foreach_add_(members, ortho.unbind(0), alpha=-lr * ratio)
+
+    def _momentum_buffer(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter's momentum buffer (zeros at its first step), as torch's Muon keeps it."""
+        state = self.state[param]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(param.grad)
+        return state["momentum_buffer"]

@@ -12,8 +12,11 @@ Every param group names the algorithm that steps it (`ALGORITHM_KEY`), so an opt
 state dict says which optimiser wrote it (`saved_optimizer_name`). Parameters stay fp32
 (master weights); compute runs under bf16 autocast on GPU. The fused AdamW kernel is used
 on CUDA and the foreach one elsewhere. The step clips the gradients and skips the update
-when their norm is not finite: the fused AdamW inside its kernel (no host sync before the
-step), the others after reading the norm (one host sync per step for that decision).
+when their norm is not finite. An optimiser that takes the clip's divisor and the skip
+flag as tensors (`clips_in_step`: the fused AdamW, and Muon with a fused AdamW beside it)
+does both inside its step, so the step is queued without the host waiting for the GPU
+and the norm is read whenever its reader wants it; the others read the norm first (one
+host sync per step, before the update).
 
 On resume the optimiser's state (moments, momenta) comes from the checkpoint, but its
 settings and the schedule follow the config: `resume_settings` applies lr, betas, eps,
@@ -200,15 +203,24 @@ def is_fused_adamw(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
-def _fused_clipped_step(
-    optimizer: torch.optim.AdamW, params: list[nn.Parameter], max_norm: float
-) -> float:
-    """Clip and step in fused AdamW's kernel; returns the gradient norm.
+def clips_in_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` divides the gradients by a ``grad_scale`` tensor and leaves
+    everything alone where a ``found_inf`` tensor is 1 inside its step (the hooks torch's
+    mixed-precision scaler uses): the fused AdamW, BatchedMuon, and MuonAdamW when both
+    its parts do."""
+    if isinstance(optimizer, MuonAdamW):
+        return all(clips_in_step(part) for part in optimizer.parts)
+    return isinstance(optimizer, BatchedMuon) or is_fused_adamw(optimizer)
 
-    The kernel divides each gradient by ``grad_scale`` and leaves weights, moments and
-    step counts alone where ``found_inf`` is 1 (the hooks torch's mixed-precision
-    scaler uses), so the clip needs no pass of its own over the gradients and the
-    non-finite decision no host sync before the step is queued; the norm is read after."""
+
+def _clipped_in_step(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_norm: float
+) -> torch.Tensor:
+    """Clip and step inside the optimiser's step (`clips_in_step`); returns the gradient
+    norm, still on the device.
+
+    The clip needs no pass of its own over the gradients, and the non-finite decision no
+    host sync before the step is queued."""
     norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True).float()
     # clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), at most 1, as a divisor.
     optimizer.grad_scale = ((norm + 1e-6) / max_norm).clamp(min=1.0)
@@ -217,7 +229,7 @@ def _fused_clipped_step(
         optimizer.step()
     finally:
         del optimizer.grad_scale, optimizer.found_inf
-    return float(norm)
+    return norm
 
 
 def optimizer_step(
@@ -228,12 +240,14 @@ def optimizer_step(
     *,
     grads_to_none: bool = False,
     clip_in_step: bool = False,
-) -> float:
+) -> torch.Tensor:
     """Clip gradients to cfg.grad_clip, step unless their norm is not finite, advance the
-    schedule, clear grads; returns the norm (not finite: the weights were left alone).
+    schedule, clear grads; returns the norm as a 0-d tensor (not finite: the weights were
+    left alone). Reading it (``float(norm)``) waits for the step.
 
-    ``clip_in_step``: a fused AdamW clips and skips inside its kernel
-    (`_fused_clipped_step`); other optimisers clip, read the norm, then step.
+    ``clip_in_step``: an optimiser that can (`clips_in_step`) clips and skips inside its
+    step (`_clipped_in_step`), so nothing here waits for the GPU; other optimisers clip,
+    read the norm, then step.
     ``grads_to_none``: free the gradients instead of zeroing them, so the next backward
     writes them rather than adding them to zeros (no memset, no add per parameter). Only
     for a model trained alone: under DDP the .grad tensors are views into its buckets.
@@ -242,10 +256,10 @@ def optimizer_step(
     norm and takes the same decision."""
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-    if clip_in_step and params and is_fused_adamw(optimizer):
-        norm = _fused_clipped_step(optimizer, params, max_norm)
+    if clip_in_step and params and clips_in_step(optimizer):
+        norm = _clipped_in_step(optimizer, params, max_norm)
     else:
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         if math.isfinite(norm):
             optimizer.step()
     scheduler.step()

@@ -16,6 +16,13 @@ finds no batch (ring closed, SIGTERM) raises the stop flag: then no rank runs ba
 so no rank waits in a gradient reduction, all drafters stop after the same completed
 step and no batch is half-trained.
 
+The optimizer step is queued without the host waiting for the GPU (the clip and the skip
+happen inside it: drafter/optim.py), so the host takes the next batch and queues its
+forward while the GPU still runs the step. The step's gradient norm, and with it the
+skip decision's record, is therefore read after the next step's reduction (which waits
+for the GPU anyway): each step's record reaches the reporter one step later, and at
+once before a checkpoint and at the end.
+
 The loop reads items through a `take` callable (a ring Consumer's take in a run) and
 talks to the ring only through the three calls of RingSide, so it runs as well on an
 in-memory stand-in.
@@ -106,6 +113,15 @@ class StepRecord:
             if name == "loss":
                 line.update(self.loss_parts)
         return line
+
+
+@dataclass
+class UnreadStep:
+    """A step whose optimizer step is queued: its record, and its gradient norm on the
+    device (None: the loss was not finite, no backward ran), read when the step concludes."""
+
+    record: StepRecord
+    grad_norm: torch.Tensor | None
 
 
 @dataclass
@@ -231,6 +247,7 @@ class DrafterLoop:
             "waiting for the first batch: the target ranks load the target and run its first "
             "forward (their logs say how far they are)"
         )
+        unread: UnreadStep | None = None  # the last step, its gradient norm not yet read
         while state.step < run.max_steps:
             step, started = state.step + 1, time.perf_counter()
             item = self._take_training_item(stop)
@@ -240,25 +257,20 @@ class DrafterLoop:
                 self.sums.request_stop()
             with self.with_peers():
                 reduced = self.sums.reduce(self.group)
+            self._conclude(unread, reporter, first_step)
+            unread = None
             self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
                 self._discard(step, stop)
                 break
             summary, grad_norm = self._apply(reduced, loss_sum, step)
-            record = self._record(state, step, reduced, summary, started)
-            self._mark_skipped(record, grad_norm)
-            if reporter is not None:
-                reporter.step(record)
-            if step == first_step:
-                get_logger().info(
-                    "first step done in %.1f s; a progress line every %d steps",
-                    record.seconds,
-                    run.log_every,
-                )
-            self._stop_after_nonfinite_run(record.step)
+            unread = UnreadStep(self._record(state, step, reduced, summary, started), grad_norm)
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
+                self._conclude(unread, reporter, first_step)
+                unread = None
                 save(state)
                 last_saved = step
+        self._conclude(unread, reporter, first_step)
         self._fail_if_nothing_trained(state.step - first_step + 1)
         if save is not None and state.step != last_saved:
             save(state)
@@ -366,10 +378,11 @@ class DrafterLoop:
 
     def _apply(
         self, reduced: ReducedSums, loss_sum: torch.Tensor, step: int
-    ) -> tuple[dict, float | None]:
+    ) -> tuple[dict, torch.Tensor | None]:
         """Backward of the normalised loss (the gradients reduced meanwhile) and the
-        optimizer step; returns the summary and the gradient norm (None: the loss was not
-        finite, so no rank ran backward). The schedule advances either way."""
+        optimizer step, queued; returns the summary and the gradient norm, on the device
+        (None: the loss was not finite, so no rank ran backward). The schedule advances
+        either way."""
         summary = reduced.summary()
         trainee = self.trainee
         if not math.isfinite(summary["loss"]):
@@ -386,6 +399,25 @@ class DrafterLoop:
             clip_in_step=True,
         )
         return summary, norm
+
+    def _conclude(
+        self, unread: UnreadStep | None, reporter: Reporter | None, first_step: int
+    ) -> None:
+        """Read a step's gradient norm (waiting for its optimizer step if it still runs),
+        mark its record skipped or not, report it, and stop after too many skipped steps."""
+        if unread is None:
+            return
+        record = unread.record
+        self._mark_skipped(record, None if unread.grad_norm is None else float(unread.grad_norm))
+        if reporter is not None:
+            reporter.step(record)
+        if record.step == first_step:
+            get_logger().info(
+                "first step done in %.1f s; a progress line every %d steps",
+                record.seconds,
+                self.config.run.log_every,
+            )
+        self._stop_after_nonfinite_run(record.step)
 
     def _mark_skipped(self, record: StepRecord, grad_norm: float | None) -> None:
         """Put the gradient norm in the record and, for a skipped step, say so and log it."""
