@@ -46,6 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ringtrain.interrupts import STOP_SIGNALS
 from ringtrain.main import build_parser
+from ringtrain.process_end import process_entry
 from ringtrain.ring.names import remove_dead_runs
 from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, read_outcomes
 from ringtrain.trainer.report import describe_end
@@ -160,6 +161,11 @@ def launch(argv: Sequence[str]) -> int:
         forwarder.install()
     with tempfile.TemporaryDirectory(prefix="ringtrain-outcomes-") as directory:
         os.environ[OUTCOME_DIR_ENV] = directory
+        if not args.log_dir:
+            # torch's launcher would make a torchelastic_* directory of its own for its
+            # per-rank error files and leave it behind, one per launch; this one goes
+            # with the outcomes. A --log-dir given is kept.
+            args.log_dir = os.path.join(directory, "torch-launcher")
         signal_name, failures = "", {}
         try:
             torch_run.run(args)
@@ -186,5 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return launch(argv)
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

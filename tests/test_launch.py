@@ -41,12 +41,19 @@ TORCH_NOISE = ("Traceback", "SignalException", "ChildFailedError", "Logging erro
 TORCH_LOG_LINE = re.compile(r"^[IWE]\d{4} ", re.MULTILINE)  # torch's launcher's log format
 
 
-def _launch(run_dir: Path, targets: int, drafters: int, overrides: list[str], **kwargs):
+def _launch(
+    run_dir: Path,
+    targets: int,
+    drafters: int,
+    overrides: list[str],
+    env: dict[str, str] | None = None,
+    **kwargs,
+):
     output = run_dir.with_name(run_dir.name + ".out")
     with output.open("wb") as sink:
         proc = subprocess.Popen(
             launch_command(run_dir, targets, drafters, overrides, **kwargs),
-            env=run_env(),
+            env=env or run_env(),
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -75,14 +82,19 @@ def _launcher_lines(text: str) -> list[str]:
 
 
 def test_a_refusal_alike_on_every_rank_is_said_once_with_exit_code_2(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc, output = _launch(run_dir, 1, 2, ['target.path="/nonexistent/target"'])
+    """... and the launcher leaves nothing in the temporary directory (torch's own made a
+    torchelastic_* directory there at every launch)."""
+    run_dir, temporary = tmp_path / "run", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**run_env(), "TMPDIR": str(temporary)}
+    proc, output = _launch(run_dir, 1, 2, ['target.path="/nonexistent/target"'], env=env)
     text = _finish(proc, output)
     assert proc.returncode == 2, text[-4000:]
     _assert_quiet(text)
     lines = _launcher_lines(text)
     assert len(lines) == 1 and "/nonexistent/target" in lines[0], text[-4000:]
     assert text.count("/nonexistent/target") == 1, text[-4000:]
+    assert list(temporary.iterdir()) == []
 
 
 def test_ctrl_c_during_start_up_ends_with_one_line_and_130(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ringtrain.interrupts import report_unfinished, sigterm_taken_as_ctrl_c
+from ringtrain.process_end import process_entry
 from ringtrain.target.gguf import (
     DTYPES,
     GGUFConversionError,
@@ -72,5 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -46,6 +46,7 @@ from ringtrain.interrupts import (
     sigterm_taken_as_ctrl_c,
     stop_name,
 )
+from ringtrain.process_end import process_entry
 
 if TYPE_CHECKING:
     from ringtrain.data.regen_local import LocalEngine
@@ -402,5 +403,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

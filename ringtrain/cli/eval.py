@@ -46,6 +46,7 @@ from ringtrain.eval.settings import DEFAULT_TIE_ULPS, VERIFY_MODES, SamplingSett
 from ringtrain.eval.stop import EvalStopped
 from ringtrain.generate.prompt_sets import BUILTIN_BENCHMARKS
 from ringtrain.generate.prompts import PromptFileError
+from ringtrain.process_end import process_entry
 
 if TYPE_CHECKING:
     from ringtrain.eval.metrics import EvalReport
@@ -277,5 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(report.lossless is False for report in reports) else 0
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

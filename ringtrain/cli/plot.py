@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ringtrain.monitor.runlog import METRICS_FILE, RunDirError, read_run
+from ringtrain.process_end import process_entry
 
 MALFORMED_SHOWN = 5
 
@@ -56,5 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -22,6 +22,8 @@ import argparse
 import os
 import sys
 
+from ringtrain.process_end import process_entry
+
 
 def build_parser() -> argparse.ArgumentParser:
     """ringtrain-stat's arguments."""
@@ -93,5 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+# The console script's entry point (pyproject.toml) and python -m's.
+run = process_entry(main)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
