@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import msgspec
@@ -115,3 +116,28 @@ def test_compiled_training_never_recompiles_across_document_layouts(architecture
     losses = [step(lengths, 2 + i) for i, lengths in enumerate(layouts * 2)]
     assert compiled_graph_count() == before
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_the_optimizer_step_is_queued_without_waiting_for_the_gpu(name: str) -> None:
+    """build_optimizer's choice on CUDA clips and skips inside its step: a step after the
+    first (which creates the optimiser's state) runs under CUDA's sync debug mode set to
+    error, so any host read of the norm, or any other wait, fails it."""
+    model = setup([0, 0])[1]
+    optim_cfg = paper_optim(warmup_fraction=0.0, name=name)
+    optimizer, scheduler = build_optimizer(model, optim_cfg, total_steps=4)
+    norms = []
+    for step in range(2):
+        for param in model.parameters():
+            param.grad = torch.randn_like(param)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if step else "default")
+        try:
+            norms.append(
+                optimizer_step(
+                    model, optimizer, scheduler, optim_cfg, clip_in_step=True, grads_to_none=True
+                )
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert all(math.isfinite(float(norm)) for norm in norms)
