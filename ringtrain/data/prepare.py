@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -346,7 +345,7 @@ def prepare_dataset(
     workers: int = 1,
     max_record_bytes: int = MAX_RECORD_BYTES,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    progress: TextIO | None = sys.stderr,
+    progress: TextIO | None = None,
     sources: Sequence[str] | None = None,
 ) -> PrepareTotals:
     """Encode a chat JSONL file into an Arrow dataset directory; returns the totals.
@@ -355,7 +354,7 @@ def prepare_dataset(
     are truncated; conversations without supervised tokens are dropped (counted); lines
     over `max_record_bytes` are rejected before decoding (counted); rows written with fewer
     than 2 * `block_size` supervised tokens, which training drops, are counted. Progress
-    lines go to `progress` (None: silent). With `sources`, each record's `source` field
+    lines go to `progress` (None, the default: silent). With `sources`, each record's `source` field
     names one of them and the dataset gets a `source` column.
     """
     input_path = Path(input_path)

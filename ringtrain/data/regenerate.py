@@ -320,10 +320,9 @@ async def _main(run: _Run) -> None:
         await client.aclose()
 
 
-def regenerate(
-    options: RegenerateOptions, progress: TextIO | None = sys.stderr
-) -> RegenerateTotals:
-    """Regenerate `options.input` into `options.output` (resuming it); returns the totals.
+def regenerate(options: RegenerateOptions, progress: TextIO | None = None) -> RegenerateTotals:
+    """Regenerate `options.input` into `options.output` (resuming it); returns the totals,
+    with a progress bar on `progress` (None: none).
 
     Raises DatasetError for unusable settings or files or an output another client is
     writing, ServerGone when the server stops answering, KeyboardInterrupt when aborted

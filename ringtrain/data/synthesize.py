@@ -161,9 +161,10 @@ def _filters(tokenizer: Any, options: SynthesisOptions) -> FilterSettings:
     return FilterSettings(options.min_words, options.max_words, markers)
 
 
-def synthesize(options: SynthesisOptions, progress: TextIO | None = sys.stderr) -> SynthesisTotals:
+def synthesize(options: SynthesisOptions, progress: TextIO | None = None) -> SynthesisTotals:
     """Write ``options.num`` conversations into ``options.output`` (continuing it); returns
-    the totals. Raises DatasetError for unusable settings, files or models."""
+    the totals, with a progress bar on ``progress`` (None: none). Raises DatasetError for
+    unusable settings, files or models."""
     check_options(options)
     from ringtrain.generate.local_model import load_tokenizer  # transformers: only when run
 
