@@ -29,7 +29,7 @@ from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_sums import StepSums
-from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, item
+from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, RowStandIn, item
 from tests.helpers.tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
 BLOCK = make_cfg().block_size
@@ -104,15 +104,27 @@ def test_stop_request_discards_the_step_and_trains_nothing() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
 
 
-class WeightsAfterEachStep(ReporterStandIn):
+class WeightsAfterEachStep(RowStandIn):
+    """The rank's row, keeping the weights and fc's first AdamW moment as each step left
+    them: the loop records a step's progress right after queuing its update (its record
+    reaches the reporter a step later)."""
+
     def __init__(self, loop: DrafterLoop) -> None:
         super().__init__()
         self.loop = loop
         self.weights: list[list[torch.Tensor]] = []
+        self.moments: list[torch.Tensor] = []
 
-    def step(self, record: StepRecord) -> None:
-        super().step(record)
+    def record_progress(self, count: int) -> None:
+        super().record_progress(count)
         self.weights.append(weights(self.loop))
+        state = self.loop.trainee.optimizer.state[self.loop.trainee.model.fc.weight]
+        self.moments.append(state["exp_avg"].clone())
+
+
+def weights_after_each_step(ring: RingStandIn, loop: DrafterLoop) -> WeightsAfterEachStep:
+    ring.own_row = row = WeightsAfterEachStep(loop)
+    return row
 
 
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -122,14 +134,40 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def test_step_with_a_non_finite_loss_is_skipped_and_training_goes_on() -> None:
     ring = RingStandIn([item(0), item(1, poison=True), item(2)])
     loop = make_loop(ring, max_steps=3)
-    reporter = WeightsAfterEachStep(loop)
+    row, reporter = weights_after_each_step(ring, loop), ReporterStandIn()
     state = loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
     assert [r.skipped for r in reporter.steps] == [False, True, False]
     assert math.isnan(reporter.steps[1].loss) and reporter.steps[1].grad_norm is None
-    after_1, after_2, after_3 = reporter.weights
+    after_1, after_2, after_3 = row.weights
     assert same(after_1, after_2) and not same(after_2, after_3)
     # The poisoned batch was consumed: a resume does not meet it again.
     assert state.step == 3 and state.ledger.cursor(0) == StreamCursor(3, ())
+
+
+def test_a_step_is_reported_once_the_next_update_is_queued() -> None:
+    """The step's gradient norm is read after the next step's forward, and its record
+    handed over once the next update is queued, so the report never holds back a
+    backward; a checkpoint step's and the last step's at once."""
+    ring = RingStandIn([item(0), item(1), item(2)])
+    loop = make_loop(ring, max_steps=3)  # a checkpoint every 2 steps
+    row = weights_after_each_step(ring, loop)
+
+    class WeightsWhenReported(ReporterStandIn):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights: list[list[torch.Tensor]] = []
+
+        def step(self, record: StepRecord) -> None:
+            super().step(record)
+            self.weights.append(weights(loop))
+
+    reporter, saved = WeightsWhenReported(), []
+    loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter, saved.append)
+    assert [r.step for r in reporter.steps] == [1, 2, 3] and len(saved) == 2
+    assert not same(row.weights[0], row.weights[1])
+    assert same(reporter.weights[0], row.weights[1])  # step 1's report: step 2 updated
+    assert same(reporter.weights[1], row.weights[1])  # step 2 checkpointed: at once
+    assert same(reporter.weights[2], row.weights[2])
 
 
 def test_step_with_an_exploding_gradient_is_skipped_optimizer_state_and_all() -> None:
@@ -142,33 +180,27 @@ def test_step_with_an_exploding_gradient_is_skipped_optimizer_state_and_all() ->
         return grad * math.inf if len(backwards) == 2 else grad
 
     loop.trainee.model.fc.weight.register_hook(explode_on_step_2)
-    moments: list[torch.Tensor] = []
-
-    class Recorder(WeightsAfterEachStep):
-        def step(self, record: StepRecord) -> None:
-            super().step(record)
-            state = loop.trainee.optimizer.state[loop.trainee.model.fc.weight]
-            moments.append(state["exp_avg"].clone())
-
-    reporter = Recorder(loop)
+    row, reporter = weights_after_each_step(ring, loop), ReporterStandIn()
     loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
     assert [r.skipped for r in reporter.steps] == [False, True, False]
     assert math.isfinite(reporter.steps[1].loss)
     assert not math.isfinite(reporter.steps[1].grad_norm)
-    assert same(reporter.weights[0], reporter.weights[1]) and torch.equal(*moments[:2])
-    assert not same(reporter.weights[1], reporter.weights[2])
-    assert all(torch.isfinite(w).all() for w in reporter.weights[2])
+    assert same(row.weights[0], row.weights[1]) and torch.equal(*row.moments[:2])
+    assert not same(row.weights[1], row.weights[2])
+    assert all(torch.isfinite(w).all() for w in row.weights[2])
 
 
 def test_a_run_of_non_finite_steps_stops_naming_the_count() -> None:
-    items = [item(0), item(1, poison=True), item(2, poison=True), item(3)]
-    loop = make_loop(RingStandIn(items), max_steps=4, max_nonfinite_steps=2)
-    reporter = WeightsAfterEachStep(loop)
+    """The third step's record says the limit is reached: the run stops before the
+    fourth step's update, which would have followed the last finite one."""
+    ring = RingStandIn([item(0), item(1, poison=True), item(2, poison=True), item(3)])
+    loop = make_loop(ring, max_steps=4, max_nonfinite_steps=2)
+    row, reporter = weights_after_each_step(ring, loop), ReporterStandIn()
     with pytest.raises(FloatingPointError, match=r"2 steps in a row \(up to step 3\).*"
                        r"optim.max_nonfinite_steps = 2"):  # fmt: skip
         loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
     assert [r.skipped for r in reporter.steps] == [False, True, True]
-    assert same(reporter.weights[0], weights(loop))
+    assert same(row.weights[0], weights(loop)) and len(row.weights) == 3
 
 
 def objective_sums(scale: float, block_size: int = BLOCK) -> SelectorSums:

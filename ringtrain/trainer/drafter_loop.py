@@ -20,8 +20,8 @@ The optimizer step is queued without the host waiting for the GPU (the clip and 
 happen inside it: drafter/optim.py), so the host takes the next batch and queues its
 forward while the GPU still runs the step. The step's gradient norm, and with it the
 skip decision's record, is therefore read after the next step's reduction (which waits
-for the GPU anyway): each step's record reaches the reporter one step later, and at
-once before a checkpoint and at the end.
+for the GPU anyway), and the record reaches the reporter once that next step's backward
+is queued; before a checkpoint and at the end, at once.
 
 The loop reads items through a `take` callable (a ring Consumer's take in a run) and
 talks to the ring only through the three calls of RingSide, so it runs as well on an
@@ -257,20 +257,26 @@ class DrafterLoop:
                 self.sums.request_stop()
             with self.with_peers():
                 reduced = self.sums.reduce(self.group)
-            self._conclude(unread, reporter, first_step)
+            concluded = self._conclude(unread, reporter, first_step)
             unread = None
-            self._report_evaluation(tally, reduced, state, reporter)
             if reduced.stopped:
+                self._report(concluded, reporter, first_step)
+                self._report_evaluation(tally, reduced, state, reporter)
                 self._discard(step, stop)
                 break
             summary, grad_norm = self._apply(reduced, loss_sum, step)
+            # The last step is reported once this one's backward is queued: the lead
+            # drafter's writing neither holds back the backward nor makes the lead enter
+            # it after the other drafters at every step.
+            self._report(concluded, reporter, first_step)
+            self._report_evaluation(tally, reduced, state, reporter)
             unread = UnreadStep(self._record(state, step, reduced, summary, started), grad_norm)
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
-                self._conclude(unread, reporter, first_step)
+                self._report(self._conclude(unread, reporter, first_step), reporter, first_step)
                 unread = None
                 save(state)
                 last_saved = step
-        self._conclude(unread, reporter, first_step)
+        self._report(self._conclude(unread, reporter, first_step), reporter, first_step)
         self._fail_if_nothing_trained(state.step - first_step + 1)
         if save is not None and state.step != last_saved:
             save(state)
@@ -402,13 +408,25 @@ class DrafterLoop:
 
     def _conclude(
         self, unread: UnreadStep | None, reporter: Reporter | None, first_step: int
-    ) -> None:
-        """Read a step's gradient norm (waiting for its optimizer step if it still runs),
-        mark its record skipped or not, report it, and stop after too many skipped steps."""
+    ) -> StepRecord | None:
+        """Read a step's gradient norm (waiting for its optimizer step if it still runs) and
+        mark its record skipped or not; returns the record, to be reported. Too many
+        skipped steps in a row stop the run here, the record reported first."""
         if unread is None:
-            return
+            return None
         record = unread.record
         self._mark_skipped(record, None if unread.grad_norm is None else float(unread.grad_norm))
+        if self.nonfinite_in_a_row >= self.config.optim.max_nonfinite_steps:
+            self._report(record, reporter, first_step)
+            raise self._nonfinite_run_error(record.step)
+        return record
+
+    def _report(
+        self, record: StepRecord | None, reporter: Reporter | None, first_step: int
+    ) -> None:
+        """Hand a concluded step's record to the reporter (and say when the first is done)."""
+        if record is None:
+            return
         if reporter is not None:
             reporter.step(record)
         if record.step == first_step:
@@ -417,7 +435,6 @@ class DrafterLoop:
                 record.seconds,
                 self.config.run.log_every,
             )
-        self._stop_after_nonfinite_run(record.step)
 
     def _mark_skipped(self, record: StepRecord, grad_norm: float | None) -> None:
         """Put the gradient norm in the record and, for a skipped step, say so and log it."""
@@ -446,15 +463,14 @@ class DrafterLoop:
                 "or check the data"
             )
 
-    def _stop_after_nonfinite_run(self, step: int) -> None:
-        limit = self.config.optim.max_nonfinite_steps
-        if self.nonfinite_in_a_row >= limit:
-            raise FloatingPointError(
-                f"{self.nonfinite_in_a_row} steps in a row (up to step {step}) had a "
-                f"non-finite loss or gradient norm (optim.max_nonfinite_steps = {limit}); "
-                "the weights hold the last finite update: lower optim.lr or check the data, "
-                "then resume from the newest checkpoint"
-            )
+    def _nonfinite_run_error(self, step: int) -> FloatingPointError:
+        """The error that stops a run after optim.max_nonfinite_steps skipped steps in a row."""
+        return FloatingPointError(
+            f"{self.nonfinite_in_a_row} steps in a row (up to step {step}) had a "
+            f"non-finite loss or gradient norm (optim.max_nonfinite_steps = "
+            f"{self.config.optim.max_nonfinite_steps}); the weights hold the last finite "
+            "update: lower optim.lr or check the data, then resume from the newest checkpoint"
+        )
 
     # ---- record ----------------------------------------------------------------------
 
