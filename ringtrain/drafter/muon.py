@@ -8,8 +8,9 @@ both (their parameters are disjoint), and step() steps both. Its state_dict is t
 an ordinary optimiser state dict, which a checkpoint saves and loads like AdamW's.
 
 `BatchedMuon` is torch.optim.Muon with the same update, settings and state, stepped a
-shape at a time: the momenta of all matrices in one multi-tensor pass, then one batched
-Newton-Schulz orthogonalisation per matrix shape. torch's steps one matrix at a time,
+shape at a time: the gradients and momenta of all matrices of one shape stacked, their
+momentum update and one batched Newton-Schulz orthogonalisation for them, the momenta
+and weights written back in multi-tensor passes. torch's steps one matrix at a time,
 about twenty small kernels each, which on a small drafter (a few dozen 576-wide matrices)
 leaves the GPU waiting on launches for a fifth of the step.
 
