@@ -14,9 +14,9 @@ from ringtrain.config import parse_config
 from ringtrain.monitor.stat_view import format_snapshot, live_verdict, shown_verdict
 from ringtrain.monitor.verdict import ring_judgement
 from ringtrain.ring import RingSnapshot, with_interval
-from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import LOGGER_NAME, MetricsWriter
 from ringtrain.trainer.progress import LeadReporter, Progress
+from ringtrain.trainer.step_record import StepRecord
 from tests.helpers.monitor_records import lead_step
 from tests.helpers.ring_snapshots import rank, snapshot
 

@@ -13,9 +13,9 @@ from ringtrain.config import Config, parse_config
 from ringtrain.monitor.verdict import ring_judgement
 from ringtrain.ring import RingSnapshot, with_interval
 from ringtrain.trainer import progress as progress_module
-from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import LOGGER_NAME
 from ringtrain.trainer.progress import Progress
+from ringtrain.trainer.step_record import StepRecord
 from tests.helpers.monitor_records import lead_step
 from tests.helpers.ring_snapshots import rank, snapshot
 

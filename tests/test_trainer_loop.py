@@ -24,10 +24,11 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.arch.dflash2.selector import SelectorSums
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
-from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, StepRecord, Trainee
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
 from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.step_record import StepRecord
 from ringtrain.trainer.step_sums import StepSums
 from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, RowStandIn, item
 from tests.helpers.tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim

@@ -354,8 +354,8 @@ def prepare_dataset(
     are truncated; conversations without supervised tokens are dropped (counted); lines
     over `max_record_bytes` are rejected before decoding (counted); rows written with fewer
     than 2 * `block_size` supervised tokens, which training drops, are counted. Progress
-    lines go to `progress` (None, the default: silent). With `sources`, each record's `source` field
-    names one of them and the dataset gets a `source` column.
+    lines go to `progress` (None, the default: silent). With `sources`, each record's
+    `source` field names one of them and the dataset gets a `source` column.
     """
     input_path = Path(input_path)
     if not input_path.is_file():

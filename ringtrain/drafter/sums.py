@@ -105,7 +105,7 @@ class ObjectiveSums:
 
     @classmethod
     def step_metrics(cls, summary: dict[str, float | list[float]]) -> dict[str, object]:
-        """What a training step's record (trainer/drafter_loop.py's StepRecord) reports of
+        """What a training step's record (trainer/step_record.py's StepRecord) reports of
         `summary` (summarise's metrics), by the record's field names: STEP_METRICS, and
         the loss parts by metric name."""
         parts = {metric: summary[metric] for metric in cls.loss_parts().values()}

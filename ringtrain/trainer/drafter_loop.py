@@ -18,10 +18,8 @@ step and no batch is half-trained.
 
 The optimizer step is queued without the host waiting for the GPU (the clip and the skip
 happen inside it: drafter/optim.py), so the host takes the next batch and queues its
-forward while the GPU still runs the step. The step's gradient norm, and with it the
-skip decision's record, is therefore read after the next step's reduction (which waits
-for the GPU anyway), and the record reaches the reporter once that next step's backward
-is queued; before a checkpoint and at the end, at once.
+forward while the GPU still runs the step; the step concludes a step later
+(trainer/step_record.py).
 
 The loop reads items through a `take` callable (a ring Consumer's take in a run) and
 talks to the ring only through the three calls of RingSide, so it runs as well on an
@@ -35,7 +33,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -67,6 +65,7 @@ from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.logs import get_logger
 from ringtrain.trainer.signals import StopRequest
+from ringtrain.trainer.step_record import Reporter, StepConclusions, StepRecord, UnreadStep
 from ringtrain.trainer.step_sums import ReducedSums, StepSums
 
 
@@ -75,53 +74,6 @@ def anchor_seed(run_seed: int, meta: BatchMeta) -> int:
     target's stream, not the drafter that takes it (which follows timing), so a batch
     gives the same gradient on any drafter rank, in a resumed run as in an unbroken one."""
     return ((run_seed * 1_000_003 + meta.producer) * 1_000_000_007 + meta.seq) % (1 << 63)
-
-
-@dataclass
-class StepRecord:
-    """What one completed global step did, as the lead drafter reports it."""
-
-    step: int
-    loss: float
-    accuracy: list[float]
-    tau_uniform: float  # uniform-anchor acceptance of the training batches (not tau_sim)
-    tokens: int
-    seconds: float
-    lr: float
-    batches: list[list[int]]
-    wall: float  # time.time() at the end of the step
-    compiles: int  # graphs compiled so far in this process (flat in steady state)
-    gpu_busy: float | None  # this rank's GPU busy fraction since the last step (NVML)
-    gpu_busy_by_rank: dict[int, float]  # last fraction published by each rank of the node
-    # DDP's sampled timing of this step's gradient reduction (None on unsampled steps and
-    # for a drafter alone): its duration, and the part backward did not hide.
-    grad_sync_ms: float | None = None
-    grad_sync_exposed_ms: float | None = None
-    # Norm of the reduced gradients before clipping (None: the loss was not finite, so
-    # no backward ran), and whether the update was skipped for a non-finite value.
-    grad_norm: float | None = None
-    skipped: bool = False
-    # The named parts of loss the drafter's sums report (DFlash2: selector_loss).
-    loss_parts: dict[str, float] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, object]:
-        """The record as a metrics.jsonl line holds it: each loss part beside loss."""
-        line: dict[str, object] = {}
-        for name, value in vars(self).items():
-            if name != "loss_parts":
-                line[name] = value
-            if name == "loss":
-                line.update(self.loss_parts)
-        return line
-
-
-@dataclass
-class UnreadStep:
-    """A step whose optimizer step is queued: its record, and its gradient norm on the
-    device (None: the loss was not finite, no backward ran), read when the step concludes."""
-
-    record: StepRecord
-    grad_norm: torch.Tensor | None
 
 
 @dataclass
@@ -147,14 +99,6 @@ class RingSide(Protocol):
     own_row: RowSide
 
     def gpu_busy_by_rank(self) -> dict[int, float]: ...
-
-
-class Reporter(Protocol):
-    """Where the lead drafter's steps and evaluation rounds go (trainer/progress.py)."""
-
-    def step(self, record: StepRecord) -> None: ...
-
-    def evaluation(self, step: int, metrics: dict) -> None: ...
 
 
 @dataclass
@@ -214,8 +158,6 @@ class DrafterLoop:
         self.rounds = EvalRounds(config.run.eval_every, config.run.max_steps)
         # The held-out rounds' sums; train() starts it at the round its state owes next.
         self._tally = EvalTally(eval_batches_per_round, self.block_size, self.sums.sums_type)
-        self.nonfinite_in_a_row = 0  # skipped steps since the last applied update
-        self.applied_steps = 0  # steps of this session whose update reached the weights
         self._waiting_since: float | None = None  # set while the session's first item is due
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"
@@ -233,19 +175,10 @@ class DrafterLoop:
         `reporter` gets every step and evaluation round, `save` is called at every
         checkpoint step and at the end (both only on the lead drafter)."""
         run = self.config.run
-        tally = self._tally = EvalTally(
-            self.eval_batches_per_round,
-            self.block_size,
-            self.sums.sums_type,
-            self.rounds.done_by(state.evaluated_step) + 1,
-        )
+        tally = self._start_session(state)
         last_saved, first_step = state.step, state.step + 1
-        if self.compiles_ahead:
-            self.compile_ahead()
-        self._waiting_since = time.perf_counter()
-        get_logger().info(
-            "waiting for the first batch: the target ranks load the target and run its first "
-            "forward (their logs say how far they are)"
+        conclusions = StepConclusions(
+            reporter, first_step, run.log_every, self.config.optim.max_nonfinite_steps
         )
         unread: UnreadStep | None = None  # the last step, its gradient norm not yet read
         while state.step < run.max_steps:
@@ -257,10 +190,10 @@ class DrafterLoop:
                 self.sums.request_stop()
             with self.with_peers():
                 reduced = self.sums.reduce(self.group)
-            concluded = self._conclude(unread, reporter, first_step)
+            concluded = conclusions.conclude(unread)
             unread = None
             if reduced.stopped:
-                self._report(concluded, reporter, first_step)
+                conclusions.report(concluded)
                 self._report_evaluation(tally, reduced, state, reporter)
                 self._discard(step, stop)
                 break
@@ -268,21 +201,39 @@ class DrafterLoop:
             # The last step is reported once this one's backward is queued: the lead
             # drafter's writing neither holds back the backward nor makes the lead enter
             # it after the other drafters at every step.
-            self._report(concluded, reporter, first_step)
+            conclusions.report(concluded)
             self._report_evaluation(tally, reduced, state, reporter)
             unread = UnreadStep(self._record(state, step, reduced, summary, started), grad_norm)
             if save is not None and run.checkpoint_every and step % run.checkpoint_every == 0:
-                self._report(self._conclude(unread, reporter, first_step), reporter, first_step)
+                conclusions.report(conclusions.conclude(unread))
                 unread = None
                 save(state)
                 last_saved = step
-        self._report(self._conclude(unread, reporter, first_step), reporter, first_step)
-        self._fail_if_nothing_trained(state.step - first_step + 1)
+        conclusions.report(conclusions.conclude(unread))
+        conclusions.fail_if_nothing_trained(state.step - first_step + 1)
         if save is not None and state.step != last_saved:
             save(state)
         if state.step == run.max_steps:
             self._finish_rounds(tally, stop, reporter, state)
         return state
+
+    def _start_session(self, state: DrafterState) -> EvalTally:
+        """The held-out rounds' tally from the round `state` owes next; the drafter compiled
+        ahead where it does; then the wait for the first batch begins."""
+        self._tally = EvalTally(
+            self.eval_batches_per_round,
+            self.block_size,
+            self.sums.sums_type,
+            self.rounds.done_by(state.evaluated_step) + 1,
+        )
+        if self.compiles_ahead:
+            self.compile_ahead()
+        self._waiting_since = time.perf_counter()
+        get_logger().info(
+            "waiting for the first batch: the target ranks load the target and run its first "
+            "forward (their logs say how far they are)"
+        )
+        return self._tally
 
     @property
     def compiles_ahead(self) -> bool:
@@ -405,72 +356,6 @@ class DrafterLoop:
             clip_in_step=True,
         )
         return summary, norm
-
-    def _conclude(
-        self, unread: UnreadStep | None, reporter: Reporter | None, first_step: int
-    ) -> StepRecord | None:
-        """Read a step's gradient norm (waiting for its optimizer step if it still runs) and
-        mark its record skipped or not; returns the record, to be reported. Too many
-        skipped steps in a row stop the run here, the record reported first."""
-        if unread is None:
-            return None
-        record = unread.record
-        self._mark_skipped(record, None if unread.grad_norm is None else float(unread.grad_norm))
-        if self.nonfinite_in_a_row >= self.config.optim.max_nonfinite_steps:
-            self._report(record, reporter, first_step)
-            raise self._nonfinite_run_error(record.step)
-        return record
-
-    def _report(
-        self, record: StepRecord | None, reporter: Reporter | None, first_step: int
-    ) -> None:
-        """Hand a concluded step's record to the reporter (and say when the first is done)."""
-        if record is None:
-            return
-        if reporter is not None:
-            reporter.step(record)
-        if record.step == first_step:
-            get_logger().info(
-                "first step done in %.1f s; a progress line every %d steps",
-                record.seconds,
-                self.config.run.log_every,
-            )
-
-    def _mark_skipped(self, record: StepRecord, grad_norm: float | None) -> None:
-        """Put the gradient norm in the record and, for a skipped step, say so and log it."""
-        record.grad_norm = grad_norm
-        record.skipped = grad_norm is None or not math.isfinite(grad_norm)
-        if not record.skipped:
-            self.nonfinite_in_a_row = 0
-            self.applied_steps += 1
-            return
-        self.nonfinite_in_a_row += 1
-        what = f"loss {record.loss}" if grad_norm is None else f"gradient norm {grad_norm}"
-        get_logger().warning(
-            "step %d skipped: %s; the weights keep their values (%d such steps in a row, "
-            "optim.max_nonfinite_steps = %d)", record.step, what, self.nonfinite_in_a_row,
-            self.config.optim.max_nonfinite_steps,
-        )  # fmt: skip
-
-    def _fail_if_nothing_trained(self, steps: int) -> None:
-        """A session whose every step was skipped trained nothing: it fails, named, before
-        its final checkpoint (which would hold the weights it started from)."""
-        if steps > 0 and self.applied_steps == 0:
-            raise FloatingPointError(
-                f"all {steps} steps of this session were skipped for a non-finite loss or "
-                "gradient norm: the drafter trained nothing and no final checkpoint was "
-                "written; lower optim.lr or the loss weights (drafter.selector_loss_weight), "
-                "or check the data"
-            )
-
-    def _nonfinite_run_error(self, step: int) -> FloatingPointError:
-        """The error that stops a run after optim.max_nonfinite_steps skipped steps in a row."""
-        return FloatingPointError(
-            f"{self.nonfinite_in_a_row} steps in a row (up to step {step}) had a "
-            f"non-finite loss or gradient norm (optim.max_nonfinite_steps = "
-            f"{self.config.optim.max_nonfinite_steps}); the weights hold the last finite "
-            "update: lower optim.lr or check the data, then resume from the newest checkpoint"
-        )
 
     # ---- record ----------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from ringtrain.config import Config
 from ringtrain.monitor.ring_figures import ring_figures
 from ringtrain.monitor.verdict import Verdict, ring_judgement
 from ringtrain.ring import Ring, RingSnapshot, with_interval
-from ringtrain.trainer.drafter_loop import StepRecord
 from ringtrain.trainer.logs import MetricsWriter, get_logger
+from ringtrain.trainer.step_record import StepRecord
 
 
 class Progress:
@@ -190,7 +190,7 @@ class Progress:
 
 
 class LeadReporter:
-    """The lead drafter's one reporter of steps and evaluation rounds (trainer/drafter_loop.py's
+    """The lead drafter's one reporter of steps and evaluation rounds (trainer/step_record.py's
     Reporter): each becomes one record written through `metrics` and a progress line."""
 
     def __init__(self, metrics: MetricsWriter, progress: Progress) -> None:

@@ -14,7 +14,8 @@ from ringtrain.drafter import FrozenHead, build_drafter, build_optimizer, drafte
 from ringtrain.packed_batch import random_packed_batch
 from ringtrain.ring import ReadItem
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
-from ringtrain.trainer.drafter_loop import StepRecord, Trainee
+from ringtrain.trainer.drafter_loop import Trainee
+from ringtrain.trainer.step_record import StepRecord
 from tests.helpers.tiny_drafter import DOCS, TAPS, TARGET
 
 

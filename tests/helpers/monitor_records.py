@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ringtrain.trainer.drafter_loop import StepRecord
+from ringtrain.trainer.step_record import StepRecord
 
 BLOCK_POSITIONS = 7
 WALL0 = 1_800_000_000.0
