@@ -33,7 +33,9 @@ dynamic convolutions and candidate selector: work the model FLOPs above do not c
 its MFU is DFlash's work over DFlash2's time and its tokens/s ratio is the cost);
 "default" is what the config's defaults train (DFlash2, D-PACE, Muon); "_graphs" names
 replay a variant's compiled parts as CUDA graphs, "_chunk16k" forms the loss over
-16,384-row chunks (the real recipe's loss_chunk). Every other
+16,384-row chunks (the real recipe's loss_chunk), "_read" reads the step's sums on the
+host between forward and backward, as the trainer's reduction of them does (what that
+wait for the GPU costs a step). Every other
 variant trains the paper's drafter and objective (DFlash, decayed cross-entropy).
 
     python -m tools.bench.bench_drafter --json                         # H200, default variant
@@ -155,6 +157,10 @@ VARIANTS["default_graphs"] = {**VARIANTS["default"], "compile_mode": "reduce-ove
 VARIANTS["default_chunk16k"] = {**VARIANTS["default"], "loss_chunk": 16384}
 VARIANTS["default_graphs_chunk16k"] = {**VARIANTS["default_graphs"], "loss_chunk": 16384}
 VARIANTS["dflash2_graphs"] = {**VARIANTS["dflash2"], "compile_mode": "reduce-overhead"}
+# The switch that reads the step's sums on the host after the forward pass.
+READ_SUMS = "read_sums"
+VARIANTS["default_chunk16k_read"] = {**VARIANTS["default_chunk16k"], READ_SUMS: True}
+VARIANTS["fast_step_read"] = {**FAST_STEP, READ_SUMS: True}
 STEP_SWITCHES = ("grads_to_none", "clip_in_step")
 
 
@@ -207,8 +213,10 @@ class VariantRun:
     def __init__(self, overrides: dict, args: argparse.Namespace, device: torch.device) -> None:
         target = TINY if args.small else TARGETS[args.target_shape]
         self.step_switches = {k: v for k, v in overrides.items() if k in STEP_SWITCHES}
+        self.read_sums = overrides.get(READ_SUMS, False)
         optimizer = overrides.get("optim", PAPER_OPTIM["name"])
-        overrides = {k: v for k, v in overrides.items() if k not in STEP_SWITCHES and k != "optim"}
+        own = (*STEP_SWITCHES, "optim", READ_SUMS)
+        overrides = {k: v for k, v in overrides.items() if k not in own}
         mask_token_id = MASK_TOKEN_IDS.get(args.target_shape, QWEN3_MASK_TOKEN_ID)
         self.cfg = DrafterConfig(
             num_layers=args.layers, block_size=args.block, num_anchors=args.anchors,
@@ -238,6 +246,8 @@ class VariantRun:
 
     def finish(self, sums) -> torch.Tensor:
         """The step's backward pass and optimiser step; the loss."""
+        if self.read_sums:
+            sums.weight_sum.item()
         (sums.loss_sum / sums.weight_sum.clamp(min=1e-6)).backward()
         optimizer_step(
             self.model, self.optimizer, self.scheduler, self.optim_cfg, **self.step_switches
