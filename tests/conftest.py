@@ -1,9 +1,11 @@
-"""Fixtures shared by several test modules (each module opts in by name), and a live line
-for long tests: one that has run LIVE_AFTER_S gets a line naming it (again every
-LIVE_EVERY_S) and its duration when it ends, so a quiet terminal (-q, CI) shows what runs."""
+"""Fixtures shared by several test modules (each module opts in by name), a live line for
+long tests: one that has run LIVE_AFTER_S gets a line naming it (again every LIVE_EVERY_S)
+and its duration when it ends, so a quiet terminal (-q, CI) shows what runs; and a
+temporary directory of the session's own for the processes the tests start."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,20 @@ import pytest
 import torch
 
 from tests.helpers.chat_data import write_chats, write_tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def children_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """TMPDIR of every process the tests start: a folder under the session's own temporary
+    one, which pytest cleans up with it. torch's launcher, run plainly, leaves a directory
+    of its own in the temporary directory at every launch (ringtrain-launch removes its)."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("children-tmp"))
+    yield
+    if before is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(scope="module")
