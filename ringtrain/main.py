@@ -41,6 +41,7 @@ from ringtrain.trainer.logs import (
     setup_logging,
     silence_kernel_fallbacks,
 )
+from ringtrain.trainer.memory_fault import is_out_of_memory, out_of_memory_message
 from ringtrain.trainer.outcome import (
     FAILED,
     REFUSED,
@@ -202,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as exc:
         log.error("%s failed: %s\n%s", info.tag, exc, traceback.format_exc(), extra=console)
-        report_outcome(
-            Outcome(info.rank, 1, FAILED, f"{info.tag} failed: {exc}", log=str(log_path))
-        )
+        failure = f"{info.tag} failed: {exc}"
+        if is_out_of_memory(exc):  # what to change, not only what failed to allocate
+            failure = out_of_memory_message(exc, info, config)
+            log.error("%s", failure, extra=console)
+        report_outcome(Outcome(info.rank, 1, FAILED, failure, log=str(log_path)))
         return 1
     report_outcome(msgspec.structs.replace(outcome, log=str(log_path)))
     log.info("%s exiting with code %d", info.tag, outcome.code)
