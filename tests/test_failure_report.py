@@ -28,7 +28,7 @@ from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     launch_command,
     pid_alive,
-    ring_reader,
+    rank_row,
     run_env,
     shm_entries,
     wait_for_step,
@@ -151,11 +151,7 @@ def test_a_stopped_target_under_the_launcher_ends_with_its_lost_heartbeat(tmp_pa
     stopped = None
     try:
         wait_for_step(proc, run_dir, 2, lambda: output.read_text(errors="replace"))
-        reader = ring_reader(name)
-        try:
-            target = reader.snapshot().ranks[0]
-        finally:
-            reader.close()
+        target = rank_row(name, 0)
         os.kill(target.pid, signal.SIGSTOP)
         stopped = target.pid
         proc.wait(2 * ALLOWANCE_S + RUN_TIMEOUT_S / 5)

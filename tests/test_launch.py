@@ -28,7 +28,7 @@ from tests.helpers.launcher import (
     expected_batch_ids,
     launch_command,
     rank_log,
-    ring_reader,
+    rank_row,
     run_env,
     shm_entries,
     step_records,
@@ -196,11 +196,7 @@ def test_a_rank_killed_for_real_is_named_with_its_log_in_the_last_line(tmp_path:
     proc, output = _launch(run_dir, 1, 2, overrides)
     try:
         wait_for_step(proc, run_dir, 2, output.read_text)
-        reader = ring_reader(name)
-        try:
-            victim = reader.snapshot().ranks[2]
-        finally:
-            reader.close()
+        victim = rank_row(name, 2)
         os.kill(victim.pid, signal.SIGKILL)
     finally:
         text = _finish(proc, output)

@@ -40,7 +40,7 @@ from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     launch_command,
-    ring_reader,
+    rank_row,
     run_env,
     step_records,
     wait_for_step,
@@ -344,11 +344,7 @@ def _launch(
 def _drafter(name: str, proc: subprocess.Popen, run_dir: Path, output: Path):
     """The last drafter of the live run `name`, once it trained two steps."""
     wait_for_step(proc, run_dir, 2, lambda: output.read_text(errors="replace"))
-    reader = ring_reader(name)
-    try:
-        return reader.snapshot().ranks[-1]
-    finally:
-        reader.close()
+    return rank_row(name, -1)
 
 
 def _wait_for(condition, timeout_s: float, proc: subprocess.Popen, output: Path, what: str):

@@ -18,7 +18,7 @@ from ringtrain.trainer.roles import RankInfo
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     launch_command,
-    ring_reader,
+    rank_row,
     run_env,
     shm_entries,
     tiny_config,
@@ -85,11 +85,7 @@ def test_a_drafter_out_of_memory_ends_the_run_with_what_to_lower(tmp_path: Path)
         )
     try:
         wait_for_step(proc, run_dir, 1, output.read_text)
-        reader = ring_reader(name)
-        try:
-            drafter = reader.snapshot().ranks[1]
-        finally:
-            reader.close()
+        drafter = rank_row(name, 1)
         os.kill(drafter.pid, signal.SIGUSR1)
         proc.wait(RUN_TIMEOUT_S)
     finally:

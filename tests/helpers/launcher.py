@@ -276,6 +276,15 @@ def ring_reader(name: str) -> RingReader:
     return RingReader(rings[0])
 
 
+def rank_row(name: str, index: int):
+    """Rank `index`'s row (pid, role, ...) in the live ring of run `name`'s snapshot."""
+    reader = ring_reader(name)
+    try:
+        return reader.snapshot().ranks[index]
+    finally:
+        reader.close()
+
+
 def pid_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie counts as gone)."""
     try:
