@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from ringtrain.data.sources import source_counts
+from ringtrain.monitor.advice import MeasuredRates, advise
 from ringtrain.trainer.logs import LOGGER_NAME, rank_log_path, setup_logging
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
-from tools.bench.pipeline_layout import first_log_time
+from tools.bench.pipeline_layout import first_log_time, split_advice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -494,3 +495,22 @@ def test_real_variants_train_and_evaluate_on_cpu(tmp_path: Path) -> None:
         "best": ("dflash2", "dpace", "muon", "wsd", steps),
         "code_only": ("dflash2", "dpace", "muon", "wsd", steps),
     }
+
+
+def test_split_advice_is_the_lead_drafters_role_split_report(tmp_path: Path) -> None:
+    """bench_pipeline records the role-split advice the lead drafter logs at the end of a
+    run (ringtrain.monitor.advice), as written through the run's logger: from its first
+    line to the conclusion, without the lines' stamps; none where no drafter gave it."""
+    logger = logging.getLogger(LOGGER_NAME)
+    advice = advise(MeasuredRates(1, 1, 20_000.0, 9_000.0, gpus=1, measured=9_000.0))
+    try:
+        setup_logging(tmp_path, 1, "drafter", terminal_progress=False)
+        logger.info("done: 5 steps")
+        for line in advice:
+            logger.info("%s", line)
+        logger.info("rank1-drafter0 exiting with code 0")
+    finally:
+        logger.handlers.clear()
+    assert advice[-1].lstrip().startswith("=>")
+    assert split_advice(tmp_path) == advice
+    assert split_advice(tmp_path / "nothing-logged") == []

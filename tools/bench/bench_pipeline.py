@@ -62,6 +62,7 @@ from tools.bench.pipeline_layout import (
     gpu_busy,
     grad_sync,
     mps_daemon,
+    split_advice,
     startup_lines,
     steady_state,
 )
@@ -268,6 +269,7 @@ def run_pipeline(
         "peak_memory_mib_by_rank": memory.peak_mib,
         **grad_sync(steps_done),
         "steps": len(steps_done),
+        "split_advice": split_advice(run_dir),
         "startup_log": startup,
     }
 

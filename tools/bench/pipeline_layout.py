@@ -224,6 +224,24 @@ def startup_lines(run_dir: Path, steps: int) -> dict[str, list[str]]:
     return lines
 
 
+def split_advice(run_dir: Path) -> list[str]:
+    """The lead drafter's role-split advice at the end of the run (ringtrain.monitor.advice:
+    the rates it measured, the split now, the best split and its conclusion), without the
+    lines' time stamps; empty where no drafter gave it."""
+    for log in sorted((run_dir / "logs").glob("*-drafter.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        start = next((i for i, line in enumerate(lines) if "role split over" in line), None)
+        if start is None:
+            continue
+        advice = []
+        for line in lines[start:]:
+            advice.append(line.split(" INFO ", 1)[-1])
+            if "=>" in line:
+                break
+        return advice
+    return []
+
+
 # How a rank log line begins (ringtrain.trainer.logs): its local time to the millisecond.
 LOG_LINE_TIME = f"{LOG_TIME_FORMAT}.%f"
 
