@@ -210,20 +210,44 @@ def test_bench_regenerate_against_the_chat_server() -> None:
     assert report["requests"] == 40 and report["regenerate_client_rps"] > 0
 
 
-@pytest.mark.parametrize(
-    ("module", "flags"),
-    [("bench_ipc_copy", ["--item-mb", "1"]), ("bench_gemm", ["--sets", "target"]),
-     ("bench_flex", ["--options", "default"]), ("bench_moe_combine", ["--tokens", "64"]),
-     ("fla_configs", ["--shape", "qwen3.5-hybrid"])],
-)  # fmt: skip
-def test_cuda_benchmarks_refuse_without_cuda(module: str, flags: list[str]) -> None:
+# The CUDA benchmarks and a small run of each.
+CUDA_BENCHMARKS = {
+    "bench_ipc_copy": ["--item-mb", "1"],
+    "bench_gemm": ["--sets", "target"],
+    "bench_flex": ["--options", "default"],
+    "bench_moe_combine": ["--tokens", "64"],
+    "fla_configs": ["--shape", "qwen3.5-hybrid"],
+}
+
+
+def _run_at_once(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """Each command (arguments after python) in a child of its own, all at once (each
+    mostly imports torch: concurrent, the cores share that), to the end."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *command],
+            cwd=ROOT,
+            env=_env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name, command in commands.items()
+    }
+    done = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return done
+
+
+def test_cuda_benchmarks_refuse_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: the gpu-marked runs below run it")
-    proc = subprocess.run(
-        [sys.executable, "-m", f"tools.bench.{module}", *flags],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode != 0 and f"{module} needs a CUDA GPU" in proc.stderr
+    commands = {m: ["-m", f"tools.bench.{m}", *flags] for m, flags in CUDA_BENCHMARKS.items()}
+    for module, proc in _run_at_once(commands).items():
+        assert proc.returncode != 0, module
+        assert f"{module} needs a CUDA GPU" in proc.stderr, (module, proc.stderr[-2000:])
 
 
 @pytest.mark.gpu
@@ -254,19 +278,17 @@ def test_bench_ipc_copy_on_a_gpu() -> None:
     assert report["ipc_same_us"] > 0 and report["local_in_turn_us"] > 0
 
 
-@pytest.mark.parametrize(
-    "module",
-    ["tools.recipes.toy_recipe", "tools.recipes.toy_sweep", "tools.recipes.chaos_run",
-     "tools.recipes.make_toy_target", "tools.recipes.regenerate", "tools.recipes.real_recipe",
-     "tools.recipes.real_variants"],
+RECIPES = (
+    "toy_recipe", "toy_sweep", "chaos_run", "make_toy_target", "regenerate", "real_recipe",
+    "real_variants",
 )  # fmt: skip
-def test_recipe_scripts_parse_their_arguments(module: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("usage:")
+
+
+def test_recipe_scripts_parse_their_arguments() -> None:
+    commands = {name: ["-m", f"tools.recipes.{name}", "--help"] for name in RECIPES}
+    for name, proc in _run_at_once(commands).items():
+        assert proc.returncode == 0, (name, proc.stderr[-2000:])
+        assert proc.stdout.startswith("usage:"), (name, proc.stdout[:200])
 
 
 @pytest.mark.scripts
