@@ -24,7 +24,9 @@ per rank (targets first), `--mps` under an MPS daemon of its own; then the ideal
 is the rate at which the busiest GPU saturates (tools/bench/pipeline_layout.py), each rank's
 GPU busy and peak memory are reported, and with more than one drafter DDP's gradient
 reduction: median time per step and the median share of the step it is not hidden
-behind backward. `--scale-reference` also runs 1 + 1 on GPU 0 under the same MPS
+behind backward. Every run also records the lead drafter's role-split advice
+(`split_advice`: the rates it measured, the split now, the best one) and each rank log's
+start-up lines. `--scale-reference` also runs 1 + 1 on GPU 0 under the same MPS
 setting: scaling_efficiency = tokens/s / (GPUs of the layout x its rate). `--target-tp 2`
 makes the targets tensor-parallel groups of two (`layout.target_tp`); the standalone rate
 a. is then one group's, measured by tools/bench/bench_target_tp.py over GPUs 0 and 1, and the
