@@ -33,14 +33,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(s in str(exc) for s in HOST_ALLOCATOR_FAILURES)
 
 
-def _device_state(info: RankInfo) -> str:
-    """Where the rank ran out, and how full that is, in words."""
-    device = info.device
+def _device_state(device: torch.device, sharing: int) -> str:
+    """Where the rank ran out (`sharing` ranks of the node on that GPU), and how full that
+    is, in words."""
     if device.type != "cuda":
         return "in host memory"
     free, total = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device)
-    sharing = info.local_gpus.count(device.index)
     shared = f"; {sharing} ranks of this node run on it" if sharing > 1 else ""
     return (
         f"on GPU {device} ({free / GIB:.1f} of {total / GIB:.1f} GiB free, "
@@ -76,11 +75,12 @@ def out_of_memory_message(exc: BaseException, info: RankInfo, config: Config) ->
     attempt = ATTEMPT.search(str(exc))
     tried = f" allocating {attempt.group(1)}" if attempt else ""
     sized_by, resumable, fresh = _settings(info, config)
-    own_gpu = ""
-    if info.device.type == "cuda" and info.local_gpus.count(info.device.index) > 1:
-        own_gpu = ", or give it a GPU of its own (layout.gpu_map)"
+    device = info.device
+    sharing = info.local_gpus.count(device.index) if device.type == "cuda" else 1
+    own_gpu = ", or give it a GPU of its own (layout.gpu_map)" if sharing > 1 else ""
     return (
-        f"{info.tag} ran out of memory{tried} {_device_state(info)}. Its memory scales with "
+        f"{info.tag} ran out of memory{tried} {_device_state(device, sharing)}. Its memory "
+        "scales with "
         f"{sized_by}. Lower {resumable} (--resume goes on from the last checkpoint){own_gpu}; "
         f"or {fresh}, which changes the batch sequence: a fresh start (--resume refuses it)"
     )
