@@ -26,11 +26,11 @@ from ringtrain.trainer.report import describe_end
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
-    launch_command,
     pid_alive,
     rank_row,
     run_env,
     shm_entries,
+    start_launch,
     wait_for_step,
 )
 
@@ -139,15 +139,7 @@ def test_a_stopped_target_under_the_launcher_ends_with_its_lost_heartbeat(tmp_pa
         f"ring.heartbeat_timeout_s={ALLOWANCE_S}",
         f"ring.progress_timeout_s={ALLOWANCE_S}",
     ]
-    output = tmp_path / "console.txt"
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            launch_command(run_dir, 1, 2, overrides),
-            env=run_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc, output = start_launch(run_dir, 1, 2, overrides, output=tmp_path / "console.txt")
     stopped = None
     try:
         wait_for_step(proc, run_dir, 2, lambda: output.read_text(errors="replace"))

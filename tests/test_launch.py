@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,11 +25,12 @@ from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
     eval_records,
     expected_batch_ids,
-    launch_command,
+    finish_launch,
     rank_log,
     rank_row,
     run_env,
     shm_entries,
+    start_launch,
     step_records,
     trained_batches,
     wait_for_step,
@@ -39,36 +39,6 @@ from tests.helpers.launcher import (
 POLL_S = 0.1
 TORCH_NOISE = ("Traceback", "SignalException", "ChildFailedError", "Logging error")
 TORCH_LOG_LINE = re.compile(r"^[IWE]\d{4} ", re.MULTILINE)  # torch's launcher's log format
-
-
-def _launch(
-    run_dir: Path,
-    targets: int,
-    drafters: int,
-    overrides: list[str],
-    env: dict[str, str] | None = None,
-    **kwargs,
-):
-    output = run_dir.with_name(run_dir.name + ".out")
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            launch_command(run_dir, targets, drafters, overrides, **kwargs),
-            env=env or run_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return proc, output
-
-
-def _finish(proc: subprocess.Popen, output: Path) -> str:
-    try:
-        proc.wait(RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return output.read_text(errors="replace")
 
 
 def _assert_quiet(text: str) -> None:
@@ -87,8 +57,8 @@ def test_a_refusal_alike_on_every_rank_is_said_once_with_exit_code_2(tmp_path: P
     run_dir, temporary = tmp_path / "run", tmp_path / "tmp"
     temporary.mkdir()
     env = {**run_env(), "TMPDIR": str(temporary)}
-    proc, output = _launch(run_dir, 1, 2, ['target.path="/nonexistent/target"'], env=env)
-    text = _finish(proc, output)
+    proc, output = start_launch(run_dir, 1, 2, ['target.path="/nonexistent/target"'], env=env)
+    text = finish_launch(proc, output)
     assert proc.returncode == 2, text[-4000:]
     _assert_quiet(text)
     lines = _launcher_lines(text)
@@ -99,7 +69,7 @@ def test_a_refusal_alike_on_every_rank_is_said_once_with_exit_code_2(tmp_path: P
 
 def test_ctrl_c_during_start_up_ends_with_one_line_and_130(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc, output = _launch(run_dir, 1, 2, ["run.max_steps=1000"])
+    proc, output = start_launch(run_dir, 1, 2, ["run.max_steps=1000"])
     deadline = time.monotonic() + RUN_TIMEOUT_S
     logs = run_dir / "logs"
     while not (logs.is_dir() and len(list(logs.glob("rank*.log"))) == 3):
@@ -107,7 +77,7 @@ def test_ctrl_c_during_start_up_ends_with_one_line_and_130(tmp_path: Path) -> No
         assert time.monotonic() < deadline, "the ranks never opened their logs"
         time.sleep(POLL_S)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-    text = _finish(proc, output)
+    text = finish_launch(proc, output)
     assert proc.returncode == 128 + signal.SIGINT, text[-4000:]
     _assert_quiet(text)
     assert _launcher_lines(text) == [
@@ -128,7 +98,7 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
     run_dir = tmp_path / "run"
     overrides = ["run.max_steps=10", "run.eval_every=2", "run.log_every=1"]
     overrides += ["run.checkpoint_every=0", f"run.name={name}"]
-    proc, output = _launch(run_dir, 2, 1, overrides)
+    proc, output = start_launch(run_dir, 2, 1, overrides)
     try:
         wait_for_step(proc, run_dir, 3, output.read_text)
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -137,7 +107,7 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
             time.sleep(POLL_S)
         os.kill(proc.pid, signal.SIGTERM)  # the launcher only, as a scheduler would
     finally:
-        text = _finish(proc, output)
+        text = finish_launch(proc, output)
     assert proc.returncode == 0, text[-4000:]
     _assert_quiet(text)
     for rank, role in [(0, "target"), (1, "target"), (2, "drafter")]:
@@ -160,8 +130,8 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
 
     plant_torn_checkpoints(root, checkpoint)
     assert latest_checkpoint(root) == checkpoint
-    resumed, resumed_output = _launch(run_dir, 2, 1, overrides, resume=True)
-    text = _finish(resumed, resumed_output)
+    resumed, resumed_output = start_launch(run_dir, 2, 1, overrides, resume=True)
+    text = finish_launch(resumed, resumed_output)
     assert resumed.returncode == 0, text[-4000:]
     _assert_quiet(text)
     assert f"resumed from {checkpoint} at step {stopped}" in rank_log(run_dir, 2, "drafter")
@@ -193,13 +163,13 @@ def test_a_rank_killed_for_real_is_named_with_its_log_in_the_last_line(tmp_path:
     run_dir = tmp_path / "run"
     overrides = ["run.max_steps=1000", "run.log_every=1", "run.eval_every=0"]
     overrides += ["run.checkpoint_every=0", f'run.name="{name}"']
-    proc, output = _launch(run_dir, 1, 2, overrides)
+    proc, output = start_launch(run_dir, 1, 2, overrides)
     try:
         wait_for_step(proc, run_dir, 2, output.read_text)
         victim = rank_row(name, 2)
         os.kill(victim.pid, signal.SIGKILL)
     finally:
-        text = _finish(proc, output)
+        text = finish_launch(proc, output)
     assert proc.returncode != 0, text[-4000:]
     _assert_quiet(text)
     last = _launcher_lines(text)[-1]

@@ -39,9 +39,10 @@ from ringtrain.testing import SPIN_HOOK
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
-    launch_command,
+    finish_launch,
     rank_row,
     run_env,
+    start_launch,
     step_records,
     wait_for_step,
 )
@@ -330,15 +331,9 @@ def _launch(
         *overrides,
     ]
     output = tmp_path / "console.txt"
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            launch_command(tmp_path / "run", 1, 2, overrides, launcher_flags=launcher_flags),
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return proc, output
+    return start_launch(
+        tmp_path / "run", 1, 2, overrides, env=env, output=output, launcher_flags=launcher_flags
+    )
 
 
 def _drafter(name: str, proc: subprocess.Popen, run_dir: Path, output: Path):
@@ -353,16 +348,6 @@ def _wait_for(condition, timeout_s: float, proc: subprocess.Popen, output: Path,
         assert proc.poll() is None, f"the run ended before {what}:\n{output.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"no {what}:\n{output.read_text()[-3000:]}"
         time.sleep(POLL_S)
-
-
-def _finish(proc: subprocess.Popen, output: Path, timeout_s: float) -> str:
-    try:
-        proc.wait(timeout_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return output.read_text(errors="replace")
 
 
 @pytest.mark.slow
@@ -386,7 +371,7 @@ def test_a_slow_step_is_not_hung_and_a_stop_during_it_waits_and_exits_0(tmp_path
         )
         before = step_records(run_dir)[-1]["step"]
         proc.send_signal(signal.SIGTERM)  # while the drafter still computes
-        text = _finish(proc, output, SLOW_S + RUN_TIMEOUT_S)
+        text = finish_launch(proc, output, SLOW_S + RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -406,7 +391,7 @@ def test_a_blocked_drafter_names_itself_hung_in_the_last_line(tmp_path: Path) ->
     try:
         victim = _drafter(name, proc, run_dir, output)
         os.kill(victim.pid, signal.SIGUSR2)
-        text = _finish(proc, output, ALLOWANCE_S + RUN_TIMEOUT_S / 5)
+        text = finish_launch(proc, output, ALLOWANCE_S + RUN_TIMEOUT_S / 5)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -432,7 +417,7 @@ def test_a_drafter_stuck_inside_a_wait_on_its_peer_is_named_hung(tmp_path: Path)
     try:
         victim = _drafter(name, proc, run_dir, output)
         os.kill(victim.pid, signal.SIGUSR2)
-        text = _finish(proc, output, 2 * ALLOWANCE_S + RUN_TIMEOUT_S / 5)
+        text = finish_launch(proc, output, 2 * ALLOWANCE_S + RUN_TIMEOUT_S / 5)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

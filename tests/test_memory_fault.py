@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,11 @@ from ringtrain.testing import OOM_HOOK
 from ringtrain.trainer.memory_fault import is_out_of_memory, out_of_memory_message
 from ringtrain.trainer.roles import RankInfo
 from tests.helpers.launcher import (
-    RUN_TIMEOUT_S,
-    launch_command,
+    finish_launch,
     rank_row,
     run_env,
     shm_entries,
+    start_launch,
     tiny_config,
     wait_for_step,
 )
@@ -74,25 +73,12 @@ def test_a_drafter_out_of_memory_ends_the_run_with_what_to_lower(tmp_path: Path)
     env = run_env()
     env["PYTHONPATH"] = os.pathsep.join([str(OOM_HOOK), env.get("PYTHONPATH", "")])
     env["RINGTRAIN_FAIL_ALLOCATION_IN"] = "block_objective"
-    output = tmp_path / "run.out"
-    with output.open("wb") as sink:
-        proc = subprocess.Popen(
-            launch_command(run_dir, 1, 1, [*overrides, f'run.name="{name}"']),
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc, output = start_launch(run_dir, 1, 1, [*overrides, f'run.name="{name}"'], env=env)
     try:
         wait_for_step(proc, run_dir, 1, output.read_text)
-        drafter = rank_row(name, 1)
-        os.kill(drafter.pid, signal.SIGUSR1)
-        proc.wait(RUN_TIMEOUT_S)
+        os.kill(rank_row(name, 1).pid, signal.SIGUSR1)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = output.read_text(errors="replace")
+        text = finish_launch(proc, output)
     assert proc.returncode == 1, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
     last = [line for line in text.splitlines() if line.startswith("ringtrain: ")][-1]

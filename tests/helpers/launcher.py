@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -202,6 +203,41 @@ def launch_command(
         *launcher_flags,
         *command[module + 1 :],
     ]
+
+
+def start_launch(
+    run_dir: Path,
+    targets: int,
+    drafters: int,
+    overrides: list[str],
+    env: dict[str, str] | None = None,
+    output: Path | None = None,
+    **kwargs,
+) -> tuple[subprocess.Popen, Path]:
+    """`launch_command`'s run started in a process group of its own (`env`: run_env()'s by
+    default), its console in `output` (default: beside run_dir, named <run_dir>.out)."""
+    output = output or run_dir.with_name(run_dir.name + ".out")
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            launch_command(run_dir, targets, drafters, overrides, **kwargs),
+            env=env or run_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc, output
+
+
+def finish_launch(proc: subprocess.Popen, output: Path, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    """Wait for a `start_launch` run to end (its process group killed after `timeout_s`);
+    its console."""
+    try:
+        proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return output.read_text(errors="replace")
 
 
 def tiny_config(overrides: list[str]) -> Config:
