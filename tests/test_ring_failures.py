@@ -277,3 +277,39 @@ def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed:
         for process in (peer, rank):
             process.kill()
             process.join(JOIN_S)
+
+
+@pytest.mark.parametrize("found_before", [True, False], ids=["found-before", "nothing-found"])
+def test_a_stop_after_the_ring_was_closed_reads_no_unmapped_memory(found_before: bool) -> None:
+    """A launcher's SIGTERM may reach a rank whose main thread already failed and closed
+    (unmapped) its ring: the reaction reports only what a check found before, and reads
+    nothing of the ring's shared memory."""
+    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    target = Ring.create(spec, 0, "cpu")
+    drafter = Ring.attach(spec.run_id, 1, "cpu")
+    fired: list[PeerDied] = []
+    target.start_watchdog(fired.append)
+    drafter.own_row.set_error("CUDA out of memory")
+    drafter.close(clean=False)
+    if found_before:
+        with pytest.raises(PeerDied, match="aborted the ring"):
+            target.check_peers()
+    target.close(clean=False)  # the opening thread: the control block is unmapped
+    target.react_to_peer_failure()
+    if found_before:
+        [failure] = fired
+        assert f"rank 11 (drafter, pid {os.getpid()}) aborted the ring" in str(failure)
+        assert failure.last_error == "CUDA out of memory"
+    else:
+        assert fired == []
+
+
+def test_a_stop_after_the_rank_said_how_it_ends_leaves_its_exit_alone() -> None:
+    """The launcher stops the other ranks once one exits; a rank already on its way out
+    with its outcome said keeps its exit code rather than leaving as stopped (143)."""
+    results = CTX.Queue()
+    rank = CTX.Process(target=rw.stop_after_the_outcome, args=(results,))
+    rank.start()
+    rank.join(JOIN_S)
+    assert rank.exitcode == 0
+    assert results.get(timeout=JOIN_S) == "returned"

@@ -378,10 +378,17 @@ class Ring:
         without a watchdog or a failure."""
         if self._on_dead is None:
             return
-        try:
-            self.watch.check_peers()
-        except PeerDied as exc:
-            self._react(exc)
+        with self._close_lock:  # the opening thread unmaps the control block once closed
+            if self._closed:
+                failure = self.watch.found
+            else:
+                try:
+                    self.watch.check_peers()
+                    return
+                except PeerDied as exc:
+                    failure = exc
+        if failure is not None:
+            self._react(failure)
 
     def _react(self, exc: PeerDied) -> None:
         """on_dead(exc), by one thread only: another that found the failure too waits

@@ -60,6 +60,11 @@ class Watch:
         if activity is not None and not closed:
             record_activity(row, activity, now, self.spec)
 
+    @property
+    def found(self) -> PeerDied | None:
+        """The failure a check found before, if any (reads no shared memory)."""
+        return self._peer_failure
+
     def check_peers(self) -> None:
         """Raise PeerDied if another rank died, failed, aborted the ring or is hung; the
         same one, from every thread, once one was found."""

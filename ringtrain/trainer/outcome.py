@@ -81,17 +81,22 @@ def report_outcome(outcome: Outcome) -> None:
     per process (_Report). The file appears whole (written aside, then renamed), so the
     launcher never reads half."""
     directory = os.environ.get(OUTCOME_DIR_ENV)
-    if not directory:
-        return
     with _Report.lock:
         if _Report.done:
             return
-        stamped = msgspec.structs.replace(outcome, wall=outcome.wall or time.time())
-        path = Path(directory) / f"rank{outcome.rank}.json"
-        aside = path.with_name(f".{path.name}.{os.getpid()}")
-        aside.write_bytes(msgspec.json.encode(stamped))
-        aside.replace(path)
+        if directory:
+            stamped = msgspec.structs.replace(outcome, wall=outcome.wall or time.time())
+            path = Path(directory) / f"rank{outcome.rank}.json"
+            aside = path.with_name(f".{path.name}.{os.getpid()}")
+            aside.write_bytes(msgspec.json.encode(stamped))
+            aside.replace(path)
         _Report.done = True
+
+
+def outcome_reported() -> bool:
+    """Whether this process has said how it ends (report_outcome; also under plain
+    torchrun, where nothing is written): it is on its way out."""
+    return _Report.done
 
 
 def peer_failure(rank: int, died: PeerFailure, run_dir: Path, log: Path | None) -> Outcome:

@@ -14,7 +14,9 @@ interrupts (a barrier whose peers are gone, a file lock, a collective): a thread
 by the signal (through `signal.set_wakeup_fd`) leaves every ring cleanly and ends the
 process at once, with exit code 128 + the signal number; unless a peer died, failed or
 hung (a launcher stops every rank when one died), which the rank then reports as its
-watchdog would have.
+watchdog would have. A signal that reaches a rank already leaving with its outcome said
+(it failed; the launcher stops the others once one exits) changes nothing: its exit code
+and report stand.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from types import FrameType
 from ringtrain.interrupts import STOP_SIGNALS
 from ringtrain.ring import Ring, open_rings
 from ringtrain.trainer.logs import FILE_ONLY, get_logger
-from ringtrain.trainer.outcome import FAILED, STOPPED, Outcome, env_rank, launched, report_outcome
+from ringtrain.trainer.outcome import (
+    FAILED,
+    STOPPED,
+    Outcome,
+    env_rank,
+    launched,
+    outcome_reported,
+    report_outcome,
+)
 
 # A stop may take this many of the longest step measured so far (plus a checkpoint's
 # allowance) before the rank gives up on reaching its safe point.
@@ -40,6 +50,7 @@ class StopRequest:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signal_name = ""
+        self._bounded = False  # the stop's bound is running (bound_stop)
 
     @property
     def requested(self) -> bool:
@@ -66,25 +77,31 @@ class StopRequest:
         ).start()
 
     def _watch(self, read_end: int) -> None:
-        """Wake on every caught signal; a stop signal during start-up ends the process, one
-        during training starts the stop's bound (once)."""
-        bounded = False
+        """Wake on every caught signal and act on each stop signal (on_stop_signal)."""
         while True:
             for signum in os.read(read_end, 64):
-                if signum not in STOP_SIGNALS:
-                    continue
-                self.request(signal.Signals(signum).name)
-                rings = open_rings()
-                if not any(ring.own_row.worked for ring in rings):
-                    # A launcher stops every rank when one died: that death is the report.
-                    for ring in rings:
-                        ring.react_to_peer_failure()
-                    leave_now(signal.Signals(signum))
-                if not bounded:
-                    bounded = True
-                    threading.Thread(
-                        target=bound_stop, args=(signum, rings), name="stop-bound", daemon=True
-                    ).start()
+                if signum in STOP_SIGNALS:
+                    self.on_stop_signal(signal.Signals(signum))
+
+    def on_stop_signal(self, signum: signal.Signals) -> None:
+        """A stop signal during start-up ends the process; one during training starts the
+        stop's bound (once); one after the rank said how it ends changes nothing."""
+        self.request(signum.name)
+        if outcome_reported():
+            # The rank is leaving with its outcome said (a launcher stops the others once
+            # one rank exits): its exit code and report stand.
+            return
+        rings = open_rings()
+        if not any(ring.own_row.worked for ring in rings):
+            # A launcher stops every rank when one died: that death is the report.
+            for ring in rings:
+                ring.react_to_peer_failure()
+            leave_now(signum)
+        if not self._bounded:
+            self._bounded = True
+            threading.Thread(
+                target=bound_stop, args=(signum, rings), name="stop-bound", daemon=True
+            ).start()
 
 
 def bound_stop(signum: int, rings: list[Ring]) -> None:

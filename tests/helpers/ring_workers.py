@@ -19,6 +19,7 @@ import torch
 
 from ringtrain.batch import slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
+from ringtrain.trainer.outcome import FAILED, Outcome, report_outcome
 from ringtrain.trainer.signals import StopRequest
 
 MAX_TOKENS = 64
@@ -225,3 +226,14 @@ def start_up_rank(spec: RingSpec, index: int, barrier, results) -> None:
     StopRequest().install()
     results.put(("ready", index, os.getpid()))
     threading.Event().wait()
+
+
+def stop_after_the_outcome(results) -> None:
+    """A rank that has said how it ends (a failure) when the launcher's SIGTERM comes: the
+    stop is acted on as a rank acts on it, then this returns (exit 0) unless it ended the
+    process."""
+    report_outcome(Outcome(0, 1, FAILED, "CUDA out of memory"))
+    StopRequest().on_stop_signal(signal.SIGTERM)
+    results.put("returned")
+    results.close()
+    results.join_thread()
