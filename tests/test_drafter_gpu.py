@@ -21,6 +21,7 @@ from ringtrain.drafter import (
 from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import GatheredMask
+from ringtrain.drafter.row_topk import row_topk
 from ringtrain.packed_batch import random_packed_batch
 from tests.helpers.tiny_drafter import paper_optim
 
@@ -141,3 +142,19 @@ def test_the_optimizer_step_is_queued_without_waiting_for_the_gpu(name: str) -> 
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert all(math.isfinite(float(norm)) for norm in norms)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_row_topk_kernel_ranks_as_torch_topk_does(compiled: bool) -> None:
+    """The one-kernel top-k of short rows (DFlash2's candidates) picks the entries
+    torch.topk picks, largest first, also inside a compiled function; ties and -inf
+    entries give k distinct ids."""
+    generator = torch.Generator("cuda").manual_seed(0)
+    rank = torch.compile(lambda v, k: row_topk(v, k), fullgraph=True) if compiled else row_topk
+    for rows, width, k in [(4099, 768, 16), (1000, 1024, 16), (7, 20, 20)]:
+        values = torch.randn(rows, width, device="cuda", generator=generator)
+        ids = rank(values, k)
+        assert torch.equal(ids, values.topk(k, dim=-1).indices)
+    ties = torch.tensor([[1.0, 3.0, 3.0, -math.inf, -math.inf, 0.0]], device="cuda")
+    ranked = rank(ties.bfloat16(), 6)[0].tolist()
+    assert ranked[:2] == [1, 2] and ranked[2:4] == [0, 5] and sorted(ranked) == list(range(6))

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from ringtrain.drafter.row_topk import row_topk
+
 # (cross-entropy [rows], given row weights [rows]) -> the row weights used; no gradient.
 Reweight = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -82,16 +84,18 @@ def top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     consecutive entries by their largest entry hold every one of the row's top_k entries
     (an entry outside them is beaten by those groups' maxima, top_k entries). The first
     pass is a reduction that fuses into the kernel reading the logits; the second ranks
-    top_k * TOP_K_GROUP gathered entries. A vocabulary-wide top-k instead runs a radix
-    select over every row (about a fifth of a small drafter's step)."""
+    top_k * TOP_K_GROUP gathered entries; both rank short rows in one kernel each
+    (`row_topk`). A vocabulary-wide top-k instead runs a radix select over every row
+    (about a fifth of a small drafter's step)."""
     rows, vocab = logits.shape
     if not top_k:
         return logits.new_empty((rows, 0), dtype=torch.long)
     group = math.gcd(vocab, TOP_K_GROUP)
+    logits = logits.detach()
     groups = logits.view(rows, vocab // group, group).amax(-1)
-    first = groups.topk(min(top_k, vocab // group), dim=-1).indices
+    first = row_topk(groups, min(top_k, vocab // group))
     ids = (first[:, :, None] * group + torch.arange(group, device=logits.device)).view(rows, -1)
-    return ids.gather(1, logits.gather(1, ids).topk(top_k, dim=-1).indices)
+    return ids.gather(1, row_topk(logits.gather(1, ids), top_k))
 
 
 def chunk_loss(
