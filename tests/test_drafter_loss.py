@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import pytest
 import torch
 
-from ringtrain.drafter.loss import ChunkFns, chunked_head_loss, dpace_weights, top_ids
+from ringtrain.drafter.loss import (
+    ChunkFns,
+    chunked_head_loss,
+    dpace_weights,
+    grouped_lse,
+    top_ids,
+)
 
 
 def naive_loss(hidden, weight, labels, row_weights):
@@ -105,3 +112,16 @@ def test_top_ids_are_the_rows_top_k_in_order(vocab: int, top_k: int) -> None:
     logits[:, 64:72] += 10.0
     assert torch.equal(top_ids(logits, top_k), logits.topk(top_k, dim=-1).indices)
     assert top_ids(logits, 0).shape == (64, 0)
+
+
+def test_the_log_sum_exp_through_group_maxima_is_the_rows_even_with_groups_of_minus_inf() -> None:
+    """With top_k the log-sum-exp is read off each group's own (one pass with the maxima
+    top_ids ranks): it equals torch.logsumexp, also where a whole group is -inf, and a
+    row's top id is its argmax."""
+    torch.manual_seed(1)
+    logits = torch.randn(8, 256, dtype=torch.float64) * 5
+    logits[:, :64] = -math.inf
+    maxima, lse = grouped_lse(logits)
+    torch.testing.assert_close(lse, torch.logsumexp(logits, dim=-1), rtol=1e-12, atol=0)
+    assert torch.equal(maxima, logits.view(8, 4, 64).amax(-1))
+    assert torch.equal(top_ids(logits, 3, maxima)[:, 0], logits.argmax(-1))

@@ -58,27 +58,65 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (hidden @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32))
 
 
-def _weighted_ce(
+# Vocabulary entries per group in `top_ids`' first pass.
+TOP_K_GROUP = 64
+
+
+def _groups(logits: torch.Tensor) -> torch.Tensor:
+    """The logits as [rows, groups, entries]: runs of TOP_K_GROUP consecutive entries (of the
+    largest size dividing the vocabulary)."""
+    rows, vocab = logits.shape
+    group = math.gcd(vocab, TOP_K_GROUP)
+    return logits.view(rows, vocab // group, group)
+
+
+def grouped_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the groups' maxima, the rows' log-sum-exp) in one read of the logits: the
+    log-sum-exp through each group's own, shifted by the group's maximum."""
+    groups = _groups(logits)
+    maxima = groups.amax(-1)
+    shift = torch.where(torch.isfinite(maxima), maxima, torch.zeros_like(maxima))
+    group_lse = shift + torch.log(torch.exp(groups - shift[..., None]).sum(-1))
+    return maxima, torch.logsumexp(group_lse, dim=-1)
+
+
+class _ScoredChunk(NamedTuple):
+    logits: torch.Tensor
+    lse: torch.Tensor  # the rows' log-sum-exp
+    scale: torch.Tensor  # the row weights used
+    loss: torch.Tensor  # sum of weights * CE
+    correct: torch.Tensor  # argmax == label
+    top_ids: torch.Tensor  # [rows, top_k]
+
+
+def _score_chunk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
     row_weights: torch.Tensor,
     reweight: Reweight,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits, log-sum-exp, row weights used, sum of weights * CE) of one chunk."""
+    top_k: int,
+) -> _ScoredChunk:
+    """One chunk's logits and what is read off them. With top_k, the log-sum-exp comes with
+    the maxima top_ids ranks (one pass over the logits, not two) and a row's argmax is its
+    top id (of equal largest entries, the one top_ids ranks first)."""
     logits = _logits(hidden, weight)
-    lse = torch.logsumexp(logits, dim=-1)
+    if top_k:
+        maxima, lse = grouped_lse(logits)
+        ids = top_ids(logits, top_k, maxima)
+        correct = ids[:, 0] == labels
+    else:
+        lse = torch.logsumexp(logits, dim=-1)
+        ids = top_ids(logits, 0)
+        correct = logits.argmax(-1) == labels
     ce = lse - logits.gather(1, labels[:, None]).squeeze(1)
     scale = reweight(ce.detach(), row_weights.to(lse.dtype))
-    return logits, lse, scale, (ce * scale).sum()
+    return _ScoredChunk(logits, lse, scale, (ce * scale).sum(), correct, ids)
 
 
-# Vocabulary entries per group in `top_ids`' first pass.
-TOP_K_GROUP = 64
-
-
-def top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """The rows' top_k token ids, largest first ([rows, 0] when top_k is 0).
+def top_ids(logits: torch.Tensor, top_k: int, maxima: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows' top_k token ids, largest first ([rows, 0] when top_k is 0); ``maxima``: the
+    groups' maxima where the caller has them (`grouped_lse`).
 
     In two passes, exact up to the order of ties: the top_k groups of TOP_K_GROUP
     consecutive entries by their largest entry hold every one of the row's top_k entries
@@ -90,10 +128,11 @@ def top_ids(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     rows, vocab = logits.shape
     if not top_k:
         return logits.new_empty((rows, 0), dtype=torch.long)
-    group = math.gcd(vocab, TOP_K_GROUP)
     logits = logits.detach()
-    groups = logits.view(rows, vocab // group, group).amax(-1)
-    first = row_topk(groups, min(top_k, vocab // group))
+    if maxima is None:
+        maxima = _groups(logits).amax(-1)
+    group = vocab // maxima.shape[1]
+    first = row_topk(maxima.detach(), min(top_k, maxima.shape[1]))
     ids = (first[:, :, None] * group + torch.arange(group, device=logits.device)).view(rows, -1)
     return ids.gather(1, row_topk(logits.gather(1, ids), top_k))
 
@@ -107,8 +146,8 @@ def chunk_loss(
     top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk: (sum of weights * CE, per-row argmax == label, top_k ids per row)."""
-    logits, _, _, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
-    return loss, logits.argmax(-1) == labels, top_ids(logits, top_k)
+    scored = _score_chunk(hidden, weight, labels, row_weights, reweight, top_k)
+    return scored.loss, scored.correct, scored.top_ids
 
 
 def chunk_loss_and_grad(
@@ -120,12 +159,13 @@ def chunk_loss_and_grad(
     top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """chunk_loss plus the gradient of the chunk's loss with respect to its hidden rows."""
-    logits, lse, scale, loss = _weighted_ce(hidden, weight, labels, row_weights, reweight)
+    logits, lse, scale, loss, correct, ids = _score_chunk(
+        hidden, weight, labels, row_weights, reweight, top_k
+    )
     vocab = torch.arange(logits.shape[1], device=logits.device)
     one_hot = vocab[None, :] == labels[:, None]
     grad_logits = (torch.exp(logits - lse[:, None]) - one_hot.to(lse.dtype)) * scale[:, None]
-    correct = logits.argmax(-1) == labels
-    return loss, correct, top_ids(logits, top_k), grad_logits.to(hidden.dtype) @ weight
+    return loss, correct, ids, grad_logits.to(hidden.dtype) @ weight
 
 
 class ChunkFns:
