@@ -14,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModel
 
+from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
@@ -138,6 +139,17 @@ def test_runner_alternates_buffers_and_grows(tiny_dirs: dict[bool, Path]) -> Non
         if i + 1 < len(batches):
             rows = runner.prefetch(batches[i + 1])
         torch.testing.assert_close(out, expected[i], atol=0, rtol=0)
+
+
+def test_targets_and_generating_models_load_without_hub_kernels(
+    tiny_dirs: dict[bool, Path],
+) -> None:
+    """transformers (5.23 and newer, with its kernels dependency) would swap layers' code
+    for kernels fetched from the model hub as a model loads: ringtrain's own kernels run,
+    offline."""
+    target = load_target(tiny_dirs[False], num_taps=2, device="cpu")
+    assert getattr(target.module, "use_kernels", False) is False
+    assert getattr(load_causal_lm(tiny_dirs[False]), "use_kernels", False) is False
 
 
 def test_bf16_output_from_float32_target(tiny_dirs: dict[bool, Path]) -> None:

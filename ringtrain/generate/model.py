@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ringtrain.target.loader import resolve_dtype
+from ringtrain.target.model_dir import WITHOUT_HUB_KERNELS
 
 
 def supports_cache_rollback(config: object) -> bool:
@@ -50,6 +51,7 @@ def load_causal_lm(
         dtype=resolve_dtype(dtype, device, setting="dtype"),
         local_files_only=True,
         output_loading_info=True,
+        **WITHOUT_HUB_KERNELS,
     )
     if loading["missing_keys"]:  # transformers filled them with random values
         missing = sorted(loading["missing_keys"])

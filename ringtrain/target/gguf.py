@@ -230,6 +230,8 @@ def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype)
     """The dequantized model and the tokenizer, as transformers reads them from the file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ringtrain.target.model_dir import WITHOUT_HUB_KERNELS
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         with _without_load_report():
@@ -240,6 +242,7 @@ def _load_with_transformers(source: Path, architecture: str, dtype: torch.dtype)
                 ignore_mismatched_sizes=True,  # reported in ``loading``, refused below
                 output_loading_info=True,
                 **_dequantizing_options(),
+                **WITHOUT_HUB_KERNELS,
             )
     except (ValueError, NotImplementedError, KeyError) as exc:
         raise GGUFConversionError(

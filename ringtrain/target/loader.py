@@ -25,7 +25,12 @@ from transformers.utils import logging as hf_logging
 
 from ringtrain.target.compiled import resolve_compile
 from ringtrain.target.linear_attention import choose_linear_attention, settle_linear_attention
-from ringtrain.target.model_dir import TargetLoadError, TargetModelDir, layer_index
+from ringtrain.target.model_dir import (
+    WITHOUT_HUB_KERNELS,
+    TargetLoadError,
+    TargetModelDir,
+    layer_index,
+)
 from ringtrain.target.quantized import dequantizing_config
 from ringtrain.target.structure import (
     base_model_class,
@@ -292,6 +297,7 @@ def read_truncated_model(
             device_map={"": device},
             attn_implementation=attn_implementation,
             output_loading_info=True,
+            **WITHOUT_HUB_KERNELS,
         )
     _check_report(report, checkpoint, final_norm)
     if not final_norm:

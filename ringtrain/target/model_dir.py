@@ -34,6 +34,11 @@ LM_HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_hea
 # Config entries kept whole when a config is truncated although they are lists.
 UNTRUNCATED_LIST_KEYS = ("architectures",)
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+# from_pretrained's options for every model ringtrain loads: transformers (5.23 and newer,
+# with its `kernels` dependency) otherwise swaps layers' code for kernels fetched from the
+# model hub as the model loads. ringtrain loads offline and runs its own kernels (compiled
+# layers, FLA's), whose numerics its tests check.
+WITHOUT_HUB_KERNELS = {"use_kernels": False}
 
 
 class TargetLoadError(ValueError):
