@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import sys
 from collections.abc import Callable
 from types import ModuleType
 
 import torch
+import transformers
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -52,6 +54,9 @@ SHORT_CONVOLUTION_FUNCTION = "causal_conv1d_fn"
 CHUNK_RULE_FUNCTION = GATED_DELTA_RULE_FUNCTIONS[0]
 # FLA's L2 normalisation: x / sqrt(sum(x^2) + eps) per head, in float32.
 L2NORM_EPS = 1e-6
+# The first transformers release whose hybrid models pass grouped query/key heads to FLA
+# as they are (FLA's kernels expand them); earlier ones copy them per value head first.
+GROUPED_HEADS_TRANSFORMERS = "5.23"
 
 
 def linear_attention_backend(
@@ -191,6 +196,23 @@ def use_normalized_qk(model: nn.Module, prepare: Callable) -> int:
     return switched
 
 
+def repeats_grouped_heads(config: PretrainedConfig) -> bool:
+    """Whether this transformers copies a Gated DeltaNet's queries and keys for each value
+    head of the target's grouped heads (more value heads than key heads) before the
+    recurrence, as releases before GROUPED_HEADS_TRANSFORMERS do."""
+    text = config.get_text_config()
+    value_heads = getattr(text, "linear_num_value_heads", 0) or 0
+    key_heads = getattr(text, "linear_num_key_heads", 0) or 0
+    older = _major_minor(transformers.__version__) < _major_minor(GROUPED_HEADS_TRANSFORMERS)
+    return older and (value_heads > key_heads)
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    """(5, 17) of "5.17.0" or "5.17.0.dev0"."""
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
 def settle_linear_attention(
     model: nn.Module, backend: str | None, choice: str, device: torch.device
 ) -> str | None:
@@ -203,6 +225,16 @@ def settle_linear_attention(
     fla_installed = importlib.util.find_spec("fla") is not None
     if backend == "fla" and importlib.util.find_spec("causal_conv1d") is None:
         use_fla_short_convolution(model)
+    if backend == "fla" and repeats_grouped_heads(model.config):
+        log.info(
+            "transformers %s copies the Gated DeltaNet's queries and keys once per value head "
+            "before FLA's kernels (about 2%% of a hybrid target's forward); transformers "
+            "%s and newer hands FLA the grouped heads as they are: pip install -U "
+            "'transformers>=%s'",
+            transformers.__version__,
+            GROUPED_HEADS_TRANSFORMERS,
+            GROUPED_HEADS_TRANSFORMERS,
+        )
     if backend == "torch" and device.type == "cuda" and choice == "auto":
         log.warning(
             "flash-linear-attention is not installed: the hybrid target runs the slow torch "
