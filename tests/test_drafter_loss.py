@@ -12,6 +12,7 @@ from ringtrain.drafter.loss import (
     ChunkFns,
     chunked_head_loss,
     dpace_weights,
+    grouped_argmax,
     grouped_lse,
     top_ids,
 )
@@ -115,9 +116,9 @@ def test_top_ids_are_the_rows_top_k_in_order(vocab: int, top_k: int) -> None:
 
 
 def test_the_log_sum_exp_through_group_maxima_is_the_rows_even_with_groups_of_minus_inf() -> None:
-    """With top_k the log-sum-exp is read off each group's own (one pass with the maxima
-    top_ids ranks): it equals torch.logsumexp, also where a whole group is -inf, and a
-    row's top id is its argmax."""
+    """The log-sum-exp is read off each group's own (one pass with the maxima top_ids
+    ranks): it equals torch.logsumexp, also where a whole group is -inf; a row's top id
+    and the argmax found through the groups are its argmax (the first of equal ones)."""
     torch.manual_seed(1)
     logits = torch.randn(8, 256, dtype=torch.float64) * 5
     logits[:, :64] = -math.inf
@@ -125,3 +126,6 @@ def test_the_log_sum_exp_through_group_maxima_is_the_rows_even_with_groups_of_mi
     torch.testing.assert_close(lse, torch.logsumexp(logits, dim=-1), rtol=1e-12, atol=0)
     assert torch.equal(maxima, logits.view(8, 4, 64).amax(-1))
     assert torch.equal(top_ids(logits, 3, maxima)[:, 0], logits.argmax(-1))
+    logits[3, 100] = logits[3, 200] = logits[3, 201] = 50.0  # equal largest: the first
+    maxima, _ = grouped_lse(logits)
+    assert torch.equal(grouped_argmax(logits, maxima), logits.argmax(-1))

@@ -80,6 +80,15 @@ def grouped_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return maxima, torch.logsumexp(group_lse, dim=-1)
 
 
+def grouped_argmax(logits: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """The rows' argmax (the first of equal largest entries, as torch.argmax's) from the
+    groups' maxima: the first largest entry of the first group holding the row's maximum."""
+    groups = _groups(logits)
+    best = maxima.argmax(-1)
+    entries = groups.gather(1, best[:, None, None].expand(-1, 1, groups.shape[2])).squeeze(1)
+    return best * groups.shape[2] + entries.argmax(-1)
+
+
 class _ScoredChunk(NamedTuple):
     logits: torch.Tensor
     lse: torch.Tensor  # the rows' log-sum-exp
@@ -97,18 +106,14 @@ def _score_chunk(
     reweight: Reweight,
     top_k: int,
 ) -> _ScoredChunk:
-    """One chunk's logits and what is read off them. With top_k, the log-sum-exp comes with
-    the maxima top_ids ranks (one pass over the logits, not two) and a row's argmax is its
-    top id (of equal largest entries, the one top_ids ranks first)."""
+    """One chunk's logits and what is read off them. The log-sum-exp comes with the groups'
+    maxima (`grouped_lse`), from which the rows' top ids and argmax follow without
+    another pass over the logits (with top_k, a row's argmax is its top id: of equal
+    largest entries, the one top_ids ranks first)."""
     logits = _logits(hidden, weight)
-    if top_k:
-        maxima, lse = grouped_lse(logits)
-        ids = top_ids(logits, top_k, maxima)
-        correct = ids[:, 0] == labels
-    else:
-        lse = torch.logsumexp(logits, dim=-1)
-        ids = top_ids(logits, 0)
-        correct = logits.argmax(-1) == labels
+    maxima, lse = grouped_lse(logits)
+    ids = top_ids(logits, top_k, maxima)
+    correct = (ids[:, 0] if top_k else grouped_argmax(logits, maxima)) == labels
     ce = lse - logits.gather(1, labels[:, None]).squeeze(1)
     scale = reweight(ce.detach(), row_weights.to(lse.dtype))
     return _ScoredChunk(logits, lse, scale, (ce * scale).sum(), correct, ids)
