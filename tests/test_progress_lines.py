@@ -120,11 +120,33 @@ def test_a_resumed_session_shows_the_runs_last_round_and_counts_its_own_steps(
 def test_a_one_step_session_is_judged_over_that_step(caplog: pytest.LogCaptureFixture) -> None:
     """With one step there is nothing after the first step: the summary judges the whole
     session (from the resumed step 5), not an empty window."""
-    start, after, end = _ring_at(50.0, 40, 8), _ring_at(60.0, 50, 9), _ring_at(61.0, 51, 9)
-    progress = Progress(_config("run.max_steps=6"), ScriptedRing([start, end]), resumed_step=5)
+    start, after = _ring_at(50.0, 40, 8), _ring_at(60.0, 50, 9)
+    progress = Progress(_config("run.max_steps=6"), ScriptedRing([start]), resumed_step=5)
     with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
         progress.step(_record(6), after)
         progress.summary()
-    expected = ring_judgement(end, start, tokens_per_item=1000)
+    expected = ring_judgement(after, start, tokens_per_item=1000)
     assert f"ring over steps 5-6: {expected.line}" in caplog.messages
     assert expected.advice and caplog.messages[-len(expected.advice) :] == expected.advice
+
+
+def test_the_summary_judges_the_steps_not_the_checkpoint_after_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After the last step the drafter saves a checkpoint and runs an evaluation round,
+    not starved and consuming nothing: the summary's rates end at the last step, so its
+    advice measures the training (1 batch a second here), not 2 batches in 12 s."""
+    start = _ring_at(1.0, 0, 0)
+    steps = {s: _ring_at(float(s), 5 * s, s) for s in (1, 2, 3)}
+    after_the_checkpoint = _ring_at(13.0, 15, 3)
+    progress = Progress(
+        _config("run.max_steps=3", "run.log_every=10"), ScriptedRing([start, after_the_checkpoint])
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        for step, ring in steps.items():
+            progress.step(_record(step), ring)
+        progress.summary()
+    expected = ring_judgement(steps[3], steps[1], tokens_per_item=1000)
+    assert f"ring over steps 1-3: {expected.line}" in caplog.messages
+    assert any("one drafter takes 1,000 tok/s" in line for line in expected.advice)
+    assert caplog.messages[-len(expected.advice) :] == expected.advice

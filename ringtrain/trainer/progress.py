@@ -47,6 +47,7 @@ class Progress:
         self._window_items = 0
         self._first: StepRecord | None = None
         self._last: StepRecord | None = None
+        self._last_ring: RingSnapshot | None = None  # the ring right after the last step
         self._session_start = ring.snapshot()
         # Where the next line's window starts: (step, the ring then); after the first step
         # (start-up excluded) unless the first step has a line of its own.
@@ -66,7 +67,7 @@ class Progress:
         if self._first is None:
             self._first = record
             self._after_first = (record.step, snapshot)
-        self._last = record
+        self._last, self._last_ring = record, snapshot
         self._tokens += record.tokens
         self._items += len(record.batches)
         self._window_tokens += record.tokens
@@ -176,14 +177,15 @@ class Progress:
         self._ring_summary(self._last.step)
 
     def _ring_summary(self, last: int) -> None:
-        """The verdict over the session after its first step (start-up excluded; the whole
-        session when it had one step) and its split analysis."""
+        """The verdict over the session's steps after its first (start-up excluded; the whole
+        session when it had one step) up to its last (what follows, a checkpoint and an
+        evaluation round, is no training: counted, it would read as a slow drafter) and its
+        split analysis."""
         start = self._after_first
         if start is None or start[0] >= last:
             start = (self._resumed_step, self._session_start)
-        verdict = ring_judgement(
-            self._ring.snapshot(), start[1], self._tokens / max(self._items, 1)
-        )
+        end = self._last_ring or self._ring.snapshot()
+        verdict = ring_judgement(end, start[1], self._tokens / max(self._items, 1))
         get_logger().info("ring over steps %d-%d: %s", start[0], last, verdict.line)
         for line in verdict.advice:
             get_logger().info("%s", line)
