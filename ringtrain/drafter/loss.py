@@ -75,7 +75,8 @@ def grouped_lse(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     log-sum-exp through each group's own, shifted by the group's maximum."""
     groups = _groups(logits)
     maxima = groups.amax(-1)
-    shift = torch.where(torch.isfinite(maxima), maxima, torch.zeros_like(maxima))
+    # A constant shift (no gradient through it); 0 for a group with no finite entry.
+    shift = torch.where(torch.isfinite(maxima), maxima, torch.zeros_like(maxima)).detach()
     group_lse = shift + torch.log(torch.exp(groups - shift[..., None]).sum(-1))
     return maxima, torch.logsumexp(group_lse, dim=-1)
 
