@@ -48,7 +48,7 @@ TIMELINE = [
     _ring_at(50.0, 5, 7.0, 2, 38.0),  # step 2: a progress line
     _ring_at(60.0, 6, 14.1, 3, 38.0),  # step 3
     _ring_at(70.0, 7, 21.2, 4, 38.0),  # step 4: a progress line, the last step
-    _ring_at(70.5, 7, 21.7, 4, 38.0),  # the summary
+    _ring_at(70.5, 7, 21.7, 4, 38.0),  # the checkpoint after it, when ringtrain-stat looks
 ]
 
 
@@ -92,8 +92,8 @@ def test_progress_line_summary_and_stat_give_one_verdict(
     assert f"verdict over steps 2-4 (the trainer's progress line): {expected.line}" in table
     assert table.endswith("\n".join(expected.advice))
 
-    # The summary: the same function over the session after its first step.
-    summary = ring_judgement(TIMELINE[-1], TIMELINE[1], tokens_per_item=TOKENS)
+    # The summary: the same function over the session's steps after its first.
+    summary = ring_judgement(TIMELINE[4], TIMELINE[1], tokens_per_item=TOKENS)
     assert f"ring over steps 1-4: {summary.line}" in caplog.messages
     assert summary.advice == caplog.messages[-len(summary.advice) :]
 

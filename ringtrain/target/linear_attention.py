@@ -196,14 +196,14 @@ def use_normalized_qk(model: nn.Module, prepare: Callable) -> int:
     return switched
 
 
-def repeats_grouped_heads(config: PretrainedConfig) -> bool:
-    """Whether this transformers copies a Gated DeltaNet's queries and keys for each value
-    head of the target's grouped heads (more value heads than key heads) before the
+def repeats_grouped_heads(config: PretrainedConfig, transformers_version: str) -> bool:
+    """Whether that transformers release copies a Gated DeltaNet's queries and keys for each
+    value head of the target's grouped heads (more value heads than key heads) before the
     recurrence, as releases before GROUPED_HEADS_TRANSFORMERS do."""
     text = config.get_text_config()
     value_heads = getattr(text, "linear_num_value_heads", 0) or 0
     key_heads = getattr(text, "linear_num_key_heads", 0) or 0
-    older = _major_minor(transformers.__version__) < _major_minor(GROUPED_HEADS_TRANSFORMERS)
+    older = _major_minor(transformers_version) < _major_minor(GROUPED_HEADS_TRANSFORMERS)
     return older and (value_heads > key_heads)
 
 
@@ -225,7 +225,7 @@ def settle_linear_attention(
     fla_installed = importlib.util.find_spec("fla") is not None
     if backend == "fla" and importlib.util.find_spec("causal_conv1d") is None:
         use_fla_short_convolution(model)
-    if backend == "fla" and repeats_grouped_heads(model.config):
+    if backend == "fla" and repeats_grouped_heads(model.config, transformers.__version__):
         log.info(
             "transformers %s copies the Gated DeltaNet's queries and keys once per value head "
             "before FLA's kernels (about 2%% of a hybrid target's forward); transformers "
