@@ -5,10 +5,10 @@ entries of its top groups, 16 of each for DFlash2's candidate selector. aten's t
 radix select of several passes (a few launches each) over every row, about 3.4 ms of a
 small drafter's 68 ms step on an H100 for rows this short. Here, on CUDA, one Triton
 program takes a tile of rows whole into registers and picks its k largest one after
-another (the largest not yet taken, the lowest column among equals): one launch, a single
-read of the rows. Elsewhere it is ``torch.topk``. Both return the ids largest first; among
-equal entries the order may differ. A NaN entry ranks last here (first in torch.topk): a
-row with one fails the step's finiteness check anyway.
+another (the largest not yet taken, the lowest column among equals), each with one max
+reduction over keys that pack an entry's value and column: one launch, a single read of
+the rows. Elsewhere it is ``torch.topk``. Both return the ids largest first (NaN above
+everything, as torch.topk ranks it); among equal entries the order may differ.
 
 A custom op, so Dynamo keeps it whole inside the compiled loss chunk; ids have no gradient.
 """
@@ -59,19 +59,19 @@ def _row_topk_kernel():
     ):
         row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         col = tl.arange(0, BLOCK)
-        in_row = row[:, None] < rows
-        real = in_row & (col[None, :] < width)
+        real = (row[:, None] < rows) & (col[None, :] < width)
         tile = tl.load(values + row[:, None].to(tl.int64) * width + col[None, :], mask=real)
-        tile = tile.to(tl.float32)
-        open_ = real  # entries not yet taken
+        # One int64 key per entry, ordered as (value, then the lower column): the float32's
+        # bits made to sort as non-negative integers (negative floats with every bit but the
+        # sign flipped, then all moved up by 2^31), times BLOCK, plus the column counted
+        # down. One max reduction then picks each entry; a taken entry's key becomes -1.
+        bits = tile.to(tl.float32).to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) + 0x80000000
+        keys = tl.where(real, ordered * BLOCK + (BLOCK - 1 - col[None, :]), -1)
         for rank in tl.static_range(K):
-            largest = tl.max(tl.where(open_, tile, float("-inf")), axis=1)
-            ties = open_ & (tile == largest[:, None])
-            pick = tl.min(tl.where(ties, col[None, :], BLOCK), axis=1)
-            # No open entry equals the maximum only where NaNs are left: the lowest open one.
-            lowest_open = tl.min(tl.where(open_, col[None, :], BLOCK), axis=1)
-            pick = tl.where(pick < BLOCK, pick, lowest_open)
-            tl.store(ids + row.to(tl.int64) * K + rank, pick.to(tl.int64), mask=row < rows)
-            open_ = open_ & (col[None, :] != pick[:, None])
+            best = tl.max(keys, axis=1)
+            pick = BLOCK - 1 - best % BLOCK
+            tl.store(ids + row.to(tl.int64) * K + rank, pick, mask=row < rows)
+            keys = tl.where(col[None, :] == pick[:, None], -1, keys)
 
     return row_topk_kernel
