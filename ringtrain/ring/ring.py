@@ -375,7 +375,8 @@ class Ring:
         """Look for a peer's death, failure or hang now and, where there is one, react as
         the watchdog does (its on_dead, once per ring; it ends the process): a stop the
         launcher sends because a rank died is then reported as that death. Nothing
-        without a watchdog or a failure."""
+        without a watchdog or a failure; once the ring is closed (its control block may be
+        unmapped), only a failure a check found before."""
         if self._on_dead is None:
             return
         with self._close_lock:  # the opening thread unmaps the control block once closed
