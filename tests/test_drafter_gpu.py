@@ -148,7 +148,7 @@ def test_the_optimizer_step_is_queued_without_waiting_for_the_gpu(name: str) -> 
 def test_row_topk_kernel_ranks_as_torch_topk_does(compiled: bool) -> None:
     """The one-kernel top-k of short rows (DFlash2's candidates) picks the entries
     torch.topk picks, largest first, also inside a compiled function; ties and -inf
-    entries give k distinct ids."""
+    entries give k distinct ids, a NaN ranks first."""
     generator = torch.Generator("cuda").manual_seed(0)
     rank = torch.compile(lambda v, k: row_topk(v, k), fullgraph=True) if compiled else row_topk
     for rows, width, k in [(4099, 768, 16), (1000, 1024, 16), (7, 20, 20)]:
@@ -158,3 +158,5 @@ def test_row_topk_kernel_ranks_as_torch_topk_does(compiled: bool) -> None:
     ties = torch.tensor([[1.0, 3.0, 3.0, -math.inf, -math.inf, 0.0]], device="cuda")
     ranked = rank(ties.bfloat16(), 6)[0].tolist()
     assert ranked[:2] == [1, 2] and ranked[2:4] == [0, 5] and sorted(ranked) == list(range(6))
+    with_nan = torch.tensor([[1.0, math.nan, 2.0, -0.5, math.inf]], device="cuda")
+    assert rank(with_nan, 5)[0].tolist() == [1, 4, 2, 0, 3]  # NaN first, as torch.topk
