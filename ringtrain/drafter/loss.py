@@ -120,14 +120,14 @@ def _score_chunk(
     return _ScoredChunk(logits, lse, scale, (ce * scale).sum(), correct, ids)
 
 
-def top_ids(logits: torch.Tensor, top_k: int, maxima: torch.Tensor | None = None) -> torch.Tensor:
+def top_ids(logits: torch.Tensor, top_k: int, maxima: torch.Tensor) -> torch.Tensor:
     """The rows' top_k token ids, largest first ([rows, 0] when top_k is 0); ``maxima``: the
-    groups' maxima where the caller has them (`grouped_lse`).
+    groups' maxima (`grouped_lse`).
 
     In two passes, exact up to the order of ties: the top_k groups of TOP_K_GROUP
     consecutive entries by their largest entry hold every one of the row's top_k entries
     (an entry outside them is beaten by those groups' maxima, top_k entries). The first
-    pass is a reduction that fuses into the kernel reading the logits; the second ranks
+    pass ranks the groups' maxima (read off with the log-sum-exp); the second ranks
     top_k * TOP_K_GROUP gathered entries; both rank short rows in one kernel each
     (`row_topk`). A vocabulary-wide top-k instead runs a radix select over every row
     (about a fifth of a small drafter's step)."""
@@ -135,8 +135,6 @@ def top_ids(logits: torch.Tensor, top_k: int, maxima: torch.Tensor | None = None
     if not top_k:
         return logits.new_empty((rows, 0), dtype=torch.long)
     logits = logits.detach()
-    if maxima is None:
-        maxima = _groups(logits).amax(-1)
     group = vocab // maxima.shape[1]
     first = row_topk(maxima.detach(), min(top_k, maxima.shape[1]))
     ids = (first[:, :, None] * group + torch.arange(group, device=logits.device)).view(rows, -1)

@@ -174,17 +174,16 @@ class Progress:
             self._first.tau_uniform,
             self._last.tau_uniform,
         )
-        self._ring_summary(self._last.step)
+        self._ring_summary(self._last.step, self._last_ring)
 
-    def _ring_summary(self, last: int) -> None:
+    def _ring_summary(self, last: int, end: RingSnapshot) -> None:
         """The verdict over the session's steps after its first (start-up excluded; the whole
         session when it had one step) up to its last (what follows, a checkpoint and an
         evaluation round, is no training: counted, it would read as a slow drafter) and its
-        split analysis."""
+        split analysis; `end`: the ring right after step `last`."""
         start = self._after_first
         if start is None or start[0] >= last:
             start = (self._resumed_step, self._session_start)
-        end = self._last_ring or self._ring.snapshot()
         verdict = ring_judgement(end, start[1], self._tokens / max(self._items, 1))
         get_logger().info("ring over steps %d-%d: %s", start[0], last, verdict.line)
         for line in verdict.advice:
