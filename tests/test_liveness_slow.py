@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ringtrain.ring import control as cb
 from ringtrain.ring import phases
@@ -32,6 +33,7 @@ from ringtrain.ring.liveness import (
     ThreadActivity,
     ThreadSampler,
     monotonic_ns,
+    runs_torch_code,
     waiting_on_peers,
 )
 from ringtrain.ring.spec import RingSpec
@@ -92,8 +94,17 @@ def test_a_wait_on_peers_is_marked_for_the_sampler() -> None:
         inside = sampler.sample()
     assert inside.waits_on_peers and inside.peer_wait.since_ns >= entered
     assert inside.peer_wait == PeerWait(inside.peer_wait.since_ns, completed, 3)
+    assert not inside.in_torch  # this test's own frame
     after = sampler.sample()
     assert not after.waits_on_peers and after.peer_wait.completed == completed + 1
+
+
+def test_a_frame_of_torch_is_told_from_one_of_the_caller() -> None:
+    callers = []
+    torch.nn.Identity().apply(lambda _module: callers.append(sys._getframe(1)))
+    assert callers[0].f_code.co_name == "apply"  # Module.apply's own frame, in torch
+    assert runs_torch_code(callers[0])
+    assert not runs_torch_code(sys._getframe())
 
 
 # ---- the verdicts ----------------------------------------------------------------------
@@ -169,14 +180,15 @@ def test_a_wait_on_peers_counts_as_work_while_it_lasts() -> None:
     row, now = _row(spec, progress_s=50.0, active_s=50.0, still_s=50.0, busy=False)
     entered = now - int(40e9)
     in_wait = ThreadActivity(
-        moved=False, busy=False, peer_wait=PeerWait(entered, 3, 2), where="dist.py:9 in wait"
+        moved=False,
+        busy=False,
+        peer_wait=PeerWait(entered, 3, 2),
+        where="dist.py:9 in wait",
+        in_torch=True,
     )
     phases.record_activity(row, in_wait, now, spec)
-    assert (int(row["peer_wait_ns"]), int(row["peer_waits_done"]), int(row["peer_group"])) == (
-        entered,
-        3,
-        2,
-    )
+    recorded = ("peer_wait_ns", "peer_waits_done", "peer_group", "in_torch")
+    assert tuple(int(row[key]) for key in recorded) == (entered, 3, 2, 1)
     assert phases.where(row) == "dist.py:9 in wait"
     assert phases.hang_reason(row, now, spec) is None  # still and idle, but it waits on peers
     # The wait ended and the thread blocks elsewhere: 20 s later it is hung.
@@ -225,8 +237,9 @@ def _waiting_group(
 ) -> tuple[np.ndarray, int, RingSpec]:
     """The rank table of 1 target + one drafter per entry of `done` (2 unless told), the
     drafters all blocked in a wait on each other (`done` waits completed, the current one
-    entered `waited_s` ago, no progress for 40 s, stacks still, no CPU in use; a group of
-    `members`, all of them by default): what their heartbeat threads record in a deadlock."""
+    entered `waited_s` ago, no progress for 40 s, stacks still in torch's code, no CPU in
+    use; a group of `members`, all of them by default): what their heartbeat threads
+    record in a deadlock."""
     members = len(done) if members is None else members
     spec = dataclasses.replace(
         rw.make_spec("deadlock", producers=1, consumers=len(done)),
@@ -245,6 +258,7 @@ def _waiting_group(
     for index, (count, waited) in enumerate(zip(done, waited_s, strict=True), start=1):
         ranks[index]["peer_wait_ns"] = now - int(waited * 1e9)
         ranks[index]["peer_waits_done"], ranks[index]["peer_group"] = count, members
+        ranks[index]["in_torch"] = 1
     return ranks, now, spec
 
 
@@ -263,6 +277,16 @@ def test_at_equal_counts_the_last_to_enter_the_shared_wait_is_named() -> None:
     ranks, now, spec = _waiting_group(done=(6, 6), waited_s=(30.0, 20.0))
     index, reason = phases.deadlock(ranks, now, spec)
     assert index == 2 and "entered the wait they share last" in reason
+
+
+def test_at_equal_counts_a_rank_blocked_in_its_own_code_is_named_before_the_last_to_enter() -> None:
+    # Rank 12 entered the backward first and blocked in its own code there; rank 11 entered
+    # later, computed its part and waits in torch's reduction for rank 12's gradients.
+    ranks, now, spec = _waiting_group(done=(6, 6), waited_s=(20.0, 30.0))
+    ranks[2]["in_torch"] = 0
+    index, reason = phases.deadlock(ranks, now, spec)
+    assert index == 2, reason
+    assert "it is blocked in its own code inside the wait, the others in torch's" in reason
 
 
 def test_a_wait_on_a_working_or_absent_peer_is_no_deadlock() -> None:

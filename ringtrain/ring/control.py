@@ -24,7 +24,7 @@ MAGIC = int.from_bytes(b"RINGTRN1", "little")
 # 4: the spec names each rank's end (producer or consumer) and its label, not a role.
 # 5: each rank's heartbeat thread records whether its main thread works (phases.py).
 # 6: and whether it waits on its peers in a collective (phases.deadlock).
-VERSION = 6
+VERSION = 7
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
@@ -126,6 +126,7 @@ def rank_dtype(slots_per_producer: int) -> np.dtype:
             ("cpu_busy", "<i4"),  # the last sample saw the main thread use the CPU
             ("where_len", "<i4"),
             ("peer_group", "<i4"),
+            ("in_torch", "<i4"),  # the last sample saw the main thread in torch's code
             ("error", "u1", (ERROR_BYTES,)),
             ("doing", "u1", (DOING_BYTES,)),
             ("where", "u1", (WHERE_BYTES,)),

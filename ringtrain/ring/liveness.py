@@ -114,6 +114,7 @@ class ThreadActivity:
     busy: bool  # it used the CPU (MIN_BUSY_FRACTION of the time)
     peer_wait: PeerWait  # its wait on peers in a collective (waiting_on_peers)
     where: str  # its innermost Python frame, "path:line in function"
+    in_torch: bool = False  # that frame is torch's code, where collectives wait
 
     @property
     def waits_on_peers(self) -> bool:
@@ -146,7 +147,17 @@ class ThreadSampler:
         used, elapsed = cpu_s - (self._cpu_s or 0.0), max(now - self._sampled, 1e-6)
         self._cpu_s, self._sampled = cpu_s, now
         busy = used >= MIN_BUSY_FRACTION * elapsed
-        return ThreadActivity(moved, busy, _peer_wait, where)
+        return ThreadActivity(moved, busy, _peer_wait, where, runs_torch_code(frame))
+
+
+def runs_torch_code(frame: FrameType) -> bool:
+    """Whether `frame` runs torch's own code (a collective, the autograd engine): where a
+    thread inside a peer wait waits on its peers; in its own code inside one, it is held
+    up by something else. False while this process has not imported torch."""
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    if torch_file is None:
+        return False
+    return frame.f_code.co_filename.startswith(os.path.dirname(torch_file) + os.sep)
 
 
 def frame_location(frame: FrameType) -> str:

@@ -25,12 +25,16 @@ A wait on peers counts as working because a peer that does not come is named by 
 row. That fails when the stuck rank is itself inside a peer wait (blocked in its part of
 a backward whose gradients the group reduces, say): then every rank of the group waits
 and each counts as working, for ever. So the sampler also records each rank's peer wait
-(since when, how many it completed, the group's size), and `deadlock` finds a group whose
-every rank has waited past its allowance with its stack still and no CPU in use. The
-rank that is behind is named: the one with fewer completed waits (the others passed the
-wait it is still in), or, at equal counts, the one that entered the shared wait last (the
-others arrived and wait for it). A group that spans hosts is judged on none of them (a
-host sees only its own ranks); its ranks' own allowances still bound it.
+(since when, how many it completed, the group's size, whether it waits in torch's code),
+and `deadlock` finds a group whose every rank has waited past its allowance with its
+stack still and no CPU in use. The rank that is behind is named: the one with fewer
+completed waits (the others passed the wait it is still in); at equal counts, one
+blocked in its own code while the others wait in torch's (a span holds work of its own:
+a backward computes before it waits, so the rank that entered first may be the stuck
+one, its peers waiting in the collective for its gradients); else the one that entered
+the shared wait last (the others arrived and wait for it). A group that spans hosts is
+judged on none of them (a host sees only its own ranks); its ranks' own allowances still
+bound it.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def record_activity(
     row["cpu_busy"] = int(activity.busy)
     peer_wait = activity.peer_wait
     row["peer_wait_ns"], row["peer_waits_done"] = peer_wait.since_ns, peer_wait.completed
-    row["peer_group"] = peer_wait.members
+    row["peer_group"], row["in_torch"] = peer_wait.members, int(activity.in_torch)
     cb.put_bytes(row, "where", activity.where.encode("utf-8", "replace"))
     in_place_s = (now_ns - int(row["still_ns"])) / 1e9
     busy = activity.busy and in_place_s <= spec.startup_timeout_s
@@ -158,13 +162,20 @@ def deadlock(ranks: np.ndarray, now_ns: int, spec: RingSpec) -> tuple[int, str] 
     if not waiting or any(int(ranks[i]["peer_group"]) != len(waiting) for i in waiting):
         return None
     behind = min(
-        waiting, key=lambda i: (int(ranks[i]["peer_waits_done"]), -int(ranks[i]["peer_wait_ns"]))
+        waiting,
+        key=lambda i: (
+            int(ranks[i]["peer_waits_done"]),
+            int(ranks[i]["in_torch"]),
+            -int(ranks[i]["peer_wait_ns"]),
+        ),
     )
     row = ranks[behind]
     done = int(row["peer_waits_done"])
     others = [i for i in waiting if i != behind]
     if all(int(ranks[i]["peer_waits_done"]) > done for i in others):
         why = f"it is still in its wait #{done + 1} on them, which the others have left"
+    elif not int(row["in_torch"]) and all(int(ranks[i]["in_torch"]) for i in others):
+        why = "it is blocked in its own code inside the wait, the others in torch's, for it"
     else:
         why = "it entered the wait they share last, so the others wait for it"
     limit, key = allowance(int(row["phase"]), spec)
