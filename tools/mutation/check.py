@@ -56,6 +56,7 @@ OBJECTIVE_TESTS = (
 )  # fmt: skip
 SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.py")
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
+LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 
 MUTANTS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -173,6 +174,24 @@ MUTANTS = (
                "if problem is None and False:"),
         Mutant("checkpoints of no run id skipped", "not in (None, run_id):",
                "not in (run_id,):"),
+    )),
+    Group("liveness verdicts", "ringtrain/ring/phases.py", LIVENESS_TESTS, (
+        Mutant("a rank past its allowance but working is hung",
+               "if age <= limit or idle <= limit:", "if age <= limit:"),
+        Mutant("a wait on peers is no work", "if activity.moved or activity.waits_on_peers or busy:",
+               "if activity.moved or busy:"),
+        Mutant("CPU use in one place is work for ever", "busy = activity.busy and in_place_s <= ",
+               "busy = activity.busy or in_place_s <= "),
+        Mutant("the rank with more completed waits is behind",
+               "            int(ranks[i][\"peer_waits_done\"]),\n",
+               "            -int(ranks[i][\"peer_waits_done\"]),\n"),
+        Mutant("where a rank waits is not asked", "            int(ranks[i][\"in_torch\"]),\n",
+               "            0,\n"),
+        Mutant("the first to enter the shared wait is behind",
+               "-int(ranks[i][\"peer_wait_ns\"]),", "int(ranks[i][\"peer_wait_ns\"]),"),
+        Mutant("a group with a rank on another host is judged",
+               "if not waiting or any(int(ranks[i][\"peer_group\"]) != len(waiting) for i in waiting):",
+               "if not waiting:"),
     )),
 )  # fmt: skip
 
