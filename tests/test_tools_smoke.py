@@ -25,6 +25,7 @@ from ringtrain.monitor.advice import MeasuredRates, advise
 from ringtrain.trainer.logs import LOGGER_NAME, rank_log_path, setup_logging
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
 from tools.bench.pipeline_layout import first_log_time, split_advice
+from tools.mutation.check import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +45,20 @@ def _run(command: list[str], cwd: Path) -> dict:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_mutant_of_the_mutation_check_finds_its_line_once() -> None:
+    """The mutation check changes lines by their text: one that code changed since no
+    longer exists, and the check would stop there (it runs outside the suite)."""
+    missing = [
+        f"{group.module}: {mutant.label!r}"
+        for group in MUTANTS
+        for mutant in group.mutants
+        if (ROOT / group.module).read_text().count(mutant.old) != 1
+    ]
+    assert not missing, "mutants whose text is not in their module once: " + "; ".join(missing)
+    tests = {test for group in MUTANTS for test in group.tests}
+    assert all((ROOT / test).is_file() for test in tests), tests
 
 
 def test_bench_data_runs_by_its_path_from_another_directory(tmp_path: Path) -> None:
