@@ -57,6 +57,7 @@ OBJECTIVE_TESTS = (
 SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.py")
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
+ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 
 MUTANTS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -183,6 +184,25 @@ MUTANTS = (
                "if problem is None and False:"),
         Mutant("checkpoints of no run id skipped", "not in (None, run_id):",
                "not in (run_id,):"),
+    )),
+    Group("split advice", "ringtrain/monitor/advice.py", ADVICE_TESTS, (
+        Mutant("a split moves what its faster role can",
+               "return min(targets * rates.target_rate, drafters * rates.drafter_rate)",
+               "return max(targets * rates.target_rate, drafters * rates.drafter_rate)"),
+        Mutant("ties keep fewer targets", "for t in range((rates.gpus - 1) // k, 0, -1)",
+               "for t in range(1, (rates.gpus - 1) // k + 1)"),
+        Mutant("a shared GPU saturates at its least load", "return 1.0 / max(loads)",
+               "return 1.0 / min(loads)"),
+        Mutant("any shared GPUs count as co-located",
+               "colocated = shared and all(len(roles) == 2 for roles in roles_by_device.values())",
+               "colocated = shared"),
+        Mutant("a target group counts each of its ranks",
+               "targets=sum(r.role == \"target\" for r in ranks) // gpus_per_target,",
+               "targets=sum(r.role == \"target\" for r in ranks),"),
+        Mutant("an option no faster than now is advised", "if rate <= (reference := _reference(rates)):",
+               "if rate < 0 * (reference := _reference(rates)):"),
+        Mutant("shared ranks compared by arithmetic", "if rates.shared and rates.measured:\n        return rates.measured",
+               "if False:\n        return rates.measured"),
     )),
     Group("liveness verdicts", "ringtrain/ring/phases.py", LIVENESS_TESTS, (
         Mutant("a rank past its allowance but working is hung",
