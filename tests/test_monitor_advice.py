@@ -184,6 +184,18 @@ def test_a_tie_keeps_more_targets_and_is_no_reason_to_change_the_split() -> None
     assert lines[-1] == "  => nothing here beats the current split's 20 tok/s"
 
 
+def test_ranks_sharing_gpus_are_compared_with_their_measured_rate() -> None:
+    # 2 targets + 2 drafters share 2 GPUs and move 4 tok/s together. Their shared-GPU rates
+    # would give 1 + 1, one rank per GPU, min(10, 10) = 10 tok/s: that beats the measured
+    # 4, not the 40 that the same arithmetic predicts for 2 + 2 (no arithmetic predicts
+    # ranks sharing a GPU).
+    rates = MeasuredRates(2, 2, 10.0, 10.0, gpus=2, measured=4.0, shared=True)
+    lines = advise(rates)
+    assert "  now  2 targets + 2 drafters sharing 2 GPUs: measured 4 tok/s" in lines
+    assert "  best 1 target + 1 drafter: min(1 x 10, 1 x 10) = 10 tok/s, 2.50x now" in lines
+    assert lines[-1] == "  => 1 target + 1 drafter would be fastest: ~10 tok/s"
+
+
 def test_shared_gpus_without_a_target_and_a_drafter_on_each_are_not_colocation() -> None:
     # GPU 0 holds a target and a drafter, GPU 1 two drafters: a measured rate of that
     # layout says nothing of one target and one drafter per GPU.
