@@ -58,6 +58,7 @@ SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
+RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
 MUTANTS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -203,6 +204,22 @@ MUTANTS = (
                "if rate < 0 * (reference := _reference(rates)):"),
         Mutant("shared ranks compared by arithmetic", "if rates.shared and rates.measured:\n        return rates.measured",
                "if False:\n        return rates.measured"),
+    )),
+    Group("ring figures", "ringtrain/monitor/ring_figures.py", RING_FIGURE_TESTS, (
+        Mutant("a target's wait is its starved time",
+               "waited_ns = rank.blocked_ns if rank.end == PRODUCER else rank.starved_ns",
+               "waited_ns = rank.starved_ns if rank.end == PRODUCER else rank.blocked_ns"),
+        Mutant("the rate while working over the whole interval",
+               "return self.items / self.working_s if self.working_s > 0",
+               "return self.items / self.seconds if self.working_s > 0"),
+        Mutant("a restarted ring's counters subtracted",
+               "if then is None or now.up_s < then.up_s:", "if then is None:"),
+        Mutant("a role's mean over ranks without a rate",
+               "values = [v for v in values if v is not None]",
+               "values = [v or 0.0 for v in values]"),
+        Mutant("wait share unbounded",
+               "return min(max(self.waited_s / self.seconds, 0.0), 1.0) if",
+               "return (self.waited_s / self.seconds) if"),
     )),
     Group("liveness verdicts", "ringtrain/ring/phases.py", LIVENESS_TESTS, (
         Mutant("a rank past its allowance but working is hung",
