@@ -83,6 +83,18 @@ def test_rates_measured_from_ring_counters_pick_the_known_best_split() -> None:
     assert advise(rates)[-1] == "  => 1 target + 2 drafters would be fastest: ~20.0k tok/s"
 
 
+def test_intervals_leave_out_a_restarted_rank_and_bound_the_wait_share() -> None:
+    before = _figures([(0, "target", 0, 500, 100.0, 10.0), (1, "drafter", 1, 400, 100.0, 0.0)])
+    # Rank 0 attached anew (up 3 s, fewer items): its counters are not comparable.
+    after = _figures([(0, "target", 0, 30, 3.0, 0.5), (1, "drafter", 1, 460, 110.0, 10.02)])
+    (drafter,) = intervals(before, after)
+    assert (drafter.rank, drafter.items, drafter.seconds) == (1, 60, 10.0)
+    # Counters read a moment apart may count a little more waiting than the interval.
+    assert drafter.wait_share == 1.0 and drafter.items_per_working_s is None
+    unwound = intervals(before, _figures([(0, "target", 0, 510, 110.0, 9.5)]))
+    assert unwound[0].wait_share == 0.0
+
+
 def test_shared_gpus_give_the_colocated_rate_and_cpu_counts_processes() -> None:
     pairs = [(0, "target", 0), (1, "drafter", 0), (2, "target", 1), (3, "drafter", 1)]
     before = _figures([(rank, role, device, 0, 0.0, 0.0) for rank, role, device in pairs])
