@@ -56,6 +56,7 @@ OBJECTIVE_TESTS = (
 )  # fmt: skip
 SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.py")
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
+RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
@@ -185,6 +186,26 @@ MUTANTS = (
                "if problem is None and False:"),
         Mutant("checkpoints of no run id skipped", "not in (None, run_id):",
                "not in (run_id,):"),
+    )),
+    Group("checkpoint retention", "ringtrain/checkpoint/retention.py", RETENTION_TESTS, (
+        Mutant("one checkpoint more deleted", "for entry in older[keep - 1 :]:",
+               "for entry in older[keep - 2 :]:"),
+        Mutant("one checkpoint more kept", "for entry in older[keep - 1 :]:",
+               "for entry in older[keep:]:"),
+        Mutant("the one just written may go",
+               "if entry.name != written.name]", "if entry.name != \"\"]"),
+        Mutant("keep 0 deletes", "if keep == 0:", "if keep < 0:"),
+    )),
+    Group("checkpoint layout", "ringtrain/checkpoint/layout.py", RETENTION_TESTS, (
+        Mutant("checkpoints oldest first", "        reverse=True,\n    )\n    return [entry",
+               "        reverse=False,\n    )\n    return [entry"),
+        Mutant("steps ordered as text", "(int(match.group(1)), entry)",
+               "(match.group(1), entry)"),
+        Mutant("an incomplete checkpoint counts",
+               "if all((entry / f).is_file() for f in REQUIRED_FILES)]",
+               "if any((entry / f).is_file() for f in REQUIRED_FILES)]"),
+        Mutant("a user's step_N_copy counts as a step", "STEP_DIR = re.compile(r\"^step_(\\d+)$\")",
+               "STEP_DIR = re.compile(r\"^step_(\\d+)\")"),
     )),
     Group("split advice", "ringtrain/monitor/advice.py", ADVICE_TESTS, (
         Mutant("a split moves what its faster role can",
