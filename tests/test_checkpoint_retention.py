@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.checkpoint.layout import REQUIRED_FILES
+from ringtrain.checkpoint.layout import REQUIRED_FILES, complete_checkpoints
 from ringtrain.checkpoint.retention import prune_checkpoints
 
 
@@ -52,3 +52,20 @@ def test_a_checkpoint_that_cannot_be_deleted_is_logged_and_the_others_go(
     assert sorted(p.name for p in deleted) == ["step_00000001", "step_00000003"]
     assert (tmp_path / "step_00000002" / REQUIRED_FILES[0]).is_file()
     assert f"could not delete {tmp_path / 'step_00000002'}" in caplog.text
+
+
+def test_checkpoints_are_ordered_by_step_number_and_a_users_copies_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Past 99,999,999 steps a name grows a digit: the order is numeric, not the names'.
+    A copy a user made beside the checkpoints (step_N_copy, step_N.bak) is no checkpoint:
+    retention neither counts nor deletes it."""
+    for name in ("step_99999999", "step_100000000", "step_00000010"):
+        _fake_checkpoint(tmp_path, name)
+    copies = [_fake_checkpoint(tmp_path, n) for n in ("step_00000010_copy", "step_00000009.bak")]
+    newest_first = [p.name for p in complete_checkpoints(tmp_path)]
+    assert newest_first == ["step_100000000", "step_99999999", "step_00000010"]
+    written = _fake_checkpoint(tmp_path, "step_100000001")
+    deleted = prune_checkpoints(tmp_path, 2, written)
+    assert sorted(p.name for p in deleted) == ["step_00000010", "step_99999999"]
+    assert all((copy / REQUIRED_FILES[0]).is_file() for copy in copies)
