@@ -58,6 +58,8 @@ SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
 RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
+HELDOUT_TESTS = ("tests/test_drafter_heldout.py", "tests/test_heldout_rounds.py")
+SUMS_TESTS = (*HELDOUT_TESTS, "tests/test_drafter_objective.py", "tests/test_drafter_arch.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -206,6 +208,32 @@ MUTANTS = (
                "if any((entry / f).is_file() for f in REQUIRED_FILES)]"),
         Mutant("a user's step_N_copy counts as a step", "STEP_DIR = re.compile(r\"^step_(\\d+)$\")",
                "STEP_DIR = re.compile(r\"^step_(\\d+)\")"),
+    )),
+    Group("held-out replay", "ringtrain/drafter/heldout.py", HELDOUT_TESTS, (
+        Mutant("tau_sim steps per token",
+               "metrics[\"tau_sim\"] = tokens / steps if steps else 0.0",
+               "metrics[\"tau_sim\"] = steps / tokens if tokens else 0.0"),
+        Mutant("a step moves past the accepted tokens only",
+               "step_to = (row + accepted.long() + 1).clamp(max=rows)",
+               "step_to = (row + accepted.long()).clamp(max=rows)"),
+        Mutant("a span starts only at a document's start",
+               "span_start = supervised[:rows] & (doc_start | ~previous)",
+               "span_start = supervised[:rows] & doc_start"),
+        Mutant("a step may land in the next span", " & (span[step_to_in] == span)", ""),
+        Mutant("a step's tokens without the target's own",
+               "tokens = torch.cat((torch.where(eligible, accepted.long() + 1, 0)",
+               "tokens = torch.cat((torch.where(eligible, accepted.long(), 0)"),
+    )),
+    Group("step sums", "ringtrain/drafter/sums.py", SUMS_TESTS, (
+        Mutant("tau_uniform without the target's token",
+               "\"tau_uniform\": 1.0 + sums[\"accepted_sum\"] / max(blocks, 1.0)",
+               "\"tau_uniform\": sums[\"accepted_sum\"] / max(blocks, 1.0)"),
+        Mutant("accuracy per block, not per label",
+               "\"accuracy\": sum(correct) / max(sum(counted), 1.0)",
+               "\"accuracy\": sum(correct) / max(blocks, 1.0)"),
+        Mutant("loss per block, not per weight",
+               "\"loss\": sums[\"loss_sum\"] / weight_sum",
+               "\"loss\": sums[\"loss_sum\"] / max(blocks, 1.0)"),
     )),
     Group("split advice", "ringtrain/monitor/advice.py", ADVICE_TESTS, (
         Mutant("a split moves what its faster role can",
