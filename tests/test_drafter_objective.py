@@ -206,3 +206,25 @@ def test_bad_objective_settings_name_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"drafter\.{key}"):
         parse_config("", overrides=[override])
     assert parse_config("", overrides=["drafter.objective=dpace"]).drafter.objective == "dpace"
+
+
+def test_two_drafters_sums_give_the_metrics_over_their_global_counts() -> None:
+    """Sums add over drafters first; the metrics then divide by the global counts: the loss
+    by the weight sum, accuracy by the scored labels (per slot and in all), tau_uniform
+    by the blocks. Each count differs here, so any other normaliser shows."""
+    one = ObjectiveSums(
+        loss_sum=torch.tensor(6.0),
+        weight_sum=torch.tensor(2.0),
+        correct=torch.tensor([3.0, 1.0, 0.0]),
+        counted=torch.tensor([4.0, 4.0, 2.0]),
+        accepted_sum=torch.tensor(5.0),
+        block_count=torch.tensor(4.0),
+    )
+    other = replace(one, loss_sum=torch.tensor(2.0), weight_sum=torch.tensor(4.0))
+    summary = ObjectiveSums.summarise(one.plus(other).as_vector(), block_size=4)
+    assert summary["loss"] == pytest.approx(8.0 / 6.0)
+    assert summary["weight_sum"] == 6.0
+    assert summary["accuracy_per_slot"] == pytest.approx([6 / 8, 2 / 8, 0.0])
+    assert summary["accuracy"] == pytest.approx(8 / 20)
+    assert summary["tau_uniform"] == pytest.approx(1.0 + 10 / 8)
+    assert (summary["blocks"], summary["scored_labels"]) == (8.0, 20.0)
