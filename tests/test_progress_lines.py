@@ -4,6 +4,7 @@ the line's own window, and a resumed session told apart from the run."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from importlib import resources
 from types import SimpleNamespace
 
@@ -74,6 +75,18 @@ def test_the_last_step_has_a_line_off_the_log_every_grid(caplog: pytest.LogCaptu
     assert entries[0] is None
     assert [entry["steps"] for entry in entries[1:]] == [[1, 2], [2, 3]]
     assert len(_lines(caplog, "step 2/3 |")) == 1 and len(_lines(caplog, "step 3/3 |")) == 1
+
+
+def test_a_line_shows_the_steps_loss_first_slot_accuracy_tau_uniform_and_lr(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ring = ScriptedRing([_ring_at(1.0, 0, 0)])
+    progress = Progress(_config("run.max_steps=10", "run.log_every=1"), ring)
+    record = replace(_record(1), loss=1.23456, accuracy=[0.75, 0.5, 0.25], tau_uniform=2.5, lr=3e-4)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        progress.step(record, _ring_at(10.0, 5, 1))
+    (line,) = _lines(caplog, "step 1/10 |")
+    assert "| loss 1.2346 | acc@1 0.750 | tau_uniform 2.500 | lr 3.00e-04 |" in line, line
 
 
 def test_a_lines_rate_and_verdict_are_over_its_own_window(
