@@ -162,6 +162,26 @@ def test_the_records_drawn_are_a_seeded_sample_and_repeats_cover_every_record(
     assert len(samples) > 1, f"every seed drew the same records: {samples}"
 
 
+def test_sources_of_one_size_draw_different_records(tmp_path: Path) -> None:
+    """Each source draws with a seed of its own: two of the same size, each asked for a
+    part of its records, do not draw the same line numbers."""
+    mixture = Mixture(
+        [
+            Source("a", _chats(tmp_path / "a.jsonl", "a", 20), rows=5),
+            Source("b", _chats(tmp_path / "b.jsonl", "b", 20), rows=5),
+        ],
+        seed=0,
+    )
+    write_mixture(mixture, tmp_path / "mixed.jsonl")
+    drawn: dict[str, set[int]] = {"a": set(), "b": set()}
+    for line in (tmp_path / "mixed.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        question = record["messages"][0]["content"].split(":")[0]
+        drawn[record["source"]].add(int(question.rsplit(" ", 1)[1]))
+    assert len(drawn["a"]) == len(drawn["b"]) == 5
+    assert drawn["a"] != drawn["b"], drawn
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
