@@ -7,8 +7,10 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
+import numpy as np
 import pytest
 
 from ringtrain.checkpoint.resume_checks import check_resume_stream, stream_identity
@@ -97,6 +99,23 @@ def test_other_rows_under_the_same_path_are_refused(data_dir: Path, tmp_path: Pa
     checkpoint = checkpoint_with(tmp_path, changed)
     with pytest.raises(ConfigError, match=r"dataset row lengths \(hash\) is '[0-9a-f]{16}'"):
         check_resume_stream(checkpoint, saved, announce=True)
+
+
+def test_rows_of_other_lengths_with_the_same_totals_change_the_identity() -> None:
+    """Rows and tokens alike, the rows' lengths in another order: another batch sequence."""
+    config = Config(data=DataConfig(token_budget=2048, max_len=512, bucket=64))
+
+    def of(lengths: list[int]) -> StreamIdentity:
+        dataset = SimpleNamespace(
+            path=Path("data"),
+            num_rows=len(lengths),
+            num_tokens=sum(lengths),
+            row_length=np.array(lengths, dtype=np.int32),
+        )
+        return stream_identity(config, dataset, targets=1)
+
+    assert of([30, 50, 40]) == of([30, 50, 40])
+    assert of([30, 50, 40]).row_lengths_hash != of([30, 40, 50]).row_lengths_hash
 
 
 def test_a_moved_dataset_is_accepted_with_a_word(

@@ -265,7 +265,8 @@ MUTANTS = (
                "rng = random.Random(mixture.seed)"),
     )),
     Group("resume checks", "ringtrain/checkpoint/resume_checks.py",
-          ("tests/test_resume_identity.py", "tests/test_resume_guard.py", "tests/test_optim_choices.py"), (
+          ("tests/test_resume_identity.py", "tests/test_resume_guard.py", "tests/test_optim_choices.py",
+           "tests/test_drafter_checkpoint.py"), (
         Mutant("a changed setting passes", "if field == \"data_path\" or was == now:",
                "if field == \"data_path\" or was != now:"),
         Mutant("a moved dataset refused", "if field == \"data_path\" or was == now:",
