@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 from ringtrain.config import parse_config
 from ringtrain.monitor.stat_view import format_snapshot, live_verdict, shown_verdict
 from ringtrain.monitor.verdict import ring_judgement
-from ringtrain.ring import RingSnapshot, with_interval
+from ringtrain.ring import CONSUMER, PRODUCER, RingSnapshot, with_interval
+from ringtrain.ring.snapshot import fatal_line, limiting_end
 from ringtrain.trainer.logs import LOGGER_NAME, MetricsWriter
 from ringtrain.trainer.progress import LeadReporter, Progress
 from ringtrain.trainer.step_record import StepRecord
@@ -103,3 +105,46 @@ def test_stat_judges_the_ring_itself_where_the_run_recorded_no_verdict(tmp_path:
     shown = shown_verdict(TIMELINE[2], None, tmp_path / "metrics.jsonl")
     assert shown == live_verdict(TIMELINE[2], None)
     assert shown.window == "since start-up (rates in batches)"
+
+
+def test_the_limiting_end_needs_a_tenth_of_the_time_and_the_longer_wait() -> None:
+    assert limiting_end(5.0, 3.0) is None
+    assert limiting_end(15.0, 3.0) == CONSUMER
+    assert limiting_end(3.0, 15.0) == PRODUCER
+    assert limiting_end(20.0, 30.0) == PRODUCER
+
+
+ROLES = ("target", "drafter", "drafter")
+
+
+def test_an_interval_gives_each_ranks_rate_and_wait_and_the_drafters_total() -> None:
+    # (items, seconds waited) of the target and the two drafters, 2 s apart.
+    counters = {5.0: [(10, 1.0), (8, 0.0), (8, 0.0)], 7.0: [(30, 2.0), (14, 0.5), (12, 0.0)]}
+    before, after = (
+        snapshot(
+            [
+                rank(i, role, n, t, w)
+                for i, (role, (n, w)) in enumerate(zip(ROLES, at, strict=True))
+            ],
+            taken_s=t,
+        )
+        for t, at in counters.items()
+    )
+    window = with_interval(before, after)
+    assert [r.interval_items_per_s for r in window.ranks] == pytest.approx([10.0, 3.0, 2.0])
+    assert window.interval_items_per_s == pytest.approx(5.0)  # what the drafters took
+    assert window.interval_producers_blocked_pct == pytest.approx(50.0)
+    assert window.interval_consumers_starved_pct == pytest.approx(12.5)
+
+
+def test_a_dead_rank_then_a_hung_one_is_the_rings_fatal_line() -> None:
+    well = [rank(0, "target", 1, 1.0, 0.0), rank(1, "drafter", 1, 1.0, 0.0)]
+    assert fatal_line(well) is None
+    hung = [well[0], replace(well[1], hung_reason="is hung: no progress for 40 s")]
+    assert fatal_line(hung) == (
+        "rank 1 (drafter) is hung: no progress for 40 s - the run cannot continue"
+    )
+    dead = replace(well[0], alive=False, dead_reason="died (process 1000 is gone)")
+    assert fatal_line([dead, hung[1]]) == (
+        "rank 0 (target) is dead: died (process 1000 is gone) - the run cannot continue"
+    )
