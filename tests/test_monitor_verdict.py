@@ -114,21 +114,23 @@ def test_the_limiting_end_needs_a_tenth_of_the_time_and_the_longer_wait() -> Non
     assert limiting_end(20.0, 30.0) == PRODUCER
 
 
-ROLES = ("target", "drafter", "drafter")
-
-
 def test_an_interval_gives_each_ranks_rate_and_wait_and_the_drafters_total() -> None:
-    # (items, seconds waited) of the target and the two drafters, 2 s apart.
-    counters = {5.0: [(10, 1.0), (8, 0.0), (8, 0.0)], 7.0: [(30, 2.0), (14, 0.5), (12, 0.0)]}
-    before, after = (
-        snapshot(
-            [
-                rank(i, role, n, t, w)
-                for i, (role, (n, w)) in enumerate(zip(ROLES, at, strict=True))
-            ],
-            taken_s=t,
-        )
-        for t, at in counters.items()
+    # A target and two drafters, read 2 s apart.
+    before = snapshot(
+        [
+            rank(0, "target", 10, 5.0, 1.0),
+            rank(1, "drafter", 8, 5.0, 0.0),
+            rank(2, "drafter", 8, 5.0, 0.0),
+        ],
+        taken_s=5.0,
+    )
+    after = snapshot(
+        [
+            rank(0, "target", 30, 7.0, 2.0),
+            rank(1, "drafter", 14, 7.0, 0.5),
+            rank(2, "drafter", 12, 7.0, 0.0),
+        ],
+        taken_s=7.0,
     )
     window = with_interval(before, after)
     assert [r.interval_items_per_s for r in window.ranks] == pytest.approx([10.0, 3.0, 2.0])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from importlib import resources
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +16,7 @@ from ringtrain.trainer import progress as progress_module
 from ringtrain.trainer.logs import LOGGER_NAME
 from ringtrain.trainer.progress import Progress
 from ringtrain.trainer.step_record import StepRecord
+from tests.helpers.clock import Clock, set_clock
 from tests.helpers.monitor_records import lead_step
 from tests.helpers.ring_snapshots import rank, snapshot
 
@@ -29,16 +29,6 @@ class ScriptedRing:
 
     def snapshot(self) -> RingSnapshot:
         return next(self._snapshots)
-
-
-class Clock:
-    """A perf_counter that reads what the test sets."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
 
 
 def _config(*overrides: str) -> Config:
@@ -58,9 +48,7 @@ def _record(step: int, tokens: int = 1000) -> StepRecord:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(progress_module, "time", SimpleNamespace(perf_counter=clock.perf_counter))
-    return clock
+    return set_clock(monkeypatch, progress_module)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, prefix: str) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +13,7 @@ from ringtrain.ring import RingSnapshot
 from ringtrain.trainer import target_progress as target_progress_module
 from ringtrain.trainer.logs import LOGGER_NAME
 from ringtrain.trainer.target_progress import TargetProgress
+from tests.helpers.clock import Clock, set_clock
 from tests.helpers.ring_snapshots import rank, snapshot
 
 
@@ -22,30 +22,26 @@ class RunRing:
     target rank 0, blocked `blocked_s` of its `up_s` seconds."""
 
     def __init__(self) -> None:
-        self.step, self.up_s, self.blocked_s, self.produced = 0, 0.0, 0.0, 0
+        self.step, self.up_s, self.blocked_s = 0, 0.0, 0.0
 
     def consumer_step(self) -> int:
         return self.step
 
     def snapshot(self) -> RingSnapshot:
         target = replace(
-            rank(0, "target", self.produced, max(self.up_s, 1e-3), self.blocked_s),
+            rank(0, "target", 0, max(self.up_s, 1e-3), self.blocked_s),
             pid=os.getpid(),
         )
         return snapshot([target, rank(1, "drafter", 0, 1.0, 0.0)], taken_s=self.up_s)
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
-    clock = SimpleNamespace(now=0.0)
-    monkeypatch.setattr(
-        target_progress_module, "time", SimpleNamespace(perf_counter=lambda: clock.now)
-    )
-    return clock
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return set_clock(monkeypatch, target_progress_module)
 
 
 def test_a_line_each_time_the_run_passes_a_multiple_of_log_every(
-    clock: SimpleNamespace, caplog: pytest.LogCaptureFixture
+    clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     ring = RunRing()
     progress = TargetProgress(ring, every=10, resumed_step=0)
