@@ -11,6 +11,10 @@ can reach when everything that is not a GEMM costs nothing. Shape sets:
 - ``drafter``: the Qwen3-8B-shaped drafter's training step (5 layers; 24,576 block rows,
   33,792 key/value rows, 9,216 context rows into fc, the frozen LM head over 23,040 rows
   in chunks of 4,096);
+- ``drafter_small``: the real-model recipe's drafter (configs/smollm2-135m.toml: 4 layers of
+  hidden 576, 9 / 3 heads of 64, MLP 1536, 5 taps; 32 x 512-token documents with 128
+  anchors each: 65,536 block rows, 81,920 key/value rows, 16,384 context rows, the frozen
+  LM head over 49,152 tokens for 61,440 rows in the recipe's 16,384-row loss chunks);
 - ``fused``: the same drafter GEMMs with gate|up and k|v each one GEMM of twice the width,
   to see what fusing them would gain.
 
@@ -53,6 +57,19 @@ SHAPES = {
         ("lm_head", HEAD_CHUNK, 4096, 151936, HEAD_ROWS / HEAD_CHUNK, "fd"),
     ],
 }
+SMALL_LAYERS = 4
+SMALL_BLOCK, SMALL_KV, SMALL_CTX, SMALL_HEAD, SMALL_CHUNK = 65536, 81920, 16384, 61440, 16384
+SHAPES["drafter_small"] = [
+    ("q_proj", SMALL_BLOCK, 576, 576, SMALL_LAYERS, "fdw"),
+    ("k_proj", SMALL_KV, 576, 192, SMALL_LAYERS, "fdw"),
+    ("v_proj", SMALL_KV, 576, 192, SMALL_LAYERS, "fdw"),
+    ("o_proj", SMALL_BLOCK, 576, 576, SMALL_LAYERS, "fdw"),
+    ("gate_proj", SMALL_BLOCK, 576, 1536, SMALL_LAYERS, "fdw"),
+    ("up_proj", SMALL_BLOCK, 576, 1536, SMALL_LAYERS, "fdw"),
+    ("down_proj", SMALL_BLOCK, 1536, 576, SMALL_LAYERS, "fdw"),
+    ("fc", SMALL_CTX, 5 * 576, 576, 1, "fw"),
+    ("lm_head", SMALL_CHUNK, 576, 49152, SMALL_HEAD / SMALL_CHUNK, "fd"),
+]
 SHAPES["fused"] = [
     s for s in SHAPES["drafter"] if s[0] not in ("k_proj", "v_proj", "gate_proj", "up_proj")
 ] + [
