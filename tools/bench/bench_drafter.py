@@ -328,8 +328,10 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     memory = run.memory(packed[0]) if device.type == "cuda" else {}
     profile = {}
     if args.profile:
-        profile["profile"] = top_kernels(lambda: run.step(packed[0]))
-        print_top(f"drafter step, variant {name}", profile["profile"])
+        profile["profile"] = top_kernels(lambda: run.step(packed[0]), top=args.profile_top)
+        print_top(
+            f"drafter step, variant {name}", profile["profile"][:25] + profile["profile"][-2:]
+        )
     if args.gaps:
         profile["gaps"] = idle_gaps(lambda: run.step(packed[0]))
         print_gaps(f"drafter step, variant {name}", profile["gaps"])
@@ -365,6 +367,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=480.0, help="skip variants after")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--profile", action="store_true", help="top kernels of 3 steps")
+    parser.add_argument(
+        "--profile-top",
+        type=int,
+        default=25,
+        help="kernels kept in the JSON's profile (the table prints the top 25)",
+    )
     parser.add_argument(
         "--gaps", action="store_true", help="the GPU's idle time in 2 steps, by code (CUDA)"
     )
