@@ -157,6 +157,9 @@ VARIANTS["default_graphs"] = {**VARIANTS["default"], "compile_mode": "reduce-ove
 VARIANTS["default_chunk16k"] = {**VARIANTS["default"], "loss_chunk": 16384}
 VARIANTS["default_graphs_chunk16k"] = {**VARIANTS["default_graphs"], "loss_chunk": 16384}
 VARIANTS["dflash2_graphs"] = {**VARIANTS["dflash2"], "compile_mode": "reduce-overhead"}
+# DFlash and DFlash2 each at the real recipe's loss chunk (its config's loss_chunk).
+VARIANTS["fast_step_chunk16k"] = {**FAST_STEP, "loss_chunk": 16384}
+VARIANTS["dflash2_chunk16k"] = {**VARIANTS["dflash2"], "loss_chunk": 16384}
 # The switch that reads the step's sums on the host after the forward pass.
 READ_SUMS = "read_sums"
 VARIANTS["default_chunk16k_read"] = {**VARIANTS["default_chunk16k"], READ_SUMS: True}
