@@ -287,9 +287,10 @@ def test_the_selector_loss_is_reported_apart_and_is_part_of_the_loss() -> None:
 
 
 def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> None:
-    """The selector's loss forms its unary scores from the candidates' LM-head rows only;
-    loss, hits and every gradient equal the definition over vocabulary-wide logits (the
-    candidates' logits taken from them, with their gradient)."""
+    """The selector's loss takes its unary scores as the head's loss hands them over and
+    their gradient through the candidates' LM-head rows only; loss, hits and every
+    gradient equal the definition over vocabulary-wide logits (the candidates' logits
+    taken from them, with their gradient)."""
     torch.manual_seed(0)
     cfg, _, head, _ = make_setup(0, **{**DFLASH2, "selector_top_k": 6})
     selector = build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).candidate_selector
@@ -320,8 +321,10 @@ def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> 
     parameters = [rows, *selector.parameters()]
     expected, expected_hits = definition()
     expected_grads = torch.autograd.grad(expected, parameters)
-    candidates = logits.topk(selector.top_k, dim=-1).indices
-    total, hits = selector_loss_sum(selector, rows, lm_head, labels, weights, candidates, chunk=4)
+    candidate_logits, candidates = logits.topk(selector.top_k, dim=-1)
+    total, hits = selector_loss_sum(
+        selector, rows, lm_head, labels, weights, candidates, candidate_logits, chunk=4
+    )
     grads = torch.autograd.grad(total, parameters)
     assert expected > 0 and 0 < int(expected_hits.sum()) < len(expected_hits)
     torch.testing.assert_close(total, expected, rtol=1e-12, atol=1e-12)

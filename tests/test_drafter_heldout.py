@@ -148,7 +148,8 @@ def test_oracle_drafter_right_on_j_slots_gives_tau_sim_j_plus_one(monkeypatch) -
 
     def scripted_loss(hidden, weight, labels, row_weights, chunk, fns):
         slot = torch.arange(hidden.shape[0]) % (block - 1) + 1
-        return HeadLoss(row_weights.sum() * 0.0, slot <= j, labels.new_empty((len(slot), 0)))
+        none = labels.new_empty((len(slot), 0))
+        return HeadLoss(row_weights.sum() * 0.0, slot <= j, none, none.to(hidden.dtype))
 
     monkeypatch.setattr(block_step, "chunked_head_loss", scripted_loss)
     sums = evaluate(model, head, batch, cfg, max_tokens=2 * doc)

@@ -38,10 +38,10 @@ def test_chunked_loss_and_gradient_match_the_reference() -> None:
     ref_loss, ref_correct = naive_loss(ref_hidden, weight, labels, row_weights)
     (ref_loss * upstream).backward()
 
-    ref_top = (hidden @ weight.t()).topk(4, dim=-1).indices
+    ref_top_logits, ref_top = (hidden @ weight.t()).topk(4, dim=-1)
     for chunk in (1, 8, 10, 37, 100):
         test_hidden = hidden.clone().requires_grad_()
-        loss, correct, top_ids = chunked_head_loss(
+        loss, correct, top_ids, top_logits = chunked_head_loss(
             test_hidden, weight, labels, row_weights, chunk, ChunkFns(top_k=4)
         )
         (loss * upstream).backward()
@@ -49,11 +49,14 @@ def test_chunked_loss_and_gradient_match_the_reference() -> None:
         torch.testing.assert_close(test_hidden.grad, ref_hidden.grad, rtol=1e-6, atol=1e-12)
         assert torch.equal(correct, ref_correct)
         assert torch.equal(top_ids, ref_top)
+        torch.testing.assert_close(top_logits, ref_top_logits, rtol=1e-12, atol=0)
+        assert not top_logits.requires_grad
         with torch.no_grad():
-            _, _, top_ids = chunked_head_loss(
+            _, _, top_ids, top_logits = chunked_head_loss(
                 hidden, weight, labels, row_weights, chunk, ChunkFns(top_k=4)
             )
         assert torch.equal(top_ids, ref_top)
+        torch.testing.assert_close(top_logits, ref_top_logits, rtol=1e-12, atol=0)
 
 
 def test_zero_weight_rows_get_no_gradient() -> None:

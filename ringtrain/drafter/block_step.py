@@ -149,7 +149,7 @@ def score_blocks(
         scored = batch.scored[:, 1:]
         loss_dtype = torch.promote_types(head.lm_head.dtype, torch.float32)
         weights = workspace.objective.row_weights(scored, loss_dtype)
-        loss_sum, correct, candidates = chunked_head_loss(
+        loss_sum, correct, candidates, candidate_logits = chunked_head_loss(
             rows.to(head.lm_head.dtype),
             head.lm_head,
             batch.labels[:, 1:].reshape(-1),
@@ -161,8 +161,9 @@ def score_blocks(
         if workspace.term is not None:
             # The architecture's proposals decide the hits; its loss parts join the loss.
             parts, correct = workspace.term(
-                rows, head.lm_head, batch.labels, weights, candidates, cfg.loss_chunk
-            )
+                rows, head.lm_head, batch.labels, weights, candidates, candidate_logits,
+                cfg.loss_chunk,
+            )  # fmt: skip
             for part in parts.values():
                 loss_sum = loss_sum + part
     hits = correct.view(num_blocks, block - 1) & scored

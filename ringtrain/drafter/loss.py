@@ -12,9 +12,10 @@ Row weights are either given (the decayed cross-entropy: fixed per block slot) o
 from the chunk's own cross-entropy by a `Reweight` (D-PACE, see `dpace_weights`); made
 weights are detached, so G keeps its form. Then every chunk holds whole blocks.
 
-With ``top_k`` set, each chunk also hands over its rows' top-k token ids, taken from the
-logits it forms anyway (DFlash2's candidate selector trains on them), so no caller forms
-vocabulary-wide logits a second time.
+With ``top_k`` set, each chunk also hands over its rows' top-k token ids and their
+logits, taken from the logits it forms anyway (DFlash2's candidate selector trains on
+them: the same values its decoding walk ranks), so no caller forms vocabulary-wide logits,
+or the candidates' logits, a second time.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class _ScoredChunk(NamedTuple):
     loss: torch.Tensor  # sum of weights * CE
     correct: torch.Tensor  # argmax == label
     top_ids: torch.Tensor  # [rows, top_k]
+    top_logits: torch.Tensor  # [rows, top_k]: their logits
 
 
 def _score_chunk(
@@ -117,7 +119,8 @@ def _score_chunk(
     correct = (ids[:, 0] if top_k else grouped_argmax(logits, maxima)) == labels
     ce = lse - logits.gather(1, labels[:, None]).squeeze(1)
     scale = reweight(ce.detach(), row_weights.to(lse.dtype))
-    return _ScoredChunk(logits, lse, scale, (ce * scale).sum(), correct, ids)
+    top_logits = logits.detach().gather(1, ids)
+    return _ScoredChunk(logits, lse, scale, (ce * scale).sum(), correct, ids, top_logits)
 
 
 def top_ids(logits: torch.Tensor, top_k: int, maxima: torch.Tensor) -> torch.Tensor:
@@ -148,10 +151,11 @@ def chunk_loss(
     row_weights: torch.Tensor,
     reweight: Reweight = given_weights,
     top_k: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One chunk: (sum of weights * CE, per-row argmax == label, top_k ids per row)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk: (sum of weights * CE, per-row argmax == label, top_k ids per row, their
+    logits)."""
     scored = _score_chunk(hidden, weight, labels, row_weights, reweight, top_k)
-    return scored.loss, scored.correct, scored.top_ids
+    return scored.loss, scored.correct, scored.top_ids, scored.top_logits
 
 
 def chunk_loss_and_grad(
@@ -161,15 +165,15 @@ def chunk_loss_and_grad(
     row_weights: torch.Tensor,
     reweight: Reweight = given_weights,
     top_k: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """chunk_loss plus the gradient of the chunk's loss with respect to its hidden rows."""
-    logits, lse, scale, loss, correct, ids = _score_chunk(
+    logits, lse, scale, loss, correct, ids, top_logits = _score_chunk(
         hidden, weight, labels, row_weights, reweight, top_k
     )
     vocab = torch.arange(logits.shape[1], device=logits.device)
     one_hot = vocab[None, :] == labels[:, None]
     grad_logits = (torch.exp(logits - lse[:, None]) - one_hot.to(lse.dtype)) * scale[:, None]
-    return loss, correct, ids, grad_logits.to(hidden.dtype) @ weight
+    return loss, correct, ids, top_logits, grad_logits.to(hidden.dtype) @ weight
 
 
 class ChunkFns:
@@ -202,23 +206,26 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         candidates = labels.new_empty((hidden.shape[0], fns.top_k))
+        candidate_logits = loss.new_empty((hidden.shape[0], fns.top_k))
         need_grad = ctx.needs_input_grad[0]
         grad = torch.empty_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
             args = (hidden[part], weight, labels[part], row_weights[part])
             if need_grad:
-                loss_c, correct[part], candidates[part], grad[part] = fns.loss_and_grad(*args)
+                loss_c, correct[part], candidates[part], candidate_logits[part], grad[part] = (
+                    fns.loss_and_grad(*args)
+                )
             else:
-                loss_c, correct[part], candidates[part] = fns.loss(*args)
+                loss_c, correct[part], candidates[part], candidate_logits[part] = fns.loss(*args)
             loss = loss + loss_c
         if need_grad:
             ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(correct, candidates)
-        return loss, correct, candidates
+        ctx.mark_non_differentiable(correct, candidates, candidate_logits)
+        return loss, correct, candidates, candidate_logits
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_correct, _grad_top_ids):
+    def backward(ctx, grad_loss, _grad_correct, _grad_top_ids, _grad_top_logits):
         (grad,) = ctx.saved_tensors
         return grad * grad_loss.to(grad.dtype), None, None, None, None, None
 
@@ -232,6 +239,8 @@ class HeadLoss(NamedTuple):
     correct: torch.Tensor
     # [rows, fns.top_k] token ids of each row's largest logits ([rows, 0] without top_k)
     top_ids: torch.Tensor
+    # [rows, fns.top_k] their logits (no gradient)
+    top_logits: torch.Tensor
 
 
 def chunked_head_loss(
@@ -259,7 +268,7 @@ def chunked_head_loss(
         hidden = torch.cat((hidden, hidden.new_zeros(pad, hidden.shape[1])))
         labels = torch.cat((labels, labels.new_zeros(pad)))
         row_weights = torch.cat((row_weights, row_weights.new_zeros(pad)))
-    loss, correct, candidates = _ChunkedHeadLoss.apply(
+    loss, correct, candidates, candidate_logits = _ChunkedHeadLoss.apply(
         hidden, weight, labels, row_weights, chunk, fns
     )
-    return HeadLoss(loss, correct[:rows], candidates[:rows])
+    return HeadLoss(loss, correct[:rows], candidates[:rows], candidate_logits[:rows])

@@ -36,7 +36,8 @@ class BlockTerm(Protocol):
     """An architecture's part of the block objective, beside each slot's cross-entropy."""
 
     # Candidate tokens per scored slot it needs: each row's top-k by logit, which the
-    # head's chunked loss hands over from the logits it forms anyway (0: none).
+    # head's chunked loss hands over, with their logits, from the logits it forms anyway
+    # (0: none).
     top_k: int
 
     def __call__(
@@ -46,6 +47,7 @@ class BlockTerm(Protocol):
         labels: torch.Tensor,
         row_weights: torch.Tensor,
         candidates: torch.Tensor,
+        candidate_logits: torch.Tensor,
         chunk: int,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(its loss parts by sums field, each added to the loss; whether its proposal
@@ -53,7 +55,7 @@ class BlockTerm(Protocol):
 
         rows [A * (B-1), H]: final hidden states of slots 1..B-1; labels [A, B]: the true
         tokens of slots 0..B-1; row_weights [A, B-1]: the objective's; candidates
-        [A * (B-1), top_k]; `chunk` rows at a time."""
+        [A * (B-1), top_k] and candidate_logits, their logits; `chunk` rows at a time."""
         ...
 
 

@@ -58,6 +58,7 @@ class SpreadTerm:
         labels: torch.Tensor,
         row_weights: torch.Tensor,
         candidates: torch.Tensor,
+        candidate_logits: torch.Tensor,
         chunk: int,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """({"spread_loss_sum": ...}, each slot's argmax == its label)."""

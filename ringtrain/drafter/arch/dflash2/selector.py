@@ -110,31 +110,34 @@ class CandidateSelector(nn.Module):
         return torch.cat(path), q
 
 
-# One chunk of rows: (selector, rows, lm_head, candidates, predecessors, targets, weights)
-# -> (weighted loss sum, the walk's pick per row); see selector_chunk.
+# One chunk of rows: (selector, rows, lm_head, candidates, candidate_logits, predecessors,
+# targets, weights) -> (weighted loss sum, the walk's pick per row); see selector_chunk.
 SelectorChunk = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 class _CandidateLogits(torch.autograd.Function):
-    """The candidates' logits [rows, k] of rows [rows, H], with gradient for the rows.
-
-    They are formed again from the candidates' LM-head rows alone, so no vocabulary-wide
-    logit matrix exists, in float32 (a product and a sum: a matmul would run in bf16
-    under autocast). The gathered LM-head rows (rows x k x H floats, the size of k
-    copies of the hidden states) are gathered again in backward rather than kept."""
+    """The candidates' logits [rows, k] as the head's chunked loss formed them (the values
+    the decoding walk ranks), with their gradient for the rows [rows, H]: each candidate's
+    LM-head row, gathered in backward (rows x k x H, the size of k copies of the hidden
+    states, is not kept)."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, lm_head: torch.Tensor, candidates: torch.Tensor):
+    def forward(
+        ctx,
+        rows: torch.Tensor,
+        lm_head: torch.Tensor,
+        candidates: torch.Tensor,
+        candidate_logits: torch.Tensor,
+    ):
         ctx.save_for_backward(lm_head, candidates)
         ctx.rows_dtype = rows.dtype
-        dtype = torch.promote_types(lm_head.dtype, torch.float32)
-        return (rows[:, None].to(dtype) * lm_head[candidates].to(dtype)).sum(-1)
+        return candidate_logits.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         lm_head, candidates = ctx.saved_tensors
         grad_rows = (grad[..., None] * lm_head[candidates].to(grad.dtype)).sum(1)
-        return grad_rows.to(ctx.rows_dtype), None, None
+        return grad_rows.to(ctx.rows_dtype), None, None, None
 
 
 def selector_chunk(
@@ -142,12 +145,13 @@ def selector_chunk(
     rows: torch.Tensor,
     lm_head: torch.Tensor,
     candidates: torch.Tensor,
+    candidate_logits: torch.Tensor,
     predecessors: torch.Tensor,
     targets: torch.Tensor,
     weights: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """selector_loss_sum over one chunk of rows: (sum of weights * CE, the walk's pick)."""
-    unary = _CandidateLogits.apply(rows, lm_head, candidates)
+    unary = _CandidateLogits.apply(rows, lm_head, candidates, candidate_logits)
     scores = selector.scores(rows, unary, candidates, predecessors)
     hits = candidates == targets[:, None]
     loss = F.cross_entropy(scores, hits.long().argmax(-1), reduction="none")
@@ -162,6 +166,7 @@ def selector_loss_sum(
     labels: torch.Tensor,
     row_weights: torch.Tensor,
     candidates: torch.Tensor,
+    candidate_logits: torch.Tensor,
     chunk: int,
     chunk_fn: SelectorChunk = selector_chunk,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,8 +175,8 @@ def selector_loss_sum(
 
     rows [A * (B-1), H] are the final hidden states of slots 1..B-1, labels [A, B] the true
     tokens of slots 0..B-1 (slot 0: the anchor), row_weights [A, B-1] and candidates
-    [A * (B-1), top_k] each row's top-k tokens by logit (chunked_head_loss hands them over
-    from the logits it forms for the cross-entropy). Slot k is scored
+    [A * (B-1), top_k] each row's top-k tokens by logit and candidate_logits their logits
+    (chunked_head_loss hands both over from the logits it forms for the cross-entropy). Slot k is scored
     after its true predecessor (the label of slot k - 1, as the walk would have it had
     every earlier slot been right) and labelled with its true token's index among the
     candidates; a slot whose true token misses the top-k adds nothing. The second result
@@ -188,8 +193,8 @@ def selector_loss_sum(
     for start in range(0, rows.shape[0], chunk):
         part = slice(start, start + chunk)
         loss, pick = chunk_fn(
-            selector, rows[part], lm_head, candidates[part], predecessors[part],
-            targets[part], weights[part],
+            selector, rows[part], lm_head, candidates[part], candidate_logits[part],
+            predecessors[part], targets[part], weights[part],
         )  # fmt: skip
         total = total + loss
         picked.append(pick)
@@ -229,11 +234,12 @@ class SelectorTerm:
         labels: torch.Tensor,
         row_weights: torch.Tensor,
         candidates: torch.Tensor,
+        candidate_logits: torch.Tensor,
         chunk: int,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """({"selector_loss_sum": the weighted selector loss}, the walk's hits)."""
         total, hits = selector_loss_sum(
-            self.selector, rows, lm_head, labels, row_weights, candidates,
+            self.selector, rows, lm_head, labels, row_weights, candidates, candidate_logits,
             rows.shape[0] if self.whole_batch else chunk, self.chunk_fn,
         )  # fmt: skip
         return {"selector_loss_sum": self.weight * total}, hits
