@@ -18,7 +18,6 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
     optimizer_step,
 )
-from ringtrain.drafter.arch.dflash2 import block_conv as block_conv_module
 from ringtrain.drafter.block_step import prepare_batch
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import GatheredMask
@@ -161,35 +160,3 @@ def test_row_topk_kernel_ranks_as_torch_topk_does(compiled: bool) -> None:
     assert ranked[:2] == [1, 2] and ranked[2:4] == [0, 5] and sorted(ranked) == list(range(6))
     with_nan = torch.tensor([[1.0, math.nan, 2.0, -0.5, math.inf]], device="cuda")
     assert rank(with_nan, 5)[0].tolist() == [1, 4, 2, 0, 3]  # NaN first, as torch.topk
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_block_conv_kernels_equal_the_tensor_ops(dtype: torch.dtype, compiled: bool) -> None:
-    """DFlash2's in-block convolution by its Triton kernels gives the tensor ops' output
-    and gradients (float64 reference), for the recipe drafter's layout and one whose
-    hidden size, tile rows and block size do not divide each other."""
-    generator = torch.Generator("cuda").manual_seed(0)
-    conv = block_conv_module.block_conv
-    run = torch.compile(lambda *a: conv(*a), fullgraph=True) if compiled else conv
-    for rows, hidden, taps, group, block in [(4096, 576, 2, 16, 16), (600, 200, 3, 8, 6)]:
-        x = torch.randn(rows, hidden, device="cuda", generator=generator).to(dtype)
-        both = torch.randn(rows, 2, taps, hidden // group, device="cuda", generator=generator)
-        base = torch.randn(taps, hidden, device="cuda", generator=generator)
-        grad = torch.randn(rows, hidden, device="cuda", generator=generator).to(dtype)
-        inputs = [x.requires_grad_(), both.to(dtype).requires_grad_(), base.requires_grad_()]
-        out = run(inputs[0], inputs[1][:, 1], inputs[2], block)
-        out.backward(grad)
-        reference = [t.detach().double().requires_grad_() for t in inputs]
-        expected = block_conv_module._forward_ops(
-            reference[0], reference[1][:, 1], reference[2], block
-        )
-        expected.backward(grad.double())
-        tolerance = (
-            {"rtol": 2e-2, "atol": 2e-2}
-            if dtype == torch.bfloat16
-            else {"rtol": 1e-5, "atol": 1e-4}
-        )
-        torch.testing.assert_close(out.double(), expected, **tolerance)
-        for got, want in zip(inputs, reference, strict=True):
-            torch.testing.assert_close(got.grad.double(), want.grad, **tolerance)

@@ -9,8 +9,7 @@ the serving engines load for ``DFlash2DraftModel`` (docs/dflash2.md):
   reach across a block boundary (block position t < j reads zero). One projection of the
   sublayer's (normed) input gives the corrections ``delta`` of both convolutions: the one
   before the sublayer (side 0 of ``base_kernel``) and the one after it (side 1). The
-  target context is not convolved. The convolution itself is one op with its own
-  backward (block_conv.py).
+  target context is not convolved.
 - ``candidate_selector``: instead of each slot's argmax, the drafter keeps each slot's
   top-k tokens and walks greedily from the last accepted token, scoring candidate ``b``
   after predecessor ``a`` as ``logit(b) + <A[a] * P(h), B[b]>`` (``A``, ``B``: token
@@ -24,10 +23,11 @@ fresh DFlash2 drafter computes exactly what DFlash computes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ringtrain.drafter.arch.dflash.model import Attend, DecoderLayer, DFlashDrafter
-from ringtrain.drafter.arch.dflash2.block_conv import block_conv
 from ringtrain.drafter.arch.dflash2.selector import CandidateSelector
 from ringtrain.drafter.arch.dflash2.settings import DFlash2Settings
 from ringtrain.drafter.head import FrozenHead
@@ -41,6 +41,7 @@ class BlockConv(nn.Module):
     def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
         self.taps = spec.settings.conv_kernel_size
+        self.group_size = spec.settings.conv_group_size
         self.groups = spec.hidden_size // spec.settings.conv_group_size
         self.block_size = spec.block_size
         self.base_kernel = nn.Parameter(torch.zeros(2, self.taps, spec.hidden_size))
@@ -55,14 +56,34 @@ class BlockConv(nn.Module):
             self.base_kernel[:, 0] = 1.0
             self.kernel_projection.weight.zero_()
 
+    def _convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        """x [L, H] (whole blocks), delta [L, taps, groups] -> [L, H]."""
+        blocks = x.view(-1, self.block_size, self.groups, self.group_size)
+        delta = delta.reshape(-1, self.block_size, self.taps, self.groups, 1)
+        base = self.base_kernel[side].to(x.dtype).view(self.taps, self.groups, self.group_size)
+        out = (base[0] + delta[:, :, 0]) * blocks
+        for tap in range(1, self.taps):
+            earlier = F.pad(blocks[:, : self.block_size - tap], (0, 0, 0, 0, tap, 0))
+            out = out + (base[tap] + delta[:, :, tap]) * earlier
+        return out.reshape(x.shape)
+
     def before(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Convolve the sublayer input; also return the corrections of the after-side."""
         delta = self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.groups)
-        return block_conv(x, delta[:, 0], self.base_kernel[0], self.block_size), delta[:, 1]
+        return self._recomputed(x, delta[:, 0], 0), delta[:, 1]
 
     def after(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Convolve the sublayer output with the corrections `before` returned."""
-        return block_conv(y, delta, self.base_kernel[1], self.block_size)
+        return self._recomputed(y, delta, 1)
+
+    def _recomputed(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        """_convolve, its output formed again in backward instead of kept: backward keeps
+        the input and the corrections only (a few multiply-adds per element to redo, where
+        keeping the before-side's output for the sublayer's projections cost two more
+        [L, H] tensors per convolution pair, a quarter more activation memory per layer)."""
+        if not torch.is_grad_enabled():
+            return self._convolve(x, delta, side)
+        return checkpoint(self._convolve, x, delta, side, use_reentrant=False)
 
 
 class DFlash2DecoderLayer(DecoderLayer):
