@@ -42,7 +42,8 @@ variant trains the paper's drafter and objective (DFlash, decayed cross-entropy)
     python -m tools.bench.bench_drafter --json --variants all          # + loss_chunk / compile modes
     python -m tools.bench.bench_drafter --json --profile               # + top kernels of 3 steps
     python -m tools.bench.bench_drafter --json --variants base,fast_step,cudagraphs,muon --steps 10
-    python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile
+    python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile --profile-top 500
+                                     # + every kernel, and what dflash2 runs beyond fast_step
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --gaps
                                      # + where the GPU idles in a step, by code
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants fast_step,dflash2,default
@@ -79,7 +80,7 @@ from tools.bench.bench_report import save_report
 from tools.bench.drafter_batches import make_batches
 from tools.bench.gpu_gaps import idle_gaps, print_gaps
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
-from tools.bench.kernel_profile import print_top, top_kernels
+from tools.bench.kernel_profile import kernel_diff, print_diff, print_top, top_kernels
 from tools.bench.model_shapes import (
     QWEN3_8B,
     QWEN3_30B_A3B,
@@ -449,6 +450,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for r in results:
         print(f"{r['variant']:<12} {summary_line(r)}")
+    profiled = [r for r in results if "profile" in r]
+    for r in profiled[1:]:
+        r["profile_diff"] = kernel_diff(profiled[0]["profile"], r["profile"])
+        print_diff(f"{r['variant']} against {profiled[0]['variant']}", r["profile_diff"])
     report = {
         "benchmark": "bench_drafter",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -5,12 +5,16 @@ under the profiler and returns the kernels with the most device time per step, e
 ``{"kernel", "ms_per_step", "calls_per_step", "share"}`` (share of all device time),
 then an ``"all kernels"`` row (their sum: compare it with the step's wall time to see
 idle gaps) and an ``"other"`` row for the kernels below the top. ``print_top`` prints
-them as a short table. Without CUDA the ranking uses the operators' own CPU time (a
-smoke run).
+them as a short table. ``kernel_diff`` compares two such profiles kernel by kernel, with
+Inductor's numbering of its generated kernels taken off their names (the same fused
+kernel is ``..._4`` in one compiled graph and ``..._5`` in another), so what one variant
+runs more of than the other shows. Without CUDA the ranking uses the operators' own CPU
+time (a smoke run).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -76,4 +80,49 @@ def print_top(title: str, ranked: list[dict]) -> None:
         print(
             f"{row['ms_per_step']:>9.3f} ms {row['calls_per_step']:>7.1f}x "
             f"{100 * row['share']:>5.1f}%  {row['kernel']}"
+        )
+
+
+# The two summary rows of top_kernels, not kernels.
+SUMMARY_ROWS = ("all kernels", "other")
+
+
+def _by_kernel(ranked: list[dict]) -> dict[str, tuple[float, float]]:
+    """ms and calls per step by kernel name, Inductor's trailing kernel number taken off."""
+    grouped: dict[str, tuple[float, float]] = {}
+    for row in ranked:
+        if row["kernel"] in SUMMARY_ROWS:
+            continue
+        name = re.sub(r"_\d+$", "", row["kernel"])
+        ms, calls = grouped.get(name, (0.0, 0.0))
+        grouped[name] = (ms + row["ms_per_step"], calls + row["calls_per_step"])
+    return grouped
+
+
+def kernel_diff(base: list[dict], other: list[dict]) -> list[dict]:
+    """What `other` runs beyond `base` (two top_kernels profiles), per kernel name: rows
+    ``{"kernel", "extra_ms", "base_ms", "other_ms", "base_calls", "other_calls"}``, the
+    largest extra time first (negative: kernels `other` runs less of)."""
+    ours, theirs = _by_kernel(base), _by_kernel(other)
+    rows = [
+        {
+            "kernel": name,
+            "extra_ms": round(theirs.get(name, (0.0, 0.0))[0] - ours.get(name, (0.0, 0.0))[0], 3),
+            "base_ms": ours.get(name, (0.0, 0.0))[0],
+            "other_ms": theirs.get(name, (0.0, 0.0))[0],
+            "base_calls": ours.get(name, (0.0, 0.0))[1],
+            "other_calls": theirs.get(name, (0.0, 0.0))[1],
+        }
+        for name in ours.keys() | theirs.keys()
+    ]
+    return sorted(rows, key=lambda row: -row["extra_ms"])
+
+
+def print_diff(title: str, diff: list[dict], rows: int = 30) -> None:
+    """The kernels of largest extra time (kernel_diff) as a short table."""
+    print(f"--- {title}: extra device time per step by kernel")
+    for row in diff[:rows]:
+        print(
+            f"{row['extra_ms']:>+9.3f} ms {row['base_ms']:>8.3f} -> {row['other_ms']:>8.3f} ms "
+            f"{row['base_calls']:>6.1f} -> {row['other_calls']:>6.1f}x  {row['kernel']}"
         )
