@@ -62,6 +62,7 @@ HELDOUT_TESTS = ("tests/test_drafter_heldout.py", "tests/test_heldout_rounds.py"
 SUMS_TESTS = (*HELDOUT_TESTS, "tests/test_drafter_objective.py", "tests/test_drafter_arch.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
+SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
 
 MUTANTS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -152,6 +153,33 @@ MUTANTS = (
                "return best + entries.argmax(-1)"),
         Mutant("top ids from one group fewer", "first = row_topk(maxima.detach(), min(top_k, ",
                "first = row_topk(maxima.detach(), min(top_k - 1, "),
+        Mutant("the candidates' logits in reverse order",
+               "top_logits = logits.detach().gather(1, ids)",
+               "top_logits = logits.detach().gather(1, ids.flip(1))"),
+    )),
+    Group("DFlash2 selector", "ringtrain/drafter/arch/dflash2/selector.py", SELECTOR_TESTS, (
+        Mutant("the unary scores dropped", "return candidate_logits.clone()",
+               "return candidate_logits.clone() * 0"),
+        Mutant("the rows' gradient through the first candidate only",
+               "grad_rows = (grad[..., None] * lm_head[candidates].to(grad.dtype)).sum(1)",
+               "grad_rows = (grad[..., :1, None] * lm_head[candidates[:, :1]].to(grad.dtype)).sum(1)"),
+        Mutant("a slot whose token misses the candidates adds to the loss",
+               "return (loss * weights * hits.any(-1)).sum(), picked",
+               "return (loss * weights).sum(), picked"),
+        Mutant("each slot scored after its own token", "predecessors = labels[:, :-1].reshape(-1)",
+               "predecessors = labels[:, 1:].reshape(-1)"),
+        Mutant("the selector loss weight ignored",
+               "return {\"selector_loss_sum\": self.weight * total}, hits",
+               "return {\"selector_loss_sum\": total}, hits"),
+        Mutant("the predecessor codebook ignored",
+               "pair = torch.einsum(\"...r,...kr->...k\", gate, successors)",
+               "pair = torch.einsum(\"...r,...kr->...k\", projected, successors)"),
+        Mutant("the walk takes each slot's best logit",
+               "predecessor = candidates[row].gather(-1, slot_scores.argmax(-1, keepdim=True))[:, 0]",
+               "predecessor = candidates[row][:, 0]"),
+        Mutant("the weight's bound without the per-slot loss",
+               "largest = largest_float32 / (scored_slots * per_slot)",
+               "largest = largest_float32 / scored_slots"),
     )),
     Group("output scale", "ringtrain/drafter/arch/dflash/model.py",
           ("tests/test_drafter_first_step.py",), (
