@@ -54,3 +54,6 @@ def test_choice_field_error_lists_the_choices() -> None:
         parse_config('[run]\ndevice = "gpu"\n')
     with pytest.raises(ConfigError, match=r"ring\.transport.*use one of 'auto', 'device', 'host'"):
         parse_config("", overrides=["ring.transport=shm"])
+    # An entry of a list of choices: its error lists the entry's choices.
+    with pytest.raises(ConfigError, match=r"run\.report_to.*use one of 'tensorboard', 'wandb'"):
+        parse_config("", overrides=['run.report_to=["tensorboard", "mlflow"]'])

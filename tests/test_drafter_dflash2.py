@@ -8,6 +8,7 @@ model.safetensors strictly (no missing, no unexpected tensor), and drafts one bl
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,12 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.arch.dflash.model import DFlashDrafter
 from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter
-from ringtrain.drafter.arch.dflash2.selector import SelectorSums, selector_loss_sum
-from ringtrain.drafter.config import OptimConfig
+from ringtrain.drafter.arch.dflash2.selector import (
+    SelectorSums,
+    check_selector_weight,
+    selector_loss_sum,
+)
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from tests.helpers.launcher import eval_records, run_training, step_records
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
 
@@ -284,6 +289,24 @@ def test_the_selector_loss_is_reported_apart_and_is_part_of_the_loss() -> None:
     assert SelectorSums.step_metrics(metrics)["loss_parts"] == {
         "selector_loss": metrics["selector_loss"]
     }
+    # drafter.selector_loss_weight scales the selector's part, and only it.
+    weighted = objective(dflash2, head, batch, make_cfg(**DFLASH2, selector_loss_weight=0.25), 3)
+    torch.testing.assert_close(weighted.selector_loss_sum, 0.25 * with_selector.selector_loss_sum)
+    torch.testing.assert_close(weighted.loss_sum, plain.loss_sum + weighted.selector_loss_sum)
+
+
+def test_the_selector_weight_is_bounded_by_a_batch_of_uniform_choices() -> None:
+    """The largest weight keeps a batch of scored slots, each at ln(top_k), finite in
+    float32: a weight just under that bound is taken, one just over it refused."""
+    slots, top_k = 1000, 16
+    bound = torch.finfo(torch.float32).max / (slots * math.log(top_k))
+
+    def cfg(weight: float) -> DrafterConfig:
+        return make_cfg(**{**DFLASH2, "selector_top_k": top_k, "selector_loss_weight": weight})
+
+    check_selector_weight(cfg(0.99 * bound), slots)
+    with pytest.raises(ValueError, match="selector_loss_weight"):
+        check_selector_weight(cfg(1.01 * bound), slots)
 
 
 def test_selector_loss_and_gradients_equal_the_definition_over_full_logits() -> None:

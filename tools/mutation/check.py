@@ -62,6 +62,9 @@ HELDOUT_TESTS = ("tests/test_drafter_heldout.py", "tests/test_heldout_rounds.py"
 SUMS_TESTS = (*HELDOUT_TESTS, "tests/test_drafter_objective.py", "tests/test_drafter_arch.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
+CONFIG_TESTS = (
+    "tests/test_config.py", "tests/test_preflight.py", "tests/test_startup_refusals.py",
+)  # fmt: skip
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
 
 MUTANTS = (
@@ -157,7 +160,7 @@ MUTANTS = (
                "top_logits = logits.detach().gather(1, ids)",
                "top_logits = logits.detach().gather(1, ids.flip(1))"),
     )),
-    Group("config errors", "ringtrain/config.py", ("tests/test_config.py",), (
+    Group("config errors", "ringtrain/config.py", CONFIG_TESTS, (
         Mutant("an override's value always text",
                "value = tomllib.loads(f\"v = {raw.strip()}\")[\"v\"]", "value = raw.strip()"),
         Mutant("a choice's error without its choices",
