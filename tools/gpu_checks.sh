@@ -160,7 +160,8 @@ for step in $steps; do
             # each (dflash2_speed_ratio_small, default_speed_ratio_small, drafter_mfu_small),
             # then the same on the earlier batches of 1-6 long documents (--longest-doc 0).
             run speed_small 300 python -m tools.bench.bench_drafter --target-shape smollm2-135m \
-                --variants fast_step,dflash2,default_chunk16k --steps 10 --profile --gaps --json
+                --variants fast_step,dflash2,default_chunk16k --steps 10 --profile --profile-top 500 \
+                --gaps --json
             mv "$out/bench_drafter.json" "$out/speed_small.json" 2>/dev/null
             run speed_small_long_docs 200 python -m tools.bench.bench_drafter \
                 --target-shape smollm2-135m --longest-doc 0 \
