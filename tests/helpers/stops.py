@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -72,6 +73,10 @@ def output_or_stacks(process: subprocess.Popen, timeout_s: float) -> str:
         return process.communicate(timeout=timeout_s)[1]
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGABRT)
+        process.wait(timeout=30)
+        # Its children (a pool's workers) may hold the pipes open: end the whole group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         stacks = process.communicate(timeout=30)[1]
         raise AssertionError(
             f"still running {timeout_s:g} s after the stop; its threads:\n{stacks[-6000:]}"
