@@ -26,7 +26,6 @@ names its source in a `source` field, and the dataset gets a `source` column.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import time
 from collections import deque
@@ -249,10 +248,11 @@ def _in_order(
         queued: deque[Future[EncodedChunk]] = deque()
         remaining = iter(tasks)
         try:
-            with stops_deferred():  # the pool starts a worker per submit while one is idle
-                queued.extend(_submit(pool, task) for task in itertools.islice(remaining, workers))
             for task in remaining:
-                queued.append(_submit(pool, task))
+                # Every submit with stops held (`_submit`), each future queued before a
+                # stop held meanwhile is raised, so the clean-up below cancels it too.
+                with stops_deferred():
+                    queued.append(_submit(pool, task))
                 if len(queued) >= workers * CHUNKS_IN_FLIGHT_PER_WORKER:
                     yield queued.popleft().result()
             while queued:
@@ -270,9 +270,14 @@ def _in_order(
 
 
 def _submit(pool: ProcessPoolExecutor, task: tuple[str, int, list[bytes]]) -> Future[EncodedChunk]:
-    """``pool.submit`` of one chunk; an error from starting a worker means the pool broke
-    while it started: it closed its queue, whose descriptors the new worker was to keep
-    (OSError, or ValueError "bad value(s) in fds_to_keep")."""
+    """``pool.submit`` of one chunk, to be called inside `stops_deferred`: the pool starts a
+    worker in a submit while none is idle (it must start with stops blocked), and a stop
+    raised inside submit between its record of the work item and the queueing of the
+    item's id leaves an item the pool's manager thread waits for forever, so the pool's
+    shutdown never returns (seen: a SIGTERM to `prepare --workers 2` that hung). An error
+    from starting a worker means the pool broke while it started: it closed its queue,
+    whose descriptors the new worker was to keep (OSError, or ValueError "bad value(s)
+    in fds_to_keep")."""
     try:
         return pool.submit(_encode_chunk, task)
     except (OSError, ValueError) as error:
