@@ -333,9 +333,7 @@ def run_variant(name: str, overrides: dict, args, device: torch.device) -> dict:
     profile = {}
     if args.profile:
         profile["profile"] = top_kernels(lambda: run.step(packed[0]), top=args.profile_top)
-        print_top(
-            f"drafter step, variant {name}", profile["profile"][:25] + profile["profile"][-2:]
-        )
+        print_top(f"drafter step, variant {name}", profile["profile"])
     if args.gaps:
         profile["gaps"] = idle_gaps(lambda: run.step(packed[0]))
         print_gaps(f"drafter step, variant {name}", profile["gaps"])

@@ -21,6 +21,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+# The two summary rows of top_kernels, not kernels.
+SUMMARY_ROWS = ("all kernels", "other")
+
 
 def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 25) -> list[dict]:
     """Profile `steps` calls of `step` (synchronised) and rank kernels by device time."""
@@ -73,18 +76,16 @@ def top_kernels(step: Callable[[], object], steps: int = 3, top: int = 25) -> li
     return ranked
 
 
-def print_top(title: str, ranked: list[dict]) -> None:
-    """The ranked kernels as a table (ms per step, calls per step, share)."""
+def print_top(title: str, ranked: list[dict], rows: int = 25) -> None:
+    """The first `rows` ranked kernels and the two summary rows as a table (ms per step,
+    calls per step, share)."""
     print(f"--- {title}: device time per step by kernel")
-    for row in ranked:
+    kernels = [row for row in ranked if row["kernel"] not in SUMMARY_ROWS]
+    for row in kernels[:rows] + [row for row in ranked if row["kernel"] in SUMMARY_ROWS]:
         print(
             f"{row['ms_per_step']:>9.3f} ms {row['calls_per_step']:>7.1f}x "
             f"{100 * row['share']:>5.1f}%  {row['kernel']}"
         )
-
-
-# The two summary rows of top_kernels, not kernels.
-SUMMARY_ROWS = ("all kernels", "other")
 
 
 def _by_kernel(ranked: list[dict]) -> dict[str, tuple[float, float]]:
@@ -104,17 +105,14 @@ def kernel_diff(base: list[dict], other: list[dict]) -> list[dict]:
     ``{"kernel", "extra_ms", "base_ms", "other_ms", "base_calls", "other_calls"}``, the
     largest extra time first (negative: kernels `other` runs less of)."""
     ours, theirs = _by_kernel(base), _by_kernel(other)
-    rows = [
-        {
-            "kernel": name,
-            "extra_ms": round(theirs.get(name, (0.0, 0.0))[0] - ours.get(name, (0.0, 0.0))[0], 3),
-            "base_ms": ours.get(name, (0.0, 0.0))[0],
-            "other_ms": theirs.get(name, (0.0, 0.0))[0],
-            "base_calls": ours.get(name, (0.0, 0.0))[1],
-            "other_calls": theirs.get(name, (0.0, 0.0))[1],
-        }
-        for name in ours.keys() | theirs.keys()
-    ]
+    rows = []
+    for name in ours.keys() | theirs.keys():
+        base_ms, base_calls = ours.get(name, (0.0, 0.0))
+        other_ms, other_calls = theirs.get(name, (0.0, 0.0))
+        rows.append(
+            {"kernel": name, "extra_ms": round(other_ms - base_ms, 3), "base_ms": base_ms,
+             "other_ms": other_ms, "base_calls": base_calls, "other_calls": other_calls}
+        )  # fmt: skip
     return sorted(rows, key=lambda row: -row["extra_ms"])
 
 
