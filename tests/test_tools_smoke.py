@@ -25,7 +25,7 @@ from ringtrain.monitor.advice import MeasuredRates, advise
 from ringtrain.trainer.logs import LOGGER_NAME, rank_log_path, setup_logging
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
 from tools.bench.pipeline_layout import first_log_time, split_advice
-from tools.mutation.check import MUTANTS
+from tools.mutation.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,1 +1,2 @@
-"""The mutation check of the modules that compute what users read (check.py)."""
+"""The mutation check of the modules that compute what users read (check.py runs the
+mutants of mutants.py)."""
