@@ -29,13 +29,41 @@ import torch
 
 from tools.bench.bench_report import save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
+from tools.bench.model_shapes import QWEN3_8B, SMOLLM2_135M
 
 # (name, rows M, in K, out N, count per step, passes): passes "f" forward, "d" input
 # gradient, "w" weight gradient.
+Gemm = tuple[str, int, int, int, float, str]
 TARGET_LAYERS = 34
 DRAFTER_LAYERS = 5
 BLOCK_ROWS, KV_ROWS, CTX_ROWS, HEAD_ROWS, HEAD_CHUNK = 24576, 33792, 9216, 23040, 4096
-SHAPES = {
+DRAFTER_TAPS = 5
+
+
+def drafter_gemms(
+    target: dict[str, int], layers: int, rows: tuple[int, int, int, int], head_chunk: int
+) -> list[Gemm]:
+    """The GEMMs of one training step of `target`'s drafter (its hidden size, heads, MLP
+    width and vocabulary) with `layers` layers; rows: (block, key/value, context, LM-head)
+    rows of the step."""
+    hidden, mlp = target["hidden_size"], target["intermediate_size"]
+    q_out = target["num_attention_heads"] * target["head_dim"]
+    kv_out = target["num_key_value_heads"] * target["head_dim"]
+    block, kv, ctx, head = rows
+    return [
+        ("q_proj", block, hidden, q_out, layers, "fdw"),
+        ("k_proj", kv, hidden, kv_out, layers, "fdw"),
+        ("v_proj", kv, hidden, kv_out, layers, "fdw"),
+        ("o_proj", block, q_out, hidden, layers, "fdw"),
+        ("gate_proj", block, hidden, mlp, layers, "fdw"),
+        ("up_proj", block, hidden, mlp, layers, "fdw"),
+        ("down_proj", block, mlp, hidden, layers, "fdw"),
+        ("fc", ctx, DRAFTER_TAPS * hidden, hidden, 1, "fw"),
+        ("lm_head", head_chunk, hidden, target["vocab_size"], head / head_chunk, "fd"),
+    ]
+
+
+SHAPES: dict[str, list[Gemm]] = {
     "target": [
         ("q_proj", 9216, 4096, 4096, TARGET_LAYERS, "f"),
         ("k_proj", 9216, 4096, 1024, TARGET_LAYERS, "f"),
@@ -45,31 +73,12 @@ SHAPES = {
         ("up_proj", 9216, 4096, 12288, TARGET_LAYERS, "f"),
         ("down_proj", 9216, 12288, 4096, TARGET_LAYERS, "f"),
     ],
-    "drafter": [
-        ("q_proj", BLOCK_ROWS, 4096, 4096, DRAFTER_LAYERS, "fdw"),
-        ("k_proj", KV_ROWS, 4096, 1024, DRAFTER_LAYERS, "fdw"),
-        ("v_proj", KV_ROWS, 4096, 1024, DRAFTER_LAYERS, "fdw"),
-        ("o_proj", BLOCK_ROWS, 4096, 4096, DRAFTER_LAYERS, "fdw"),
-        ("gate_proj", BLOCK_ROWS, 4096, 12288, DRAFTER_LAYERS, "fdw"),
-        ("up_proj", BLOCK_ROWS, 4096, 12288, DRAFTER_LAYERS, "fdw"),
-        ("down_proj", BLOCK_ROWS, 12288, 4096, DRAFTER_LAYERS, "fdw"),
-        ("fc", CTX_ROWS, 5 * 4096, 4096, 1, "fw"),
-        ("lm_head", HEAD_CHUNK, 4096, 151936, HEAD_ROWS / HEAD_CHUNK, "fd"),
-    ],
+    "drafter": drafter_gemms(
+        QWEN3_8B, DRAFTER_LAYERS, (BLOCK_ROWS, KV_ROWS, CTX_ROWS, HEAD_ROWS), HEAD_CHUNK
+    ),
+    # 32 x 512-token documents, 128 anchors each, blocks of 16, 16,384-row loss chunks.
+    "drafter_small": drafter_gemms(SMOLLM2_135M, 4, (65536, 81920, 16384, 61440), 16384),
 }
-SMALL_LAYERS = 4
-SMALL_BLOCK, SMALL_KV, SMALL_CTX, SMALL_HEAD, SMALL_CHUNK = 65536, 81920, 16384, 61440, 16384
-SHAPES["drafter_small"] = [
-    ("q_proj", SMALL_BLOCK, 576, 576, SMALL_LAYERS, "fdw"),
-    ("k_proj", SMALL_KV, 576, 192, SMALL_LAYERS, "fdw"),
-    ("v_proj", SMALL_KV, 576, 192, SMALL_LAYERS, "fdw"),
-    ("o_proj", SMALL_BLOCK, 576, 576, SMALL_LAYERS, "fdw"),
-    ("gate_proj", SMALL_BLOCK, 576, 1536, SMALL_LAYERS, "fdw"),
-    ("up_proj", SMALL_BLOCK, 576, 1536, SMALL_LAYERS, "fdw"),
-    ("down_proj", SMALL_BLOCK, 1536, 576, SMALL_LAYERS, "fdw"),
-    ("fc", SMALL_CTX, 5 * 576, 576, 1, "fw"),
-    ("lm_head", SMALL_CHUNK, 576, 49152, SMALL_HEAD / SMALL_CHUNK, "fd"),
-]
 SHAPES["fused"] = [
     s for s in SHAPES["drafter"] if s[0] not in ("k_proj", "v_proj", "gate_proj", "up_proj")
 ] + [
