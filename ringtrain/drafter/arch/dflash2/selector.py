@@ -60,9 +60,14 @@ class CandidateSelector(nn.Module):
         """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
         # Codebook rows by aten's embedding, whose backward is made for many repeats of a
-        # few rows (common tokens fill most candidate lists): see codebook.py.
-        gate = codebook_rows(predecessors, self.predecessor_codebook) * projected
-        successors = codebook_rows(candidates, self.successor_codebook)
+        # few rows (common tokens fill most candidate lists): see codebook.py. They are
+        # gathered from copies in the projection's dtype (bf16 under autocast, which the
+        # product below takes anyway): the successors' rows are rows x top_k x rank, a
+        # gigabyte a step in float32 on a small drafter, half that in bf16, and their
+        # gradient reaches the embedding backward without a float32 copy.
+        compute = projected.dtype
+        gate = codebook_rows(predecessors, self.predecessor_codebook.to(compute)) * projected
+        successors = codebook_rows(candidates, self.successor_codebook.to(compute))
         pair = torch.einsum("...r,...kr->...k", gate, successors)
         return unary + pair.to(unary.dtype)
 
