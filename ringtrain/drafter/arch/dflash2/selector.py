@@ -59,16 +59,19 @@ class CandidateSelector(nn.Module):
     ) -> torch.Tensor:
         """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
-        # Codebook rows by aten's embedding, whose backward is made for many repeats of a
-        # few rows (common tokens fill most candidate lists): see codebook.py. They are
-        # gathered from copies in the projection's dtype (bf16 under autocast, which the
-        # product below takes anyway): the successors' rows are rows x top_k x rank, a
-        # gigabyte a step in float32 on a small drafter, half that in bf16, and their
-        # gradient reaches the embedding backward without a float32 copy.
+        # Codebook rows by a lookup whose backward is aten's embedding backward, made for
+        # many repeats of a few rows (common tokens fill most candidate lists): see
+        # codebook.py. They are read from copies in the projection's dtype (bf16 under
+        # autocast): the successors' rows are rows x top_k x rank, a gigabyte a step in
+        # float32 on a small drafter. The pair product is a multiply and a sum, not a
+        # batched matmul of [top_k, rank] by [rank] per row, so a compiled graph reads
+        # the successors' rows inside its reduction instead of writing them out first;
+        # the sum runs in float32 at least.
         compute = projected.dtype
         gate = codebook_rows(predecessors, self.predecessor_codebook.to(compute)) * projected
         successors = codebook_rows(candidates, self.successor_codebook.to(compute))
-        pair = torch.einsum("...r,...kr->...k", gate, successors)
+        accumulate = torch.promote_types(compute, torch.float32)
+        pair = (gate[..., None, :].to(accumulate) * successors.to(accumulate)).sum(-1)
         return unary + pair.to(unary.dtype)
 
     def walk(
