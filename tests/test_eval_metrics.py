@@ -8,6 +8,7 @@ import pytest
 
 from ringtrain.eval import Generation, PromptOutcome, summarize
 from ringtrain.eval.settings import SamplingSettings
+from ringtrain.eval.ties import Divergence
 
 BLOCK = 6
 
@@ -71,6 +72,53 @@ def test_the_json_and_the_table_show_the_same_figures() -> None:
     assert "tau_real           2.333  (block size 6)" in table
     assert "24.0 speculative, 6.9 greedy (3.50x)" in table
     assert "acceptance by pos  1:0.56 2:0.33 3:0.22 4:0.11 5:0.11" in table
+
+
+def _lines(table: str) -> list[str]:
+    """The table's lines with runs of spaces made one (the columns' padding aside)."""
+    return [" ".join(line.split()) for line in table.splitlines()]
+
+
+def test_the_table_has_a_line_per_set_and_per_category_with_its_own_figures() -> None:
+    lines = _lines(summarize(OUTCOMES, BLOCK).table())
+    rows = lines[lines.index("divergence rule exact") + 1 :]
+    assert rows == [
+        "code 2 turns tau_real 3.000 tokens/s 26.7 vs 6.7 (4.00x) acceptance 1:0.83 2:0.50 3:0.33",
+        "easy 1 turns tau_real 3.000 tokens/s 26.0 vs 6.5 (4.00x) acceptance 1:0.75 2:0.50 3:0.25",
+        "hard 1 turns tau_real 3.000 tokens/s 28.0 vs 7.0 (4.00x) acceptance 1:1.00 2:0.50 3:0.50",
+        "chat 1 turns tau_real 1.000 tokens/s 16.0 vs 8.0 (2.00x) acceptance 1:0.00 2:0.00 3:0.00",
+    ]
+    # One set without categories: its line would repeat the overall figures.
+    alone = _lines(summarize(OUTCOMES[2:], BLOCK).table())
+    assert alone[-1] == "divergence rule exact"
+
+
+def test_the_table_names_the_decoding_and_its_verdict() -> None:
+    greedy = _lines(summarize(OUTCOMES, BLOCK).table())
+    assert greedy[0] == "decoding greedy"
+    assert "lossless yes: every output equals greedy" in greedy
+    sampled = _lines(summarize(OUTCOMES, BLOCK, sampling=SamplingSettings(0.7, 0.9, 3)).table())
+    assert sampled[0] == "decoding sampling at temperature 0.7, top-p 0.9, seed 3"
+    assert not any(line.startswith("divergence rule") for line in sampled)
+    assert "lossless not compared at a temperature" in " ".join(sampled)
+
+
+def test_the_table_counts_mismatched_prompts_and_names_the_first() -> None:
+    differs = PromptOutcome(
+        0, 4, Generation([1, 2, 9], [1, 0], 0.5), Generation([1, 2, 3], [], 1.0), benchmark="chat"
+    )
+    lines = _lines(summarize([*OUTCOMES, differs], BLOCK).table())
+    assert (
+        "lossless NO: 1 of 4 prompts differ from greedy (first: chat prompt 0, position 2, "
+        "float32 margin unmeasured)"
+    ) in lines
+
+
+def test_the_table_names_numerical_ties() -> None:
+    tie = Divergence(1, speculative=5, greedy=1, margin=0.001, tolerance=0.01, exact=1, tie=True)
+    tied = PromptOutcome(0, 4, Generation([1, 2], [1], 0.5, [tie]), Generation([1, 2], [], 1.0))
+    lines = _lines(summarize([tied], BLOCK).table())
+    assert "lossless yes, with 1 numerical ties (near-equal top logits; see ties)" in lines
 
 
 def test_the_table_says_when_speculative_decoding_was_slower_and_what_helps() -> None:
