@@ -144,7 +144,13 @@ class _CandidateLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         lm_head, candidates = ctx.saved_tensors
-        grad_rows = (grad[..., None] * lm_head[candidates].to(grad.dtype)).sum(1)
+        # A sum of top_k gathered [rows, H] terms, not a reduction over a [rows, top_k, H]
+        # gather: compiled, each output element reads its top_k LM-head entries with the
+        # hidden dimension contiguous (whole rows of the head at a time).
+        grad_rows = sum(
+            grad[:, k, None] * lm_head[candidates[:, k]].to(grad.dtype)
+            for k in range(candidates.shape[1])
+        )
         return grad_rows.to(ctx.rows_dtype), None, None, None
 
 
