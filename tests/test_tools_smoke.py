@@ -231,6 +231,7 @@ CUDA_BENCHMARKS = {
     "bench_gemm": ["--sets", "target"],
     "bench_flex": ["--options", "default"],
     "bench_moe_combine": ["--tokens", "64"],
+    "bench_row_topk": ["--reps", "1"],
     "fla_configs": ["--shape", "qwen3.5-hybrid"],
 }
 
@@ -279,6 +280,12 @@ def test_ceiling_benchmarks_on_a_gpu() -> None:
     combine = _run(["-m", "tools.bench.bench_moe_combine", "--tokens", "512", "--json"], ROOT)
     kernel = [r for r in combine["results"] if r["formulation"] == "ringtrain_kernel"]
     assert len(kernel) == 3 and all(r["max_abs_diff"] < 0.1 for r in kernel)
+    topk = _run(["-m", "tools.bench.bench_row_topk", "--reps", "2", "--json"], ROOT)
+    assert len(topk["results"]) == 64 and sum(r["shipped"] for r in topk["results"]) == 4
+    for shape in {(r["rows"], r["width"]) for r in topk["results"]}:
+        # Every launch choice ranks equal entries alike (the lower column first).
+        same = {r["matches_topk"] for r in topk["results"] if (r["rows"], r["width"]) == shape}
+        assert len(same) == 1, shape
 
 
 @pytest.mark.gpu
