@@ -45,6 +45,7 @@ CONFIG_TESTS = (
     "tests/test_config.py", "tests/test_preflight.py", "tests/test_startup_refusals.py",
 )  # fmt: skip
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
+SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
 
 MUTANTS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -95,6 +96,42 @@ MUTANTS = (
                "f\"NO: {len(self.mismatches)} of {self.prompts} prompts differ from greedy \"",
                "f\"NO: {self.prompts} of {self.prompts} prompts differ from greedy \""),
         Mutant("numerical ties not named", "if ties:", "if False:"),
+    )),
+    Group("synthesis filters", "ringtrain/data/synth_filters.py", SYNTH_TESTS, (
+        Mutant("a blank turn not empty", "if not stripped:", "if not text:"),
+        Mutant("a cut turn kept", "if truncated:", "if False:"),
+        Mutant("the template's markers not looked for",
+               "if special_tokens or any(marker in stripped for marker in settings.markers):",
+               "if special_tokens:"),
+        Mutant("a special token not a leak",
+               "if special_tokens or any(marker in stripped for marker in settings.markers):",
+               "if any(marker in stripped for marker in settings.markers):"),
+        Mutant("the fewest words not kept", "if len(text_words) < settings.min_words:",
+               "if len(text_words) <= settings.min_words:"),
+        Mutant("the most words not kept", "if len(text_words) > settings.max_words:",
+               "if len(text_words) >= settings.max_words:"),
+        Mutant("the assistant's voice kept", "if ASSISTANT_VOICE.search(stripped):", "if False:"),
+        Mutant("broken bytes kept", "if \"\\ufffd\" in text:", "if False:"),
+        Mutant("control characters kept",
+               "if any(unicodedata.category(c) == \"Cc\" and c not in \"\\n\\t\\r\" for c in text):",
+               "if False:"),
+        Mutant("mostly symbols kept",
+               "if sum(c.isalnum() for c in visible) < MIN_ALNUM_FRACTION * len(visible):",
+               "if False:"),
+        Mutant("one word repeated kept", "return len(text_words) >= REPEAT_MIN_WORDS and len(",
+               "return False and len("),
+    )),
+    Group("near duplicates", "ringtrain/data/near_duplicates.py", SYNTH_TESTS, (
+        Mutant("shingles of two words", "SHINGLE_WORDS = 3", "SHINGLE_WORDS = 2"),
+        Mutant("a short text's shingle dropped",
+               "return {\" \".join(text_words).encode()}", "return set()"),
+        Mutant("the last shingle dropped", "for i in range(len(text_words) - size + 1)}",
+               "for i in range(len(text_words) - size)}"),
+        Mutant("an LSH candidate counts without its similarity",
+               "self._signatures[key].jaccard(signature) >= self.threshold",
+               "self._signatures[key].jaccard(signature) >= 0"),
+        Mutant("a kept text not indexed",
+               "self._lsh.insert(key, lean, check_duplication=False)", "pass"),
     )),
     Group("ties", "ringtrain/eval/ties.py", ("tests/test_eval_ties.py",), (
         Mutant("tolerance 10x looser", "tolerance = self.tie_ulps * ulp(",
