@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -169,6 +170,35 @@ def test_texts_differing_in_their_last_or_only_words_are_not_near_duplicates() -
     index = NearDuplicateIndex(THRESHOLD)
     texts = ["write a poem about cats", "write a poem about dogs", "hello there", "good night"]
     assert index.keep(texts) == [True, True, True, True]
+
+
+def test_a_text_is_dropped_only_at_the_threshold_of_a_kept_one() -> None:
+    """The LSH index proposes candidates whose signatures share a band, some of them below
+    the threshold; only a candidate whose estimated similarity reaches it drops the text.
+    Checked against every kept text, on 300 texts sharing prefixes of one text's words
+    (estimated similarities around the threshold)."""
+    from datasketch import MinHash
+
+    rng = random.Random(0)
+    vocabulary = [f"word{i}" for i in range(500)]
+    base = rng.choices(vocabulary, k=30)
+    texts = [" ".join(base)] + [
+        " ".join(base[: rng.randint(8, 18)] + rng.choices(vocabulary, k=14)) for _ in range(300)
+    ]
+    threshold = 0.3
+    index = NearDuplicateIndex(threshold)
+    flags = index.keep(texts)
+    signatures = MinHash.bulk(
+        [shingles(t) for t in texts], num_perm=index.num_perm, seed=index.seed
+    )
+    kept = []
+    for text, signature, flag in zip(texts, signatures, flags, strict=True):
+        nearest = max((signature.jaccard(other) for other in kept), default=0.0)
+        if flag:
+            kept.append(signature)
+        else:
+            assert nearest >= threshold, (text, nearest)
+    assert 0 < flags.count(False) < len(texts) - 1
 
 
 def test_thresholds_up_to_one_are_accepted_and_exact_copies_still_removed() -> None:
