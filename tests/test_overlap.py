@@ -100,6 +100,19 @@ def test_a_planted_leak_is_flagged_and_shorter_runs_are_not(
     assert report["records"] == 5 and report["against"] == {str(eval_file): 3}
 
 
+def test_a_prompt_of_fewer_than_eight_words_is_no_run_of_its_own() -> None:
+    """Short requests ("write a poem") occur in any chat data: a prompt shorter than the run
+    length counts whole from 8 words on, not below."""
+    seven = EvaluationText("seven", "name three colours of the rainbow please")
+    eight = EvaluationText("eight", "list four large rivers of the old world")
+    index = NgramIndex([seven, eight])
+    assert index.find("Could you name three colours of the rainbow please?") is None
+    assert index.find("So: list four large rivers of the old world.") == (
+        "eight",
+        "list four large rivers of the old world",
+    )
+
+
 def test_a_run_at_the_end_is_flagged_once_per_record_and_blank_lines_are_no_records(
     tmp_path: Path,
 ) -> None:
