@@ -45,6 +45,7 @@ CONFIG_TESTS = (
     "tests/test_config.py", "tests/test_preflight.py", "tests/test_startup_refusals.py",
 )  # fmt: skip
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
+BLOCK_TESTS = ("tests/test_drafter_blocks.py",)
 SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
 
 MUTANTS = (
@@ -262,6 +263,47 @@ MUTANTS = (
         Mutant("the weight's bound without the per-slot loss",
                "largest = largest_float32 / (scored_slots * per_slot)",
                "largest = largest_float32 / scored_slots"),
+    )),
+    Group("attention masks", "ringtrain/drafter/masks.py", BLOCK_TESTS, (
+        Mutant("a block sees its anchor's own context row",
+               "in_ctx = (kv_idx >= lo) & (kv_idx < ctx_hi[block])",
+               "in_ctx = (kv_idx >= lo) & (kv_idx <= ctx_hi[block])"),
+        Mutant("a block sees the documents before its own",
+               "in_ctx = (kv_idx >= lo) & (kv_idx < ctx_hi[block])",
+               "in_ctx = (kv_idx >= 0) & (kv_idx < ctx_hi[block])"),
+        Mutant("the window one key wider",
+               "lo = torch.maximum(lo, anchor[block] + q_idx % block_size - (window - 1))",
+               "lo = torch.maximum(lo, anchor[block] + q_idx % block_size - window)"),
+        Mutant("a causal block's slot sees the slots after it",
+               "own_end = own + q_idx % block_size + 1 if causal else own + block_size",
+               "own_end = own + block_size"),
+        Mutant("tiles with one visible pair skipped", "partial = (counts > 0) & ~full",
+               "partial = (counts > 1) & ~full"),
+        Mutant("gathered keys past the visible context seen",
+               "visible[:, :, :span] &= in_span[:, None, :]", "visible = visible"),
+    )),
+    Group("blocks", "ringtrain/drafter/blocks.py", BLOCK_TESTS, (
+        Mutant("a block's context ends after its anchor", "ctx_hi=anchor,", "ctx_hi=anchor + 1,"),
+        Mutant("a block's context from the batch's start",
+               "ctx_lo=torch.where(valid, packed.starts[anchor_doc], 0),", "ctx_lo=anchor * 0,"),
+        Mutant("labels past the document's end scored",
+               "inside = label_rows < packed.ends[anchor_doc][:, None]",
+               "inside = label_rows < rows"),
+        Mutant("the anchor's own slot scored",
+               "scored=valid[:, None] & inside & packed.supervised[label_rows] & (slot >= 1),",
+               "scored=valid[:, None] & inside & packed.supervised[label_rows],"),
+        Mutant("unsupervised labels scored",
+               "scored=valid[:, None] & inside & packed.supervised[label_rows] & (slot >= 1),",
+               "scored=valid[:, None] & inside & (slot >= 1),"),
+        Mutant("an anchor whose next token is unsupervised",
+               "eligible = supervised[:rows] & supervised[1:] & (row + 1 < ends[doc])",
+               "eligible = supervised[:rows] & (row + 1 < ends[doc])"),
+        Mutant("an anchor at its document's last token",
+               "eligible = supervised[:rows] & supervised[1:] & (row + 1 < ends[doc])",
+               "eligible = supervised[:rows] & supervised[1:]"),
+        Mutant("a document's quota rounded down",
+               "quota = (cfg.num_anchors * lengths + cfg.anchor_ref_len - 1) // cfg.anchor_ref_len",
+               "quota = (cfg.num_anchors * lengths) // cfg.anchor_ref_len"),
     )),
     Group("output scale", "ringtrain/drafter/arch/dflash/model.py",
           ("tests/test_drafter_first_step.py",), (
