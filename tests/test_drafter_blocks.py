@@ -138,6 +138,22 @@ def test_block_mask_has_full_tiles_for_long_documents() -> None:
     np.testing.assert_array_equal(got, expected)
 
 
+def test_a_tile_holding_one_visible_pair_is_visited() -> None:
+    """A block whose first row's window reaches one row into a context tile: that tile holds
+    a single visible (query, key) pair, and it is still listed for flex_attention."""
+    block_size, window, anchors = 16, 24, 8
+    builder = BlockMaskBuilder(2 * TILE, anchors, block_size, (window,), torch.device("cpu"))
+    anchor = torch.zeros(anchors, dtype=torch.int64)
+    anchor[0] = TILE + window - 2  # slot 0 sees rows TILE - 1 .. anchor - 1, slot 1 from TILE
+    block_mask = builder.build(torch.zeros_like(anchor), anchor, anchor)[window]
+    q_len, kv_len = anchors * block_size, 2 * TILE + anchors * block_size
+    mask_mod = builder.mask_mods[window]
+    dense = mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :])
+    assert int(dense[:, :TILE].sum()) == 1
+    got = expand_block_mask(block_mask, mask_mod, q_len, kv_len)
+    np.testing.assert_array_equal(got, dense.numpy())
+
+
 def test_anchors_are_eligible_unique_and_follow_the_quota() -> None:
     for seed in range(25):
         cfg, batch, blocks, _, max_anchors = random_case(seed)
