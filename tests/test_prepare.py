@@ -217,6 +217,29 @@ QWEN3_STYLE_TEMPLATE = (
 )
 
 
+def test_a_template_rendering_earlier_turns_otherwise_is_refused_by_turn(
+    tokenizer_dir: Path,
+) -> None:
+    """The conversation before an assistant turn, rendered on its own with the generation
+    prompt, must begin the whole rendering: that is how the turn is found. A template whose
+    header counts the messages breaks it, and the error names the turn."""
+    template = (
+        "{{- '<|im_start|>system\\n' + (messages | length | string) + ' messages<|im_end|>\\n' }}"
+        "{%- for m in messages %}"
+        "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    encoder = ConversationEncoder(tokenizer_with_template(tokenizer_dir, template))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    with pytest.raises(DatasetError) as refused:
+        encoder.encode(messages, "chats.jsonl:1")
+    assert str(refused.value).startswith(
+        "chats.jsonl:1: the chat template renders the conversation before assistant message 1 "
+        "differently on its own"
+    )
+
+
 def test_qwen3_style_reasoning_block_is_supervised(tokenizer_dir: Path) -> None:
     tokenizer = tokenizer_with_template(tokenizer_dir, QWEN3_STYLE_TEMPLATE)
     encoder = ConversationEncoder(tokenizer)
