@@ -46,6 +46,7 @@ CONFIG_TESTS = (
 )  # fmt: skip
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
 BLOCK_TESTS = ("tests/test_drafter_blocks.py",)
+STATS_TESTS = ("tests/test_data_stats.py", "tests/test_prepare.py")
 SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
 
 MUTANTS = (
@@ -185,6 +186,23 @@ MUTANTS = (
                "mask[:] = (span >= 0) & (offsets[:, 1] > offsets[:, 0])"),
         Mutant("the rendered prompt's check skipped", "if not text.startswith(prompt):",
                "if False:"),
+    )),
+    Group("dataset statistics", "ringtrain/data/stats.py", STATS_TESTS, (
+        Mutant("rows with exactly 2 x block size supervised tokens dropped",
+               "\"rows_too_few_supervised\": int((counts < 2 * block_size).sum()),",
+               "\"rows_too_few_supervised\": int((counts <= 2 * block_size).sum()),"),
+        Mutant("the drop rule at one block", "\"rows_too_few_supervised\": int((counts < 2 * block_size).sum()),",
+               "\"rows_too_few_supervised\": int((counts < block_size).sum()),"),
+        Mutant("supervised tokens counted as tokens",
+               "\"supervised_tokens\": int(counts.sum()),", "\"supervised_tokens\": tokens,"),
+        Mutant("rows without supervision counted from one",
+               "\"rows_without_supervision\": int((counts == 0).sum()),",
+               "\"rows_without_supervision\": int((counts <= 1).sum()),"),
+        Mutant("the longest row outside the histogram",
+               "edges = 2 ** np.arange(0, max(int(length.max()).bit_length(), 1) + 1)",
+               "edges = 2 ** np.arange(0, max(int(length.max()).bit_length(), 1))"),
+        Mutant("the median as the mean", "\"length_p50\": int(np.percentile(length, 50)),",
+               "\"length_p50\": int(length.mean()),"),
     )),
     Group("ties", "ringtrain/eval/ties.py", ("tests/test_eval_ties.py",), (
         Mutant("tolerance 10x looser", "tolerance = self.tie_ulps * ulp(",
