@@ -26,8 +26,11 @@ def test_statistics_count_every_row(tmp_path: Path) -> None:
     assert (stats["files"], stats["record_batches"], stats["rows"]) == (2, 2, 5)
     assert (stats["tokens"], stats["supervised_tokens"]) == (206, 50)
     assert (stats["length_min"], stats["length_max"]) == (1, 128)
+    # lengths 1, 3, 10, 64, 128: the median is the middle row, the mean 41.2
+    assert (stats["length_p50"], stats["length_mean"]) == (10, 41.2)
     assert stats["rows_without_supervision"] == 1
     assert stats["rows_too_few_supervised"] == 2  # 0 and 1 of 4 = 2 * block_size
     assert stats["length_histogram"] == {"1-1": 1, "2-3": 1, "8-15": 1, "64-127": 1, "128-255": 1}
     report = format_statistics(stats)
     assert "rows dropped at training (< 4 supervised tokens): 2 (1 with none)" in report
+    assert "row length         min 1, mean 41.2, median 10, p99 125, max 128" in report
