@@ -47,6 +47,7 @@ CONFIG_TESTS = (
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
 BLOCK_TESTS = ("tests/test_drafter_blocks.py",)
 STATS_TESTS = ("tests/test_data_stats.py", "tests/test_prepare.py")
+SAMPLING_TESTS = ("tests/test_token_sampling.py", "tests/test_eval_sampling.py")
 SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
 
 MUTANTS = (
@@ -203,6 +204,20 @@ MUTANTS = (
                "edges = 2 ** np.arange(0, max(int(length.max()).bit_length(), 1))"),
         Mutant("the median as the mean", "\"length_p50\": int(np.percentile(length, 50)),",
                "\"length_p50\": int(length.mean()),"),
+    )),
+    Group("token sampling", "ringtrain/generate/sampling.py", SAMPLING_TESTS, (
+        Mutant("the race takes the largest noise", "return (weights / noise).argmax(dim=-1)",
+               "return (weights * noise).argmax(dim=-1)"),
+        Mutant("temperature ignored", "probs = torch.softmax(logits.float() / self.temperature, dim=-1)",
+               "probs = torch.softmax(logits.float(), dim=-1)"),
+        Mutant("top-p keeps one token fewer",
+               "outside = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= self.top_p",
+               "outside = sorted_probs.cumsum(dim=-1) >= self.top_p"),
+        Mutant("top-p's kept tokens not renormalised",
+               "return kept / kept.sum(dim=-1, keepdim=True)", "return kept"),
+        Mutant("top-p kept tokens put back at sorted positions",
+               "kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)",
+               "kept = sorted_probs"),
     )),
     Group("ties", "ringtrain/eval/ties.py", ("tests/test_eval_ties.py",), (
         Mutant("tolerance 10x looser", "tolerance = self.tie_ulps * ulp(",
