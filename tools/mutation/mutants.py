@@ -48,6 +48,7 @@ SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
 BLOCK_TESTS = ("tests/test_drafter_blocks.py",)
 STATS_TESTS = ("tests/test_data_stats.py", "tests/test_prepare.py")
 SAMPLING_TESTS = ("tests/test_token_sampling.py", "tests/test_eval_sampling.py")
+MUON_TESTS = ("tests/test_optim_choices.py", "tests/test_optimizer_step.py")
 SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
 
 MUTANTS = (
@@ -376,6 +377,27 @@ MUTANTS = (
         Mutant("mask state not brought to RMS 1",
                "unit_rms = mask_embed * mask_embed.pow(2).mean().clamp_min(1e-12).rsqrt()",
                "unit_rms = mask_embed"),
+    )),
+    Group("muon", "ringtrain/drafter/muon.py", MUON_TESTS, (
+        Mutant("nesterov ignored",
+               "update = grads.lerp(after, momentum) if group[\"nesterov\"] else after",
+               "update = after"),
+        Mutant("momentum the other way round", "after = before.lerp(grads, 1 - momentum)",
+               "after = before.lerp(grads, momentum)"),
+        Mutant("the clip divisor ignored", "grads = grads / grad_scale", "grads = grads"),
+        Mutant("a skipped step still decays the weights",
+               "decay = 1 - lr * group[\"weight_decay\"] * (1 - found_inf)",
+               "decay = 1 - lr * group[\"weight_decay\"]"),
+        Mutant("a skipped step still moves the momenta", "after = torch.where(skip, before, after)",
+               "after = after"),
+        Mutant("wide matrices' lr ratio for tall ones",
+               "None: lambda rows, cols: math.sqrt(max(1.0, rows / cols)),",
+               "None: lambda rows, cols: math.sqrt(max(1.0, cols / rows)),"),
+        Mutant("one Newton-Schulz step fewer", "for _ in range(steps):",
+               "for _ in range(steps - 1):"),
+        Mutant("the Newton-Schulz start not normalised",
+               "ortho = ortho / ortho.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)",
+               "ortho = ortho"),
     )),
     Group("schedules", "ringtrain/drafter/schedules.py", SCHEDULE_TESTS, (
         Mutant("warm-up one step late", "return (step + 1) / self.warmup_steps",
