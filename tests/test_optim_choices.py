@@ -110,10 +110,11 @@ def test_muon_steps_the_layer_matrices_and_adamw_the_rest() -> None:
     assert saved_optimizer_name(optimizer.state_dict()) == "muon"
 
 
-@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original"])
-def test_batched_muon_steps_as_torch_muon_does(adjust_lr_fn: str) -> None:
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw", "original"])
+def test_batched_muon_steps_as_torch_muon_does(adjust_lr_fn: str | None) -> None:
     """Three steps over wide, tall and square matrices (two of each shape) move the weights
-    and momenta as torch.optim.Muon does, and either loads the other's state dict."""
+    and momenta as torch.optim.Muon does, for each lr adjustment (None: torch's default),
+    and either loads the other's state dict."""
     torch.manual_seed(0)
     shapes = [(8, 24), (8, 24), (24, 8), (24, 8), (16, 16), (16, 16)]
     weights = [torch.randn(shape) for shape in shapes]
