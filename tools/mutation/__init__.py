@@ -1,2 +1,2 @@
 """The mutation check of the modules that compute what users read (check.py runs the
-mutants of mutants.py)."""
+mutants that mutants.py joins from groups/)."""

@@ -5,7 +5,7 @@
     python -m tools.mutation.check --list
 
 It clones the project's committed state into --clone (a directory that must not exist
-yet), then for each mutant in MUTANTS (mutants.py) changes one line of one module in the clone, runs
+yet), then for each mutant in MUTANTS (mutants.py, from groups/) changes one line of one module in the clone, runs
 that module's tests there (`python -m pytest -x` with the clone first on PYTHONPATH; the
 tests marked slow or gpu left out), and puts the line back. A mutant is killed when the
 tests fail. The tests of each group are first run on the unchanged clone: a group whose
@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from tools.mutation.mutants import MUTANTS, Group
+from tools.mutation.mutant import Group
+from tools.mutation.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu"]

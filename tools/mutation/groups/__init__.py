@@ -1,0 +1,2 @@
+"""The mutation check's groups of mutants, a module per area of the project (mutants.py
+joins them)."""
