@@ -50,15 +50,26 @@ class CandidateSelector(nn.Module):
             self.successor_codebook.zero_()
             self.hidden_projection.weight.normal_(std=INIT_STD)
 
+    def codebooks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (predecessor, successor) codebooks in `dtype`, the projection's (bf16 under
+        autocast), for `scores`. A walk, which scores its slots one at a time, makes them
+        once for all its slots."""
+        return self.predecessor_codebook.to(dtype), self.successor_codebook.to(dtype)
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+
     def scores(
         self,
         hidden: torch.Tensor,
         unary: torch.Tensor,
         candidates: torch.Tensor,
         predecessors: torch.Tensor,
+        codebooks: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
-        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k];
+        ``codebooks``: `codebooks` in the projection's dtype, where the caller has them."""
+        projected = self._project(hidden)
         # Codebook rows by a lookup whose backward is aten's embedding backward, made for
         # many repeats of a few rows (common tokens fill most candidate lists): see
         # codebook.py. They are read from copies in the projection's dtype (bf16 under
@@ -67,10 +78,10 @@ class CandidateSelector(nn.Module):
         # batched matmul of [top_k, rank] by [rank] per row, so a compiled graph reads
         # the successors' rows inside its reduction instead of writing them out first;
         # the sum runs in float32 at least.
-        compute = projected.dtype
-        gate = codebook_rows(predecessors, self.predecessor_codebook.to(compute)) * projected
-        successors = codebook_rows(candidates, self.successor_codebook.to(compute))
-        accumulate = torch.promote_types(compute, torch.float32)
+        predecessor_codebook, successor_codebook = codebooks or self.codebooks(projected.dtype)
+        gate = codebook_rows(predecessors, predecessor_codebook) * projected
+        successors = codebook_rows(candidates, successor_codebook)
+        accumulate = torch.promote_types(projected.dtype, torch.float32)
         pair = (gate[..., None, :].to(accumulate) * successors.to(accumulate)).sum(-1)
         return unary + pair.to(unary.dtype)
 
@@ -84,9 +95,12 @@ class CandidateSelector(nn.Module):
         unary, candidates = logits.topk(self.top_k, dim=-1)
         path = []
         predecessor = anchor.reshape(1)
+        codebooks = self.codebooks(self._project(hidden[:1]).dtype)
         for slot in range(hidden.shape[0]):
             row = slice(slot, slot + 1)
-            slot_scores = self.scores(hidden[row], unary[row], candidates[row], predecessor)
+            slot_scores = self.scores(
+                hidden[row], unary[row], candidates[row], predecessor, codebooks
+            )
             predecessor = candidates[row].gather(-1, slot_scores.argmax(-1, keepdim=True))[:, 0]
             path.append(predecessor)
         return torch.cat(path)
@@ -105,11 +119,14 @@ class CandidateSelector(nn.Module):
         slot's distribution over its candidates, zero elsewhere). No host sync."""
         unary, candidates = logits.topk(self.top_k, dim=-1)
         q = torch.zeros_like(logits, dtype=torch.float32)
+        codebooks = self.codebooks(self._project(hidden[:1]).dtype)
         predecessor = anchor.reshape(1)
         path = []
         for slot in range(hidden.shape[0]):
             row = slice(slot, slot + 1)
-            slot_scores = self.scores(hidden[row], unary[row], candidates[row], predecessor)
+            slot_scores = self.scores(
+                hidden[row], unary[row], candidates[row], predecessor, codebooks
+            )
             local = sampler.probabilities(slot_scores)
             choice = race(local, noise[row, : self.top_k])
             predecessor = candidates[row].gather(-1, choice[:, None])[:, 0]
