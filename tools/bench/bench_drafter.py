@@ -76,7 +76,7 @@ from ringtrain.drafter.config import PAPER_DRAFTER, PAPER_OPTIM, DrafterConfig, 
 from ringtrain.drafter.spec import DrafterSpec
 from ringtrain.packed_batch import PackedBatch
 from ringtrain.target.taps import default_tap_layers
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.drafter_batches import make_batches
 from tools.bench.gpu_gaps import idle_gaps, print_gaps
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
@@ -453,9 +453,7 @@ def main(argv: list[str] | None = None) -> dict:
         r["profile_diff"] = kernel_diff(profiled[0]["profile"], r["profile"])
         print_diff(f"{r['variant']} against {profiled[0]['variant']}", r["profile_diff"])
     report = {
-        "benchmark": "bench_drafter",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        **report_head("bench_drafter", device),
         "shape": "small" if args.small else args.target_shape,
         "docs": args.docs,
         "doc_len": args.doc_len,

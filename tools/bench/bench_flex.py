@@ -32,7 +32,7 @@ from ringtrain.drafter.blocks import build_blocks, layout_sizes
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.masks import BlockMaskBuilder
 from ringtrain.packed_batch import random_packed_batch
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, QWEN3_MASK_TOKEN_ID, SMOLLM2_135M
 
@@ -251,9 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.append({"options": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
     print_table(results)
     report = {
-        "benchmark": "bench_flex",
-        "device": torch.cuda.get_device_name(device),
-        "torch": torch.__version__,
+        **report_head("bench_flex", device),
         "shape": args.shape,
         "token_major": args.token_major,
         "q_rows": q_len,

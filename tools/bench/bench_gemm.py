@@ -27,7 +27,7 @@ import argparse
 
 import torch
 
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS, gpu_us_per_call, require_cuda
 from tools.bench.model_shapes import QWEN3_8B, SMOLLM2_135M
 
@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"   {s['layer']:<13} {s['pass']} {s['m']:>6} x {s['k']:>6} -> {s['n']:>6} "
                   f"{s['us']:>9.1f} us {s['tflops']:>6.0f} TFLOP/s")  # fmt: skip
     report = {
-        "benchmark": "bench_gemm",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **report_head("bench_gemm"),
         "results": results,
     }
     save_report(report, "bench_gemm", args.json)

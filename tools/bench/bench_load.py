@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
 from ringtrain.target.loader import load_target
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.bench_target import build_config
 from tools.bench.model_shapes import QWEN3_30B_A3B
 
@@ -284,9 +284,8 @@ def bench(args: argparse.Namespace, directory: Path, device: torch.device) -> di
     print(f"cold load {cold['seconds']} s; loading again, warm", flush=True)
     warm = rates(timed_load(directory, device), kept_bytes, full_bytes)
     return {
-        "benchmark": "bench_load",
+        **report_head("bench_load", device),
         "shape": SHAPE,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "directory": str(directory),
         "filesystem": filesystem(directory),
         "checkpoint_layers": config.num_hidden_layers,

@@ -30,7 +30,7 @@ import argparse
 import torch
 
 import ringtrain.target.moe_experts  # noqa: F401  (registers ringtrain::moe_combine)
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 
@@ -106,9 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['formulation']:<16} {r['mode']:<9} {r['us']:>8.1f} {r['gb_per_s']:>7.0f} "
               f"{r['max_abs_diff']:>9.2e}")  # fmt: skip
     report = {
-        "benchmark": "bench_moe_combine",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **report_head("bench_moe_combine"),
         "shape": {"tokens": args.tokens, "top_k": args.top_k, "hidden": args.hidden},
         "results": results,
     }

@@ -7,6 +7,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def report_head(name: str, device: torch.device | None = None) -> dict:
+    """The fields a device benchmark's report starts with: the benchmark's `name`, the device
+    it ran on (CUDA's current device when `device` is None; "cpu" for a CPU device) and
+    torch's version. torch is imported here, not by the benchmarks that only time processes."""
+    import torch
+
+    device = device or torch.device("cuda")
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"benchmark": name, "device": device_name, "torch": torch.__version__}
 
 
 def save_report(report: dict, name: str, print_line: bool = True) -> None:

@@ -19,7 +19,7 @@ import itertools
 import torch
 
 from ringtrain.drafter import row_topk
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.gpu_timing import gpu_us_per_call, require_cuda
 
 SHAPES = ((4096, 768), (4096, 1024), (16384, 768), (16384, 1024))
@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{rows:>6} {width:>6} {ours['us']:>11.1f} {best['us']:>8.1f}  "
               f"({best['rows_per_program']}, {best['warps']})")  # fmt: skip
     report = {
-        "benchmark": "bench_row_topk",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **report_head("bench_row_topk"),
         "top_k": args.top_k,
         "results": results,
     }

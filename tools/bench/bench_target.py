@@ -73,7 +73,7 @@ from ringtrain.target.model_dir import truncated_config_values
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.gpu_timing import PEAK_BF16_FLOPS
 from tools.bench.kernel_profile import print_top, top_kernels
 from tools.bench.model_shapes import QWEN3_5_27B, QWEN3_8B, QWEN3_30B_A3B
@@ -393,12 +393,12 @@ def graph_break_count() -> int:
 
 
 def versions() -> dict[str, str | None]:
+    """The versions of the libraries a target's forward runs on, beside torch's."""
     try:
         fla = importlib.metadata.version("flash-linear-attention")
     except importlib.metadata.PackageNotFoundError:
         fla = None
     return {
-        "torch": torch.__version__,
         "transformers": transformers.__version__,
         "flash_linear_attention": fla,
     }
@@ -455,8 +455,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
             f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report = {"device": device_name, **versions(), "results": results}
+    report = {**report_head("bench_target", device), **versions(), "results": results}
     save_report(report, "bench_target", args.json)
 
 

@@ -38,7 +38,7 @@ from ringtrain.target.parallel import shard_target
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.tapped import TappedTarget
 from ringtrain.target.taps import default_tap_layers
-from tools.bench.bench_report import save_report
+from tools.bench.bench_report import report_head, save_report
 from tools.bench.bench_target import (
     SMALL_SIZES,
     build_target,
@@ -175,7 +175,7 @@ def report(args, config: PretrainedConfig, taps: list[int], device, tp1: dict, t
     """The short table, the JSON file under $OUT and (``--json``) the JSON line."""
     profile = tp2["profile"]
     result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        **report_head("bench_target_tp", device),
         **versions(),
         "shape": args.shape,
         "layers_kept": max(taps) + 1,
