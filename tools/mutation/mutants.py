@@ -4,6 +4,6 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 
 from __future__ import annotations
 
-from tools.mutation.groups import data, drafter, evaluation, run
+from tools.mutation.groups import data, drafter, evaluation, generate, run
 
-MUTANTS = (*evaluation.GROUPS, *data.GROUPS, *drafter.GROUPS, *run.GROUPS)
+MUTANTS = (*evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *run.GROUPS)

@@ -1,6 +1,6 @@
 """The mutants of the data path: synthesis's filters and near-duplicate removal, the overlap
-check, the chat loss mask, dataset statistics, the mixture and the batch stream
-(ringtrain/data/)."""
+check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
+journal and records, and prepare's parallel writing (ringtrain/data/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from tools.mutation.mutant import Group, Mutant
 
 STATS_TESTS = ("tests/test_data_stats.py", "tests/test_prepare.py")
 SYNTH_TESTS = ("tests/test_synthesize.py", "tests/test_synth_rounds.py")
+REGENERATE_TESTS = ("tests/test_regenerate.py", "tests/test_regenerate_resume.py")
+JOURNAL_TESTS = (
+    "tests/test_regen_journal.py", *REGENERATE_TESTS, "tests/test_regenerate_local_cpu.py",
+)  # fmt: skip
+RECORD_TESTS = (*REGENERATE_TESTS, "tests/test_regenerate_local.py")
+PREPARE_TESTS = ("tests/test_prepare.py", "tests/test_prepare_failures.py")
 
 GROUPS = (
     Group("synthesis filters", "ringtrain/data/synth_filters.py", SYNTH_TESTS, (
@@ -127,5 +133,65 @@ GROUPS = (
                "doc_first = np.zeros(tokens, dtype=np.int64)"),
         Mutant("batch ids of one epoch repeat in the next",
                "batch_id=epoch * BATCH_ID_STRIDE + index,", "batch_id=index,"),
+    )),
+    Group("regeneration journal", "ringtrain/data/regen_journal.py", JOURNAL_TESTS, (
+        Mutant("a torn last line read as a record", "if not line.endswith(b\"\\n\"):",
+               "if False:"),
+        Mutant("an input line written twice counted once", "if input_line in done:",
+               "if False:"),
+        Mutant("the torn line's cut at the last line's start", "length += len(line)",
+               "length = len(line)"),
+        Mutant("a torn last line left in the file", "if self.cut_bytes:", "if False:"),
+        Mutant("an empty output keeps its old settings",
+               "if output.exists() and output.stat().st_size and stored.is_file():",
+               "if output.exists() and stored.is_file():"),
+        Mutant("an empty output left behind",
+               "    if output.exists() and output.stat().st_size:\n        return False",
+               "    if output.exists():\n        return False"),
+        Mutant("the failures' list removed with an empty output",
+               "if errors.exists() and not errors.stat().st_size:", "if errors.exists():"),
+        Mutant("the last run's failures kept",
+               "os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC", "os.O_WRONLY | os.O_APPEND | os.O_CREAT"),
+        Mutant("failures not counted", "        self.errors += 1\n", ""),
+    )),
+    Group("regenerated records", "ringtrain/data/regen_records.py", RECORD_TESTS, (
+        Mutant("a final user turn not answered",
+               "    if messages[-1][\"role\"] == \"user\":\n        turns.append(len(messages))",
+               "    if False:\n        turns.append(len(messages))"),
+        Mutant("the old answer kept beside the new one", "messages[index : index + 1] = [answer]",
+               "messages[index:index] = [answer]"),
+        Mutant("the old answer shown to the model", "await client.complete(messages[:index])",
+               "await client.complete(messages[: index + 1])"),
+        Mutant("only the last turn's tokens counted", "generated += completion.completion_tokens",
+               "generated = completion.completion_tokens"),
+        Mutant("the reasoning dropped", "if completion.reasoning_content is not None:",
+               "if False:"),
+        Mutant("the input's other fields dropped",
+               "fields = {k: v for k, v in record.items() if k not in (*TURN_KEYS, REGENERATION_KEY)}",
+               "fields = {}"),
+        Mutant("a record with nothing to regenerate accepted",
+               "    if not turns_to_generate(messages):\n        raise",
+               "    if False:\n        raise"),
+    )),
+    Group("parallel prepare", "ringtrain/data/prepare.py", PREPARE_TESTS, (
+        Mutant("a later chunk's lines numbered one early", "chunk, first = [], number + 1",
+               "chunk, first = [], number"),
+        Mutant("the last partial chunk lost", "        if chunk:\n            yield",
+               "        if False:\n            yield"),
+        Mutant("a chunk dropped when the queue is full",
+               "                    yield queued.popleft().result()\n",
+               "                    queued.popleft().result()\n"),
+        Mutant("the last chunk in flight lost", "            while queued:\n",
+               "            while len(queued) > 1:\n"),
+        Mutant("the chunks in flight written last first",
+               "            while queued:\n                yield queued.popleft().result()",
+               "            while queued:\n                yield queued.pop().result()"),
+        Mutant("a flushed chunk written again", "self.pending, self.pending_tokens = [], 0",
+               "self.pending_tokens = 0"),
+        Mutant("the last record batch not written", "        buffered.flush()\n    return totals",
+               "    return totals"),
+        Mutant("the totals of the last chunk only",
+               "setattr(self, name, getattr(self, name) + getattr(other, name))",
+               "setattr(self, name, getattr(other, name))"),
     )),
 )  # fmt: skip
