@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ringtrain.generate.chat import ChatRenderer
+from ringtrain.generate.greedy import length_batches
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.generate.prompt_sets import Conversation
 from ringtrain.generate.prompts import read_prompt_records
@@ -115,3 +116,14 @@ def test_a_batch_holds_at_most_max_batch_tokens_padded_tokens(tmp_path: Path) ->
         _, stats = local.answer(prompts, 4)
         counts[tokens] = stats.batches
     assert counts == {0: 1, 20: 2, 40: 1}
+
+
+def test_batches_group_prompts_by_length_up_to_their_size_and_padded_tokens() -> None:
+    """length_batches: prompts sorted by length (then input order), a batch full at
+    batch_size prompts or when its rows of longest prompt + new tokens would pass
+    max_tokens."""
+    assert length_batches([9, 3, 6, 3], 2, 1000, 4) == [[1, 3], [2, 0]]
+    assert length_batches([6] * 5, 3, 1000, 4) == [[0, 1, 2], [3, 4]]
+    # Rows of 6 + 4 = 10 tokens: two fit 20, three 30 (the new tokens count).
+    assert length_batches([6] * 4, 8, 20, 4) == [[0, 1], [2, 3]]
+    assert length_batches([6] * 4, 8, 30, 4) == [[0, 1, 2], [3]]

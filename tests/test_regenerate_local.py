@@ -18,6 +18,7 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data.regen_client import Completion, Sampling
 from ringtrain.data.regen_local import LocalChat, LocalEngine
 from ringtrain.data.regen_lock import OutputLock
+from ringtrain.generate.batch_decode import STOP_CHECK_EVERY
 from ringtrain.generate.continuous import Request, SlotDecoder
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.target.tiny import CHAT_TEMPLATE, EOS_TOKEN_ID, build_tiny_target
@@ -300,6 +301,72 @@ def test_a_slot_takes_the_next_prompt_as_soon_as_its_answer_ends(model_dir: Path
     # Two slots share the steps: fewer than answers decoded one after another take (the
     # first token of each comes from its prompt's forward).
     assert steps < sum(len(a.tokens) - 1 for a in answers.values())
+
+
+def test_a_slot_taken_over_from_a_longer_answer_sees_its_own_positions_only(
+    model_dir: Path,
+) -> None:
+    """A short prompt entering the slot of a long one that ended, beside a long answer
+    still in progress: it is answered as alone (nothing of the slot's last answer seen)."""
+    local = LocalModel.load(model_dir, "cpu", batch_size=1)
+    long_a, long_b = [[3 + (7 * i * j) % 200 for j in range(40 + 9 * i)] for i in (1, 2)]
+    short = [[3 + (11 * i * j) % 200 for j in range(5 + i)] for i in (1, 2)]
+    decoder = SlotDecoder(local.model, 2, MAX_TOKENS, local.stop_ids, local.pad_id, 1 << 30)
+    requests = [Request("a", long_a, MAX_TOKENS), Request("b", long_b, 2)]
+    requests += [Request(f"s{i}", prompt, MAX_TOKENS) for i, prompt in enumerate(short)]
+    answers = {}
+    with decoder.decoding():
+        assert decoder.admit(requests[:2]) == []
+        waiting = requests[2:]
+        while waiting or decoder.active:
+            taken, waiting = waiting[: decoder.free], waiting[decoder.free :]
+            settled = decoder.admit(taken) + decoder.step()
+            answers.update((request.key, answer) for request, answer in settled)
+    for request in requests:
+        alone = local.answer([request.prompt], request.max_new_tokens)[0][0]
+        assert answers[request.key] == alone, request.key
+
+
+def test_a_batch_answers_each_prompt_as_transformers_greedy_generate_alone(
+    model_dir: Path,
+) -> None:
+    """LocalModel.answer decodes prompts of different lengths in one left-padded batch with
+    its own key/value cache: each answer is transformers' greedy generate of its prompt
+    alone, in the prompts' order, the stop token kept and an answer cut at the limit marked
+    truncated; the tokens heard while decoding add up to the answers'. One answer stops
+    early, the others run on past the batch's first check for stopped rows."""
+    local = LocalModel.load(model_dir, "cpu", "float32", batch_size=8)
+    questions = [3, 1, 2, 5, 4]  # not in length order; question 2's answer stops at 4 tokens
+    prompts = [
+        local.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"question {i}" * i}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        for i in questions
+    ]
+    new_tokens = STOP_CHECK_EVERY + 4
+    heard: list[int] = []
+    answers, stats = local.answer(prompts, new_tokens, on_tokens=heard.append)
+    for prompt, answer in zip(prompts, answers, strict=True):
+        out = local.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=local.stop_ids,
+            pad_token_id=local.pad_id,
+        )
+        assert answer.tokens == out[0, len(prompt) :].tolist()
+    assert [(len(a.tokens), a.truncated) for a in answers] == [
+        (new_tokens, True),
+        (new_tokens, True),
+        (4, False),
+        (new_tokens, True),
+        (new_tokens, True),
+    ]
+    assert answers[2].tokens[-1] == EOS_TOKEN_ID
+    assert stats.batches == 1
+    assert sum(heard) == stats.new_tokens == sum(len(a.tokens) for a in answers)
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ from ringtrain.data.regen_client import Sampling
 from ringtrain.data.regen_journal import errors_path, settings_path
 from ringtrain.data.regen_local import LocalChat, LocalEngine
 from ringtrain.data.regen_lock import lock_path
-from ringtrain.generate.continuous import plan_slots
+from ringtrain.generate.continuous import DoesNotFit, plan_slots
 from ringtrain.generate.memory import DecodeFootprint
 from ringtrain.target.tiny import EOS_TOKEN_ID, build_tiny_target
 from tests.helpers.stops import reset_ctrl_c
@@ -105,6 +105,27 @@ def test_a_batch_that_does_not_fit_the_memory_limit_is_cut_by_name(
     assert f"--batch-size 8 would need more: cut to {slots})" in err
     by_line = {r["regeneration"]["input_line"]: r["messages"] for r in _records(whole)}
     assert {r["regeneration"]["input_line"]: r["messages"] for r in _records(cut)} == by_line
+
+
+def test_the_least_memory_that_fits_one_answer_plans_one_slot(model_dir: Path) -> None:
+    """plan_slots at the smallest budget it accepts (found by bisection): one slot, not
+    none; a byte less is refused."""
+    footprint = DecodeFootprint.of(AutoConfig.from_pretrained(model_dir), torch.float32)
+
+    def fits(budget: int) -> bool:
+        try:
+            plan_slots(footprint, budget, 8, MAX_TOKENS)
+        except DoesNotFit:
+            return False
+        return True
+
+    low, high = 0, 1 << 30
+    assert fits(high) and not fits(low)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    assert plan_slots(footprint, high, 8, MAX_TOKENS)[0] == 1
+    assert plan_slots(footprint, 1 << 30, 8, MAX_TOKENS)[0] == 8
 
 
 @pytest.mark.parametrize(
