@@ -14,7 +14,7 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.prepare import CHUNKS_IN_FLIGHT_PER_WORKER, prepare_dataset
 from ringtrain.data.row_view import read_row
 from ringtrain.data.stats import dataset_statistics
 from tests.helpers.chat_data import (
@@ -91,6 +91,32 @@ def test_parallel_prepare_matches_serial(tokenizer_dir: Path, chats: Path, tmp_p
     serial = prepare_dataset(tokenizer_dir, chats, tmp_path / "a", workers=1, progress=None)
     parallel = prepare_dataset(tokenizer_dir, chats, tmp_path / "b", workers=2, progress=None)
     assert serial == parallel
+    a = (tmp_path / "a" / "data-00000.arrow").read_bytes()
+    assert a == (tmp_path / "b" / "data-00000.arrow").read_bytes()
+
+
+def test_parallel_prepare_writes_every_chunk_once_in_input_order(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk of one line each: more chunks than the workers hold in flight, each row
+    written once, in the input's order, the last chunks in flight included."""
+    monkeypatch.setattr("ringtrain.data.prepare.LINES_PER_TASK", 1)
+    question = CONVERSATIONS[0]["messages"][0]
+    lines = 2 * CHUNKS_IN_FLIGHT_PER_WORKER * 2 + 3
+    path = tmp_path / "chats.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"messages": [question, {"role": "assistant", "content": "paris " * n}]})
+            + "\n"
+            for n in range(1, lines + 1)
+        )
+    )
+    parallel = prepare_dataset(tokenizer_dir, path, tmp_path / "b", workers=2, progress=None)
+    assert parallel.samples == lines
+    serial = prepare_dataset(tokenizer_dir, path, tmp_path / "a", workers=1, progress=None)
+    assert parallel == serial
+    lengths = [len(read_row(tmp_path / "b", r)[0]) for r in range(lines)]
+    assert lengths == sorted(set(lengths))  # each answer one word longer than the last
     a = (tmp_path / "a" / "data-00000.arrow").read_bytes()
     assert a == (tmp_path / "b" / "data-00000.arrow").read_bytes()
 

@@ -56,6 +56,21 @@ def test_records_and_turns_are_regenerated_over_two_servers(
     assert "40 records regenerated" in captured.out
 
 
+def test_the_tokens_generated_count_every_turn_of_a_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The summary's generated tokens are the completion tokens of every regenerated turn,
+    records of two turns included."""
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 8)
+    with ChatServer() as server:
+        assert data_main(_args([server], chats, output, "--no-progress")) == 0
+    turns = [t for r in read_output(output).values() for t in r["regeneration"]["turns"]]
+    assert len(turns) > 8  # some records have two turns
+    tokens = sum(t["completion_tokens"] for t in turns)
+    assert f", {tokens} tokens generated," in capsys.readouterr().out
+
+
 def test_sampling_options_reach_the_server(tmp_path: Path) -> None:
     chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
     good = write_chats(chats, 8)
