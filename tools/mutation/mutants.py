@@ -4,6 +4,9 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 
 from __future__ import annotations
 
-from tools.mutation.groups import data, drafter, evaluation, generate, run
+from tools.mutation.groups import data, drafter, evaluation, generate, run, target
 
-MUTANTS = (*evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *run.GROUPS)
+MUTANTS = (
+    *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
+    *run.GROUPS,
+)  # fmt: skip

@@ -1,6 +1,7 @@
 """The mutants of the data path: synthesis's filters and near-duplicate removal, the overlap
 check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
-journal and records, and prepare's parallel writing (ringtrain/data/)."""
+journal and records, prepare's parallel writing, a row's view (ringtrain/data/) and the
+packed batch's layout (ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ JOURNAL_TESTS = (
 )  # fmt: skip
 RECORD_TESTS = (*REGENERATE_TESTS, "tests/test_regenerate_local.py")
 PREPARE_TESTS = ("tests/test_prepare.py", "tests/test_prepare_failures.py")
+PACKED_TESTS = ("tests/test_packed_batch.py", "tests/test_drafter_blocks.py")
 
 GROUPS = (
     Group("synthesis filters", "ringtrain/data/synth_filters.py", SYNTH_TESTS, (
@@ -193,5 +195,42 @@ GROUPS = (
         Mutant("the totals of the last chunk only",
                "setattr(self, name, getattr(self, name) + getattr(other, name))",
                "setattr(self, name, getattr(other, name))"),
+    )),
+    Group("packed batch", "ringtrain/packed_batch.py", PACKED_TESTS, (
+        Mutant("a row at a document's end in that document", "if start <= row < end:",
+               "if start <= row <= end:"),
+        Mutant("positions running on across documents",
+               "positions = torch.cat([torch.arange(n) for n in doc_lens])",
+               "positions = torch.arange(total)"),
+        Mutant("the bounds without the batch's start",
+               "bounds = torch.tensor([0, *doc_lens]).cumsum(0)",
+               "bounds = torch.tensor(doc_lens).cumsum(0)"),
+        Mutant("the prompt's length from the batch's tokens",
+               "torch.full((n,), int(prompt_fraction * n))",
+               "torch.full((n,), int(prompt_fraction * total))"),
+        Mutant("the prompt's last token supervised", "loss_mask = (positions >= prompt)",
+               "loss_mask = (positions >= prompt - 1)"),
+        Mutant("no hole punched", "loss_mask[torch.randint(0, total, (mask_holes,), generator=gen)] = 0",
+               "loss_mask[torch.randint(0, total, (mask_holes,), generator=gen)] = 1"),
+        Mutant("the hidden states left in float32", ").to(dtype),", "),"),
+    )),
+    Group("row view", "ringtrain/data/row_view.py", ("tests/test_prepare.py",), (
+        Mutant("a row past a segment's end looked for in it",
+               "if row < seen + len(segment.lengths):", "if row <= seen + len(segment.lengths):"),
+        Mutant("a row's start without the earlier segments' rows",
+               "start, length = segment.starts[row - seen], segment.lengths[row - seen]",
+               "start, length = segment.starts[row], segment.lengths[row - seen]"),
+        Mutant("each segment counted as one row", "seen += len(segment.lengths)", "seen += 1"),
+        Mutant("row 0 refused", "if row < 0:", "if row <= 0:"),
+        Mutant("a row's last token dropped", "span = slice(int(start), int(start + length))",
+               "span = slice(int(start), int(start + length - 1))"),
+        Mutant("the piece after the last span dropped",
+               "bounds = sorted({0, len(ids), *starts.tolist(), *ends.tolist()})",
+               "bounds = sorted({0, *starts.tolist(), *ends.tolist()})"),
+        Mutant("a row of exactly 2 x block size supervised tokens said to be dropped",
+               "if view[\"supervised_tokens\"] < 2 * block_size:",
+               "if view[\"supervised_tokens\"] <= 2 * block_size:"),
+        Mutant("the drop rule at one block", "if view[\"supervised_tokens\"] < 2 * block_size:",
+               "if view[\"supervised_tokens\"] < block_size:"),
     )),
 )  # fmt: skip

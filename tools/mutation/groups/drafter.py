@@ -1,6 +1,6 @@
-"""The mutants of the drafter: its defaults, objectives and loss, DFlash2's selector, the
-attention masks and blocks, its output scale, Muon and the schedules, the held-out replay
-and the step sums (ringtrain/drafter/)."""
+"""The mutants of the drafter: its defaults, objectives and loss, DFlash2's selector, its
+in-block convolution and codebook gradient, the attention masks and blocks, its output
+scale, Muon and the schedules, the held-out replay and the step sums (ringtrain/drafter/)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SCHEDULE_TESTS = ("tests/test_optim_choices.py", "tests/test_drafter_checkpoint.
 HELDOUT_TESTS = ("tests/test_drafter_heldout.py", "tests/test_heldout_rounds.py")
 SUMS_TESTS = (*HELDOUT_TESTS, "tests/test_drafter_objective.py", "tests/test_drafter_arch.py")
 SELECTOR_TESTS = ("tests/test_drafter_dflash2.py", "tests/test_drafter_arch.py")
+CONV_TESTS = SELECTOR_TESTS
 BLOCK_TESTS = ("tests/test_drafter_blocks.py",)
 MUON_TESTS = ("tests/test_optim_choices.py", "tests/test_optimizer_step.py")
 
@@ -87,6 +88,45 @@ GROUPS = (
         Mutant("the weight's bound without the per-slot loss",
                "largest = largest_float32 / (scored_slots * per_slot)",
                "largest = largest_float32 / scored_slots"),
+    )),
+    Group("DFlash2 block convolution", "ringtrain/drafter/arch/dflash2/model.py", CONV_TESTS, (
+        Mutant("taps reaching into the previous block",
+               "earlier = F.pad(blocks[:, : self.block_size - tap], (0, 0, 0, 0, tap, 0))",
+               "earlier = F.pad(blocks.flatten(0, 1)[:-tap], (0, 0, 0, 0, tap, 0)).view_as(blocks)"),
+        Mutant("taps reading the later positions",
+               "earlier = F.pad(blocks[:, : self.block_size - tap], (0, 0, 0, 0, tap, 0))",
+               "earlier = F.pad(blocks[:, tap:], (0, 0, 0, 0, 0, tap))"),
+        Mutant("the taps' shifts in reverse order",
+               "earlier = F.pad(blocks[:, : self.block_size - tap], (0, 0, 0, 0, tap, 0))",
+               "earlier = F.pad(blocks[:, : self.block_size - (self.taps - tap)], "
+               "(0, 0, 0, 0, self.taps - tap, 0))"),
+        Mutant("only the first earlier tap", "for tap in range(1, self.taps):",
+               "for tap in range(1, min(self.taps, 2)):"),
+        Mutant("the self tap without its correction", "out = (base[0] + delta[:, :, 0]) * blocks",
+               "out = base[0] * blocks"),
+        Mutant("the after side given the before side's corrections",
+               "return self._recomputed(x, delta[:, 0], 0), delta[:, 1]",
+               "return self._recomputed(x, delta[:, 0], 0), delta[:, 0]"),
+        Mutant("the after side with the before side's kernel",
+               "return self._recomputed(y, delta, 1)", "return self._recomputed(y, delta, 0)"),
+        Mutant("the identity start on the before side only", "self.base_kernel[:, 0] = 1.0",
+               "self.base_kernel[0, 0] = 1.0"),
+        Mutant("the output kept for backward, recomputed without gradients",
+               "if not torch.is_grad_enabled():", "if torch.is_grad_enabled():"),
+    )),
+    Group("DFlash2 codebook gradient", "ringtrain/drafter/arch/dflash2/codebook.py",
+          CONV_TESTS, (
+        Mutant("the gradient's rows counted as the rank", "ctx.num_rows = codebook.shape[0]",
+               "ctx.num_rows = codebook.shape[1]"),
+        Mutant("token 0 a padding row without gradient",
+               "embedding_dense_backward(grad, indices, num_rows, -1, False)",
+               "embedding_dense_backward(grad, indices, num_rows, 0, False)"),
+        Mutant("a token's gradient divided by its lookups",
+               "embedding_dense_backward(grad, indices, num_rows, -1, False)",
+               "embedding_dense_backward(grad, indices, num_rows, -1, True)"),
+        Mutant("the rows' gradients handed to the indices in reverse",
+               "return None, codebook_grad(grad.contiguous(), indices, ctx.num_rows)",
+               "return None, codebook_grad(grad.contiguous(), indices.flip(-1), ctx.num_rows)"),
     )),
     Group("attention masks", "ringtrain/drafter/masks.py", BLOCK_TESTS, (
         Mutant("a block sees its anchor's own context row",
