@@ -29,3 +29,16 @@ def test_without_prompt_every_token_is_supervised_and_seeds_repeat() -> None:
     again = random_packed_batch([5, 7], 4, 50, "cpu", torch.float32, 3, prompt_fraction=0.0)
     assert torch.equal(batch.input_ids, again.input_ids)
     assert torch.equal(batch.hidden, again.hidden)
+
+
+def test_mask_holes_unsupervise_single_positions_and_hidden_takes_the_dtype() -> None:
+    """Without a prompt, mask_holes=3 leaves between one and three positions unsupervised
+    (three draws, which may repeat); the prompt stays unsupervised beside the holes; the
+    hidden states come in the dtype asked for."""
+    lengths = [6, 10]
+    holed = random_packed_batch(lengths, 4, 50, "cpu", torch.float64, 5, 0.0, mask_holes=3)
+    assert 1 <= int((holed.loss_mask == 0).sum()) <= 3
+    assert holed.hidden.dtype == torch.float64
+    prompted = random_packed_batch(lengths, 4, 50, "cpu", torch.float64, 5, 0.5, mask_holes=3)
+    prompt = [0, 1, 2, 6, 7, 8, 9, 10]
+    assert prompted.loss_mask[prompt].tolist() == [0] * len(prompt)

@@ -15,7 +15,7 @@ from ringtrain.data import BatchStream, open_dataset
 from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.prepare import CHUNKS_IN_FLIGHT_PER_WORKER, prepare_dataset
-from ringtrain.data.row_view import read_row
+from ringtrain.data.row_view import format_row, read_row
 from ringtrain.data.stats import dataset_statistics
 from tests.helpers.chat_data import (
     ASSISTANT_TEXTS,
@@ -328,6 +328,21 @@ def test_inspect_row_marks_the_supervised_tokens(
     assert [p["text"] for p in view["pieces"] if p["supervised"]] == [
         answer + "<|im_end|>" for answer in ASSISTANT_TEXTS[1]
     ]
+
+
+@pytest.mark.parametrize(
+    ("supervised", "dropped"), [(8, True), (31, True), (32, False), (90, False)]
+)
+def test_inspect_row_says_dropped_below_two_blocks_of_supervised_tokens(
+    supervised: int, dropped: bool
+) -> None:
+    """Training drops a row of fewer than 2 x 16 supervised tokens at block size 16 (one of
+    exactly 32 is kept, as prepare's count says): the header says so for those rows only."""
+    view = {"row": 3, "path": "data", "tokens": 100, "supervised_tokens": supervised, "text": "x"}
+    header, text = format_row(view, 16).split("\n")
+    kept = f"row 3 of data: 100 tokens, {supervised} supervised (marked ⟦ ⟧)"
+    note = "; training drops this row (fewer than 32 supervised tokens, 2 x block size 16)"
+    assert (header, text) == (kept + note if dropped else kept, "x")
 
 
 def test_inspect_row_refusals_name_the_fix(
