@@ -26,7 +26,8 @@ from ringtrain.drafter import (
     drafter_spec_from_target,
 )
 from ringtrain.drafter.arch.dflash.model import DFlashDrafter
-from ringtrain.drafter.arch.dflash2.model import DFlash2Drafter
+from ringtrain.drafter.arch.dflash2.codebook import codebook_rows
+from ringtrain.drafter.arch.dflash2.model import BlockConv, DFlash2Drafter
 from ringtrain.drafter.arch.dflash2.selector import (
     SelectorSums,
     check_selector_weight,
@@ -249,6 +250,59 @@ def test_a_fresh_dflash2_drafter_computes_what_dflash_computes() -> None:
     args = (head, taps, torch.arange(30), torch.tensor([4] + [63] * 7), 30 + torch.arange(8))
     torch.testing.assert_close(dflash2.draft_logits(*args), dflash.draft_logits(*args))
     assert dflash2.propose(*args).tolist() == dflash.propose(*args).tolist()
+
+
+def test_block_convolution_equals_the_engines_over_several_blocks() -> None:
+    """A random BlockConv of three taps over three blocks of four, channel groups of 8,
+    both sides (the after side with the corrections the before side made from its own
+    input) and under no_grad: each equals the engines' convolution, whose taps stop at the
+    block's start; so do the gradients, the convolution's output formed again in backward."""
+    cfg = make_cfg(**DFLASH2, block_size=4, conv_kernel_size=3, conv_group_size=8)
+    conv = BlockConv(drafter_spec_from_target(TARGET, cfg, TAPS)).double()
+    _randomise(conv, 3)
+    engine = EngineConv(TARGET["hidden_size"], 3, 8, 4).double()
+    engine.load_state_dict(conv.state_dict())
+    gen = torch.Generator().manual_seed(4)
+    x, y, w_before, w_after = (
+        torch.randn(12, TARGET["hidden_size"], generator=gen, dtype=torch.float64) for _ in range(4)
+    )
+    x.requires_grad_(True)
+    y.requires_grad_(True)
+    before, delta = conv.before(x)
+    after = conv.after(y, delta)
+    engine_before, engine_delta = engine.prepare(x)
+    engine_after = engine.finish(y, engine_delta)
+    torch.testing.assert_close(before, engine_before, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(after, engine_after, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(conv.before(x)[0], engine_before, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(
+        (before * w_before).sum() + (after * w_after).sum(), [x, y, *conv.parameters()]
+    )
+    expected = torch.autograd.grad(
+        (engine_before * w_before).sum() + (engine_after * w_after).sum(),
+        [x, y, *engine.parameters()],
+    )
+    for grad, expected_grad in zip(grads, expected, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_codebook_rows_gradient_sums_every_lookup_of_each_token() -> None:
+    """Forward, the looked-up rows; backward, each token's row gets the sum of the
+    gradients of all its lookups (token 0 and the last token among them), a token not
+    looked up gets zero."""
+    gen = torch.Generator().manual_seed(6)
+    codebook = torch.randn(6, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    indices = torch.tensor([[0, 5, 0], [2, 5, 5]])
+    grad = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64)
+    rows = codebook_rows(indices, codebook)
+    assert torch.equal(rows, codebook.detach()[indices])
+    (codebook_grad,) = torch.autograd.grad(rows, codebook, grad)
+    expected = torch.zeros(6, 3, dtype=torch.float64)
+    for i, row in enumerate(indices.tolist()):
+        for j, token in enumerate(row):
+            expected[token] += grad[i, j]
+    torch.testing.assert_close(codebook_grad, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_bad_dflash2_settings_are_refused_by_name() -> None:
