@@ -468,8 +468,9 @@ def _saved_for_backward(layer: nn.Module, length: int) -> int:
 
 def test_dflash2_layers_keep_little_more_than_dflash_layers_for_backward() -> None:
     """The in-block convolutions' work is formed again in backward: beyond a DFlash
-    layer's activations a DFlash2 layer keeps its four convolutions' inputs and their
-    corrections, 4.5 [L, H] tensors (16 when the convolutions' intermediates stayed)."""
+    layer's activations a DFlash2 layer keeps three of its four convolutions' inputs and
+    their corrections, 3.5 [L, H] tensors (16 when the convolutions' intermediates stayed;
+    4.5 when the attention's output after o_proj was kept for its convolution too)."""
     length = 64
     layers = [
         build_drafter(drafter_spec_from_target(TARGET, cfg, TAPS)).layers[0]
@@ -477,4 +478,4 @@ def test_dflash2_layers_keep_little_more_than_dflash_layers_for_backward() -> No
     ]
     dflash, dflash2 = (_saved_for_backward(layer, length) for layer in layers)
     hidden_tensor = length * TARGET["hidden_size"] * 4
-    assert dflash2 - dflash <= 5 * hidden_tensor, (dflash2 - dflash) / hidden_tensor
+    assert dflash2 - dflash <= 4 * hidden_tensor, (dflash2 - dflash) / hidden_tensor

@@ -84,6 +84,17 @@ class Attention(nn.Module):
         attend: Attend,
     ) -> torch.Tensor:
         """x [L, H] block tokens, ctx [C, H]; cos/sin [C + L, D] for [ctx ; block]."""
+        return self.o_proj(self.attended(x, ctx, cos, sin, attend))
+
+    def attended(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+    ) -> torch.Tensor:
+        """The heads' outputs before o_proj, [L, heads * D] (arguments as forward)."""
         length, num_ctx = x.shape[0], ctx.shape[0]
         q = self.q_norm(self.q_proj(x).view(length, self.num_heads, self.head_dim))
         kv_in = torch.cat((ctx.to(x.dtype), x), dim=0)
@@ -96,7 +107,7 @@ class Attention(nn.Module):
             k.transpose(0, 1).unsqueeze(0),
             v.transpose(0, 1).unsqueeze(0),
         )
-        return self.o_proj(out[0].transpose(0, 1).reshape(length, -1))
+        return out[0].transpose(0, 1).reshape(length, -1)
 
 
 class MLP(nn.Module):
