@@ -19,7 +19,7 @@ from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError
 from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
-from ringtrain.target.taps import default_tap_layers
+from ringtrain.target.taps import check_tap_layers, default_tap_layers
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.tiny_families import record_handed_keys
 
@@ -86,9 +86,35 @@ def test_default_tap_layers_rejects_too_many_taps() -> None:
         default_tap_layers(8, 6)
 
 
+def test_default_tap_layers_of_one_tap_and_of_the_smallest_target() -> None:
+    """One tap is layer 1 at any depth; a 4-layer target takes one tap (layers 1..L-3 is
+    layer 1 alone), not two; fewer than 4 layers have no spread."""
+    assert default_tap_layers(36, 1) == [1]
+    assert default_tap_layers(4, 1) == [1]
+    with pytest.raises(ValueError, match=r"2 taps do not fit between layers 1 and 1"):
+        default_tap_layers(4, 2)
+    with pytest.raises(ValueError, match=r"at least 4 layers, this one has 3"):
+        default_tap_layers(3, 1)
+
+
+def test_listed_tap_layers_keep_their_order_and_refuse_negatives_and_repeats() -> None:
+    assert check_tap_layers([5, 0, 7], 8, "t") == [5, 0, 7]
+    with pytest.raises(ValueError, match=r"t: tapped layer -1 is out of range"):
+        check_tap_layers([2, -1], 8, "t")
+    with pytest.raises(ValueError, match=r"t: tapped layers \[2, 4, 2\] repeat an index"):
+        check_tap_layers([2, 4, 2], 8, "t")
+
+
+@pytest.mark.parametrize("taps", [[1, 3, 6], [6, 0, NUM_LAYERS - 1]])
 @pytest.mark.parametrize("hybrid", [True, False])
-def test_taps_equal_full_model_hidden_states(tiny_dirs: dict[bool, Path], hybrid: bool) -> None:
-    target = load_target(tiny_dirs[hybrid], tap_layers=[1, 3, 6], device="cpu")
+def test_taps_equal_full_model_hidden_states(
+    tiny_dirs: dict[bool, Path], hybrid: bool, taps: list[int]
+) -> None:
+    """Tap k's columns hold hidden_states[layer + 1] of the k-th listed layer, in the
+    listed order; a tap of the last layer is taken after the final norm, as HF's last
+    hidden state."""
+    target = load_target(tiny_dirs[hybrid], tap_layers=taps, device="cpu")
+    assert target.tap_layers == taps
     runner = TargetRunner(target)
     docs = make_docs(0, DOC_LENGTHS, target.vocab_size)
     batch = Padded(docs, width=128)
