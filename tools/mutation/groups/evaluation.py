@@ -1,5 +1,6 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling and the tie rule (ringtrain/eval/, ringtrain/generate/)."""
+token sampling, the tie rule, the speculative verify loop and its stop rules, and the
+evaluation's stop by a signal (ringtrain/eval/, ringtrain/generate/)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ EVAL_TESTS = (
     "tests/test_eval_cli.py",
 )
 SAMPLING_TESTS = ("tests/test_token_sampling.py", "tests/test_eval_sampling.py")
+SPECULATIVE_TESTS = ("tests/test_eval_speculative.py", "tests/test_eval_ties.py")
 
 GROUPS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -109,5 +111,63 @@ GROUPS = (
     )),
     Group("tie default", "ringtrain/eval/settings.py", ("tests/test_eval_ties.py",), (
         Mutant("default tolerance 40 ulps", "DEFAULT_TIE_ULPS = 4.0", "DEFAULT_TIE_ULPS = 40.0"),
+    )),
+    Group("speculative verify loop", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
+        Mutant("the anchor is the token before the last committed one",
+               "block[0] = sequence[committed]", "block[0] = sequence[committed - 1]"),
+        Mutant("the drafter sees the anchor's own features too",
+               "drafts = drafter.propose(features[:committed], block, committed)",
+               "drafts = drafter.propose(features[: committed + 1], block, committed)"),
+        Mutant("the last draft of a block never accepted",
+               "while count < block_size - 1 and proposed[count] == chosen[count]:",
+               "while count < block_size - 2 and proposed[count] == chosen[count]:"),
+        Mutant("the bonus token written over the last accepted draft",
+               "sequence[committed + count + 1] = greedy[count]",
+               "sequence[committed + count] = greedy[count]"),
+        Mutant("the bonus token left out of the new tokens",
+               "return [*proposed[:count], chosen[count]]", "return [*proposed[:count]]"),
+        Mutant("the target kept one position short",
+               "target.rollback(committed + count + 1)", "target.rollback(committed + count)"),
+        Mutant("the position advance leaves out the bonus token",
+               "committed += count + 1", "committed += count"),
+        Mutant("a block's acceptance counts the bonus token",
+               "accepted.append(count)", "accepted.append(count + 1)"),
+    )),
+    Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
+        Mutant("one more verification forward once the limit is reached",
+               "while not stopped and committed + 1 - prompt_len < max_new_tokens:",
+               "while not stopped and committed + 1 - prompt_len <= max_new_tokens:"),
+        Mutant("a stop token as the first token does not stop decoding",
+               "    stopped = stopped or not stops.isdisjoint(new_tokens)\n    while",
+               "    while"),
+        Mutant("a stop token in a block does not stop decoding",
+               "        stopped = stopped or not stops.isdisjoint(new_tokens)\n    _sync",
+               "    _sync"),
+        Mutant("the answer cut one token past the limit",
+               "tokens = tokens[:max_new_tokens]", "tokens = tokens[: max_new_tokens + 1]"),
+        Mutant("the stop token cut off the answer",
+               "return tokens[: i + 1]", "return tokens[:i]"),
+        Mutant("the last committed token left out",
+               "tokens = sequence[prompt_len : committed + 1].tolist()",
+               "tokens = sequence[prompt_len:committed].tolist()"),
+        Mutant("no token at all accepted as a limit",
+               "if max_new_tokens < 1:", "if max_new_tokens < 0:"),
+        Mutant("plain decoding on the model's cache goes past its stop token",
+               "if stops and int(tokens[produced - 1]) in stops:",
+               "if stops and int(tokens[produced - 1]) in stops and produced > 1:"),
+    )),
+    Group("evaluation stop", "ringtrain/eval/stop.py", ("tests/test_eval_failures.py",), (
+        Mutant("the exit code is the signal's number",
+               "self.code = 128 + signum", "self.code = signum"),
+        Mutant("the signal named by its number",
+               "self.signal_name = signal.Signals(signum).name",
+               "self.signal_name = str(signum)"),
+        Mutant("a stop before the first answer said to be after some",
+               "if self.total else \"before decoding\"", "if self.done else \"before decoding\""),
+        Mutant("the turns done and in all swapped",
+               "f\"after {self.done} of {self.total} turns\"",
+               "f\"after {self.total} of {self.done} turns\""),
+        Mutant("every stop raised as SIGTERM",
+               "raise EvalStopped(signum)", "raise EvalStopped(signal.SIGTERM)"),
     )),
 )  # fmt: skip
