@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.cli.eval import main
+from ringtrain.eval.stop import EvalStopped, stopped_by_signals
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import write_drafter
 from tests.helpers.stops import send_stop, start_in_session
@@ -184,3 +185,19 @@ def test_a_stopped_evaluation_ends_its_workers_and_says_so_in_one_line(
     for unwanted in ("Traceback", "KeyboardInterrupt", "BrokenPipeError", "leaked semaphore"):
         assert unwanted not in err
     assert not any(_alive(pid) for pid in workers)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_stop_is_raised_with_its_signal_exit_code_and_how_far_it_got(signum: int) -> None:
+    """The signal raises EvalStopped named by it, exit code 128 + its number; the line says
+    "before decoding" until the evaluation sets the turns in all, then how many were done."""
+    with pytest.raises(EvalStopped) as caught, stopped_by_signals():
+        signal.raise_signal(signum)
+    stop = caught.value
+    name = signal.Signals(signum).name
+    assert (stop.signal_name, stop.code) == (name, 128 + signum)
+    assert stop.describe().startswith(f"stopped by {name} before decoding; nothing reported")
+    stop.total = 64
+    assert stop.describe().startswith(f"stopped by {name} after 0 of 64 turns; nothing reported")
+    stop.done = 5
+    assert stop.describe().startswith(f"stopped by {name} after 5 of 64 turns; nothing reported")

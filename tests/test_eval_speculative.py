@@ -138,6 +138,56 @@ def test_stop_token_ends_both_decodings(tmp_path: Path, mode: str) -> None:
     assert spec.tokens == greedy.tokens
 
 
+@pytest.mark.parametrize("mode", ["own", "cache"])
+def test_a_stop_token_first_ends_both_decodings_before_any_block(tmp_path: Path, mode: str) -> None:
+    """The first token (the prompt's own forward gives it) a stop token: that token is the
+    answer, and no block is drafted or verified."""
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    target = load_verifying_target(directory, TAPS, mode=mode)
+    prompt = _prompt(10, seed=2)
+    free = greedy_generate(target, prompt, 30).tokens
+    stop = free[0]
+    assert greedy_generate(target, prompt, 30, stop_ids=[stop]).tokens == [stop]
+    drafter = ScriptedDrafter(prompt.tolist() + free, BLOCK - 1, target.vocab_size)
+    spec = speculative_generate(target, drafter, prompt, 30, stop_ids=[stop])
+    assert (spec.tokens, spec.accepted, drafter.contexts) == ([stop], [], [])
+
+
+def test_a_stop_token_in_a_block_ends_decoding_after_that_block(tmp_path: Path) -> None:
+    """A drafter right on every position commits BLOCK tokens a forward after the first
+    token: the stop token at index i of the answer is in forward (i - 1) // BLOCK + 1, the
+    last one decoded."""
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    target = load_verifying_target(directory, TAPS)
+    prompt = _prompt(10, seed=2)
+    free = greedy_generate(target, prompt, 30).tokens
+    stop = free[2 * BLOCK + 1]
+    index = free.index(stop)
+    assert index >= 1, "the first token is the other test's case"
+    drafter = ScriptedDrafter(prompt.tolist() + free, BLOCK - 1, target.vocab_size)
+    spec = speculative_generate(target, drafter, prompt, 30, stop_ids=[stop])
+    assert spec.tokens == free[: index + 1]
+    assert spec.accepted == [BLOCK - 1] * ((index - 1) // BLOCK + 1)
+
+
+def test_the_answer_is_cut_at_the_limit_inside_a_block(tmp_path: Path) -> None:
+    """8 tokens with BLOCK = 6 committed a forward: the first token, one forward (7 tokens),
+    a second forward (13): the answer is the first 8, after two forwards."""
+    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    target = load_verifying_target(directory, TAPS)
+    prompt = _prompt(10, seed=2)
+    free = greedy_generate(target, prompt, 30).tokens
+    drafter = ScriptedDrafter(prompt.tolist() + free, BLOCK - 1, target.vocab_size)
+    spec = speculative_generate(target, drafter, prompt, 8)
+    assert spec.tokens == free[:8]
+    assert spec.accepted == [BLOCK - 1, BLOCK - 1]
+    # One token: the prompt's own forward's, no block.
+    one = speculative_generate(target, drafter, prompt, 1)
+    assert (one.tokens, one.accepted) == (free[:1], [])
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1, got 0"):
+        speculative_generate(target, drafter, prompt, 0)
+
+
 def test_cache_mode_is_refused_for_hybrid_targets(tmp_path: Path) -> None:
     directory = build_tiny_target(tmp_path / "hybrid", seed=5, hybrid=True)
     for mode in ("own", "cache"):
