@@ -50,14 +50,14 @@ class CandidateSelector(nn.Module):
             self.successor_codebook.zero_()
             self.hidden_projection.weight.normal_(std=INIT_STD)
 
-    def codebooks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (predecessor, successor) codebooks in `dtype`, the projection's (bf16 under
-        autocast), for `scores`. A walk, which scores its slots one at a time, makes them
-        once for all its slots."""
-        return self.predecessor_codebook.to(dtype), self.successor_codebook.to(dtype)
-
-    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+    def _projected(
+        self, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The projected rows [..., rank] and the (predecessor, successor) codebooks in
+        their dtype (bf16 under autocast), as `_projected_scores` takes them."""
+        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        dtype = projected.dtype
+        return projected, (self.predecessor_codebook.to(dtype), self.successor_codebook.to(dtype))
 
     def scores(
         self,
@@ -65,11 +65,20 @@ class CandidateSelector(nn.Module):
         unary: torch.Tensor,
         candidates: torch.Tensor,
         predecessors: torch.Tensor,
-        codebooks: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k];
-        ``codebooks``: `codebooks` in the projection's dtype, where the caller has them."""
-        projected = self._project(hidden)
+        """hidden [..., H], unary and candidates [..., k], predecessors [...] -> [..., k]."""
+        return self._projected_scores(*self._projected(hidden), unary, candidates, predecessors)
+
+    def _projected_scores(
+        self,
+        projected: torch.Tensor,
+        codebooks: tuple[torch.Tensor, torch.Tensor],
+        unary: torch.Tensor,
+        candidates: torch.Tensor,
+        predecessors: torch.Tensor,
+    ) -> torch.Tensor:
+        """`scores` from the projected rows and codebooks `_projected` gave: a walk projects
+        all its slots and casts the codebooks once, then scores the slots one at a time."""
         # Codebook rows by a lookup whose backward is aten's embedding backward, made for
         # many repeats of a few rows (common tokens fill most candidate lists): see
         # codebook.py. They are read from copies in the projection's dtype (bf16 under
@@ -78,7 +87,7 @@ class CandidateSelector(nn.Module):
         # batched matmul of [top_k, rank] by [rank] per row, so a compiled graph reads
         # the successors' rows inside its reduction instead of writing them out first;
         # the sum runs in float32 at least.
-        predecessor_codebook, successor_codebook = codebooks or self.codebooks(projected.dtype)
+        predecessor_codebook, successor_codebook = codebooks
         gate = codebook_rows(predecessors, predecessor_codebook) * projected
         successors = codebook_rows(candidates, successor_codebook)
         accumulate = torch.promote_types(projected.dtype, torch.float32)
@@ -93,13 +102,13 @@ class CandidateSelector(nn.Module):
         Every index stays a one-element device tensor (a 0-d tensor index is read on the
         host), so the walk runs without a host sync and a CUDA graph can hold it."""
         unary, candidates = logits.topk(self.top_k, dim=-1)
+        projected, codebooks = self._projected(hidden)
         path = []
         predecessor = anchor.reshape(1)
-        codebooks = self.codebooks(self._project(hidden[:1]).dtype)
         for slot in range(hidden.shape[0]):
             row = slice(slot, slot + 1)
-            slot_scores = self.scores(
-                hidden[row], unary[row], candidates[row], predecessor, codebooks
+            slot_scores = self._projected_scores(
+                projected[row], codebooks, unary[row], candidates[row], predecessor
             )
             predecessor = candidates[row].gather(-1, slot_scores.argmax(-1, keepdim=True))[:, 0]
             path.append(predecessor)
@@ -119,13 +128,13 @@ class CandidateSelector(nn.Module):
         slot's distribution over its candidates, zero elsewhere). No host sync."""
         unary, candidates = logits.topk(self.top_k, dim=-1)
         q = torch.zeros_like(logits, dtype=torch.float32)
-        codebooks = self.codebooks(self._project(hidden[:1]).dtype)
+        projected, codebooks = self._projected(hidden)
         predecessor = anchor.reshape(1)
         path = []
         for slot in range(hidden.shape[0]):
             row = slice(slot, slot + 1)
-            slot_scores = self.scores(
-                hidden[row], unary[row], candidates[row], predecessor, codebooks
+            slot_scores = self._projected_scores(
+                projected[row], codebooks, unary[row], candidates[row], predecessor
             )
             local = sampler.probabilities(slot_scores)
             choice = race(local, noise[row, : self.top_k])
