@@ -22,6 +22,7 @@ from ringtrain.generate.batch_decode import STOP_CHECK_EVERY
 from ringtrain.generate.continuous import Request, SlotDecoder
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.target.tiny import CHAT_TEMPLATE, EOS_TOKEN_ID, build_tiny_target
+from tests.helpers.sharp_attention import sharpen_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,15 +51,19 @@ ROLES = {"human": "user", "gpt": "assistant"}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny dense chat model whose greedy answers sometimes stop (the end-of-turn
-    token's head row outscores one frequent token's) and sometimes run to MAX_TOKENS."""
+    """A tiny dense chat model whose greedy answers depend on the whole prompt (sharpened
+    attention) and sometimes stop (the end-of-turn token's head row outscores the token
+    that "question 4" answers fourth) and sometimes run to MAX_TOKENS."""
     directory = build_tiny_target(
         tmp_path_factory.mktemp("chat-model"), hybrid=False, num_layers=2, seed=1
     )
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    sharpen_attention(model)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "x"}], add_generation_prompt=True, return_dict=False
+        [{"role": "user", "content": "question 4" * 4}],
+        add_generation_prompt=True,
+        return_dict=False,
     )
     probe = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
     head = model.get_output_embeddings().weight
@@ -68,6 +73,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def test_the_models_answers_depend_on_the_whole_prompt(model_dir: Path) -> None:
+    """The comparisons of decoding paths below mean something only if an answer depends on
+    more than the prompt's last tokens: prompts that differ in their first character only
+    get different answers."""
+    local = LocalModel.load(model_dir, "cpu", "float32", batch_size=1)
+    prompts = [
+        local.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{first}ello there"}],
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        for first in "abcdefgh"
+    ]
+    answers = {tuple(local.answer([p], MAX_TOKENS)[0][0].tokens) for p in prompts}
+    assert len(answers) >= 6
 
 
 def _write_chats(path: Path) -> Path:
@@ -336,7 +358,7 @@ def test_a_batch_answers_each_prompt_as_transformers_greedy_generate_alone(
     truncated; the tokens heard while decoding add up to the answers'. One answer stops
     early, the others run on past the batch's first check for stopped rows."""
     local = LocalModel.load(model_dir, "cpu", "float32", batch_size=8)
-    questions = [3, 1, 2, 5, 4]  # not in length order; question 2's answer stops at 4 tokens
+    questions = [3, 1, 4, 5, 2]  # not in length order; question 4's answer stops at 4 tokens
     prompts = [
         local.tokenizer.apply_chat_template(
             [{"role": "user", "content": f"question {i}" * i}],
