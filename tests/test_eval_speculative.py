@@ -18,6 +18,7 @@ from ringtrain.eval import (
 from ringtrain.generate.model import load_causal_lm
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import BLOCK, TAPS, ScriptedDrafter
+from tests.helpers.sharp_attention import sharpen_saved_model
 
 NEW_TOKENS = 40
 
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module", params=[False, True], ids=["dense", "hybrid"])
 def target_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     hybrid = request.param
-    return build_tiny_target(tmp_path_factory.mktemp("target"), seed=3, hybrid=hybrid)
+    return sharpen_saved_model(
+        build_tiny_target(tmp_path_factory.mktemp("target"), seed=3, hybrid=hybrid)
+    )
 
 
 def _prompt(length: int, seed: int) -> torch.Tensor:
@@ -81,7 +84,7 @@ def test_drafter_sees_the_targets_tapped_features(target_dir: Path) -> None:
 
 
 def test_every_verification_mode_agrees(tmp_path: Path) -> None:
-    directory = build_tiny_target(tmp_path / "dense", seed=5, hybrid=False)
+    directory = sharpen_saved_model(build_tiny_target(tmp_path / "dense", seed=5, hybrid=False))
     own = load_verifying_target(directory, TAPS)
     cached = load_verifying_target(directory, TAPS, mode="cache")
     recomputed = load_verifying_target(directory, TAPS, mode="recompute")

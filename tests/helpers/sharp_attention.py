@@ -12,7 +12,10 @@ character then differ.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from transformers import AutoModelForCausalLM
 
 
 def sharpen_attention(
@@ -29,3 +32,11 @@ def sharpen_attention(
             attention.k_norm.weight.mul_(query_key_scale)
             attention.v_proj.weight.mul_(value_output_scale)
             attention.o_proj.weight.mul_(value_output_scale)
+
+
+def sharpen_saved_model(directory: Path) -> Path:
+    """Sharpen the attention of the model saved in `directory` and save it back."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    sharpen_attention(model)
+    model.save_pretrained(directory)
+    return directory
