@@ -1,5 +1,5 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling, the tie rule, the speculative verify loop and its stop rules, and the
+token sampling, the tie rule, the speculative verify loop, the own verification cache and the loop's stop rules, and the
 evaluation's stop by a signal (ringtrain/eval/, ringtrain/generate/)."""
 
 from __future__ import annotations
@@ -133,6 +133,23 @@ GROUPS = (
                "committed += count + 1", "committed += count + 2"),
         Mutant("a block's acceptance counts the bonus token",
                "accepted.append(count)", "accepted.append(count + 1)"),
+    )),
+    Group("own verification", "ringtrain/eval/own_verify.py", SPECULATIVE_TESTS, (
+        Mutant("a block token sees the key after it",
+               "visible = self.cache.offsets[None, :] <= positions[:, None]",
+               "visible = self.cache.offsets[None, :] <= positions[:, None] + 1"),
+        Mutant("a block token does not see itself",
+               "visible = self.cache.offsets[None, :] <= positions[:, None]",
+               "visible = self.cache.offsets[None, :] < positions[:, None]"),
+        Mutant("the block's rotary positions one ahead", "position_ids=positions[None],",
+               "position_ids=positions[None] + 1,"),
+        Mutant("the prompt leaves its last key to be overwritten",
+               "        self.cache.position.fill_(n)\n", "        self.cache.position.fill_(n - 1)\n"),
+        Mutant("a block written one position late", "self.cache.position.fill_(committed)",
+               "self.cache.position.fill_(committed + 1)"),
+        Mutant("a rollback keeps one rejected position",
+               "        self.cache.position.fill_(length)\n",
+               "        self.cache.position.fill_(length + 1)\n"),
     )),
     Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
         Mutant("one more verification forward once the limit is reached",
