@@ -5,9 +5,11 @@ Speculative decoding of one prompt is a chain of small forwards (one block of B 
 each); with transformers' own cache every one of them pays the model's Python and kernel
 launches, several times the GPU work of a 135M target. Here the target keeps its keys
 and values in a ``DecodeCache`` of one row and ``capacity`` positions: a verification
-writes the block at the cache's device-side position, attends to every position up to
-each block token (a mask made on the device from that position), and leaves the position
-after the block; cutting back to the accepted tokens is setting the position. Every
+writes the block at the position it is given (the count of committed tokens, set on the
+device before the forward) and attends to every position up to each block token (a mask
+made on the device from that position). Cutting back to the accepted tokens so needs no
+work: the next verification starts at the first rejected position and writes over the
+rejected keys before any query can see them. Every
 verification has the same shapes, so on CUDA it is captured once as a CUDA graph (after
 one eager run) and replayed. The model uses batch_decode's attention only within these
 forwards (set and restored around each; a replayed graph runs no Python), so other users
@@ -93,7 +95,6 @@ class OwnCacheVerifier:
                 ).logits[0]
         finally:
             self.set_tap_sink(None)
-        self.cache.position.fill_(n)
         return logits
 
     def verify(self, tokens: torch.Tensor, committed: int, features: torch.Tensor) -> torch.Tensor:
@@ -119,10 +120,6 @@ class OwnCacheVerifier:
         features.copy_(self.taps)
         return self.choices.clone()
 
-    def rollback(self, length: int) -> None:
-        """Keep the first ``length`` positions (later ones are overwritten, never seen)."""
-        self.cache.position.fill_(length)
-
     def _verify_step(self) -> None:
         """The block forward on the fixed buffers: what the CUDA graph holds."""
         positions = self.cache.position + self.block_offsets
@@ -142,4 +139,3 @@ class OwnCacheVerifier:
             self.set_tap_sink(None)
         self.logits.copy_(logits)
         self.choices.copy_(logits.argmax(dim=-1))
-        self.cache.position += self.block_size

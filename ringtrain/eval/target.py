@@ -158,10 +158,8 @@ class VerifyingTarget:
         return self._forward(tokens, features, keep=block_size)
 
     def rollback(self, length: int) -> None:
-        """Cut the cache back to its first ``length`` positions (no-op in ``recompute`` mode)."""
-        if self.mode == "own":
-            self._own.rollback(length)
-            return
+        """Cut the cache back to its first ``length`` positions (nothing to do in ``own``
+        mode, whose verification starts where it is told, nor in ``recompute`` mode)."""
         if self._cache is None:
             return
         remove = self._cache.get_seq_length() - length

@@ -1,6 +1,7 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling, the tie rule, the speculative verify loop, the own verification cache and the loop's stop rules, and the
-evaluation's stop by a signal (ringtrain/eval/, ringtrain/generate/)."""
+token sampling, the tie rule, the speculative verify loop, the own verification cache, the
+loop's stop rules and the evaluation's stop by a signal (ringtrain/eval/,
+ringtrain/generate/)."""
 
 from __future__ import annotations
 
@@ -143,13 +144,8 @@ GROUPS = (
                "visible = self.cache.offsets[None, :] < positions[:, None]"),
         Mutant("the block's rotary positions one ahead", "position_ids=positions[None],",
                "position_ids=positions[None] + 1,"),
-        Mutant("the prompt leaves its last key to be overwritten",
-               "        self.cache.position.fill_(n)\n", "        self.cache.position.fill_(n - 1)\n"),
         Mutant("a block written one position late", "self.cache.position.fill_(committed)",
                "self.cache.position.fill_(committed + 1)"),
-        Mutant("a rollback keeps one rejected position",
-               "        self.cache.position.fill_(length)\n",
-               "        self.cache.position.fill_(length + 1)\n"),
     )),
     Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
         Mutant("one more verification forward once the limit is reached",
