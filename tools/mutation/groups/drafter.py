@@ -236,4 +236,17 @@ GROUPS = (
                "\"loss\": sums[\"loss_sum\"] / weight_sum",
                "\"loss\": sums[\"loss_sum\"] / max(blocks, 1.0)"),
     )),
+    Group("optimizer step", "ringtrain/drafter/optim.py",
+          ("tests/test_optimizer_step.py", "tests/test_optim_choices.py",
+           "tests/test_drafter_objective.py"), (
+        Mutant("the in-step clip scales small gradients up", ".clamp(min=1.0)", ".clamp(min=0.0)"),
+        Mutant("the in-step skip inverted", "optimizer.found_inf = (~norm.isfinite()).float()",
+               "optimizer.found_inf = norm.isfinite().float()"),
+        Mutant("a non-finite step taken", "        if math.isfinite(norm):\n            optimizer.step()\n",
+               "        optimizer.step()\n"),
+        Mutant("grad_clip 0 clips every gradient to nothing",
+               "max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf",
+               "max_norm = cfg.grad_clip if cfg.grad_clip > 0 else 0.0"),
+        Mutant("the schedule not advanced", "    scheduler.step()\n", ""),
+    )),
 )  # fmt: skip

@@ -1,6 +1,6 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling, the tie rule, the speculative verify loop, the own verification cache, the
-loop's stop rules and the evaluation's stop by a signal (ringtrain/eval/,
+token sampling, the tie rule, the speculative verify loop, the verifying target and its own
+cache, the loop's stop rules and the evaluation's stop by a signal (ringtrain/eval/,
 ringtrain/generate/)."""
 
 from __future__ import annotations
@@ -146,6 +146,16 @@ GROUPS = (
                "position_ids=positions[None] + 1,"),
         Mutant("a block written one position late", "self.cache.position.fill_(committed)",
                "self.cache.position.fill_(committed + 1)"),
+    )),
+    Group("verification target", "ringtrain/eval/target.py", SPECULATIVE_TESTS, (
+        Mutant("one rejected position left in the cache", "if remove > 0:", "if remove > 1:"),
+        Mutant("recompute mode forwards the block alone",
+               "tokens = sequence[: committed + block_size]",
+               "tokens = sequence[committed : committed + block_size]"),
+        Mutant("cache mode keeps the last prompt's cache",
+               "self._cache = DynamicCache(config=self.model.config)",
+               "self._cache = self._cache or DynamicCache(config=self.model.config)"),
+        Mutant("the taps of the first rows", "hidden[0, -rows:]", "hidden[0, :rows]"),
     )),
     Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
         Mutant("one more verification forward once the limit is reached",
