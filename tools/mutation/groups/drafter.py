@@ -1,6 +1,7 @@
 """The mutants of the drafter: its defaults, objectives and loss, DFlash2's selector, its
 in-block convolution and codebook gradient, the attention masks and blocks, its output
-scale, Muon and the schedules, the held-out replay and the step sums (ringtrain/drafter/)."""
+scale, Muon and the schedules, the held-out replay, the step sums and the optimizer step
+(ringtrain/drafter/)."""
 
 from __future__ import annotations
 
