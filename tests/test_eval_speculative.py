@@ -83,7 +83,11 @@ def test_drafter_sees_the_targets_tapped_features(target_dir: Path) -> None:
     torch.testing.assert_close(last, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_every_verification_mode_agrees(tmp_path: Path) -> None:
+@pytest.mark.parametrize("correct", [3, BLOCK - 2], ids=["3-right", "one-rejected"])
+def test_every_verification_mode_agrees(tmp_path: Path, correct: int) -> None:
+    """Own, cache and recompute verification give greedy decoding's tokens and taps, for a
+    drafter right on its first `correct` positions (BLOCK - 2: one block position rejected,
+    the least a cache is cut by), and serve a second prompt after the first."""
     directory = sharpen_saved_model(build_tiny_target(tmp_path / "dense", seed=5, hybrid=False))
     own = load_verifying_target(directory, TAPS)
     cached = load_verifying_target(directory, TAPS, mode="cache")
@@ -96,7 +100,7 @@ def test_every_verification_mode_agrees(tmp_path: Path) -> None:
     sequence = prompt.tolist() + greedy.tokens
     runs = []
     for target in (own, cached, recomputed):
-        drafter = ScriptedDrafter(sequence, 3, target.vocab_size)
+        drafter = ScriptedDrafter(sequence, correct, target.vocab_size)
         runs.append(speculative_generate(target, drafter, prompt, 30))
         torch.testing.assert_close(
             drafter.contexts[-1],
@@ -105,11 +109,13 @@ def test_every_verification_mode_agrees(tmp_path: Path) -> None:
             atol=1e-4,
         )
     assert runs[0].tokens == runs[1].tokens == runs[2].tokens == greedy.tokens
-    # The own cache of one target serves a second prompt (its position starts again).
+    # Each target serves a second prompt: the own cache's position and transformers' cache
+    # start again.
     second = _prompt(14, seed=3)
-    expected = greedy_generate(cached, second, 20).tokens
-    drafter = ScriptedDrafter(second.tolist() + expected, 3, own.vocab_size)
-    assert speculative_generate(own, drafter, second, 20).tokens == expected
+    expected = greedy_generate(recomputed, second, 20).tokens
+    for target in (own, cached, recomputed):
+        drafter = ScriptedDrafter(second.tolist() + expected, correct, target.vocab_size)
+        assert speculative_generate(target, drafter, second, 20).tokens == expected, target.mode
 
 
 def test_own_mode_leaves_the_models_attention_to_other_users(tmp_path: Path) -> None:
