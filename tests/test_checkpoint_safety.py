@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import math
 import shutil
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import torch
 
-from ringtrain.checkpoint.layout import CheckpointError
+from ringtrain.checkpoint.layout import CONFIG_FILE, REQUIRED_FILES, WEIGHTS_FILE, CheckpointError
 from ringtrain.checkpoint.load import load_checkpoint
 from ringtrain.checkpoint.resume_record import ResumeRecord
-from ringtrain.checkpoint.save import save_checkpoint
+from ringtrain.checkpoint.save import SIZE_MARGIN_BYTES, save_checkpoint
 from ringtrain.checkpoint.verify import latest_checkpoint
 from ringtrain.drafter import DFlashDrafter, build_optimizer, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
@@ -88,6 +89,63 @@ def test_free_space_is_checked_before_anything_is_written(
                        r"not enough space"):  # fmt: skip
         save(tmp_path, 1, p)
     assert list(tmp_path.iterdir()) == []
+
+
+def _trained_one_step(p: Parts) -> Parts:
+    """`p` after one optimizer step on a made-up loss, so the optimizer holds state."""
+    loss = sum(param.float().square().sum() for param in p.model.parameters())
+    loss.backward()
+    p.optimizer.step()
+    p.optimizer.zero_grad()
+    return p
+
+
+def test_the_space_needed_counts_weights_and_optimizer_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = _trained_one_step(parts())
+    tensors = [*p.model.state_dict().values()] + [
+        value
+        for per_param in p.optimizer.state_dict()["state"].values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    need = sum(t.numel() * t.element_size() for t in tensors) + SIZE_MARGIN_BYTES
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage._replace(free=need - 1))
+    with pytest.raises(CheckpointError, match="not enough space"):
+        save(tmp_path, 1, p)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage._replace(free=need))
+    assert save(tmp_path, 1, p).is_dir()
+
+
+def test_a_checkpoint_of_the_same_step_is_replaced_whole(tmp_path: Path) -> None:
+    p = parts()
+    save(tmp_path, 5, p)
+    with torch.no_grad():
+        p.model.fc.weight.add_(1.0)
+    written = save(tmp_path, 5, p)
+    assert [x.name for x in tmp_path.iterdir()] == [written.name]
+    loaded = load_checkpoint(written, "cpu").model
+    assert torch.equal(loaded.fc.weight, p.model.fc.weight)
+
+
+def test_a_crashed_saves_leftovers_are_removed(tmp_path: Path) -> None:
+    for leftover in (".tmp-step_00000003-999", ".old-step_00000002-999"):
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / WEIGHTS_FILE).write_bytes(b"half")
+    written = save(tmp_path, 4, parts())
+    assert [x.name for x in tmp_path.iterdir()] == [written.name]
+
+
+def test_every_file_of_a_checkpoint_has_the_same_permissions(tmp_path: Path) -> None:
+    """safetensors creates its file 0600; a checkpoint's files all get the mode Python's
+    files get under the umask, so whoever may read the config may load the weights."""
+    written = save(tmp_path, 1, parts())
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in written.iterdir()}
+    assert set(modes) >= set(REQUIRED_FILES)
+    assert len(set(modes.values())) == 1, modes
+    assert modes[WEIGHTS_FILE] == stat.S_IMODE((written / CONFIG_FILE).stat().st_mode)
 
 
 def test_latest_checkpoint_of_this_run_only(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, checkpoints (verification, retention, layout, resume checks), the
+liveness verdicts, checkpoints (writing, verification, retention, layout, resume checks), the
 progress lines and the split advice."""
 
 from __future__ import annotations
