@@ -1,7 +1,7 @@
 """The mutants of the drafter: its defaults, objectives and loss, DFlash2's selector, its
 in-block convolution and codebook gradient, the attention masks and blocks, its output
-scale, Muon and the schedules, the held-out replay, the step sums and the optimizer step
-(ringtrain/drafter/)."""
+scale, Muon and the schedules, the held-out replay, the step sums, the block scoring and the
+optimizer step (ringtrain/drafter/)."""
 
 from __future__ import annotations
 
@@ -249,5 +249,23 @@ GROUPS = (
                "max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf",
                "max_norm = cfg.grad_clip if cfg.grad_clip > 0 else 0.0"),
         Mutant("the schedule not advanced", "    scheduler.step()\n", ""),
+    )),
+    Group("block scoring", "ringtrain/drafter/block_step.py",
+          ("tests/test_drafter_objective.py", "tests/test_drafter_loss.py",
+           "tests/test_drafter_heldout.py", "tests/test_drafter_arch.py",
+           "tests/test_drafter_dflash2.py"), (
+        Mutant("the anchor's output scored for the first slot",
+               "rows = out.view(num_blocks, block, -1)[:, 1:]",
+               "rows = out.view(num_blocks, block, -1)[:, :-1]"),
+        Mutant("hits on unscored slots counted", "hits = correct.view(num_blocks, block - 1) & scored",
+               "hits = correct.view(num_blocks, block - 1)"),
+        Mutant("acceptance counts every hit, not the prefix",
+               "accepted = hits.long().cumprod(1).sum(1)", "accepted = hits.long().sum(1)"),
+        Mutant("the architecture's loss parts left out of the loss",
+               "                loss_sum = loss_sum + part\n", "                loss_sum = loss_sum\n"),
+        Mutant("padding blocks counted", "block_count=batch.valid.sum(),",
+               "block_count=(batch.valid | True).sum(),"),
+        Mutant("unscored slots counted", "counted=scored.sum(0),",
+               "counted=(scored | True).sum(0),"),
     )),
 )  # fmt: skip
