@@ -1,6 +1,7 @@
 """The mutants of the data path: synthesis's filters and near-duplicate removal, the overlap
 check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
-journal and records, prepare's parallel writing, a row's view (ringtrain/data/) and the
+journal and records, prepare's parallel writing, a row's view, the token dataset's rows
+(ringtrain/data/) and the
 packed batch's layout (ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
@@ -232,5 +233,33 @@ GROUPS = (
                "if view[\"supervised_tokens\"] <= 2 * block_size:"),
         Mutant("the drop rule at one block", "if view[\"supervised_tokens\"] < 2 * block_size:",
                "if view[\"supervised_tokens\"] < block_size:"),
+    )),
+    Group("token dataset", "ringtrain/data/dataset.py",
+          ("tests/test_data_reader.py", "tests/test_data_batching.py",
+           "tests/test_data_synthetic.py", "tests/test_prepare.py"), (
+        Mutant("a mask that starts with a one loses its first run",
+               "edges = [np.zeros(1, dtype=np.int64)] if mask.size and mask[0] else []",
+               "edges = []"),
+        Mutant("an edge at a scan chunk's end missed",
+               "high = min(low + _EDGE_CHUNK_TOKENS, len(mask) - 1)",
+               "high = min(low + _EDGE_CHUNK_TOKENS - 1, len(mask) - 1)"),
+        Mutant("a row starting at a run's start counted from the run before",
+               'span = np.searchsorted(span_starts, position, side="right") - 1',
+               'span = np.searchsorted(span_starts, position, side="left") - 1'),
+        Mutant("a row ending past a run counts the gap after it",
+               "inside = np.minimum(position, span_ends[span]) - span_starts[span]",
+               "inside = position - span_starts[span]"),
+        Mutant("the vocabulary's size taken as a token id", "if low >= 0 and high < vocab_size:",
+               "if low >= 0 and high <= vocab_size:"),
+        Mutant("a loss mask value of 2 accepted", "int(mask.max()) <= 1", "int(mask.max()) <= 2"),
+        Mutant("a row of exactly max_len refused", "too_long = np.flatnonzero(segment.lengths > max_len)",
+               "too_long = np.flatnonzero(segment.lengths >= max_len)"),
+        Mutant("a row of exactly 2 x block supervised tokens dropped",
+               "keep = supervised >= min_supervised", "keep = supervised > min_supervised"),
+        Mutant("rows of exactly max_len counted as truncated",
+               "num_truncated += int((segment.lengths[keep] > max_len).sum())",
+               "num_truncated += int((segment.lengths[keep] >= max_len).sum())"),
+        Mutant("one block's supervised tokens enough", "min_supervised = 2 * block_size",
+               "min_supervised = block_size"),
     )),
 )  # fmt: skip
