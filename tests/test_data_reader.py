@@ -94,6 +94,8 @@ def test_truncation_and_dropping(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     assert ds.num_truncated == 1 and ds.max_row_len == 10
     assert ds.num_supervised == 10
     assert "dropped 2 of 3 rows" in caplog.text
+    # A row of exactly max_len is kept whole, not counted as truncated.
+    assert _open(tmp_path, max_len=20).num_truncated == 0
 
 
 def test_row_longer_than_max_len_without_truncation_names_file_and_row(tmp_path: Path) -> None:
@@ -145,13 +147,17 @@ def test_length_mismatch_names_row(tmp_path: Path) -> None:
         _open(tmp_path)
 
 
-def test_token_out_of_vocab_names_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("token", [500, 100], ids=["far-out", "the-vocabulary-size"])
+def test_token_out_of_vocab_names_row(tmp_path: Path, token: int) -> None:
     ids, masks = _rows([5, 6, 7, 8])
-    ids[3][2] = 500
+    ids[3][2] = token
     _write_ipc(tmp_path / "v.arrow", _table(ids, masks))
     assert _open(tmp_path).num_rows == 4  # no vocabulary given: not checked
-    with pytest.raises(DatasetError, match=r"v\.arrow: row 3: token id 500 .*\[0, 100\)"):
+    with pytest.raises(DatasetError, match=rf"v\.arrow: row 3: token id {token} .*\[0, 100\)"):
         _open(tmp_path, vocab_size=100)
+    ids[3][2] = 99  # the vocabulary's last id
+    _write_ipc(tmp_path / "v.arrow", _table(ids, masks))
+    assert _open(tmp_path, vocab_size=100).num_rows == 4
 
 
 def test_null_row_names_row(tmp_path: Path) -> None:
@@ -162,11 +168,12 @@ def test_null_row_names_row(tmp_path: Path) -> None:
         _open(tmp_path)
 
 
-def test_mask_values_other_than_0_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize("value", [7, 2])
+def test_mask_values_other_than_0_1(tmp_path: Path, value: int) -> None:
     ids, masks = _rows([5, 6])
-    masks[1][3] = 7
+    masks[1][3] = value
     _write_ipc(tmp_path / "k.arrow", _table(ids, masks))
-    with pytest.raises(DatasetError, match=r"k\.arrow: row 1: loss_mask value 7"):
+    with pytest.raises(DatasetError, match=rf"k\.arrow: row 1: loss_mask value {value}"):
         _open(tmp_path)
 
 

@@ -1,8 +1,7 @@
 """The mutants of the data path: synthesis's filters and near-duplicate removal, the overlap
 check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
 journal and records, prepare's parallel writing, a row's view, the token dataset's rows
-(ringtrain/data/) and the
-packed batch's layout (ringtrain/packed_batch.py)."""
+(ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
 
@@ -243,9 +242,6 @@ GROUPS = (
         Mutant("an edge at a scan chunk's end missed",
                "high = min(low + _EDGE_CHUNK_TOKENS, len(mask) - 1)",
                "high = min(low + _EDGE_CHUNK_TOKENS - 1, len(mask) - 1)"),
-        Mutant("a row starting at a run's start counted from the run before",
-               'span = np.searchsorted(span_starts, position, side="right") - 1',
-               'span = np.searchsorted(span_starts, position, side="left") - 1'),
         Mutant("a row ending past a run counts the gap after it",
                "inside = np.minimum(position, span_ends[span]) - span_starts[span]",
                "inside = position - span_starts[span]"),
