@@ -1,6 +1,6 @@
 """The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, checkpoints (writing, verification, retention, layout, resume checks), the
-progress lines and the split advice."""
+liveness verdicts, the step's sums vector, checkpoints (writing, verification, retention,
+layout, resume checks), the progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -50,6 +50,22 @@ GROUPS = (
                "if problem is None and False:"),
         Mutant("checkpoints of no run id skipped", "not in (None, run_id):",
                "not in (run_id,):"),
+    )),
+    Group("step sums vector", "ringtrain/trainer/step_sums.py", ("tests/test_trainer_loop.py",), (
+        Mutant("the vector not started afresh after a step", "        self.vector.zero_()\n", ""),
+        Mutant("a round's evaluated batches counted once",
+               "self.vector[self._eval_batches.start + ahead] += 1",
+               "self.vector[self._eval_batches.start + ahead] = 1"),
+        Mutant("a round's sums of the last batch only",
+               "self.vector[self._eval[ahead]] += sums.as_vector()",
+               "self.vector[self._eval[ahead]] = sums.as_vector()"),
+        Mutant("every drafter's batch identity in the first drafter's place",
+               "start = self._ids.start + BATCH_ID_FIELDS * drafter_index",
+               "start = self._ids.start"),
+        Mutant("a round further ahead than a step carries let through",
+               "if not 0 <= ahead < EVAL_ROUNDS_AHEAD:", "if not 0 <= ahead < EVAL_ROUNDS_AHEAD + 1:"),
+        Mutant("the stop flag in the tokens' place", "self._stop = objective_len + 1",
+               "self._stop = objective_len"),
     )),
     Group("checkpoint writing", "ringtrain/checkpoint/save.py",
           (*RETENTION_TESTS, "tests/test_drafter_checkpoint.py"), (
