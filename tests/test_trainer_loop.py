@@ -29,7 +29,7 @@ from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
 from ringtrain.trainer.step_record import StepRecord
-from ringtrain.trainer.step_sums import StepSums
+from ringtrain.trainer.step_sums import EVAL_ROUNDS_AHEAD, StepSums
 from tests.helpers.drafter_loop_parts import ReporterStandIn, RingStandIn, RowStandIn, item
 from tests.helpers.tiny_drafter import DOCS, MAX_TOKENS, TAPS, TARGET, make_cfg, paper_optim
 
@@ -251,6 +251,15 @@ def test_each_drafters_batch_identity_is_kept_apart_from_the_stop_flag() -> None
     sums.add_training(1, objective_sums(1.0), 60, BatchMeta(batch_id=9, epoch=0, seq=8, producer=0))
     reduced = sums.reduce(None)
     assert not reduced.stopped and reduced.batches == [[1, 3, 5], [0, 8, 9]]
+
+
+@pytest.mark.parametrize("ahead", [EVAL_ROUNDS_AHEAD, -1])
+def test_a_held_out_batch_of_a_round_a_step_cannot_carry_is_refused_by_name(ahead: int) -> None:
+    sums = StepSums(BLOCK, drafters=1, device=torch.device("cpu"), sums_type=SelectorSums)
+    sums.add_evaluation(eval_sums(1.0), ahead=EVAL_ROUNDS_AHEAD - 1)
+    with pytest.raises(RuntimeError, match=rf"{ahead} rounds after .* {EVAL_ROUNDS_AHEAD} rounds"):
+        sums.add_evaluation(eval_sums(1.0), ahead=ahead)
+    assert sums.reduce(None).eval_batches == [0] * (EVAL_ROUNDS_AHEAD - 1) + [1]
 
 
 def test_eval_tally_completes_a_round_by_batch_count() -> None:
