@@ -1,7 +1,7 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling, the tie rule, the speculative verify loop, the verifying target and its own
-cache, the loop's stop rules and the evaluation's stop by a signal (ringtrain/eval/,
-ringtrain/generate/)."""
+token sampling, the tie rule, the prompt sets, the speculative verify loop, the verifying
+target and its own cache, the loop's stop rules and the evaluation's stop by a signal
+(ringtrain/eval/, ringtrain/generate/)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,30 @@ GROUPS = (
                "self._cache = DynamicCache(config=self.model.config)",
                "self._cache = self._cache or DynamicCache(config=self.model.config)"),
         Mutant("the taps of the first rows", "hidden[0, -rows:]", "hidden[0, :rows]"),
+    )),
+    Group("prompt sets", "ringtrain/generate/prompt_sets.py",
+          ("tests/test_eval_mtbench.py", "tests/test_eval_chat.py", "tests/test_eval_cli.py",
+           "tests/test_code_prompts.py", "tests/test_generate_rounds.py"), (
+        Mutant("MT-Bench's limit taken category by category",
+               "spread = [group[i] for i in range(depth) for group in by_category.values() if i < len(group)]",
+               "spread = [question for group in by_category.values() for question in group]"),
+        Mutant("a prompt file's limit one short", "        records = records[: options.limit]",
+               "        records = records[: options.limit - 1]"),
+        Mutant("the first prompt sized with the whole conversation",
+               "return renderer.render(conversation.messages[: user + 1], conversation.where)",
+               "return renderer.render(conversation.messages, conversation.where)"),
+        Mutant("a target without a chat template given a chat prompt",
+               "elif options.raw_prompts or not renderer.has_template:", "elif options.raw_prompts:"),
+        Mutant("GSM8K's question without its instruction",
+               'return [{"role": "user", "content": GSM8K_WORDING.format(question=question)}]',
+               'return [{"role": "user", "content": question}]'),
+        Mutant("HumanEval's limit ignored", "        problems = problems[: options.limit]",
+               "        problems = problems[:]"),
+        Mutant("two sets of one name let through", "if names.count(name) > 1:",
+               "if names.count(name) > 2:"),
+        Mutant("HumanEval's problem without the benchmark's wording",
+               'text = HUMANEVAL_WORDING.format(prompt=problem["prompt"])',
+               'text = problem["prompt"]'),
     )),
     Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
         Mutant("one more verification forward once the limit is reached",
