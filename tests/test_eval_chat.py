@@ -23,6 +23,7 @@ from ringtrain.generate.prompt_sets import (
     humaneval_path,
     load_prompt_sets,
 )
+from ringtrain.generate.prompts import PromptFileError
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import TAPS, write_drafter
 
@@ -90,6 +91,7 @@ def test_chat_prompts_render_as_apply_chat_template(target: Path, tmp_path: Path
         {"question": "2 + 2?"},
         {"messages": CHAT[1:]},
         {"input_ids": [5, 17, 99]},
+        {"turns": ["import os", "and now sys"]},
     ]
     path = _write_jsonl(tmp_path / "chat.jsonl", records)
     system = {"role": "system", "content": "be brief."}
@@ -105,11 +107,39 @@ def test_chat_prompts_render_as_apply_chat_template(target: Path, tmp_path: Path
             _render(tokenizer, [system, {"role": "user", "content": gsm8k}]),
             _render(tokenizer, [system, *CHAT[1:]]),
             [5, 17, 99],
+            _render(tokenizer, [system, {"role": "user", "content": "import os"}]),  # turn 1
         ]
     )
     raw = _first_prompts(path, target, raw_prompts=True)
     assert raw[1] == tokenizer.encode("import os", add_special_tokens=False)
     assert raw[0] == _render(tokenizer, CHAT)
+
+
+def test_a_target_without_a_chat_template_gets_its_prompts_raw(
+    target: Path, tmp_path: Path
+) -> None:
+    """A "prompt" line is encoded as raw text; a chat line is refused by name."""
+    tokenizer = _tokenizer(target)
+    tokenizer.chat_template = None
+    options = PromptOptions(ChatRenderer(tokenizer), 512)
+    path = _write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "import os"}])
+    (prompt_set,) = load_prompt_sets([str(path)], [], options)
+    assert prompt_set.conversations[0].input_ids == tokenizer.encode(
+        "import os", add_special_tokens=False
+    )
+    chat = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    with pytest.raises(PromptFileError, match=r"chat\.jsonl:1: the target directory has no chat"):
+        load_prompt_sets([str(chat)], [], options)
+
+
+def test_two_prompt_sets_of_one_name_are_refused(target: Path, tmp_path: Path) -> None:
+    paths = []
+    for side in "ab":
+        (tmp_path / side).mkdir()
+        paths.append(_write_jsonl(tmp_path / side / "code.jsonl", [{"prompt": "x"}]))
+    options = PromptOptions(ChatRenderer(_tokenizer(target)), 512)
+    with pytest.raises(PromptFileError, match=r"two prompt sets are both named 'code'"):
+        load_prompt_sets([str(p) for p in paths], [], options)
 
 
 def test_chat_template_kwargs_reach_the_template(target: Path, tmp_path: Path) -> None:
