@@ -1,4 +1,4 @@
-"""The mutants of the data path: synthesis's filters and near-duplicate removal, the overlap
+"""The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the overlap
 check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
 journal and records, prepare's parallel writing, a row's view, the token dataset's rows
 (ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
@@ -257,5 +257,26 @@ GROUPS = (
                "num_truncated += int((segment.lengths[keep] >= max_len).sum())"),
         Mutant("one block's supervised tokens enough", "min_supervised = 2 * block_size",
                "min_supervised = block_size"),
+    )),
+    Group("synthesis rounds", "ringtrain/data/synth_rounds.py",
+          ("tests/test_synth_rounds.py", "tests/test_synthesize.py",
+           "tests/test_synthesize_progress.py"), (
+        Mutant("every round steered as the first", "first_row = number * rows", "first_row = 0"),
+        Mutant("a stopped turn keeps its stop token",
+               "body = answer.tokens if answer.truncated else answer.tokens[:-1]",
+               "body = answer.tokens"),
+        Mutant("a turn cut at the limit kept",
+               "reason = rejection(text, answer.truncated, special, self.filters)",
+               "reason = rejection(text, False, special, self.filters)"),
+        Mutant("near duplicates not counted",
+               "result.rejected[synth_filters.NEAR_DUPLICATE] += fresh.count(False)",
+               "result.rejected[synth_filters.NEAR_DUPLICATE] += 0"),
+        Mutant("near duplicates kept", "            if new\n", "            if True\n"),
+        Mutant("every round sampled alike", "round_seed(settings.seed, number)",
+               "round_seed(settings.seed, 0)"),
+        Mutant("the follow-up written without the answer",
+               "history = [*steer.writing_history(self.settings.topic_hint), *messages[-1:], reply]",
+               "history = [*steer.writing_history(self.settings.topic_hint), *messages[-1:]]"),
+        Mutant("the topic not recorded", '                synthesis["topic"] = steer.topic\n', ""),
     )),
 )  # fmt: skip
