@@ -1,6 +1,7 @@
 """Rounds of synthesis with a tiny word-level chat model: the steering list is cycled
 over rows and across rounds, and with two turns the follow-up is written after the
-first user turn and the target's answer, every generated token counted."""
+first user turn and the target's answer, every generated token counted; a turn cut at
+the token limit is dropped."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from ringtrain.data.near_duplicates import NearDuplicateIndex
-from ringtrain.data.synth_filters import FilterSettings
+from ringtrain.data.synth_filters import CUT, FilterSettings
 from ringtrain.data.synth_rounds import Synthesizer
 from ringtrain.data.synth_steering import Steering, steerings
 from ringtrain.data.synth_template import encode_prefix, user_turn_prefix
@@ -33,22 +34,34 @@ class _Calls:
     def __init__(self, model: LocalModel, monkeypatch: pytest.MonkeyPatch) -> None:
         self.prompts: list[list[list[int]]] = []
         self.new_tokens: list[int] = []
+        self.truncated: list[list[bool]] = []
         answer: Callable[..., Any] = model.answer
 
         def recorded(prompts: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> Any:
             self.prompts.append([list(p) for p in prompts])
             answers, stats = answer(prompts, *args, **kwargs)
             self.new_tokens.append(stats.new_tokens)
+            self.truncated.append([a.truncated for a in answers])
             return answers, stats
 
         monkeypatch.setattr(model, "answer", recorded)
 
 
 def _synthesizer(
-    model_dir: Path, tmp_path: Path, rows: int, steering: list[Steering], turns: int = 1
+    model_dir: Path,
+    tmp_path: Path,
+    rows: int,
+    steering: list[Steering],
+    turns: int = 1,
+    max_tokens: int = 24,
 ) -> Synthesizer:
     options = SynthesisOptions(
-        model_dir, tmp_path / "unused.jsonl", rows, turns=turns, max_tokens=24, answer_tokens=6
+        model_dir,
+        tmp_path / "unused.jsonl",
+        rows,
+        turns=turns,
+        max_tokens=max_tokens,
+        answer_tokens=6,
     )
     model = LocalModel.load(model_dir, "cpu", batch_size=rows)
     return Synthesizer(
@@ -101,3 +114,17 @@ def test_a_follow_up_is_written_after_the_first_turn_and_the_answer(
         assert system == {"role": "system", "content": "be brief"}
         assert _prefix(synthesizer, [system, first, answer]) in calls.prompts[2]
     assert result.tokens == sum(calls.new_tokens) == sum(reports)
+
+
+def test_a_turn_cut_at_the_token_limit_is_dropped_as_cut(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written turns that run to max_tokens are unfinished questions: none is kept, each is
+    counted as cut."""
+    synthesizer = _synthesizer(model_dir, tmp_path, 16, steerings(["ask"], []), max_tokens=4)
+    calls = _Calls(synthesizer.model, monkeypatch)
+    result = synthesizer.run(0, 16)
+    (truncated,) = calls.truncated
+    assert 0 < sum(truncated) < len(truncated), "the limit should cut some turns, not all"
+    assert result.rejected[CUT] == sum(truncated)
+    assert len(result.records) <= truncated.count(False)

@@ -1,7 +1,7 @@
-"""The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the overlap
-check, the chat loss mask, dataset statistics, the mixture, the batch stream, regeneration's
-journal and records, prepare's parallel writing, a row's view, the token dataset's rows
-(ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
+"""The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the
+overlap check, the chat loss mask, dataset statistics, the mixture, the batch stream,
+regeneration's journal and records, prepare's parallel writing, a row's view, the token
+dataset's rows (ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
 
