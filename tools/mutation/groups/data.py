@@ -1,6 +1,6 @@
 """The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the
 overlap check, the chat loss mask, dataset statistics, the mixture, the batch stream,
-regeneration's journal and records, prepare's parallel writing, a row's view, the token
+regeneration's chat client, journal and records, prepare's parallel writing, a row's view, the token
 dataset's rows (ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
@@ -278,5 +278,25 @@ GROUPS = (
                "history = [*steer.writing_history(self.settings.topic_hint), *messages[-1:], reply]",
                "history = [*steer.writing_history(self.settings.topic_hint), *messages[-1:]]"),
         Mutant("the topic not recorded", '                synthesis["topic"] = steer.topic\n', ""),
+    )),
+    Group("chat client", "ringtrain/data/regen_client.py",
+          ("tests/test_regenerate.py", "tests/test_regenerate_resume.py"), (
+        Mutant("Retry-After ignored", "wait = max(wait, min(retry_after, self.backoff_max_s))",
+               "wait = wait"),
+        Mutant("the backoff not capped",
+               "wait = min(self.backoff_max_s, self.backoff_s * 2**attempt)",
+               "wait = self.backoff_s * 2**attempt"),
+        Mutant("a 4xx answer retried", "answer.status in RETRY_STATUS,", "True,"),
+        Mutant("one retry fewer", "for attempt in range(self.retry.retries + 1):",
+               "for attempt in range(self.retry.retries):"),
+        Mutant("a retry sent to the server that failed", "server = self._pick(failed)",
+               "server = self._pick(None)"),
+        Mutant("top_p sent when it is 1", "if self.top_p < 1:", "if self.top_p <= 1:"),
+        Mutant("the engine's reasoning field ignored",
+               "reasoning_content=message.reasoning_content or message.reasoning,",
+               "reasoning_content=message.reasoning_content,"),
+        Mutant("the API key not sent",
+               '            self._headers["Authorization"] = f"Bearer {api_key}"\n',
+               "            pass\n"),
     )),
 )  # fmt: skip
