@@ -1,7 +1,8 @@
 """The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the
 overlap check, the chat loss mask, dataset statistics, the mixture, the batch stream,
-regeneration's chat client, journal and records, prepare's parallel writing, a row's view, the token
-dataset's rows (ringtrain/data/) and the packed batch's layout (ringtrain/packed_batch.py)."""
+regeneration's chat client, journal and records, prepare's parallel writing, a row's view,
+the token dataset's rows (ringtrain/data/) and the packed batch's layout
+(ringtrain/packed_batch.py)."""
 
 from __future__ import annotations
 
@@ -280,7 +281,8 @@ GROUPS = (
         Mutant("the topic not recorded", '                synthesis["topic"] = steer.topic\n', ""),
     )),
     Group("chat client", "ringtrain/data/regen_client.py",
-          ("tests/test_regenerate.py", "tests/test_regenerate_resume.py"), (
+          ("tests/test_regen_client.py", "tests/test_regenerate.py",
+           "tests/test_regenerate_resume.py"), (
         Mutant("Retry-After ignored", "wait = max(wait, min(retry_after, self.backoff_max_s))",
                "wait = wait"),
         Mutant("the backoff not capped",
