@@ -1,15 +1,18 @@
 """The chat client's own rules: how long it waits before a retry (Retry-After honoured,
-the backoff capped), where a retry goes (another server), what a request asks (top_p only
-below 1) and what an answer's reasoning field is read from."""
+the backoff capped), which failures are retried and where a retry goes (another server),
+what a request asks (top_p only below 1) and what an answer's reasoning field is read from."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+import pytest
+
 from ringtrain.data.regen_client import (
     ChatClient,
     Completion,
+    RequestFailed,
     RetryPolicy,
     Sampling,
     parse_completion,
@@ -50,6 +53,25 @@ def test_a_retry_goes_to_the_server_that_did_not_fail() -> None:
         assert completion.content
         assert (failing.injected["error"], len(answering.requests)) == (1, 1)
         assert client.requests == 2
+
+
+def test_a_4xx_answer_fails_at_once() -> None:
+    """HTTP 401 (no API key for a server that wants one) is not retried: retrying would
+    not change it."""
+    with ChatServer(api_key="secret") as server:
+        client = ChatClient([server.url], Sampling("echo"), retry=RetryPolicy(retries=3))
+
+        async def ask() -> None:
+            await client.open()
+            try:
+                await client.complete(MESSAGES)
+            finally:
+                await client.aclose()
+
+        with pytest.raises(RequestFailed, match="HTTP 401") as failed:
+            asyncio.run(ask())
+        assert not failed.value.retryable
+        assert (server.refused, client.requests) == (1, 1)
 
 
 def test_top_p_is_asked_only_below_one() -> None:
