@@ -1,7 +1,7 @@
 """The mutants of evaluation: its metrics and report table, the speculative sampling rule,
-token sampling, the tie rule, the prompt sets, the speculative verify loop, the verifying
-target and its own cache, the loop's stop rules and the evaluation's stop by a signal
-(ringtrain/eval/, ringtrain/generate/)."""
+token sampling, the tie rule, the prompt sets, turn decoding, the speculative verify loop,
+the verifying target and its own cache, the loop's stop rules and the evaluation's stop by a
+signal (ringtrain/eval/, ringtrain/generate/)."""
 
 from __future__ import annotations
 
@@ -180,6 +180,24 @@ GROUPS = (
         Mutant("HumanEval's problem without the benchmark's wording",
                'text = HUMANEVAL_WORDING.format(prompt=problem["prompt"])',
                'text = problem["prompt"]'),
+    )),
+    Group("turn decoding", "ringtrain/eval/runner.py",
+          ("tests/test_eval_chat.py", "tests/test_eval_sampling.py", "tests/test_eval_cli.py",
+           "tests/test_eval_workers.py", "tests/test_eval_mtbench.py"), (
+        Mutant("a turn asked without the answers before it",
+               '        history.append({"role": "assistant", "content": renderer.answer_text(answer)})\n',
+               ""),
+        Mutant("a drawn conversation goes on from the plain draw",
+               "return plain.tokens if self.sampling is None else speculative.tokens",
+               "return plain.tokens"),
+        Mutant("both draws of a turn from one seed", 'self._sampler(prompt, "speculative")',
+               'self._sampler(prompt, "plain")'),
+        Mutant("greedy decoding not checked against the reference",
+               "reference = GreedyReference(greedy.tokens, self.judge) if checked else None",
+               "reference = None"),
+        Mutant("conversations of few turns handed out first",
+               "return sorted(tasks, key=lambda task: -sets[task[1]].conversations[task[2]].turns)",
+               "return sorted(tasks, key=lambda task: sets[task[1]].conversations[task[2]].turns)"),
     )),
     Group("speculative stop rules", "ringtrain/eval/speculative.py", SPECULATIVE_TESTS, (
         Mutant("one more verification forward once the limit is reached",
