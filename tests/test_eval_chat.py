@@ -48,6 +48,8 @@ CHAT = [
     {"role": "system", "content": "you answer in python."},
     {"role": "user", "content": "def add(a, b):"},
 ]
+# The user turns of the two-turn conversation the decoding tests ask.
+TURNS = ["def add(a, b):", "and now sub"]
 
 
 @pytest.fixture(scope="module")
@@ -157,39 +159,9 @@ def test_chat_template_kwargs_reach_the_template(target: Path, tmp_path: Path) -
     assert direct == _render(tokenizer, CHAT, enable_thinking=False)
 
 
-def test_each_user_turn_is_answered_after_the_previous_answer(
-    target: Path, drafter: Path, tmp_path: Path
-) -> None:
-    tokenizer = _tokenizer(target)
-    records = [{"turns": ["def add(a, b):", "and now sub"]}]
-    renderer = ChatRenderer(tokenizer)
-    (prompt_set,) = load_prompt_sets(
-        [str(_write_jsonl(tmp_path / "mt.jsonl", records))], [], PromptOptions(renderer, 512)
-    )
-    verifier = load_verifying_target(target, TAPS)
-    decoder = TurnDecoder(
-        verifier,
-        load_dflash_drafter(drafter, verifier),
-        TieJudge(verifier.model),
-        stop_token_ids(verifier.model.config),
-        max_new_tokens=12,
-    )
-    turns = list(decode_conversation(prompt_set.conversations[0], decoder, renderer, 512))
-    assert [turn for turn, *_ in turns] == [1, 2]
-    (_, first, greedy, speculative), (_, second, _, _) = turns
-    assert speculative.tokens == greedy.tokens and greedy.tokens
-    answer = tokenizer.decode(greedy.tokens, skip_special_tokens=True)
-    user = [{"role": "user", "content": text} for text in records[0]["turns"]]
-    assert first == _render(tokenizer, user[:1])
-    assert second == _render(
-        tokenizer, [user[0], {"role": "assistant", "content": answer}, user[1]]
-    )
-    assert second[: len(first)] == first
-
-
 def _two_turns(target: Path, tmp_path: Path) -> tuple[ChatRenderer, PromptSet]:
     renderer = ChatRenderer(_tokenizer(target))
-    records = [{"turns": ["def add(a, b):", "and now sub"]}]
+    records = [{"turns": TURNS}]
     (prompt_set,) = load_prompt_sets(
         [str(_write_jsonl(tmp_path / "mt.jsonl", records))], [], PromptOptions(renderer, 512)
     )
@@ -206,6 +178,25 @@ def _decoder(target: Path, drafter: Path, sampling: SamplingSettings | None) -> 
         max_new_tokens=12,
         sampling=sampling,
     )
+
+
+def test_each_user_turn_is_answered_after_the_previous_answer(
+    target: Path, drafter: Path, tmp_path: Path
+) -> None:
+    tokenizer = _tokenizer(target)
+    renderer, prompt_set = _two_turns(target, tmp_path)
+    decoder = _decoder(target, drafter, None)
+    turns = list(decode_conversation(prompt_set.conversations[0], decoder, renderer, 512))
+    assert [turn for turn, *_ in turns] == [1, 2]
+    (_, first, greedy, speculative), (_, second, _, _) = turns
+    assert speculative.tokens == greedy.tokens and greedy.tokens
+    answer = tokenizer.decode(greedy.tokens, skip_special_tokens=True)
+    user = [{"role": "user", "content": text} for text in TURNS]
+    assert first == _render(tokenizer, user[:1])
+    assert second == _render(
+        tokenizer, [user[0], {"role": "assistant", "content": answer}, user[1]]
+    )
+    assert second[: len(first)] == first
 
 
 def test_a_greedy_turn_is_checked_against_the_targets_own_decoding(
@@ -253,7 +244,7 @@ def test_a_drawn_turn_draws_from_two_streams_and_goes_on_from_the_speculative_dr
         sampling.turn_seed(first, "speculative"),
     ]
     assert plain.tokens != speculative.tokens, "the two draws should differ here"
-    user = [{"role": "user", "content": text} for text in ("def add(a, b):", "and now sub")]
+    user = [{"role": "user", "content": text} for text in TURNS]
     answer = renderer.answer_text(speculative.tokens)
     assert second == renderer.render(
         [user[0], {"role": "assistant", "content": answer}, user[1]], ""

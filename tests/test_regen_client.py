@@ -22,6 +22,19 @@ from ringtrain.testing.chat_server import ChatServer, Faults
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
+def _ask(client: ChatClient) -> Completion:
+    """MESSAGES asked once by `client`, its connections opened and closed around it."""
+
+    async def ask() -> Completion:
+        await client.open()
+        try:
+            return await client.complete(MESSAGES)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(ask())
+
+
 def test_the_wait_honours_retry_after_and_is_capped() -> None:
     policy = RetryPolicy(retries=6, backoff_s=1.0, backoff_max_s=30.0)
     assert policy.delay(0, retry_after=5.0) == 5.0  # the server's wish beats the backoff
@@ -41,15 +54,7 @@ def test_a_retry_goes_to_the_server_that_did_not_fail() -> None:
             Sampling("echo"),
             retry=RetryPolicy(retries=1, backoff_s=0.0, backoff_max_s=0.0),
         )
-
-        async def ask() -> Completion:
-            await client.open()
-            try:
-                return await client.complete(MESSAGES)
-            finally:
-                await client.aclose()
-
-        completion = asyncio.run(ask())
+        completion = _ask(client)
         assert completion.content
         assert (failing.injected["error"], len(answering.requests)) == (1, 1)
         assert client.requests == 2
@@ -60,16 +65,8 @@ def test_a_4xx_answer_fails_at_once() -> None:
     not change it."""
     with ChatServer(api_key="secret") as server:
         client = ChatClient([server.url], Sampling("echo"), retry=RetryPolicy(retries=3))
-
-        async def ask() -> None:
-            await client.open()
-            try:
-                await client.complete(MESSAGES)
-            finally:
-                await client.aclose()
-
         with pytest.raises(RequestFailed, match="HTTP 401") as failed:
-            asyncio.run(ask())
+            _ask(client)
         assert not failed.value.retryable
         assert (server.refused, client.requests) == (1, 1)
 
