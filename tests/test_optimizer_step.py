@@ -78,9 +78,11 @@ def test_clip_in_the_step_matches_clip_then_step(name: str, optim: OptimConfig) 
     # differ from clip_grad_norm_'s by float32 rounding (an fp32 drafter's do not).
     assert in_step_losses == pytest.approx(losses, rel=1e-6)
     assert in_step_norms == pytest.approx(norms, rel=1e-6)
-    # Muon rounds its orthogonalised update to bf16, so that rounding can move one of its
-    # matrices' entries by a bf16 step of the update times lr and the shape's lr ratio.
-    atol = 1e-3 if name == "muon" else 1e-8
+    # Muon rounds its orthogonalised update to bf16. Where no step clips, the fused AdamW's
+    # float32 handling of the divisor moves the other weights by about 1e-7, and that
+    # rounding turns it into a bf16 step of one of Muon's matrices' entries (times lr and
+    # the shape's lr ratio: 2.5e-4 here). Where every step clips it stays within 1e-8.
+    atol = 1e-3 if name == "muon" and optim is UNCLIPPED else 1e-8
     for key, tensor in weights.items():
         torch.testing.assert_close(in_step_weights[key], tensor, rtol=1e-4, atol=atol)
 
