@@ -12,6 +12,7 @@ CONFIG_TESTS = (
 CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_safety.py")
 RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
+SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -202,6 +203,28 @@ GROUPS = (
         Mutant("the ring's rate from the targets",
                "consumed = sum(r.interval_items_per_s for r in ranks if r.is_consumer)",
                "consumed = sum(r.interval_items_per_s for r in ranks if r.is_producer)"),
+    )),
+    Group("process and thread liveness", "ringtrain/ring/liveness.py", SAMPLER_TESTS, (
+        Mutant("a zombie is alive", 'if fields is None or fields[0] in ("Z", "X", "x"):',
+               "if fields is None:"),
+        Mutant("a reused pid is the same process", "return int(fields[19]) == start_time",
+               "return True"),
+        Mutant("the stat fields split at the first parenthesis",
+               'return raw[raw.rfind(")") + 2 :].split()', 'return raw[raw.find(")") + 2 :].split()'),
+        Mutant("a thread's system time not counted",
+               "return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S if fields else None",
+               "return int(fields[11]) / CLOCK_TICKS_PER_S if fields else None"),
+        Mutant("any CPU use is work", "busy = used >= MIN_BUSY_FRACTION * elapsed",
+               "busy = used >= 0"),
+        Mutant("a moved line is no movement", "stack.append((id(walk.f_code), walk.f_lineno or 0))",
+               "stack.append((id(walk.f_code), 0))"),
+        Mutant("an inner span ends the wait", "if _peer_wait_depth == 0:",
+               "if _peer_wait_depth <= 1:"),
+        Mutant("a left span not counted", "_peer_wait = PeerWait(0, _peer_wait.completed + 1, 0)",
+               "_peer_wait = PeerWait(0, _peer_wait.completed, 0)"),
+        Mutant("a span's group size not kept",
+               "_peer_wait = PeerWait(monotonic_ns(), _peer_wait.completed, members)",
+               "_peer_wait = PeerWait(monotonic_ns(), _peer_wait.completed, 1)"),
     )),
     Group("liveness verdicts", "ringtrain/ring/phases.py", LIVENESS_TESTS, (
         Mutant("a rank past its allowance but working is hung",
