@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,11 @@ from ringtrain.ring.liveness import (
     ThreadActivity,
     ThreadSampler,
     monotonic_ns,
+    process_alive,
+    process_start_time,
+    process_state,
     runs_torch_code,
+    thread_cpu_s,
     waiting_on_peers,
 )
 from ringtrain.ring.spec import RingSpec
@@ -105,6 +110,83 @@ def test_a_frame_of_torch_is_told_from_one_of_the_caller() -> None:
     assert callers[0].f_code.co_name == "apply"  # Module.apply's own frame, in torch
     assert runs_torch_code(callers[0])
     assert not runs_torch_code(sys._getframe())
+
+
+def _line_of(thread: threading.Thread, code) -> int | None:
+    """The line `thread` runs in its frame of `code` (None while that frame is not on its stack)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame.f_lineno if frame is not None else None
+
+
+def test_a_blocked_thread_that_moved_to_another_line_of_one_function_has_moved() -> None:
+    first, second, stop = threading.Event(), threading.Event(), threading.Event()
+    lines = []
+
+    def two_waits() -> None:
+        lines.append(sys._getframe().f_lineno + 1)
+        first.wait()
+        lines.append(sys._getframe().f_lineno + 1)
+        second.wait()
+
+    thread = threading.Thread(target=two_waits, daemon=True)
+    thread.start()
+    try:
+        for index in range(2):  # poll until it waits on the line it announced
+            while len(lines) <= index or _line_of(thread, two_waits.__code__) != lines[index]:
+                stop.wait(0.01)
+            if index == 0:
+                sampler = ThreadSampler(thread.ident, thread.native_id)
+                sampler.sample()
+                assert not sampler.sample().moved  # still in the first wait
+                first.set()
+        # Blocked again, in the same functions, one line further on.
+        assert sampler.sample().moved
+    finally:
+        first.set()
+        second.set()
+        thread.join()
+
+
+def test_a_thread_s_cpu_time_counts_its_time_in_the_kernel() -> None:
+    used, done = [], threading.Event()
+
+    def read_zeros() -> None:  # reading /dev/zero is almost all system time
+        with open("/dev/zero", "rb", buffering=0) as zeros:
+            while time.thread_time() < 0.5:
+                zeros.read(1 << 20)
+        used.append(time.thread_time())
+        done.wait()
+
+    thread = threading.Thread(target=read_zeros, daemon=True)
+    thread.start()
+    try:
+        while not used:
+            done.wait(0.01)
+        # The kernel's tick accounting splits the same total between user and system.
+        assert thread_cpu_s(thread.native_id) == pytest.approx(used[0], abs=0.05)
+    finally:
+        done.set()
+        thread.join()
+    assert thread_cpu_s(thread.native_id) is None  # gone
+
+
+def test_a_process_is_known_by_its_pid_and_start_time_whatever_its_name(tmp_path: Path) -> None:
+    named = tmp_path / "a) b (c"  # /proc/<pid>/stat shows the name between parentheses
+    named.symlink_to(shutil.which("sleep"))
+    child = subprocess.Popen([str(named), "600"])
+    try:
+        started = process_start_time(child.pid)
+        assert started >= process_start_time(os.getpid())  # started after this process
+        assert process_state(child.pid) in ("R", "S")
+        assert process_alive(child.pid, started)
+        assert not process_alive(child.pid, started - 1)  # another process under that pid
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_alive(child.pid, started)
+    assert process_state(child.pid) == ""
 
 
 # ---- the verdicts ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ CHECKPOINT_TESTS = ("tests/test_checkpoint_verify.py", "tests/test_checkpoint_sa
 RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
+CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -203,6 +204,21 @@ GROUPS = (
         Mutant("the ring's rate from the targets",
                "consumed = sum(r.interval_items_per_s for r in ranks if r.is_consumer)",
                "consumed = sum(r.interval_items_per_s for r in ranks if r.is_producer)"),
+    )),
+    Group("control block", "ringtrain/ring/control.py", CONTROL_TESTS, (
+        Mutant("tables rounded down", "return (n + 63) // 64 * 64", "return n // 64 * 64"),
+        Mutant("another layout version read", "if magic != MAGIC or version != VERSION:",
+               "if magic != MAGIC:"),
+        Mutant("a short segment read as a header", "if len(buffer) < HEADER.itemsize:",
+               "if len(buffer) < 8:"),
+        Mutant("a long text not cut to its field", "    data = data[: field.shape[-1]]\n", ""),
+        Mutant("a descriptor of the field's size refused", "if len(data) > DESC_BYTES:",
+               "if len(data) >= DESC_BYTES:"),
+        Mutant("a fresh slot read by rank 0", 'ctl.slots["reader"] = -1', 'ctl.slots["reader"] = 0'),
+        Mutant("a fresh ring closing by rank 0", 'h["closing_rank"] = -1', 'h["closing_rank"] = 0'),
+        Mutant("the ready list outside the segment",
+               "self.total_bytes = _round64(self.fifo_offset + 4 * spec.num_slots)",
+               "self.total_bytes = _round64(self.fifo_offset)"),
     )),
     Group("process and thread liveness", "ringtrain/ring/liveness.py", SAMPLER_TESTS, (
         Mutant("a zombie is alive", 'if fields is None or fields[0] in ("Z", "X", "x"):',
