@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import multiprocessing as mp
 import os
 import threading
@@ -22,6 +23,7 @@ from ringtrain.ring import (
     RingTimeout,
     ShmTooSmall,
 )
+from ringtrain.ring import control as cb
 from ringtrain.ring.names import check_shm_space
 from ringtrain.ring.spec import SlotLayout
 from tests.helpers import ring_workers as rw
@@ -72,6 +74,27 @@ def test_spec_round_trips_and_slots_are_aligned() -> None:
     row_bytes = rw.WIDTH * torch.float32.itemsize
     assert layout.used_bytes(spec.max_tokens) <= layout.slot_bytes
     assert layout.used_bytes(3) == layout.offsets[HIDDEN] + 3 * row_bytes
+
+
+def test_control_tables_and_fields_hold_what_fits_and_refuse_a_longer_descriptor() -> None:
+    spec = rw.make_spec("cf", 1, 1)
+    block = cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
+    try:
+        # The tables do not overlap: each keeps what was written to it.
+        block.slots["seq"], block.ranks["step"], block.fifo[:] = 7, 8, 9
+        assert (block.slots["seq"] == 7).all() and (block.ranks["step"] == 8).all()
+        assert (block.fifo == 9).all() and int(block.header["magic"]) == 0
+        row = block.ranks[0]
+        cb.put_bytes(row, "doing", b"d" * (cb.DOING_BYTES + 5))  # cut to the field
+        assert cb.get_bytes(row["doing"], row["doing_len"]) == b"d" * cb.DOING_BYTES
+        last = spec.num_slots - 1
+        block.write_desc(last, b"x" * cb.DESC_BYTES)  # exactly the field's size
+        assert block.read_desc(last) == b"x" * cb.DESC_BYTES
+        with pytest.raises(ValueError, match=f"{cb.DESC_BYTES + 1} bytes exceeds {cb.DESC_BYTES}"):
+            block.write_desc(0, b"y" * (cb.DESC_BYTES + 1))
+        assert block.read_desc(0) == b""  # nothing written
+    finally:
+        block.drop()
 
 
 # Rows of 64 KiB: a full item is 4 MiB, whose copy out of a slot takes a while.

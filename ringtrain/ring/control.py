@@ -24,7 +24,9 @@ MAGIC = int.from_bytes(b"RINGTRN1", "little")
 # 4: the spec names each rank's end (producer or consumer) and its label, not a role.
 # 5: each rank's heartbeat thread records whether its main thread works (phases.py).
 # 6: and whether it waits on its peers in a collective (phases.deadlock).
-VERSION = 7
+# 8: a slot keeps its state, owner, sequence number and descriptor only (nothing read
+# the rest).
+VERSION = 8
 SPEC_BYTES = 4096
 REASON_BYTES = 256
 DESC_BYTES = 512
@@ -75,12 +77,8 @@ SLOT = np.dtype(
     [
         ("state", "<i4"),
         ("owner", "<i4"),
-        ("reader", "<i4"),
         ("desc_len", "<i4"),
-        ("generation", "<i8"),
         ("seq", "<i8"),
-        ("producer_pid", "<i8"),
-        ("consumer_pid", "<i8"),
         ("desc", "u1", (DESC_BYTES,)),
     ],
     align=True,
@@ -259,7 +257,6 @@ def init_control(
     put_bytes(h, "reason", reason.encode())
     put_bytes(h, "spec", encoded_spec)
     ctl.slots["owner"] = [spec.slot_owner(g)[0] for g in range(spec.num_slots)]
-    ctl.slots["reader"] = -1
     ctl.slots["seq"] = -1
     ctl.ranks["end"] = [END_CODES[e] for e in spec.ends]
     ctl.ranks["global_rank"] = spec.global_ranks

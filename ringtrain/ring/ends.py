@@ -8,7 +8,6 @@ the parts it uses, so the ends know nothing of the ring's lifetime.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +70,6 @@ class Producer:
         self._local_index = handoff.local_index
         self.index = self.spec.producers.index(self._local_index)
         self._seq = 0
-        self._pid = os.getpid()
         self._encode = msgspec.msgpack.Encoder().encode
         payload.open_producer(self._local_index, self.index)
         self._slots = [
@@ -92,10 +90,7 @@ class Producer:
                 break
         else:
             raise RingError(f"producer {self.index}: free semaphore granted but no slot is FREE")
-        column = self._control.slot
-        column["generation"][slot.index] = self.spec.generation
-        column["seq"][slot.index] = self._seq
-        column["producer_pid"][slot.index] = self._pid
+        self._control.slot["seq"][slot.index] = self._seq
         states[slot.index] = cb.WRITING
         self._pending = slot
         return slot
@@ -158,7 +153,6 @@ class Consumer:
         self._buffer = torch.empty(self._layout.slot_bytes, dtype=torch.uint8, device=device)
         self._views = self._layout.views(self._buffer, 0)
         self._cuda = device.type == "cuda"
-        self._pid = os.getpid()
         self._decode = msgspec.msgpack.Decoder(tuple[int, int, meta_type]).decode
         # The global rank of the producer that owns each slot.
         self._owner_rank = [
@@ -209,7 +203,6 @@ class Consumer:
             self._free_slot(self._copying.popleft()[0])
 
     def _free_slot(self, slot: int) -> None:
-        self._control.slot["reader"][slot] = -1
         self._control.slot_state[slot] = cb.FREE
         self._handoff.give_back(slot)
 
@@ -231,13 +224,10 @@ class Consumer:
         return entry
 
     def _read(self, slot: int) -> ReadItem:
-        index, ctl = self._local_index, self._control
-        column = ctl.slot
-        column["reader"][slot] = index
-        column["consumer_pid"][slot] = self._pid
+        ctl = self._control
         ctl.slot_state[slot] = cb.READING
         num_tokens, num_docs, meta = self._decode(ctl.read_desc(slot))
-        seq = int(column["seq"][slot])
+        seq = int(ctl.slot["seq"][slot])
         entry = self._item_copy(slot, num_tokens, num_docs)
         if not self._cuda:
             entry.destination.copy_(entry.source)
@@ -254,7 +244,7 @@ class Consumer:
             # the copies of several items can queue back to back.
             self._release_finished()
             self._copying.append((slot, done))
-        ctl.rank["items"][index] += 1
+        ctl.rank["items"][self._local_index] += 1
         return ReadItem(
             arrays=entry.views,
             num_tokens=num_tokens,

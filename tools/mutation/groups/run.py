@@ -14,6 +14,7 @@ RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
+RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -214,11 +215,34 @@ GROUPS = (
         Mutant("a long text not cut to its field", "    data = data[: field.shape[-1]]\n", ""),
         Mutant("a descriptor of the field's size refused", "if len(data) > DESC_BYTES:",
                "if len(data) >= DESC_BYTES:"),
-        Mutant("a fresh slot read by rank 0", 'ctl.slots["reader"] = -1', 'ctl.slots["reader"] = 0'),
-        Mutant("a fresh ring closing by rank 0", 'h["closing_rank"] = -1', 'h["closing_rank"] = 0'),
         Mutant("the ready list outside the segment",
                "self.total_bytes = _round64(self.fifo_offset + 4 * spec.num_slots)",
                "self.total_bytes = _round64(self.fifo_offset)"),
+    )),
+    Group("ring lifetime", "ringtrain/ring/ring.py", RING_TESTS, (
+        Mutant("an index past the last rank opened",
+               "if not 0 <= local_index < spec.num_ranks:", "if not 0 <= local_index <= spec.num_ranks:"),
+        Mutant("a spec too long for its field written cut",
+               "if len(encoded) > cb.SPEC_BYTES:", "if len(encoded) > 2 * cb.SPEC_BYTES:"),
+        Mutant("a producer starts with one free slot",
+               "free_sem_name(spec.run_id, p), posix_ipc.O_CREX, 0o600, spec.slots_per_producer",
+               "free_sem_name(spec.run_id, p), posix_ipc.O_CREX, 0o600, 1"),
+        Mutant("a failed creation leaves its objects",
+               "        except BaseException:\n            remove_run(spec.run_id, spec.lock_dir)\n",
+               "        except BaseException:\n"),
+        Mutant("another ring's names removed", "if ours == named:", "if True:"),
+        Mutant("a clean close recorded as a failure",
+               'self.own_row.row["status"] = cb.CLOSED if clean else cb.FAILED',
+               'self.own_row.row["status"] = cb.FAILED'),
+        Mutant("an unclean close does not close the ring", "self.control.closing[...] = 1",
+               "self.control.closing[...] = 0"),
+        Mutant("the closing rank not recorded",
+               'self.control.header["closing_rank"] = self.local_index',
+               'self.control.header["closing_rank"] = -1'),
+        Mutant("the consumers' step read from the producers",
+               "return max(int(steps[i]) for i in self.spec.consumers)",
+               "return max(int(steps[i]) for i in self.spec.producers)"),
+        Mutant("an unknown GPU share reported", "if float(v) >= 0}", "if float(v) >= -1}"),
     )),
     Group("process and thread liveness", "ringtrain/ring/liveness.py", SAMPLER_TESTS, (
         Mutant("a zombie is alive", 'if fields is None or fields[0] in ("Z", "X", "x"):',
