@@ -149,8 +149,8 @@ def test_backpressure_blocks_producer_until_a_slot_is_freed() -> None:
     ring = rw.join_ring(spec, 0, barrier)
     try:
         producer = ring.producer()
-        for seq in range(2):
-            slot = producer.acquire()
+        for seq in range(2):  # each of its slots is free at once, with nobody taking
+            slot = producer.acquire(timeout=10.0)
             rw.write_item(slot, 0, seq, 4, torch.device("cpu"))
             producer.publish(slot, 4, 1, {"producer": 0, "seq": seq})
         acquired = {}
@@ -223,6 +223,22 @@ def test_same_run_id_of_live_creator_is_refused() -> None:
             Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
     finally:
         ring.close()
+
+
+def test_an_index_outside_the_ring_and_a_spec_too_long_for_its_field_are_refused() -> None:
+    run = run_id()
+    spec = rw.make_spec(run, 1, 1)
+    ring = Ring.create(spec, 0, "cpu")
+    try:
+        with pytest.raises(RingError, match="local index 2 is outside the ring's 2 ranks"):
+            Ring.attach(run, spec.num_ranks, "cpu")
+    finally:
+        ring.close()
+    crowded = rw.make_spec(run_id(), 1, 300)  # about 6 KB encoded
+    assert len(crowded.encode()) > cb.SPEC_BYTES
+    with pytest.raises(RingError, match=r"ring spec encodes to \d+ bytes, over 4096"):
+        Ring.create(crowded, 0, "cpu")
+    assert shm_entries(crowded.run_id) == []
 
 
 def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:

@@ -15,6 +15,7 @@ LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
 RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
+WATCH_TESTS = ("tests/test_ring_failures.py", "tests/test_liveness_slow.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -243,6 +244,28 @@ GROUPS = (
                "return max(int(steps[i]) for i in self.spec.consumers)",
                "return max(int(steps[i]) for i in self.spec.producers)"),
         Mutant("an unknown GPU share reported", "if float(v) >= 0}", "if float(v) >= -1}"),
+    )),
+    Group("peer checks", "ringtrain/ring/watch.py", WATCH_TESTS, (
+        Mutant("a short heartbeat timeout keeps the one-second beat",
+               "return min(HEARTBEAT_INTERVAL_S, spec.heartbeat_timeout_s / 4)",
+               "return HEARTBEAT_INTERVAL_S"),
+        Mutant("the first failure found not kept", "            if self._peer_failure is None:\n",
+               "            if True:\n"),
+        Mutant("its own abort blamed on itself", "            if index != self.local_index:\n",
+               "            if True:\n"),
+        Mutant("a group held up by this rank blamed on it by itself",
+               "if held_up is not None and held_up[0] != self.local_index:",
+               "if held_up is not None:"),
+        Mutant("a rank holding up its group does not name itself",
+               "if reason is None and held_up is not None and held_up[0] == self.local_index:",
+               "if False:"),
+        Mutant("a slow rank says so at every check", "            self._said_slow = True\n", ""),
+        Mutant("the peer's recorded error left out", "f\"its last error: {error or 'none recorded'}\"",
+               "\"its last error: none recorded\""),
+        Mutant("a closed rank counted frozen", "if int(row[\"status\"]) in (cb.EMPTY, cb.CLOSED) or not frozen",
+               "if int(row[\"status\"]) in (cb.EMPTY,) or not frozen"),
+        Mutant("a killed peer not marked failed", "            row[\"status\"] = cb.FAILED\n", ""),
+        Mutant("a frozen peer not killed", "            os.kill(pid, signal.SIGKILL)\n", ""),
     )),
     Group("process and thread liveness", "ringtrain/ring/liveness.py", SAMPLER_TESTS, (
         Mutant("a zombie is alive", 'if fields is None or fields[0] in ("Z", "X", "x"):',
