@@ -14,6 +14,7 @@ files or processes.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import shutil
 import signal
@@ -29,11 +30,13 @@ import torch
 
 from ringtrain.ring import control as cb
 from ringtrain.ring import phases
+from ringtrain.ring.errors import PeerDied, RankHung
 from ringtrain.ring.liveness import (
     PeerWait,
     ThreadActivity,
     ThreadSampler,
     monotonic_ns,
+    own_identity,
     process_alive,
     process_start_time,
     process_state,
@@ -42,6 +45,7 @@ from ringtrain.ring.liveness import (
     waiting_on_peers,
 )
 from ringtrain.ring.spec import RingSpec
+from ringtrain.ring.watch import Watch, heartbeat_interval_s
 from ringtrain.testing import SPIN_HOOK
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
@@ -409,6 +413,78 @@ def test_in_a_group_of_three_the_rank_behind_is_told_by_every_other_rank() -> No
     ranks, now, spec = _waiting_group(done=(7, 7, 6), waited_s=(20.0, 30.0, 25.0))
     index, reason = phases.deadlock(ranks, now, spec)
     assert index == 3 and "still in its wait #7 on them, which the others have left" in reason
+
+
+# ---- one rank's checks of its ring (watch.py) --------------------------------------------
+
+
+def _watched(spec: RingSpec) -> cb.ControlBlock:
+    """A control block of `spec` in anonymous memory (no ring, no heartbeat threads) whose
+    ranks are this process, attached, working and beating now."""
+    block = cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
+    now = monotonic_ns()
+    ranks = block.ranks
+    ranks["status"], ranks["phase"] = cb.ATTACHED, phases.WORKING
+    ranks["pid"], ranks["start_time"] = own_identity()
+    for name in ("heartbeat_ns", "progress_ns", "active_ns", "still_ns"):
+        ranks[name] = now
+    return block
+
+
+def test_the_heartbeat_beats_four_times_per_heartbeat_timeout_at_most_once_a_second() -> None:
+    assert heartbeat_interval_s(dataclasses.replace(_spec(), heartbeat_timeout_s=2.0)) == 0.5
+    assert heartbeat_interval_s(dataclasses.replace(_spec(), heartbeat_timeout_s=30.0)) == 1.0
+
+
+def test_an_aborted_ring_is_blamed_on_the_rank_that_aborted_it_by_the_others_only() -> None:
+    spec = _spec()
+    block = _watched(spec)
+    block.closing[...], block.header["closing_rank"] = 1, 0
+    Watch(spec, block, 0).check_peers()  # its own abort: nothing to blame on a peer
+    with pytest.raises(PeerDied, match=r"rank 10 \(target.*aborted the ring"):
+        Watch(spec, block, 1).check_peers()
+
+
+def test_a_group_held_up_by_one_rank_is_named_by_that_rank_itself_and_by_its_peer() -> None:
+    spec = _spec()  # allowance 10 s
+    block = _watched(spec)
+    ranks, long_ago = block.ranks, monotonic_ns() - 20 * 10**9
+    ranks["peer_wait_ns"], ranks["peer_group"] = long_ago, 2
+    ranks["progress_ns"], ranks["still_ns"] = long_ago, long_ago
+    ranks["peer_waits_done"] = [3, 4]  # rank 10 is still in the wait rank 11 has left
+    Watch(spec, block, 0).check_peers()  # it is not its own peer
+    Watch(spec, block, 1).check_self()
+    for check in (Watch(spec, block, 0).check_self, Watch(spec, block, 1).check_peers):
+        with pytest.raises(RankHung, match=r"rank 10 .*is hung: it and the other 1 rank"):
+            check()
+
+
+def test_a_slow_rank_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    spec = _spec()
+    block = _watched(spec)
+    block.ranks["progress_ns"][0] = monotonic_ns() - 20 * 10**9  # working, past 10 s
+    watch = Watch(spec, block, 0)
+    with caplog.at_level("WARNING", logger="ringtrain.ring.watch"):
+        watch.note_slow_self()
+        watch.note_slow_self()
+    assert sum("is slow, not hung" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_rank_that_closed_is_not_killed_however_old_its_heartbeat() -> None:
+    spec = _spec()
+    block = _watched(spec)
+    child = subprocess.Popen([shutil.which("sleep"), "600"])
+    try:
+        row = block.ranks[1]
+        row["pid"], row["start_time"] = child.pid, process_start_time(child.pid)
+        row["status"], row["heartbeat_ns"] = cb.CLOSED, monotonic_ns() - 60 * 10**9
+        block.closing[...], block.header["closing_rank"] = 1, 1
+        with pytest.raises(PeerDied, match="aborted the ring"):
+            Watch(spec, block, 0).check_peers()
+        assert child.poll() is None  # a frozen rank that had not closed would be killed
+    finally:
+        child.kill()
+        child.wait()
 
 
 # ---- whole runs ------------------------------------------------------------------------

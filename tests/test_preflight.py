@@ -165,3 +165,18 @@ def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:
     assert [record["step"] for record in steps][-1] == 4
     logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
     assert logs == ["rank0-target.log", "rank1-drafter.log"]
+
+
+def test_a_missing_lock_directory_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    for name, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
+        monkeypatch.setenv(name, str(value))
+    missing = tmp_path / "locks"
+    overrides = {"run.run_dir": str(tmp_path / "run"), "ring.lock_dir": str(missing)}
+    code = main(
+        [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"ring.lock_dir = '{missing}' is not a directory: create it" in err

@@ -241,6 +241,56 @@ def test_an_index_outside_the_ring_and_a_spec_too_long_for_its_field_are_refused
     assert shm_entries(crowded.run_id) == []
 
 
+def test_a_creation_that_fails_part_way_leaves_nothing(tmp_path) -> None:
+    run = run_id()
+    spec = dataclasses.replace(rw.make_spec(run, 1, 1), lock_dir=str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError):  # the lock file, after the control block
+        Ring.create(spec, 0, "cpu")
+    assert shm_entries(run) == []
+
+
+def test_closing_a_ring_whose_names_were_taken_over_leaves_the_new_ring_s_names() -> None:
+    run = run_id()
+    first = Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
+    first.unlink()  # as every rank does once all attached; the mappings stay
+    second = Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
+    try:
+        named = shm_entries(run)
+        first.close()
+        assert shm_entries(run) == named != []
+    finally:
+        second.close()
+    assert shm_entries(run) == []
+
+
+def test_the_gpu_shares_are_those_ranks_measured() -> None:
+    spec = rw.make_spec(run_id(), 1, 1)
+    target = Ring.create(spec, 0, "cpu")
+    drafter = Ring.attach(spec.run_id, 1, "cpu")
+    try:
+        assert target.gpu_busy_by_rank() == {}  # nobody measured one
+        drafter.own_row.report_gpu_busy(0.75)
+        target.own_row.report_gpu_busy(None)  # could not measure
+        assert target.gpu_busy_by_rank() == {11: 0.75}
+    finally:
+        drafter.close()
+        target.close()
+
+
+def test_the_consumers_step_is_read_from_the_consumer_ranks() -> None:
+    spec = rw.make_spec(run_id(), 1, 2)
+    ring = Ring.create(spec, 0, "cpu")
+    drafters = [Ring.attach(spec.run_id, index, "cpu") for index in (1, 2)]
+    try:
+        ring.own_row.record_progress(9)  # a target's count is not the consumers' step
+        drafters[0].own_row.record_progress(4)
+        drafters[1].own_row.record_progress(5)
+        assert ring.consumer_step() == 5
+    finally:
+        for handle in (*drafters, ring):
+            handle.close()
+
+
 def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
     with pytest.raises(
         ShmTooSmall, match=r"needs .* MiB in .* but only .* MiB are free.*--shm-size"

@@ -110,6 +110,11 @@ def validate_inputs(config: Config, info: RankInfo, run_dir: Path, resume: bool 
         ring = ring_spec(config, info, run_dir, plan)
     except ValueError as exc:
         raise ConfigError(f"[ring]: {exc}") from None
+    if not Path(ring.lock_dir).is_dir():
+        raise ConfigError(
+            f"ring.lock_dir = {ring.lock_dir!r} is not a directory: create it, or leave "
+            "ring.lock_dir at its default (/dev/shm)"
+        )
     Ring.check_space(ring, info.device)  # before the batch buffers of the budget exist
     for split in splits:
         batch_stream(config, split, 0, 1)  # every row fits a batch; enough batches per rank
