@@ -481,7 +481,9 @@ def test_a_rank_that_closed_is_not_killed_however_old_its_heartbeat() -> None:
         block.closing[...], block.header["closing_rank"] = 1, 1
         with pytest.raises(PeerDied, match="aborted the ring"):
             Watch(spec, block, 0).check_peers()
-        assert child.poll() is None  # a frozen rank that had not closed would be killed
+        # A frozen rank that had not closed would be marked failed, then killed.
+        assert int(row["status"]) == cb.CLOSED and int(row["error_len"]) == 0
+        assert child.poll() is None
     finally:
         child.kill()
         child.wait()
