@@ -11,8 +11,8 @@ Slot life cycle (each producer owns slots_per_producer slots: RingSpec.slot_owne
 
 Producer p, `acquire()`: wait on free[p]; the wait guarantees one of p's slots is FREE
 (only p moves its slots out of FREE, consumers move them back before releasing
-free[p]). Mark it WRITING with owner, generation, sequence number and pid, and hand
-out views of its payload memory. `publish()`: make the payload writes visible (host:
+free[p]). Mark it WRITING with its sequence number (its owner is fixed at creation), and
+hand out views of its payload memory. `publish()`: make the payload writes visible (host:
 synchronise the producer's stream; device: record the slot's interprocess CUDA event
 on it), store the descriptor (sizes, meta; msgpack in a fixed-size field), mark READY,
 append the slot index to the FIFO under the lock, then release `ready`.
