@@ -168,7 +168,7 @@ def test_backpressure_blocks_producer_until_a_slot_is_freed() -> None:
         ours.send("take")
         take_started, seq = ours.recv()
         thread.join(JOIN_S)
-        assert seq == 0
+        assert seq == 0 and int(wait_start[0]) == 0  # its wait is over
         # Order: producer blocked, then the consumer started its take, then acquire returned.
         assert acquired["ns"] > take_started
         assert acquired["slot"].index == 0  # the slot the consumer freed
@@ -420,8 +420,8 @@ def test_a_consumer_sees_the_end_only_once_every_producer_finished() -> None:
         _publish(second, 0)
         item = consumer.take(timeout=JOIN_S)
         assert item is not None and rw.item_ok(item) and item.meta["producer"] == 1
-        second.finish()
-        assert consumer.take(timeout=JOIN_S) is None
+        rings[1].close()  # a producer that leaves cleanly has finished too
+        assert consumer.take(timeout=WAKE_S) is None
     finally:
         _close(rings)
 
@@ -465,16 +465,17 @@ def _blocked(wait, ring: Ring, index: int) -> tuple[threading.Thread, list[BaseE
 
 
 def test_an_unclean_close_wakes_blocked_producers_and_consumers_at_once() -> None:
-    # A consumer waiting for a ready slot; its producer closes unclean.
-    target, drafter = _ranks(producers=1, consumers=1, wait_timeout_s=60.0)
+    # Two consumers waiting for a ready slot; their producer closes unclean.
+    target, *drafters = _ranks(producers=1, consumers=2, wait_timeout_s=60.0)
     try:
-        thread, raised = _blocked(drafter.consumer().take, drafter, 1)
+        waits = [_blocked(d.consumer().take, d, i) for i, d in enumerate(drafters, start=1)]
         target.close(clean=False)
-        thread.join(WAKE_S)
-        assert not thread.is_alive() and "rank 10 (target" in str(raised[0])
+        for thread, raised in waits:
+            thread.join(WAKE_S)
+            assert not thread.is_alive() and "rank 10 (target" in str(raised[0])
     finally:
-        drafter.close(clean=False)
-        target.close(clean=False)
+        for ring in (*drafters, target):
+            ring.close(clean=False)
     # A producer waiting for a free slot; its consumer closes unclean.
     target, drafter = _ranks(producers=1, consumers=1, wait_timeout_s=60.0)
     try:

@@ -111,6 +111,10 @@ def rank_main(spec: RingSpec, index: int, barrier, results, job: str, *args) -> 
     except PeerDied as exc:
         results.put(("peer_died", index, str(exc)))
         ring.close(clean=True)
+    except Exception as exc:  # reported at once: the test need not wait out its time limit
+        results.put(("failed", index, repr(exc)))
+        ring.close(clean=False)
+        raise
 
 
 def produce_random(ring: Ring, items: int, seed: int, tail_first: bool = False) -> tuple[int, str]:
