@@ -15,6 +15,9 @@ LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
 RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
+ROLE_TESTS = (
+    "tests/test_target_groups.py", "tests/test_colocated_drafters.py", "tests/test_monitor_advice.py",
+)  # fmt: skip
 WATCH_TESTS = ("tests/test_ring_failures.py", "tests/test_liveness_slow.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
@@ -288,6 +291,29 @@ GROUPS = (
                "if self._is_producer and any(int(status[i]) == cb.CLOSED for i in self.spec.consumers):"),
         Mutant("a spin does not start over after progress",
                "if before_block is None or not before_block():", "if True:"),
+    )),
+    Group("rank roles", "ringtrain/trainer/roles.py", ROLE_TESTS, (
+        Mutant("a drafter's index counted within its node",
+               "role_index = node_rank * layout.drafters_per_node + local_rank - layout.targets_per_node",
+               "role_index = local_rank - layout.targets_per_node"),
+        Mutant("a target's index counted within its node",
+               "role_index = node_rank * layout.targets_per_node + local_rank",
+               "role_index = local_rank"),
+        Mutant("the drafter ranks without the node's targets",
+               "node * per_node + self.targets_per_node + i", "node * per_node + i"),
+        Mutant("the target groups of node 0 on every node",
+               "[node * self.local_world_size + local for local in group]", "[local for local in group]"),
+        Mutant("a member's place from its group", "return self.role_index % self.target_tp",
+               "return self.role_index // self.target_tp"),
+        Mutant("every target rank a producer",
+               "return self.num_nodes * self.targets_per_node // self.target_tp",
+               "return self.num_nodes * self.targets_per_node"),
+        Mutant("every group counted on every GPU", "(sum(gpu in group for group in groups), drafter_gpus.count(gpu))",
+               "(len(groups), drafter_gpus.count(gpu))"),
+        Mutant("every rank on GPU 0", 'return torch.device("cuda", local_rank % count)',
+               'return torch.device("cuda", 0)'),
+        Mutant("a GPU index one past the last accepted", "if not 0 <= index < count:",
+               "if not 0 <= index <= count:"),
     )),
     Group("process and thread liveness", "ringtrain/ring/liveness.py", SAMPLER_TESTS, (
         Mutant("a zombie is alive", 'if fields is None or fields[0] in ("Z", "X", "x"):',
