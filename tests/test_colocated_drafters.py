@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringtrain.config import LayoutConfig
+from ringtrain.config import ConfigError, LayoutConfig
 from ringtrain.trainer.groups import drafter_backend
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
@@ -68,6 +68,26 @@ def test_cpu_drafters_reduce_with_gloo_without_a_note(monkeypatch: pytest.Monkey
     assert info.local_gpus == ()
     choice = drafter_backend(info)
     assert (choice.name, choice.note) == ("gloo", None)
+
+
+def test_a_gpu_map_may_name_the_last_gpu_and_no_further(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = LayoutConfig(targets_per_node=1, drafters_per_node=2, gpu_map=[0, 1, 1])
+    assert rank_info(monkeypatch, 2, layout, local_rank=2).local_gpus == (0, 1, 1)
+    beyond = LayoutConfig(targets_per_node=1, drafters_per_node=2, gpu_map=[0, 1, 2])
+    with pytest.raises(ConfigError, match=r"layout.gpu_map\[2\] = 2 but this node has 2 GPU"):
+        rank_info(monkeypatch, 2, beyond)
+
+
+def test_drafter_ranks_count_over_nodes_after_each_node_s_targets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes of 1 target + 3 drafters: rank 7 is node 1's last drafter, drafter 5."""
+    for key, value in {"RANK": 7, "LOCAL_RANK": 3, "WORLD_SIZE": 8, "LOCAL_WORLD_SIZE": 4}.items():
+        monkeypatch.setenv(key, str(value))
+    layout = LayoutConfig(targets_per_node=1, drafters_per_node=3)
+    info = rank_info_from_env(layout, "cpu")
+    assert (info.role, info.role_index, info.role_count) == ("drafter", 5, 6)
+    assert info.drafter_ranks == [1, 2, 3, 5, 6, 7]
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
 RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
 ROLE_TESTS = (
-    "tests/test_target_groups.py", "tests/test_colocated_drafters.py", "tests/test_monitor_advice.py",
+    "tests/test_colocated_drafters.py", "tests/test_target_groups.py", "tests/test_monitor_advice.py",
 )  # fmt: skip
 WATCH_TESTS = ("tests/test_ring_failures.py", "tests/test_liveness_slow.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
