@@ -1,6 +1,6 @@
 """The mutants of the target side: which layers are tapped (the default spread, the checks
 of listed ones, the final norm's tap), where each tap lands in the packed features, and
-the truncation after the deepest tap (ringtrain/target/)."""
+the truncation after the deepest tap, and the conversion of GGUF files (ringtrain/target/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from tools.mutation.mutant import Group, Mutant
 
 TAP_TESTS = ("tests/test_target.py",)
 TAPPED_TESTS = ("tests/test_target.py", "tests/test_target_families.py")
+GGUF_TESTS = ("tests/test_gguf_convert.py", "tests/test_gguf_hostile.py")
 
 GROUPS = (
     Group("target taps", "ringtrain/target/taps.py", TAP_TESTS, (
@@ -49,6 +50,29 @@ GROUPS = (
         Mutant("a tap of another dtype not cast", "if dest.dtype == flat.dtype:", "if True:"),
         Mutant("one tap fewer in the width", "return len(self.tap_layers) * self.hidden_size",
                "return (len(self.tap_layers) - 1) * self.hidden_size"),
+    )),
+    Group("GGUF conversion", "ringtrain/target/gguf.py", GGUF_TESTS, (
+        Mutant("a directory holding files written into",
+               "if output.exists() and (not output.is_dir() or any(output.iterdir())):",
+               "if output.exists() and not output.is_dir():"),
+        Mutant("a file without GGUF's magic read", "if magic != GGUF_MAGIC:", "if False:"),
+        Mutant("a tied weight stored twice", "            del state[target]\n", "            pass\n"),
+        Mutant("the weights readable by the owner only",
+               '        shutil.copymode(partial / "config.json", partial / "model.safetensors")\n', ""),
+        Mutant("weights the file lacks accepted", '"lacks {}": sorted(loading["missing_keys"]),',
+               '"lacks {}": [],'),
+        Mutant("weights of the wrong shape accepted",
+               '"has {} of the wrong shape": sorted(str(key[0]) for key in loading["mismatched_keys"]),',
+               '"has {} of the wrong shape": [],'),
+        Mutant("the end of a turn does not stop generation",
+               'for key in ("eos_token_id", "eot_token_id")', 'for key in ("eos_token_id",)'),
+        Mutant("a failed conversion leaves its partial directory",
+               "    except BaseException:\n        shutil.rmtree(partial, ignore_errors=True)\n        raise\n",
+               "    except BaseException:\n        raise\n"),
+        Mutant("the file parsed again for each load",
+               "if not args and not kwargs and Path(path).resolve() == parsed:", "if False:"),
+        Mutant("the named weights' remainder counted from one",
+               'more = f" and {len(keys) - NAMED_WEIGHTS} more"', 'more = f" and {len(keys) - 1} more"'),
     )),
     Group("target truncation", "ringtrain/target/loader.py", TAPPED_TESTS, (
         Mutant("the deepest tapped layer dropped", "kept = max(taps) + 1", "kept = max(taps)"),
