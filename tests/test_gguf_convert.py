@@ -91,6 +91,9 @@ def test_converted_weights_are_the_arrays_written(tmp_path: Path, tied: bool) ->
             converted = weights.get_tensor(hugging_face_name(name))
             assert converted.dtype == np.float32, name
             assert np.array_equal(converted, expected.astype(np.float32)), name
+    # Readable by whoever may read the rest of the directory (safetensors writes 0600).
+    modes = {path.name: path.stat().st_mode & 0o777 for path in output.iterdir()}
+    assert len(set(modes.values())) == 1, modes
 
 
 @pytest.mark.parametrize(("tied", "dtype"), [(True, torch.float32), (False, torch.bfloat16)])

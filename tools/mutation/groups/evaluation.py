@@ -14,6 +14,7 @@ EVAL_TESTS = (
 )
 SAMPLING_TESTS = ("tests/test_token_sampling.py", "tests/test_eval_sampling.py")
 SPECULATIVE_TESTS = ("tests/test_eval_speculative.py", "tests/test_eval_ties.py")
+RUN_EVAL_TESTS = ("tests/test_eval_cli.py", "tests/test_eval_workers.py", "tests/test_eval_chat.py")
 
 GROUPS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -235,5 +236,21 @@ GROUPS = (
                "f\"after {self.total} of {self.done} turns\""),
         Mutant("every stop raised as SIGTERM",
                "raise EvalStopped(signum)", "raise EvalStopped(signal.SIGTERM)"),
+    )),
+    Group("one evaluation", "ringtrain/eval/evaluation.py", RUN_EVAL_TESTS, (
+        Mutant("answers as long as the context accepted",
+               "if context is not None and max_new_tokens >= context:",
+               "if context is not None and max_new_tokens > context:"),
+        Mutant("outcomes reported in the order they arrived",
+               "ordered = sorted(outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))",
+               "ordered = outcomes"),
+        Mutant("turns ordered before prompts",
+               "key=lambda o: (set_order[o.benchmark], o.index, o.turn)",
+               "key=lambda o: (set_order[o.benchmark], o.turn, o.index)"),
+        Mutant("sampled outputs judged by the tie rule",
+               "rule = tie_rule if sampling is None else NOT_COMPARED", "rule = tie_rule"),
+        Mutant("the prompt sets ordered by name",
+               "set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}",
+               "set_order = {name: k for k, name in enumerate(sorted(s.name for s in sets))}"),
     )),
 )  # fmt: skip
