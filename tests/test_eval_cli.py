@@ -135,3 +135,17 @@ def test_several_temperatures_in_one_run_give_each_one_s_own_figures(
     for mixed, single in zip(together["evaluations"], alone, strict=True):
         for key in ("prompts", "generated_tokens", "verify_forwards", "tau_real", "acceptance"):
             assert mixed[key] == single[key], (single["temperature"], key)
+
+
+def test_answers_as_long_as_the_target_s_context_are_refused_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = build_tiny_target(tmp_path / "target", seed=1)
+    drafter = write_drafter(tmp_path / "drafter", target)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    context = json.loads((target / "config.json").read_text())["max_position_embeddings"]
+    common = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)]
+    assert main([*common, "--max-new-tokens", str(context), "--device", "cpu"]) == 2
+    assert (
+        f"--max-new-tokens {context} does not fit the target's context" in capsys.readouterr().err
+    )

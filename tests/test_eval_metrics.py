@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.eval import Generation, PromptOutcome, summarize
+from ringtrain.eval.evaluation import NOT_COMPARED, reports_of
 from ringtrain.eval.settings import SamplingSettings
 from ringtrain.eval.ties import Divergence
+from ringtrain.generate.prompt_sets import PromptSet
 
 BLOCK = 6
 
@@ -147,3 +149,34 @@ def test_each_rate_counts_its_own_decodings_tokens() -> None:
     assert report.greedy_tokens_per_s == 6 / 2.0
     assert report.speedup == pytest.approx(2.0)
     assert report.lossless is False and report.mismatches[0]["position"] == 2
+
+
+def test_reports_take_turns_in_the_sets_prompts_and_turns_order_whatever_order_they_came() -> None:
+    """Workers finish conversations in any order: the report lists sets in their order, and
+    a set's categories and numerical ties by prompt, then turn."""
+    tie = Divergence(1, speculative=5, greedy=1, margin=0.001, tolerance=0.01, exact=1, tie=True)
+
+    def turn(set_name: str, index: int, turn: int, category: str) -> PromptOutcome:
+        speculative = Generation([1, 2], [1], 0.5, [tie])
+        return PromptOutcome(
+            index, 4, speculative, Generation([1, 2], [], 1.0), set_name, turn, category
+        )
+
+    came = [turn("chat", 0, 1, "b"), turn("code", 1, 2, "y"), turn("code", 1, 1, "y")]
+    came += [turn("code", 0, 1, "x"), turn("chat", 1, 1, "a")]
+    sets = [PromptSet("code", []), PromptSet("chat", [])]
+    sampled = SamplingSettings(1.0, 1.0, 0)
+    greedy, drawn = reports_of(sets, [None, sampled], [came, came[::-1]], "exact (float32)", BLOCK)
+    for report in (greedy, drawn):
+        assert list(report.benchmarks) == ["code", "chat"]
+        assert list(report.benchmarks["code"].categories) == ["x", "y"]
+        assert list(report.benchmarks["chat"].categories) == ["b", "a"]
+        ties = [(t["benchmark"], t["prompt"], t["turn"]) for t in report.numerical_ties]
+        assert ties == [
+            ("code", 0, 1),
+            ("code", 1, 1),
+            ("code", 1, 2),
+            ("chat", 0, 1),
+            ("chat", 1, 1),
+        ]
+    assert (greedy.tie_rule, drawn.tie_rule) == ("exact (float32)", NOT_COMPARED)

@@ -149,13 +149,26 @@ def evaluate(args: argparse.Namespace) -> list[EvalReport]:
                 stop.done = sum(map(len, progress.outcomes))
                 stop.total = progress.turns
                 raise
+    return reports_of(sets, args.samplings, progress.outcomes, tie_rule, spec.block_size)
+
+
+def reports_of(
+    sets: list[PromptSet],
+    samplings: list[SamplingSettings | None],
+    outcomes: list[list[PromptOutcome]],
+    tie_rule: str,
+    block_size: int,
+) -> list[EvalReport]:
+    """The report at each decoding of ``samplings`` from its ``outcomes`` in the order they
+    were decoded (workers finish conversations in any order): each one's turns in the
+    order of the sets, their prompts and turns; ``tie_rule`` judges greedy decoding only."""
     set_order = {prompt_set.name: k for k, prompt_set in enumerate(sets)}
     groups = {prompt_set.name: prompt_set.groups for prompt_set in sets}
     reports = []
-    for sampling, outcomes in zip(args.samplings, progress.outcomes, strict=True):
-        ordered = sorted(outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))
+    for sampling, decoded in zip(samplings, outcomes, strict=True):
+        ordered = sorted(decoded, key=lambda o: (set_order[o.benchmark], o.index, o.turn))
         rule = tie_rule if sampling is None else NOT_COMPARED
-        reports.append(summarize(ordered, spec.block_size, rule, sampling, groups))
+        reports.append(summarize(ordered, block_size, rule, sampling, groups))
     return reports
 
 

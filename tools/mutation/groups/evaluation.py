@@ -14,7 +14,10 @@ EVAL_TESTS = (
 )
 SAMPLING_TESTS = ("tests/test_token_sampling.py", "tests/test_eval_sampling.py")
 SPECULATIVE_TESTS = ("tests/test_eval_speculative.py", "tests/test_eval_ties.py")
-RUN_EVAL_TESTS = ("tests/test_eval_cli.py", "tests/test_eval_workers.py", "tests/test_eval_chat.py")
+RUN_EVAL_TESTS = (
+    "tests/test_eval_metrics.py", "tests/test_eval_cli.py", "tests/test_eval_workers.py",
+    "tests/test_eval_chat.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("metrics", "ringtrain/eval/metrics.py", EVAL_TESTS, (
@@ -242,8 +245,8 @@ GROUPS = (
                "if context is not None and max_new_tokens >= context:",
                "if context is not None and max_new_tokens > context:"),
         Mutant("outcomes reported in the order they arrived",
-               "ordered = sorted(outcomes, key=lambda o: (set_order[o.benchmark], o.index, o.turn))",
-               "ordered = outcomes"),
+               "ordered = sorted(decoded, key=lambda o: (set_order[o.benchmark], o.index, o.turn))",
+               "ordered = decoded"),
         Mutant("turns ordered before prompts",
                "key=lambda o: (set_order[o.benchmark], o.index, o.turn)",
                "key=lambda o: (set_order[o.benchmark], o.turn, o.index)"),
