@@ -163,7 +163,7 @@ def test_reports_take_turns_in_the_sets_prompts_and_turns_order_whatever_order_t
         )
 
     came = [turn("chat", 0, 1, "b"), turn("code", 1, 2, "y"), turn("code", 1, 1, "y")]
-    came += [turn("code", 0, 1, "x"), turn("chat", 1, 1, "a")]
+    came += [turn("code", 0, 2, "x"), turn("code", 0, 1, "x"), turn("chat", 1, 1, "a")]
     sets = [PromptSet("code", []), PromptSet("chat", [])]
     sampled = SamplingSettings(1.0, 1.0, 0)
     greedy, drawn = reports_of(sets, [None, sampled], [came, came[::-1]], "exact (float32)", BLOCK)
@@ -174,6 +174,7 @@ def test_reports_take_turns_in_the_sets_prompts_and_turns_order_whatever_order_t
         ties = [(t["benchmark"], t["prompt"], t["turn"]) for t in report.numerical_ties]
         assert ties == [
             ("code", 0, 1),
+            ("code", 0, 2),  # a prompt's second turn before the next prompt's first
             ("code", 1, 1),
             ("code", 1, 2),
             ("chat", 0, 1),
