@@ -16,6 +16,8 @@ import pytest
 
 from ringtrain.config import Config, ConfigError, parse_config
 from ringtrain.main import embedded_split, main
+from ringtrain.trainer.plan import validate_inputs
+from ringtrain.trainer.roles import rank_info_from_env
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records, trained_batches
 from tests.helpers.tiny_drafter import PAPER_SETS
 
@@ -168,15 +170,17 @@ def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:
 
 
 def test_a_missing_lock_directory_is_refused_naming_the_key(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Pre-flight's own check (validate_inputs, called directly: main() would install its
+    stop-signal handlers in the test process)."""
     for name, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
         monkeypatch.setenv(name, str(value))
     missing = tmp_path / "locks"
     overrides = {"run.run_dir": str(tmp_path / "run"), "ring.lock_dir": str(missing)}
-    code = main(
-        [arg for key, value in overrides.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
-    )
-    assert code == 2
-    err = capsys.readouterr().err
-    assert f"ring.lock_dir = '{missing}' is not a directory: create it" in err
+    config = parse_config("", overrides=[f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+    info = rank_info_from_env(config.layout, "cpu")
+    with pytest.raises(
+        ConfigError, match=f"ring.lock_dir = '{missing}' is not a directory: create"
+    ):
+        validate_inputs(config, info, tmp_path / "run")
