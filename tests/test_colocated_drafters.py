@@ -19,7 +19,7 @@ import torch
 from ringtrain.config import ConfigError, LayoutConfig
 from ringtrain.trainer.groups import drafter_backend
 from ringtrain.trainer.roles import RankInfo, rank_info_from_env
-from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
+from tests.helpers.launcher import RUN_TIMEOUT_S, as_torchrun_rank, run_env
 
 
 def rank_info(
@@ -30,13 +30,7 @@ def rank_info(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     per_node = layout.targets_per_node + layout.drafters_per_node
-    for name, value in {
-        "RANK": local_rank,
-        "WORLD_SIZE": per_node,
-        "LOCAL_RANK": local_rank,
-        "LOCAL_WORLD_SIZE": per_node,
-    }.items():
-        monkeypatch.setenv(name, str(value))
+    as_torchrun_rank(monkeypatch, local_rank, local_rank, per_node, per_node)
     return rank_info_from_env(layout, "auto")
 
 
@@ -82,8 +76,7 @@ def test_drafter_ranks_count_over_nodes_after_each_node_s_targets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two nodes of 1 target + 3 drafters: rank 7 is node 1's last drafter, drafter 5."""
-    for key, value in {"RANK": 7, "LOCAL_RANK": 3, "WORLD_SIZE": 8, "LOCAL_WORLD_SIZE": 4}.items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_rank(monkeypatch, rank=7, local_rank=3, world_size=8, local_world_size=4)
     layout = LayoutConfig(targets_per_node=1, drafters_per_node=3)
     info = rank_info_from_env(layout, "cpu")
     assert (info.role, info.role_index, info.role_count) == ("drafter", 5, 6)

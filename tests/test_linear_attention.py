@@ -34,6 +34,7 @@ from ringtrain.target.structure import check_structure
 from ringtrain.target.tiny import build_tiny_target
 from ringtrain.trainer import plan
 from ringtrain.trainer.roles import rank_info_from_env
+from tests.helpers.launcher import as_torchrun_rank
 
 FLA_INSTALLED = importlib.util.find_spec("fla") is not None
 
@@ -198,11 +199,8 @@ def test_a_target_rank_chooses_its_kernels_before_the_structure_check_imports_fl
     for module in (plan, loader):
         monkeypatch.setattr(module, "choose_linear_attention", choose)
         monkeypatch.setattr(module, "check_structure", check)
-    rank = "0" if role == "target" else "2"  # the default layout: 2 targets, 1 drafter
-    for key in ("RANK", "LOCAL_RANK"):
-        monkeypatch.setenv(key, rank)
-    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        monkeypatch.setenv(key, "3")
+    rank = 0 if role == "target" else 2  # the default layout: 2 targets, 1 drafter
+    as_torchrun_rank(monkeypatch, rank, rank)
     config = parse_config("", overrides=[f"target.path={json.dumps(str(path))}"])
     info = rank_info_from_env(config.layout, "cpu")
     assert info.role == role

@@ -14,7 +14,6 @@ files or processes.
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 import shutil
 import signal
@@ -419,9 +418,9 @@ def test_in_a_group_of_three_the_rank_behind_is_told_by_every_other_rank() -> No
 
 
 def _watched(spec: RingSpec) -> cb.ControlBlock:
-    """A control block of `spec` in anonymous memory (no ring, no heartbeat threads) whose
+    """A control block of `spec` in anonymous memory (rw.anonymous_control_block) whose
     ranks are this process, attached, working and beating now."""
-    block = cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
+    block = rw.anonymous_control_block(spec)
     now = monotonic_ns()
     ranks = block.ranks
     ranks["status"], ranks["phase"] = cb.ATTACHED, phases.WORKING

@@ -18,7 +18,13 @@ from ringtrain.config import Config, ConfigError, parse_config
 from ringtrain.main import embedded_split, main
 from ringtrain.trainer.plan import validate_inputs
 from ringtrain.trainer.roles import rank_info_from_env
-from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records, trained_batches
+from tests.helpers.launcher import (
+    RUN_TIMEOUT_S,
+    as_torchrun_rank,
+    run_env,
+    step_records,
+    trained_batches,
+)
 from tests.helpers.tiny_drafter import PAPER_SETS
 
 
@@ -123,8 +129,7 @@ def test_unwritable_run_dir_is_refused_naming_the_key(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    for name, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
-        monkeypatch.setenv(name, str(value))
+    as_torchrun_rank(monkeypatch)
     code = main(["--set", f"run.run_dir={json.dumps(str(blocker / 'run'))}"])
     assert code == 2
     err = capsys.readouterr().err
@@ -174,8 +179,7 @@ def test_a_missing_lock_directory_is_refused_naming_the_key(
 ) -> None:
     """Pre-flight's own check (validate_inputs, called directly: main() would install its
     stop-signal handlers in the test process)."""
-    for name, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
-        monkeypatch.setenv(name, str(value))
+    as_torchrun_rank(monkeypatch)
     missing = tmp_path / "locks"
     overrides = {"run.run_dir": str(tmp_path / "run"), "ring.lock_dir": str(missing)}
     config = parse_config("", overrides=[f"{k}={json.dumps(v)}" for k, v in overrides.items()])

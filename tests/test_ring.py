@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import multiprocessing as mp
 import os
 import threading
@@ -78,7 +77,7 @@ def test_spec_round_trips_and_slots_are_aligned() -> None:
 
 def test_control_tables_and_fields_hold_what_fits_and_refuse_a_longer_descriptor() -> None:
     spec = rw.make_spec("cf", 1, 1)
-    block = cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
+    block = rw.anonymous_control_block(spec)
     try:
         # The tables do not overlap: each keeps what was written to it.
         block.slots["seq"], block.ranks["step"], block.fifo[:] = 7, 8, 9
@@ -226,14 +225,12 @@ def test_same_run_id_of_live_creator_is_refused() -> None:
 
 
 def test_an_index_outside_the_ring_and_a_spec_too_long_for_its_field_are_refused() -> None:
-    run = run_id()
-    spec = rw.make_spec(run, 1, 1)
-    ring = Ring.create(spec, 0, "cpu")
+    rings = _ranks(producers=1, consumers=1)
     try:
         with pytest.raises(RingError, match="local index 2 is outside the ring's 2 ranks"):
-            Ring.attach(run, spec.num_ranks, "cpu")
+            Ring.attach(rings[0].spec.run_id, len(rings), "cpu")
     finally:
-        ring.close()
+        _close(rings)
     crowded = rw.make_spec(run_id(), 1, 300)  # about 6 KB encoded
     assert len(crowded.encode()) > cb.SPEC_BYTES
     with pytest.raises(RingError, match=r"ring spec encodes to \d+ bytes, over 4096"):
@@ -264,31 +261,25 @@ def test_closing_a_ring_whose_names_were_taken_over_leaves_the_new_ring_s_names(
 
 
 def test_the_gpu_shares_are_those_ranks_measured() -> None:
-    spec = rw.make_spec(run_id(), 1, 1)
-    target = Ring.create(spec, 0, "cpu")
-    drafter = Ring.attach(spec.run_id, 1, "cpu")
+    target, drafter = rings = _ranks(producers=1, consumers=1)
     try:
         assert target.gpu_busy_by_rank() == {}  # nobody measured one
         drafter.own_row.report_gpu_busy(0.75)
         target.own_row.report_gpu_busy(None)  # could not measure
         assert target.gpu_busy_by_rank() == {11: 0.75}
     finally:
-        drafter.close()
-        target.close()
+        _close(rings)
 
 
 def test_the_consumers_step_is_read_from_the_consumer_ranks() -> None:
-    spec = rw.make_spec(run_id(), 1, 2)
-    ring = Ring.create(spec, 0, "cpu")
-    drafters = [Ring.attach(spec.run_id, index, "cpu") for index in (1, 2)]
+    target, *drafters = rings = _ranks(producers=1, consumers=2)
     try:
-        ring.own_row.record_progress(9)  # a target's count is not the consumers' step
+        target.own_row.record_progress(9)  # a target's count is not the consumers' step
         drafters[0].own_row.record_progress(4)
         drafters[1].own_row.record_progress(5)
-        assert ring.consumer_step() == 5
+        assert target.consumer_step() == 5
     finally:
-        for handle in (*drafters, ring):
-            handle.close()
+        _close(rings)
 
 
 def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:

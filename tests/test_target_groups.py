@@ -33,6 +33,7 @@ from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
     POLL_S,
     RUN_TIMEOUT_S,
+    as_torchrun_rank,
     eval_records,
     expected_batch_ids,
     pid_alive,
@@ -165,8 +166,7 @@ def test_the_resumed_group_trains_its_stream_exactly_once_and_the_drafter_learns
 def test_a_layout_that_splits_a_group_is_refused_in_preflight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 4, "LOCAL_WORLD_SIZE": 4}.items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_rank(monkeypatch, world_size=4, local_world_size=4)
     run_dir = json.dumps(str(tmp_path / "run"))
     layout = ["layout.targets_per_node=3", "layout.drafters_per_node=1", "layout.target_tp=2"]
     code = main([arg for item in [f"run.run_dir={run_dir}", *layout] for arg in ("--set", item)])
@@ -178,8 +178,7 @@ def test_a_layout_that_splits_a_group_is_refused_in_preflight(
 
 def test_groups_are_consecutive_target_ranks_of_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two nodes of 4 targets + 2 drafters, groups of 2: rank 7 is member 1 of group 2."""
-    for key, value in {"RANK": 7, "LOCAL_RANK": 1, "WORLD_SIZE": 12, "LOCAL_WORLD_SIZE": 6}.items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_rank(monkeypatch, rank=7, local_rank=1, world_size=12, local_world_size=6)
     layout = LayoutConfig(targets_per_node=4, drafters_per_node=2, target_tp=2)
     info = rank_info_from_env(layout, "cpu")
     assert (info.group_index, info.group_member, info.group_ranks) == (2, 1, [6, 7])
@@ -199,8 +198,7 @@ def test_a_family_a_group_cannot_split_is_refused_in_preflight(
 ) -> None:
     """A hybrid (Gated DeltaNet) target with target_tp = 2: refused before any rank starts
     distributed work, naming the setting and the fix."""
-    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_rank(monkeypatch)
     hybrid = write_model(tmp_path / "hybrid", build_model("qwen3_next"))
     config = parse_config(
         "",
@@ -224,8 +222,7 @@ def test_preflight_checks_only_the_layers_a_group_keeps(
     """A GLM-4.5-style target whose two dense layers split over 2 members and whose deeper
     expert layers (intermediate size 33) do not: tapping only the dense layers keeps only
     them, so the group is accepted; a tap in an expert layer is refused naming it."""
-    for key, value in {"RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 3, "LOCAL_WORLD_SIZE": 3}.items():
-        monkeypatch.setenv(key, str(value))
+    as_torchrun_rank(monkeypatch)
     values = {**COMMON, **TEXT_FAMILIES["glm4_moe"]}
     glm = CONFIG_MAPPING["glm4_moe"](
         **values | {"first_k_dense_replace": 2, "moe_intermediate_size": 33}

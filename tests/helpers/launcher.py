@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 from ringtrain.config import Config, parse_config
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.ring import RingReader, discover
@@ -22,6 +24,24 @@ from ringtrain.trainer.groups import close_groups
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
 SPAWN = mp.get_context("spawn")
+
+
+def as_torchrun_rank(
+    monkeypatch: pytest.MonkeyPatch,
+    rank: int = 0,
+    local_rank: int = 0,
+    world_size: int = 3,
+    local_world_size: int = 3,
+) -> None:
+    """Make this process look like one rank that torchrun started (its environment
+    variables), for code that reads them in the test process."""
+    for name, value in {
+        "RANK": rank,
+        "LOCAL_RANK": local_rank,
+        "WORLD_SIZE": world_size,
+        "LOCAL_WORLD_SIZE": local_world_size,
+    }.items():
+        monkeypatch.setenv(name, str(value))
 
 
 def torchrun_command(

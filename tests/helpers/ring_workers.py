@@ -19,6 +19,7 @@ import torch
 
 from ringtrain.batch import slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
+from ringtrain.ring import control as cb
 from ringtrain.trainer.outcome import FAILED, Outcome, report_outcome
 from ringtrain.trainer.signals import StopRequest
 
@@ -52,6 +53,12 @@ def make_spec(
         wait_timeout_s=0.2,
         heartbeat_timeout_s=heartbeat_timeout_s,
     )
+
+
+def anonymous_control_block(spec: RingSpec) -> cb.ControlBlock:
+    """A control block of `spec` in anonymous memory, zeroed: no ring's objects and no
+    heartbeat or watchdog threads write to it, so a test sets its tables as it likes."""
+    return cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
 
 
 def write_item(
