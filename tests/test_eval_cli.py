@@ -24,13 +24,22 @@ def write_prompts(path: Path) -> Path:
     return path
 
 
+def tiny_evaluation(tmp_path: Path, hybrid: bool = True) -> tuple[Path, Path, Path]:
+    """The tiny target (seed 1; hybrid unless told), an untrained drafter for it and the
+    three prompts."""
+    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=hybrid)
+    return (
+        target,
+        write_drafter(tmp_path / "drafter", target),
+        write_prompts(tmp_path / "prompts.jsonl"),
+    )
+
+
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
 def test_untrained_drafter_is_lossless_with_tau_near_one(
     tmp_path: Path, hybrid: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    target = build_tiny_target(tmp_path / "target", seed=1, hybrid=hybrid)
-    drafter = write_drafter(tmp_path / "drafter", target)
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    target, drafter, prompts = tiny_evaluation(tmp_path, hybrid)
     code = main(
         [
             "--target", str(target),
@@ -89,9 +98,7 @@ def test_bad_prompt_line_names_file_and_line(
 def test_workers_decode_shares_with_the_same_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    target = build_tiny_target(tmp_path / "target", seed=1)
-    drafter = write_drafter(tmp_path / "drafter", target)
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    target, drafter, prompts = tiny_evaluation(tmp_path)
     results = []
     for workers in ("1", "2"):
         code = main(
@@ -114,9 +121,7 @@ def test_several_temperatures_in_one_run_give_each_one_s_own_figures(
 ) -> None:
     """--temperature 0 --temperature 1: one run (its workers load the models once) reports
     at each temperature exactly what a run at that temperature alone reports."""
-    target = build_tiny_target(tmp_path / "target", seed=1)
-    drafter = write_drafter(tmp_path / "drafter", target)
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    target, drafter, prompts = tiny_evaluation(tmp_path)
     common = [
         "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
         "--max-new-tokens", "8", "--device", "cpu", "--threads", "1", "--json",
@@ -140,9 +145,7 @@ def test_several_temperatures_in_one_run_give_each_one_s_own_figures(
 def test_answers_as_long_as_the_target_s_context_are_refused_before_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    target = build_tiny_target(tmp_path / "target", seed=1)
-    drafter = write_drafter(tmp_path / "drafter", target)
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    target, drafter, prompts = tiny_evaluation(tmp_path)
     config = json.loads((target / "config.json").read_text())
     config["max_position_embeddings"] = context = 16  # short: a run past the check ends soon
     (target / "config.json").write_text(json.dumps(config))
