@@ -124,14 +124,18 @@ def _line_of(thread: threading.Thread, code) -> int | None:
 
 
 def test_a_blocked_thread_that_moved_to_another_line_of_one_function_has_moved() -> None:
-    first, second, stop = threading.Event(), threading.Event(), threading.Event()
+    # Locks, not events: a thread blocked in Lock.acquire has no Python frame inside it, so
+    # once it is on the line it announced, its stack cannot change until it is let go.
+    first, second, stop = threading.Lock(), threading.Lock(), threading.Event()
+    first.acquire()
+    second.acquire()
     lines = []
 
     def two_waits() -> None:
         lines.append(sys._getframe().f_lineno + 1)
-        first.wait()
+        first.acquire()
         lines.append(sys._getframe().f_lineno + 1)
-        second.wait()
+        second.acquire()
 
     thread = threading.Thread(target=two_waits, daemon=True)
     thread.start()
@@ -143,12 +147,13 @@ def test_a_blocked_thread_that_moved_to_another_line_of_one_function_has_moved()
                 sampler = ThreadSampler(thread.ident, thread.native_id)
                 sampler.sample()
                 assert not sampler.sample().moved  # still in the first wait
-                first.set()
-        # Blocked again, in the same functions, one line further on.
+                first.release()
+        # Blocked again, in the same function, one line further on.
         assert sampler.sample().moved
     finally:
-        first.set()
-        second.set()
+        for gate in (first, second):
+            if gate.locked():
+                gate.release()
         thread.join()
 
 
