@@ -10,12 +10,15 @@ import threading
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 from ringtrain.ring import PeerDied, Ring, RingClosed
 from ringtrain.ring.liveness import process_state
+from ringtrain.trainer.outcome import FAILED, read_outcomes
+from ringtrain.trainer.signals import STOP_STEPS
 from tests.helpers import ring_workers as rw
 
 CTX = mp.get_context("spawn")
@@ -277,6 +280,40 @@ def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed:
         for process in (peer, rank):
             process.kill()
             process.join(JOIN_S)
+
+
+def test_a_stop_in_training_that_never_reaches_a_safe_point_fails_after_its_bound(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a training rank whose step never ends: the rank waits STOP_STEPS times
+    its longest step plus ring.startup_timeout_s for its safe point, then leaves as failed
+    (exit 1), naming that bound in its outcome and to its peers."""
+    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), startup_timeout_s=1.0)
+    barrier, results = CTX.Barrier(2), CTX.Queue()
+    rank = CTX.Process(target=rw.stuck_in_training, args=(spec, 1, barrier, results, str(tmp_path)))
+    rank.start()
+    ring = rw.join_ring(spec, 0, barrier)
+    try:
+        assert results.get(timeout=JOIN_S)[:2] == ("ready", 1)
+        signalled = time.monotonic()
+        os.kill(rank.pid, signal.SIGTERM)
+        rank.join(JOIN_S)
+        waited_s = time.monotonic() - signalled
+        bound_s = STOP_STEPS * rw.STEP_S + spec.startup_timeout_s
+        assert rank.exitcode == 1 and waited_s >= bound_s
+        [outcome] = read_outcomes(tmp_path)
+        assert outcome.kind == FAILED and outcome.code == 1
+        assert outcome.message.startswith(
+            f"rank 0 did not reach a safe point within {bound_s:.0f} s of SIGTERM "
+            f"({STOP_STEPS} x its longest step, {rw.STEP_S:.0f} s, + ring.startup_timeout_s"
+        ), outcome.message
+        with pytest.raises(PeerDied, match="did not reach a safe point") as failure:
+            ring.check_peers()
+        assert failure.value.last_error == outcome.message
+    finally:
+        rank.kill()
+        rank.join(JOIN_S)
+        ring.close()
 
 
 @pytest.mark.parametrize("found_before", [True, False], ids=["found-before", "nothing-found"])

@@ -20,10 +20,11 @@ import torch
 from ringtrain.batch import slot_fields
 from ringtrain.ring import CONSUMER, PRODUCER, PeerDied, Ring, RingSpec
 from ringtrain.ring import control as cb
-from ringtrain.trainer.outcome import FAILED, Outcome, report_outcome
+from ringtrain.trainer.outcome import FAILED, OUTCOME_DIR_ENV, Outcome, report_outcome
 from ringtrain.trainer.signals import StopRequest
 
 MAX_TOKENS = 64
+STEP_S = 1.0  # stuck_in_training's first step
 WIDTH = 8
 
 
@@ -237,6 +238,20 @@ def start_up_rank(spec: RingSpec, index: int, barrier, results) -> None:
     StopRequest().install()
     results.put(("ready", index, os.getpid()))
     threading.Event().wait()
+
+
+def stuck_in_training(spec: RingSpec, index: int, barrier, results, outcome_dir: str) -> None:
+    """A trainer rank in training (its first step took STEP_S) whose second step never
+    ends: stop signals handled as a rank handles them, its outcome written into
+    `outcome_dir` as under ringtrain-launch; it waits until a signal ends it."""
+    os.environ[OUTCOME_DIR_ENV] = outcome_dir
+    ring = join_ring(spec, index, barrier)
+    ring.own_row.record_progress(1)
+    time.sleep(STEP_S)  # the first step's work
+    ring.own_row.record_progress(2)
+    StopRequest().install()
+    results.put(("ready", index, os.getpid()))
+    threading.Event().wait()  # the second step
 
 
 def stop_after_the_outcome(results) -> None:
