@@ -1,11 +1,13 @@
 """Fixtures shared by several test modules (each module opts in by name), a live line for
 long tests: one that has run LIVE_AFTER_S gets a line naming it (again every LIVE_EVERY_S)
-and its duration when it ends, so a quiet terminal (-q, CI) shows what runs; and a
-temporary directory of the session's own for the processes the tests start."""
+and its duration when it ends, so a quiet terminal (-q, CI) shows what runs; a
+temporary directory of the session's own for the processes the tests start; and a guard
+that fails a test which leaves pytest's own stop signals routed elsewhere."""
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ringtrain.interrupts import STOP_SIGNALS
 from tests.helpers.chat_data import write_chats, write_tokenizer
 
 
@@ -29,6 +32,25 @@ def children_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> It
         del os.environ["TMPDIR"]
     else:
         os.environ["TMPDIR"] = before
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_left_alone() -> Iterator[None]:
+    """Fail a test that leaves SIGTERM or SIGINT handled otherwise than before it, e.g. by
+    running ringtrain.main in-process past its stop handlers (trainer/signals.py): those
+    end the whole process on a signal in start-up, so they belong in the processes the
+    tests start, never in pytest's. The handlers are put back before the failure."""
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    changed = [s.name for s, handler in before.items() if signal.getsignal(s) is not handler]
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    if changed:
+        signal.set_wakeup_fd(-1)
+        pytest.fail(
+            f"the test left {' and '.join(changed)} handled by its own handler: run what "
+            "installs it in a process of its own, or restore the handler"
+        )
 
 
 @pytest.fixture(scope="module")
