@@ -4,9 +4,9 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 
 from __future__ import annotations
 
-from tools.mutation.groups import data, drafter, evaluation, generate, run, target
+from tools.mutation.groups import data, drafter, evaluation, generate, run, startup, target
 
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
-    *run.GROUPS,
+    *run.GROUPS, *startup.GROUPS,
 )  # fmt: skip

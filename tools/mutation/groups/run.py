@@ -1,6 +1,6 @@
 """The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, the step's sums vector, checkpoints (writing, verification, retention,
-layout, resume checks), the progress lines and the split advice."""
+liveness verdicts, the step's sums vector, the drafter's loop, checkpoints (writing,
+verification, retention, layout, resume checks), the progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ ROLE_TESTS = (
     "tests/test_colocated_drafters.py", "tests/test_target_groups.py", "tests/test_monitor_advice.py",
 )  # fmt: skip
 WATCH_TESTS = ("tests/test_ring_failures.py", "tests/test_liveness_slow.py")
+LOOP_TESTS = (
+    "tests/test_trainer_loop.py", "tests/test_drafter_data_parallel.py", "tests/test_drafter_nonfinite_ddp.py",
+    "tests/test_startup_refusals.py",
+)  # fmt: skip
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -354,5 +358,33 @@ GROUPS = (
         Mutant("a group with a rank on another host is judged",
                "if not waiting or any(int(ranks[i][\"peer_group\"]) != len(waiting) for i in waiting):",
                "if not waiting:"),
+    )),
+    Group("drafter loop", "ringtrain/trainer/drafter_loop.py", LOOP_TESTS, (
+        Mutant("a batch's anchors not seeded by its target",
+               "((run_seed * 1_000_003 + meta.producer) * 1_000_000_007 + meta.seq)",
+               "((run_seed * 1_000_003) * 1_000_000_007 + meta.seq)"),
+        Mutant("a trained batch not in the ledger", "            state.ledger.record(producer, seq)",
+               "            pass"),
+        Mutant("no checkpoint at the end", "if save is not None and state.step != last_saved:",
+               "if False:"),
+        Mutant("a saved step saved again at the end",
+               "if save is not None and state.step != last_saved:", "if save is not None:"),
+        Mutant("the schedule stands still on a skipped step",
+               "            trainee.scheduler.step()\n            return summary, None",
+               "            return summary, None"),
+        Mutant("held-out batches trained on",
+               "if item is None or item.meta.kind != BatchKind.EVAL:", "if True:"),
+        Mutant("a stop not heeded while taking", "        while not stop.requested:\n",
+               "        while True:\n"),
+        Mutant("the last rounds not evaluated", "if state.step == run.max_steps:", "if False:"),
+        Mutant("a round's step not kept", "state.evaluated_step = self.rounds.step_of(round_id)",
+               "state.evaluated_step = state.evaluated_step"),
+        Mutant("the step not published to the ring", "self.ring.own_row.record_progress(step)",
+               "self.ring.own_row.record_progress(0)"),
+        Mutant("the last step's record lost at a stop",
+               "            if reduced.stopped:\n                conclusions.report(concluded)",
+               "            if reduced.stopped:\n                pass"),
+        Mutant("a resumed session's rounds from the first",
+               "self.rounds.done_by(state.evaluated_step) + 1,\n        )", "1,\n        )"),
     )),
 )  # fmt: skip
