@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.cli.data import main as data_main
+from ringtrain.data import DatasetError
 from ringtrain.data import regenerate as regenerate_module
 from ringtrain.data.regen_client import RetryPolicy, Sampling
 from ringtrain.data.regenerate import RegenerateOptions, RegenerateTotals, regenerate
@@ -68,10 +69,12 @@ def test_the_tokens_generated_count_every_turn_of_a_record(
     turns = [t for r in read_output(output).values() for t in r["regeneration"]["turns"]]
     assert len(turns) > 8  # some records have two turns
     tokens = sum(t["completion_tokens"] for t in turns)
-    assert f", {tokens} tokens generated," in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f", {tokens} tokens generated, 0 answers cut at --max-tokens" in out, out
 
 
-def test_sampling_options_reach_the_server(tmp_path: Path) -> None:
+def test_sampling_options_reach_the_server(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Every answer is cut at --max-tokens 5, and the summary counts each cut turn."""
     chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
     good = write_chats(chats, 8)
     extra = ("--max-tokens", "5", "--temperature", "0.5", "--no-progress")
@@ -86,9 +89,9 @@ def test_sampling_options_reach_the_server(tmp_path: Path) -> None:
     sampling = {"max_tokens": 5, "temperature": 0.5, "chat_template_kwargs": json.loads(kwargs)}
     assert_all_regenerated(chats, output, good, **sampling)
     records = read_output(output)
-    assert all(
-        t["finish_reason"] == "length" for r in records.values() for t in r["regeneration"]["turns"]
-    )
+    turns = [t for r in records.values() for t in r["regeneration"]["turns"]]
+    assert len(turns) > 8 and all(t["finish_reason"] == "length" for t in turns)
+    assert f", {len(turns)} answers cut at --max-tokens" in capsys.readouterr().out
     assert not any("reasoning_content" in m for r in records.values() for m in r["messages"])
 
 
@@ -154,6 +157,8 @@ def test_other_settings_are_refused_and_resume_needs_an_output(
         assert data_main(_args([server], chats, output, "--no-progress")) == 0
         assert data_main(_args([server], chats, output, "--temperature", "1", "--no-progress")) == 2
         assert "temperature: 0.0 -> 1.0" in capsys.readouterr().err
+        assert data_main(_args([server], chats, output, "--top-p", "0.5", "--no-progress")) == 2
+        assert "top_p: None -> 0.5" in capsys.readouterr().err
         assert data_main(_args([server], chats, output, "--resume", "--no-progress")) == 0
         assert len(server.requests) == 6  # the rerun asked nothing
     assert "0 records regenerated" in capsys.readouterr().out
@@ -213,6 +218,21 @@ def test_answers_without_content_are_retried_until_one_has_it(tmp_path: Path) ->
     )
     assert injected > 2 and totals.failed == 0
     assert_all_regenerated(chats, output, good)
+
+
+def test_a_concurrency_below_one_is_refused_by_name(tmp_path: Path) -> None:
+    chats = tmp_path / "chats.jsonl"
+    write_chats(chats, 2)
+    options = RegenerateOptions(
+        servers=["http://127.0.0.1:9/v1"],
+        sampling=Sampling(MODEL),
+        input=chats,
+        output=tmp_path / "out.jsonl",
+        concurrency=0,
+    )
+    with pytest.raises(DatasetError, match="concurrency must be at least 1, not 0"):
+        regenerate(options, progress=None)
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_the_api_key_is_sent_as_a_bearer_token(

@@ -289,12 +289,14 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, _Console]:
 
 
 @pytest.mark.parametrize(
-    ("stop", "presses"), [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 1)]
+    ("stop", "presses"),
+    [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 1), (signal.SIGTERM, 2)],
 )
 def test_a_stop_finishes_the_answers_in_flight_a_second_ctrl_c_aborts(
     model_dir: Path, tmp_path: Path, stop: signal.Signals, presses: int
 ) -> None:
-    """A SIGTERM (a scheduler, `timeout`) is taken as the first Ctrl-C, named as itself."""
+    """A SIGTERM (a scheduler, `timeout`) is taken as Ctrl-C, named as itself: the first
+    finishes the answers in flight, a second aborts, and the exit code is the signal's."""
     chats, output = _chats(tmp_path / "chats.jsonl", 3), tmp_path / "out.jsonl"
     args = _args(model_dir, chats, output, "--max-tokens", str(LONG_ANSWER), "--batch-size", "2")
     args.remove("--no-progress")
@@ -305,7 +307,7 @@ def test_a_stop_finishes_the_answers_in_flight_a_second_ctrl_c_aborts(
         name = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
         console.wait_for(f"stopping ({name}): the answers in flight finish")
         if presses == 2:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(stop)
         assert process.wait(300) == 128 + stop
     finally:
         process.kill()

@@ -143,6 +143,31 @@ def test_server_dying_mid_run_stops_the_run_and_a_rerun_finishes(
     assert_all_regenerated(chats, output, good)
 
 
+@pytest.mark.parametrize(
+    ("faults", "gone"),
+    [(Faults(error_rate=0.3, seed=2), False), (Faults(dead_after=3), True)],
+    ids=["failures-apart", "failures-in-a-row"],
+)
+def test_the_server_is_gone_after_max_failures_records_in_a_row_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture, faults: Faults, gone: bool
+) -> None:
+    """One conversation at a time, no retries, --max-failures 2: failed records with a
+    success between them never stop the run (this seed fails 4 of 12 records, never two in
+    a row); a server that stops answering stops it at the second failure, not later."""
+    chats, output = tmp_path / "chats.jsonl", tmp_path / "out.jsonl"
+    write_chats(chats, 12)
+    extra = ("--retries", "0", "--max-failures", "2", "--concurrency", "1")
+    with ChatServer(faults=faults) as server:
+        code = data_main(_args(server.url, chats, output, *extra))
+    errors = (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+    if gone:
+        assert code == 3 and len(errors) == 2
+        assert "stopped: 2 records in a row failed" in capsys.readouterr().err
+    else:
+        assert code == 1 and len(errors) == 4
+        assert len(read_output(output)) == 8
+
+
 def test_a_second_client_on_the_output_is_refused_and_a_dead_ones_lock_taken_over(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -24,7 +24,7 @@ from ringtrain.drafter import (
 )
 from ringtrain.drafter.arch.dflash2.selector import SelectorSums
 from ringtrain.trainer.batch_meta import BatchKind, BatchMeta
-from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee
+from ringtrain.trainer.drafter_loop import DrafterLoop, DrafterState, Trainee, anchor_seed
 from ringtrain.trainer.heldout import EvalRounds, EvalTally
 from ringtrain.trainer.ledger import BatchLedger
 from ringtrain.trainer.signals import StopRequest
@@ -85,13 +85,43 @@ def test_loop_trains_each_batch_once_evaluates_and_saves() -> None:
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(loop), strict=True))
 
 
-def test_loop_stops_after_the_last_complete_step_when_items_run_out() -> None:
-    ring, saved = RingStandIn([item(0), item(1), item(2)]), []
+@pytest.mark.parametrize(("batches", "saves"), [(3, [2, 3]), (4, [2, 4])])
+def test_loop_stops_after_the_last_complete_step_when_items_run_out(
+    batches: int, saves: list[int]
+) -> None:
+    """Every step is reported, the last one too; the last step is saved once, also when
+    it was a checkpoint step (checkpoint_every = 2)."""
+    ring, reporter, saved = RingStandIn([item(i) for i in range(batches)]), ReporterStandIn(), []
     state = make_loop(ring, max_steps=10).train(
-        DrafterState(0, BatchLedger()), StopRequest(), None, lambda s: saved.append(s.step)
+        DrafterState(0, BatchLedger()), StopRequest(), reporter, lambda s: saved.append(s.step)
     )
-    assert state.step == 3 and saved == [2, 3]
-    assert state.ledger.cursor(0) == StreamCursor(3, ())
+    assert state.step == batches and saved == saves
+    assert [r.step for r in reporter.steps] == list(range(1, batches + 1))
+    assert state.ledger.cursor(0) == StreamCursor(batches, ())
+
+
+def test_a_resumed_session_owes_the_round_after_the_last_one_evaluated() -> None:
+    """A session resumed after step 2, whose round 1 (due after step 2) was evaluated,
+    completes round 2 (due after step 4) with its held-out batch."""
+    items = [item(2), item(6, BatchKind.EVAL, round_id=2), item(3)]
+    ring, reporter = RingStandIn(items), ReporterStandIn()
+    loop = make_loop(ring, max_steps=4, eval_every=2, eval_batches=1)
+    state = loop.train(DrafterState(2, BatchLedger(), evaluated_step=2), StopRequest(), reporter)
+    assert state.step == 4 and state.evaluated_step == 4
+    [(after_step, metrics)] = reporter.evaluations
+    assert after_step == 4 and metrics["round"] == 2
+
+
+def test_the_anchors_of_a_batch_follow_its_target_and_place() -> None:
+    """The anchors' seed tells apart batches of one place in two targets' streams and two
+    places in one stream, and is the same for the same batch."""
+    seeds = {
+        anchor_seed(7, BatchMeta(batch_id=0, epoch=0, seq=seq, producer=producer))
+        for producer in (0, 1)
+        for seq in (0, 1)
+    }
+    assert len(seeds) == 4
+    assert anchor_seed(7, BatchMeta(batch_id=5, epoch=1, seq=1, producer=1)) in seeds
 
 
 def test_stop_request_discards_the_step_and_trains_nothing() -> None:
@@ -141,8 +171,10 @@ def test_step_with_a_non_finite_loss_is_skipped_and_training_goes_on() -> None:
     assert math.isnan(reporter.steps[1].loss) and reporter.steps[1].grad_norm is None
     after_1, after_2, after_3 = row.weights
     assert same(after_1, after_2) and not same(after_2, after_3)
-    # The poisoned batch was consumed: a resume does not meet it again.
+    # The poisoned batch was consumed: a resume does not meet it again; the schedule
+    # advanced over the skipped step too.
     assert state.step == 3 and state.ledger.cursor(0) == StreamCursor(3, ())
+    assert loop.trainee.scheduler.last_epoch == 3
 
 
 def test_a_step_is_reported_once_the_next_update_is_queued() -> None:
