@@ -97,3 +97,12 @@ def test_a_resume_keeps_the_id_its_checkpoint_was_trained_with(
         cfg = resolve_mask_token(DrafterConfig(), target, 11, announce=True, resumed_mask=10)
     assert cfg.mask_token_id == 10
     assert "resuming with the checkpoint's id 10" in caplog.text
+
+
+def test_a_resumed_id_outside_the_vocabulary_is_not_taken(tmp_path: Path) -> None:
+    """A checkpoint's id past this target's vocabulary belongs to another target: auto
+    chooses from this target's tokenizer (the resume check then refuses the checkpoint)."""
+    target = write_target(tmp_path, 11, ["<|eos|>", "<|mask|>", "<|end|>"], mask_token="<|mask|>")
+    cfg = resolve_mask_token(DrafterConfig(), target, 11, announce=False, resumed_mask=11)
+    assert cfg.mask_token_id == resolve_mask_token(DrafterConfig(), target, 11, False).mask_token_id
+    assert cfg.mask_token_id < 11

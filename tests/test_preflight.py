@@ -1,6 +1,10 @@
 """Start-up refusals through real torchrun: nonsensical values and an unwritable run
 directory fail in pre-flight, once, naming the key, exit 2; the embedded default runs
-with any process count from 2 and derives its role split."""
+with any process count from 2 and derives its role split. Pre-flight's own checks
+(trainer/plan.py), called in this process: a missing lock directory, a row over the token
+budget, a learning rate whose step overflows, a checkpoint of another drafter, evaluation
+without a held-out split, a held-out row no batch holds; and what every rank derives from
+the plan: the ring's ranks and session, a round's held-out batches, the slots' documents."""
 
 from __future__ import annotations
 
@@ -13,10 +17,23 @@ from typing import Annotated, Any
 
 import msgspec
 import pytest
+import torch
 
+from ringtrain.checkpoint.resume_record import ResumeRecord
+from ringtrain.checkpoint.save import save_checkpoint
 from ringtrain.config import Config, ConfigError, parse_config
+from ringtrain.data.synthetic import write_synthetic_dataset
+from ringtrain.drafter import DFlashDrafter, build_optimizer, drafter_spec_from_target
+from ringtrain.drafter.config import DrafterConfig, OptimConfig
 from ringtrain.main import embedded_split, main
-from ringtrain.trainer.plan import validate_inputs
+from ringtrain.trainer.builtin import prepare_builtin_inputs
+from ringtrain.trainer.plan import (
+    INPUT_ERRORS,
+    batch_stream,
+    eval_batches_per_round,
+    ring_spec,
+    validate_inputs,
+)
 from ringtrain.trainer.roles import rank_info_from_env
 from tests.helpers.launcher import (
     RUN_TIMEOUT_S,
@@ -25,7 +42,7 @@ from tests.helpers.launcher import (
     step_records,
     trained_batches,
 )
-from tests.helpers.tiny_drafter import PAPER_SETS
+from tests.helpers.tiny_drafter import PAPER_DRAFTER, PAPER_SETS, TARGET
 
 
 def embedded_run(processes: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -174,17 +191,135 @@ def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:
     assert logs == ["rank0-target.log", "rank1-drafter.log"]
 
 
+def _preflight_refusal(tmp_path: Path, overrides: dict[str, object]) -> str:
+    """The message of pre-flight's own refusal (validate_inputs, called directly: main()
+    would install its stop-signal handlers in the test process) of the embedded default
+    with `overrides`."""
+    settings = {"run.run_dir": str(tmp_path / "run"), **overrides}
+    config = parse_config("", overrides=[f"{k}={json.dumps(v)}" for k, v in settings.items()])
+    with pytest.raises(INPUT_ERRORS) as refused:
+        validate_inputs(config, rank_info_from_env(config.layout, "cpu"), tmp_path / "run")
+    return str(refused.value)
+
+
 def test_a_missing_lock_directory_is_refused_naming_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pre-flight's own check (validate_inputs, called directly: main() would install its
-    stop-signal handlers in the test process)."""
     as_torchrun_rank(monkeypatch)
     missing = tmp_path / "locks"
-    overrides = {"run.run_dir": str(tmp_path / "run"), "ring.lock_dir": str(missing)}
-    config = parse_config("", overrides=[f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+    message = _preflight_refusal(tmp_path, {"ring.lock_dir": str(missing)})
+    assert message.startswith(f"ring.lock_dir = '{missing}' is not a directory: create"), message
+
+
+def test_a_row_longer_than_the_token_budget_is_refused_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_torchrun_rank(monkeypatch)
+    budget = parse_config("").data.token_budget
+    message = _preflight_refusal(tmp_path, {"data.max_len": budget + 1})
+    assert message.startswith(
+        f"data.max_len = {budget + 1} exceeds data.token_budget = {budget}: a batch must hold"
+    ), message
+
+
+def test_a_learning_rate_whose_step_overflows_is_refused_in_pre_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drafter's limits (drafter/limits.py) are checked before the ring is up."""
+    as_torchrun_rank(monkeypatch)
+    message = _preflight_refusal(tmp_path, {"optim.lr": 1e38})
+    assert message.startswith("optim.lr = 1e+38: a step of lr x"), message
+    assert "must stay below float32's largest value" in message
+
+
+def test_a_resume_from_a_checkpoint_of_another_drafter_is_refused_in_pre_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume checks the newest checkpoint against this run's drafter before the ring is
+    up: one of a drafter of another shape is refused by name."""
+    as_torchrun_rank(monkeypatch)
+    torch.manual_seed(0)
+    spec = drafter_spec_from_target(
+        TARGET, DrafterConfig(**PAPER_DRAFTER, num_layers=1, block_size=4), [1, 2]
+    )
+    model = DFlashDrafter(spec)
+    optimizer, scheduler = build_optimizer(model, OptimConfig(name="adamw"), total_steps=10)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    saved = save_checkpoint(checkpoints, 1, model, spec, optimizer, scheduler, ResumeRecord(step=1))
+    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"])
     info = rank_info_from_env(config.layout, "cpu")
-    with pytest.raises(
-        ConfigError, match=f"ring.lock_dir = '{missing}' is not a directory: create"
-    ):
-        validate_inputs(config, info, tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"checkpoint {saved}"):
+        validate_inputs(config, info, tmp_path / "run", resume=True)
+
+
+def test_evaluation_without_a_held_out_split_is_refused_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset of one's own (data.path) has no held-out split unless data.eval_path
+    names one."""
+    as_torchrun_rank(monkeypatch)
+    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"])
+    _, data_path, _ = prepare_builtin_inputs(config, tmp_path / "run")
+    message = _preflight_refusal(tmp_path, {"data.path": str(data_path), "run.eval_every": 10})
+    assert message.startswith(
+        "run.eval_every = 10 but no held-out split is given: set data.eval_path"
+    ), message
+
+
+def test_the_ring_spec_numbers_a_second_nodes_ranks_and_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 of two, third session (torchrun's restart count 2): the ring's ranks are the
+    node's global ranks and its generation the session's."""
+    as_torchrun_rank(monkeypatch, rank=3, world_size=6)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    run_dir = tmp_path / "run"
+    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(run_dir))}"])
+    info = rank_info_from_env(config.layout, "cpu")
+    spec = ring_spec(config, info, run_dir, validate_inputs(config, info, run_dir))
+    assert spec.global_ranks == [3, 4, 5] and spec.generation == 2
+
+
+def test_an_evaluation_round_is_every_producers_held_out_batches_and_slots_hold_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two targets: a round counts the held-out batches of both. The held-out split's rows
+    are shorter than the training split's, so its batches hold more documents: the ring's
+    slots are sized for them."""
+    as_torchrun_rank(monkeypatch)
+    run_dir = tmp_path / "run"
+    settings = [f"run.run_dir={json.dumps(str(run_dir))}"]
+    settings += ["layout.targets_per_node=2", "layout.drafters_per_node=1", "run.eval_every=10"]
+    settings += ["data.bucket=8"]  # the training split's shortest row, 64 tokens, unpadded
+    target_path, _, _ = prepare_builtin_inputs(parse_config("", overrides=settings), run_dir)
+    vocab_size = json.loads((target_path / "config.json").read_text())["vocab_size"]
+    eval_path = write_synthetic_dataset(
+        tmp_path / "eval", rows=200, vocab_size=vocab_size, mean_len=48, seed=5, min_len=40
+    ).parent
+    config = parse_config("", overrides=[*settings, f"data.eval_path={json.dumps(str(eval_path))}"])
+    info = rank_info_from_env(config.layout, "cpu")
+    plan = validate_inputs(config, info, run_dir)
+    assert plan.eval_dataset is not None
+    streams = [batch_stream(config, plan.eval_dataset, rank, 2) for rank in range(2)]
+    assert eval_batches_per_round(config, plan, info) == sum(s.batches_per_rank for s in streams)
+    assert plan.max_docs == streams[0].max_docs > batch_stream(config, plan.dataset, 0, 2).max_docs
+
+
+def test_a_held_out_row_that_no_batch_holds_is_refused_in_pre_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-out split's batches are checked like the training split's: a row of 4,097
+    tokens fits data.max_len but, padded to the bucket of 8, not a token budget of 4,100."""
+    as_torchrun_rank(monkeypatch)
+    run_dir = tmp_path / "run"
+    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(run_dir))}"])
+    target_path, _, _ = prepare_builtin_inputs(config, run_dir)
+    vocab_size = json.loads((target_path / "config.json").read_text())["vocab_size"]
+    eval_path = write_synthetic_dataset(
+        tmp_path / "eval", rows=4, vocab_size=vocab_size, mean_len=4097, seed=5, sigma=0.0,
+        min_len=4097, max_len=4097,
+    ).parent  # fmt: skip
+    overrides = {"data.eval_path": str(eval_path), "data.bucket": 8}
+    overrides |= {"data.token_budget": 4100, "data.max_len": 4100}
+    message = _preflight_refusal(tmp_path, overrides)
+    assert message.startswith(f"{eval_path}: the longest row (4097 tokens, 4104 padded"), message
