@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ringtrain.ring import PeerDied, Ring, RingClosed
+from ringtrain.ring import control as cb
 from ringtrain.ring.liveness import process_state
 from ringtrain.trainer.outcome import FAILED, read_outcomes
 from ringtrain.trainer.signals import STOP_STEPS
@@ -280,6 +281,27 @@ def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed:
         for process in (peer, rank):
             process.kill()
             process.join(JOIN_S)
+
+
+def test_a_stop_during_start_up_leaves_the_ring_cleanly() -> None:
+    """A rank stopped in start-up closes its ring cleanly on its way out (128 + SIGTERM):
+    its peers see a rank that left, not one that failed."""
+    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    barrier, results = CTX.Barrier(2), CTX.Queue()
+    rank = CTX.Process(target=rw.start_up_rank, args=(spec, 1, barrier, results))
+    rank.start()
+    ring = rw.join_ring(spec, 0, barrier)
+    try:
+        assert results.get(timeout=JOIN_S)[:2] == ("ready", 1)
+        os.kill(rank.pid, signal.SIGTERM)
+        rank.join(JOIN_S)
+        assert rank.exitcode == 128 + signal.SIGTERM
+        ring.check_peers()  # no PeerDied
+        assert int(ring.control.rank["status"][1]) == cb.CLOSED
+    finally:
+        rank.kill()
+        rank.join(JOIN_S)
+        ring.close()
 
 
 def test_a_stop_in_training_that_never_reaches_a_safe_point_fails_after_its_bound(
