@@ -258,6 +258,7 @@ class _Console:
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.text = ""
+        self.ended = False  # the process closed its stderr: nothing more will come
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
         self._reader.start()
@@ -267,11 +268,15 @@ class _Console:
             with self._changed:
                 self.text += chunk.decode(errors="replace")
                 self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
 
     def wait_for(self, needle: str, timeout: float = 300.0) -> None:
+        """Until `needle` was printed; fails at once when the process ended without it."""
         with self._changed:
-            found = self._changed.wait_for(lambda: needle in self.text, timeout)
-        assert found, f"never printed {needle!r}; stderr so far:\n{self.text[-3000:]}"
+            self._changed.wait_for(lambda: needle in self.text or self.ended, timeout)
+        assert needle in self.text, f"never printed {needle!r}; stderr so far:\n{self.text[-3000:]}"
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen, _Console]:
