@@ -1,6 +1,7 @@
 """The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, the step's sums vector, the drafter's loop, checkpoints (writing,
-verification, retention, layout, resume checks), the progress lines and the split advice."""
+liveness verdicts, the step's sums vector, the drafter's loop, the held-out rounds, how a
+step concludes, checkpoints (writing, verification, retention, layout, resume checks), the
+progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ LOOP_TESTS = (
     "tests/test_trainer_loop.py", "tests/test_drafter_data_parallel.py", "tests/test_drafter_nonfinite_ddp.py",
     "tests/test_startup_refusals.py",
 )  # fmt: skip
+HELDOUT_TESTS = ("tests/test_heldout_schedule.py", "tests/test_trainer_loop.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
 
@@ -386,5 +388,56 @@ GROUPS = (
                "            if reduced.stopped:\n                pass"),
         Mutant("a resumed session's rounds from the first",
                "self.rounds.done_by(state.evaluated_step) + 1,\n        )", "1,\n        )"),
+    )),
+    Group("held-out rounds", "ringtrain/trainer/heldout.py", HELDOUT_TESTS, (
+        Mutant("no last round after max_steps", "return -(-self.max_steps // self.eval_every) if",
+               "return (self.max_steps // self.eval_every) if"),
+        Mutant("the last round due past max_steps",
+               "return min(round_id * self.eval_every, self.max_steps)",
+               "return round_id * self.eval_every"),
+        Mutant("a run evaluated at max_steps short of its last round",
+               "return self.count if evaluated_step >= self.max_steps else evaluated_step // self.eval_every",
+               "return evaluated_step // self.eval_every"),
+        Mutant("no round after the last one", "        if self.next_round > self.rounds.count:\n            return False\n",
+               ""),
+        Mutant("the other targets' held-out batches counted as training",
+               "held_out = (self._producers - 1) * self.stream.batches_per_rank * rounds_by_others",
+               "held_out = 0"),
+        Mutant("one batch a step for every drafter", "return in_ring >= steps * self._consumers",
+               "return in_ring >= steps"),
+        Mutant("a resumed session's steps counted from 0",
+               "steps = self.rounds.step_of(self.next_round) - self._resumed_step",
+               "steps = self.rounds.step_of(self.next_round)"),
+        Mutant("a round without its last batch", "for seq in range(self.stream.batches_per_rank):",
+               "for seq in range(self.stream.batches_per_rank - 1):"),
+        Mutant("this target counted among the others", "if i != ring.local_index)", ")"),
+        Mutant("a round's batches counted per step only",
+               "self._batches[round_id] = self._batches.get(round_id, 0) + count",
+               "self._batches[round_id] = count"),
+        Mutant("a round complete one batch late", "done >= self.total_batches",
+               "done > self.total_batches"),
+        Mutant("a round's sums of its last step only",
+               "self._sums[round_id] = vector.clone() if held is None else held + vector",
+               "self._sums[round_id] = vector.clone()"),
+    )),
+    Group("step conclusions", "ringtrain/trainer/step_record.py", LOOP_TESTS, (
+        Mutant("an infinite gradient norm applied",
+               "record.skipped = grad_norm is None or not math.isfinite(grad_norm)",
+               "record.skipped = grad_norm is None"),
+        Mutant("an applied step does not end the streak",
+               "        if not record.skipped:\n            self.nonfinite_in_a_row = 0\n",
+               "        if not record.skipped:\n"),
+        Mutant("the run stopped one skipped step late",
+               "if self.nonfinite_in_a_row >= self.max_nonfinite:",
+               "if self.nonfinite_in_a_row > self.max_nonfinite:"),
+        Mutant("the last skipped step not reported before the stop",
+               "            self.report(record)\n            raise FloatingPointError(",
+               "            raise FloatingPointError("),
+        Mutant("a session with an applied step fails", "if steps > 0 and self.applied == 0:",
+               "if steps > 0:"),
+        Mutant("a session of no steps fails", "if steps > 0 and self.applied == 0:",
+               "if self.applied == 0:"),
+        Mutant("the loss parts left out of the metrics line", "                line.update(self.loss_parts)\n",
+               "                pass\n"),
     )),
 )  # fmt: skip
