@@ -236,6 +236,28 @@ def test_a_run_of_non_finite_steps_stops_naming_the_count() -> None:
     assert same(row.weights[0], weights(loop)) and len(row.weights) == 3
 
 
+def test_skipped_steps_apart_never_stop_the_run() -> None:
+    """optim.max_nonfinite_steps counts skipped steps in a row: an applied step between two
+    skipped ones starts the count again."""
+    items = [item(0, poison=True), item(1), item(2, poison=True), item(3)]
+    ring, reporter = RingStandIn(items), ReporterStandIn()
+    loop = make_loop(ring, max_steps=4, max_nonfinite_steps=2)
+    state = loop.train(DrafterState(0, BatchLedger()), StopRequest(), reporter)
+    assert state.step == 4 and [r.skipped for r in reporter.steps] == [True, False, True, False]
+
+
+def test_a_steps_metrics_line_holds_each_loss_part_beside_the_loss() -> None:
+    record = StepRecord(
+        step=3, loss=2.5, accuracy=[0.5], tau_uniform=1.5, tokens=64, seconds=0.1, lr=1e-3,
+        batches=[[0, 2, 102]], wall=0.0, compiles=1, gpu_busy=None, gpu_busy_by_rank={},
+        loss_parts={"selector_loss": 0.25},
+    )  # fmt: skip
+    line = record.as_json()
+    assert "loss_parts" not in line and line["selector_loss"] == 0.25
+    keys = list(line)
+    assert keys[keys.index("loss") + 1] == "selector_loss"
+
+
 def objective_sums(scale: float, block_size: int = BLOCK) -> SelectorSums:
     """Sums with a loss part (DFlash2's) of a quarter of the loss."""
     slots = block_size - 1
