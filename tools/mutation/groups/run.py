@@ -1,7 +1,7 @@
 """The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, the step's sums vector, the drafter's loop, the held-out rounds, how a
-step concludes, checkpoints (writing, verification, retention, layout, resume checks), the
-progress lines and the split advice."""
+liveness verdicts, a rank's own row, the step's sums vector, the drafter's loop, the
+held-out rounds, how a step concludes, checkpoints (writing, verification, retention,
+layout, resume checks), the progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ LOOP_TESTS = (
     "tests/test_trainer_loop.py", "tests/test_drafter_data_parallel.py", "tests/test_drafter_nonfinite_ddp.py",
     "tests/test_startup_refusals.py",
 )  # fmt: skip
+OWN_ROW_TESTS = (*RING_TESTS, "tests/test_liveness_slow.py", "tests/test_stat.py")
 HELDOUT_TESTS = ("tests/test_heldout_schedule.py", "tests/test_trainer_loop.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
@@ -439,5 +440,27 @@ GROUPS = (
                "if self.applied == 0:"),
         Mutant("the loss parts left out of the metrics line", "                line.update(self.loss_parts)\n",
                "                pass\n"),
+    )),
+    Group("own row", "ringtrain/ring/own_row.py", OWN_ROW_TESTS, (
+        Mutant("a row another process holds taken over", 'if int(row["status"]) != cb.EMPTY:',
+               "if False:"),
+        Mutant("an unknown GPU share published as idle",
+               'self.row["gpu_busy"] = -1.0 if fraction is None else fraction',
+               'self.row["gpu_busy"] = 0.0 if fraction is None else fraction'),
+        Mutant("the phase left as announced once working", 'if int(row["phase"]) != phases.WORKING:',
+               "if False:"),
+        Mutant("the latest step taken as the longest",
+               "self.longest_step_s = max(self.longest_step_s, (now - self._progressed_ns) / 1e9)",
+               "self.longest_step_s = (now - self._progressed_ns) / 1e9"),
+        Mutant("the first progress counted as a step", "        if self._progressed_ns:\n",
+               "        if True:\n"),
+        Mutant("a resumed rank's step not shown", '            self.row["step"] = count\n\n    def describe_work',
+               "            pass\n\n    def describe_work"),
+        Mutant("an announced phase without fresh progress",
+               '        cb.put_bytes(self.row, "doing", doing.encode())\n        self.row["progress_ns"] = monotonic_ns()',
+               '        cb.put_bytes(self.row, "doing", doing.encode())'),
+        Mutant("the phase before an announced call not put back",
+               '                    row["phase"] = before[0]\n', ""),
+        Mutant("an error leaves the rank attached", '        self.row["status"] = cb.FAILED\n', ""),
     )),
 )  # fmt: skip
