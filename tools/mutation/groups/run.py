@@ -24,7 +24,9 @@ LOOP_TESTS = (
     "tests/test_trainer_loop.py", "tests/test_drafter_data_parallel.py", "tests/test_drafter_nonfinite_ddp.py",
     "tests/test_startup_refusals.py",
 )  # fmt: skip
-OWN_ROW_TESTS = (*RING_TESTS, "tests/test_liveness_slow.py", "tests/test_stat.py")
+OWN_ROW_TESTS = (
+    "tests/test_own_row.py", *RING_TESTS, "tests/test_liveness_slow.py", "tests/test_stat.py",
+)  # fmt: skip
 HELDOUT_TESTS = ("tests/test_heldout_schedule.py", "tests/test_trainer_loop.py")
 ADVICE_TESTS = ("tests/test_monitor_advice.py", "tests/test_monitor_verdict.py")
 RING_FIGURE_TESTS = (*ADVICE_TESTS, "tests/test_monitor_run.py", "tests/test_monitor_stat.py")
