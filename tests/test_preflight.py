@@ -266,6 +266,15 @@ def test_evaluation_without_a_held_out_split_is_refused_naming_the_fix(
     ), message
 
 
+def _held_out_split(tmp_path: Path, settings: list[str], **rows: float) -> Path:
+    """A held-out split of synthetic rows shaped by `rows` (write_synthetic_dataset's
+    arguments) in the vocabulary of the embedded default's target, built for `settings`."""
+    config = parse_config("", overrides=settings)
+    target_path, _, _ = prepare_builtin_inputs(config, Path(config.run.run_dir))
+    vocab_size = json.loads((target_path / "config.json").read_text())["vocab_size"]
+    return write_synthetic_dataset(tmp_path / "eval", vocab_size=vocab_size, seed=5, **rows).parent
+
+
 def test_the_ring_spec_numbers_a_second_nodes_ranks_and_its_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,11 +300,7 @@ def test_an_evaluation_round_is_every_producers_held_out_batches_and_slots_hold_
     settings = [f"run.run_dir={json.dumps(str(run_dir))}"]
     settings += ["layout.targets_per_node=2", "layout.drafters_per_node=1", "run.eval_every=10"]
     settings += ["data.bucket=8"]  # the training split's shortest row, 64 tokens, unpadded
-    target_path, _, _ = prepare_builtin_inputs(parse_config("", overrides=settings), run_dir)
-    vocab_size = json.loads((target_path / "config.json").read_text())["vocab_size"]
-    eval_path = write_synthetic_dataset(
-        tmp_path / "eval", rows=200, vocab_size=vocab_size, mean_len=48, seed=5, min_len=40
-    ).parent
+    eval_path = _held_out_split(tmp_path, settings, rows=200, mean_len=48, min_len=40)
     config = parse_config("", overrides=[*settings, f"data.eval_path={json.dumps(str(eval_path))}"])
     info = rank_info_from_env(config.layout, "cpu")
     plan = validate_inputs(config, info, run_dir)
@@ -311,14 +316,10 @@ def test_a_held_out_row_that_no_batch_holds_is_refused_in_pre_flight(
     """The held-out split's batches are checked like the training split's: a row of 4,097
     tokens fits data.max_len but, padded to the bucket of 8, not a token budget of 4,100."""
     as_torchrun_rank(monkeypatch)
-    run_dir = tmp_path / "run"
-    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(run_dir))}"])
-    target_path, _, _ = prepare_builtin_inputs(config, run_dir)
-    vocab_size = json.loads((target_path / "config.json").read_text())["vocab_size"]
-    eval_path = write_synthetic_dataset(
-        tmp_path / "eval", rows=4, vocab_size=vocab_size, mean_len=4097, seed=5, sigma=0.0,
-        min_len=4097, max_len=4097,
-    ).parent  # fmt: skip
+    settings = [f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"]
+    eval_path = _held_out_split(
+        tmp_path, settings, rows=4, mean_len=4097, sigma=0.0, min_len=4097, max_len=4097
+    )
     overrides = {"data.eval_path": str(eval_path), "data.bucket": 8}
     overrides |= {"data.token_budget": 4100, "data.max_len": 4100}
     message = _preflight_refusal(tmp_path, overrides)
