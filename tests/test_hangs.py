@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ POLL_S = 0.05
 
 def _pair(progress_timeout_s: float, startup_timeout_s: float) -> tuple[Ring, Ring]:
     spec = dataclasses.replace(
-        rw.make_spec(f"t{uuid.uuid4().hex[:10]}", producers=1, consumers=1),
+        rw.make_spec(rw.run_id(), producers=1, consumers=1),
         progress_timeout_s=progress_timeout_s,
         startup_timeout_s=startup_timeout_s,
     )

@@ -4,11 +4,6 @@ read from the ring's control block), never before them."""
 
 from __future__ import annotations
 
-import uuid
-
-import torch
-
-from ringtrain.ring import Ring
 from ringtrain.trainer.heldout import EvalRounds, EvalSchedule, others_published
 from tests.helpers import ring_workers as rw
 
@@ -63,17 +58,12 @@ def test_no_round_is_due_after_the_last_one() -> None:
 def test_the_others_published_items_are_those_of_the_rings_other_producers() -> None:
     """Three targets on one ring: each counts the items the other two published, not its
     own (nor a drafter's)."""
-    spec = rw.make_spec(f"t{uuid.uuid4().hex[:10]}", producers=3, consumers=1, slots=4)
-    rings = [Ring.create(spec, 0, "cpu")]
-    rings += [Ring.attach(spec.run_id, i, "cpu") for i in range(1, spec.num_ranks)]
+    rings = rw.in_process_ranks(producers=3, consumers=1, slots_per_producer=4)
     try:
         for ring, count in zip(rings[:3], (1, 2, 3), strict=True):
             producer = ring.producer()
             for seq in range(count):
-                slot = producer.acquire()
-                rw.write_item(slot, producer.index, seq, 4, torch.device("cpu"))
-                producer.publish(slot, 4, 1, {"producer": producer.index, "seq": seq})
+                rw.publish(producer, seq)
         assert [others_published(ring) for ring in rings[:3]] == [5, 4, 3]
     finally:
-        for ring in reversed(rings):
-            ring.close()
+        rw.close_ranks(rings)

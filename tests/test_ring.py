@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import threading
 import time
-import uuid
 
 import pytest
 import torch
@@ -30,10 +29,6 @@ from tests.helpers import ring_workers as rw
 CTX = mp.get_context("spawn")
 # Spawned ranks import torch first: tens of seconds each on a busy 2-core machine.
 JOIN_S = 240
-
-
-def run_id() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def shm_entries(run: str) -> list[str]:
@@ -105,7 +100,7 @@ def test_mpmc_stress_nothing_lost_duplicated_or_corrupted() -> None:
     consumers, which copy and check, are the slower side, so a producer mostly waits for
     its next free slot and writes the slot's end first the moment it gets it: a slot
     handed back before its copy is finished shows as a corrupted item."""
-    run = run_id()
+    run = rw.run_id()
     spec = rw.make_spec(run, producers=2, consumers=2, slots=2, width=STRESS_WIDTH)
     items = 40
     jobs = {
@@ -134,7 +129,7 @@ def test_mpmc_stress_nothing_lost_duplicated_or_corrupted() -> None:
 
 
 def test_backpressure_blocks_producer_until_a_slot_is_freed() -> None:
-    run = run_id()
+    run = rw.run_id()
     spec = rw.make_spec(run, producers=1, consumers=1, slots=2)
     ours, theirs = CTX.Pipe()
     barrier = CTX.Barrier(2)
@@ -194,14 +189,14 @@ def _poll(condition, timeout_s: float = 10.0) -> bool:
 
 
 def test_crashed_creator_leaves_nothing_after_next_start() -> None:
-    run = run_id()
+    run = rw.run_id()
     created = CTX.Event()
     crasher = CTX.Process(target=rw.crash_after_create, args=(rw.make_spec(run, 1, 1), created))
     crasher.start()
     crasher.join(JOIN_S)
     assert created.is_set() and crasher.exitcode == -9
     assert shm_entries(run)  # the crash leaked its names (never unlinked)
-    other = run_id()
+    other = rw.run_id()
     ring = Ring.create(rw.make_spec(other, 1, 1), 0, "cpu")  # stale cleanup of the dead run
     try:
         assert shm_entries(run) == []
@@ -212,7 +207,7 @@ def test_crashed_creator_leaves_nothing_after_next_start() -> None:
 
 
 def test_same_run_id_of_live_creator_is_refused() -> None:
-    run = run_id()
+    run = rw.run_id()
     ring = Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
     try:
         with pytest.raises(
@@ -225,13 +220,13 @@ def test_same_run_id_of_live_creator_is_refused() -> None:
 
 
 def test_an_index_outside_the_ring_and_a_spec_too_long_for_its_field_are_refused() -> None:
-    rings = _ranks(producers=1, consumers=1)
+    rings = rw.in_process_ranks(producers=1, consumers=1)
     try:
         with pytest.raises(RingError, match="local index 2 is outside the ring's 2 ranks"):
             Ring.attach(rings[0].spec.run_id, len(rings), "cpu")
     finally:
-        _close(rings)
-    crowded = rw.make_spec(run_id(), 1, 300)  # about 6 KB encoded
+        rw.close_ranks(rings)
+    crowded = rw.make_spec(rw.run_id(), 1, 300)  # about 6 KB encoded
     assert len(crowded.encode()) > cb.SPEC_BYTES
     with pytest.raises(RingError, match=r"ring spec encodes to \d+ bytes, over 4096"):
         Ring.create(crowded, 0, "cpu")
@@ -239,7 +234,7 @@ def test_an_index_outside_the_ring_and_a_spec_too_long_for_its_field_are_refused
 
 
 def test_a_creation_that_fails_part_way_leaves_nothing(tmp_path) -> None:
-    run = run_id()
+    run = rw.run_id()
     spec = dataclasses.replace(rw.make_spec(run, 1, 1), lock_dir=str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError):  # the lock file, after the control block
         Ring.create(spec, 0, "cpu")
@@ -247,7 +242,7 @@ def test_a_creation_that_fails_part_way_leaves_nothing(tmp_path) -> None:
 
 
 def test_closing_a_ring_whose_names_were_taken_over_leaves_the_new_ring_s_names() -> None:
-    run = run_id()
+    run = rw.run_id()
     first = Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
     first.unlink()  # as every rank does once all attached; the mappings stay
     second = Ring.create(rw.make_spec(run, 1, 1), 0, "cpu")
@@ -261,25 +256,25 @@ def test_closing_a_ring_whose_names_were_taken_over_leaves_the_new_ring_s_names(
 
 
 def test_the_gpu_shares_are_those_ranks_measured() -> None:
-    target, drafter = rings = _ranks(producers=1, consumers=1)
+    target, drafter = rings = rw.in_process_ranks(producers=1, consumers=1)
     try:
         assert target.gpu_busy_by_rank() == {}  # nobody measured one
         drafter.own_row.report_gpu_busy(0.75)
         target.own_row.report_gpu_busy(None)  # could not measure
         assert target.gpu_busy_by_rank() == {11: 0.75}
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_the_consumers_step_is_read_from_the_consumer_ranks() -> None:
-    target, *drafters = rings = _ranks(producers=1, consumers=2)
+    target, *drafters = rings = rw.in_process_ranks(producers=1, consumers=2)
     try:
         target.own_row.record_progress(9)  # a target's count is not the consumers' step
         drafters[0].own_row.record_progress(4)
         drafters[1].own_row.record_progress(5)
         assert target.consumer_step() == 5
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
@@ -287,7 +282,7 @@ def test_shm_too_small_says_how_much_and_how_to_fix(tmp_path) -> None:
         ShmTooSmall, match=r"needs .* MiB in .* but only .* MiB are free.*--shm-size"
     ):
         check_shm_space(1 << 62, str(tmp_path))
-    run = run_id()
+    run = rw.run_id()
     huge = RingSpec(
         run_id=run, generation=0, ends=[PRODUCER, CONSUMER], global_ranks=[0, 1],
         slots_per_producer=64, max_tokens=1 << 20, max_docs=1,
@@ -304,20 +299,20 @@ def test_attach_to_missing_ring_names_the_fix() -> None:
 
 
 def test_auto_transport_falls_back_to_host_without_cuda_ranks() -> None:
-    ring = Ring.create(rw.make_spec(run_id(), 1, 1, transport="auto"), 0, "cpu")
+    ring = Ring.create(rw.make_spec(rw.run_id(), 1, 1, transport="auto"), 0, "cpu")
     try:
         assert ring.transport == "host"
         assert "not on a CUDA GPU" in ring.snapshot().transport_reason
     finally:
         ring.close()
     with pytest.raises(RingError, match="transport = 'device' needs CUDA ranks"):
-        Ring.create(rw.make_spec(run_id(), 1, 1, transport="device"), 0, "cpu")
+        Ring.create(rw.make_spec(rw.run_id(), 1, 1, transport="device"), 0, "cpu")
 
 
 def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
     """A waiting consumer frees its oldest copied slot and spins again; it sleeps on the
     semaphore only when nothing is left to free (handoff.py), and wakes when it is released."""
-    ring = Ring.create(rw.make_spec(run_id(), 1, 1), 0, "cpu")
+    ring = Ring.create(rw.make_spec(rw.run_id(), 1, 1), 0, "cpu")
     progress_left = [2]
     calls = []
     going_to_sleep = threading.Event()
@@ -352,28 +347,6 @@ def test_wait_spins_again_after_progress_and_sleeps_only_without_it() -> None:
 WAKE_S = 5.0
 
 
-def _ranks(producers: int, consumers: int, **changes) -> list[Ring]:
-    """Every rank of a small CPU ring in this process: local index 0 creates it, the
-    others attach (global rank = 10 + local index); `changes` replace spec fields."""
-    spec = dataclasses.replace(rw.make_spec(run_id(), producers, consumers), **changes)
-    first = Ring.create(spec, 0, "cpu")
-    return [first, *(Ring.attach(spec.run_id, i, "cpu") for i in range(1, spec.num_ranks))]
-
-
-def _close(rings: list[Ring]) -> None:
-    for ring in reversed(rings):
-        ring.close()
-
-
-def _publish(producer, seq: int, num_tokens: int = 4, num_docs: int = 1) -> None:
-    slot = producer.acquire()
-    me = producer.index
-    rw.write_item(slot, me, seq, num_tokens, torch.device("cpu"))
-    bounds = torch.linspace(0, num_tokens, num_docs + 1).round().to(torch.int32)
-    slot.cu_seqlens[: num_docs + 1].copy_(bounds)
-    producer.publish(slot, num_tokens, num_docs, {"producer": me, "seq": seq})
-
-
 def _recording(call) -> tuple[threading.Thread, list[BaseException]]:
     """`call` started in a thread that records what it raised."""
     raised: list[BaseException] = []
@@ -399,7 +372,7 @@ def _raised_within(seconds: float, call) -> BaseException | None:
 
 
 def test_a_consumer_sees_the_end_only_once_every_producer_finished() -> None:
-    rings = _ranks(producers=2, consumers=1)
+    rings = rw.in_process_ranks(producers=2, consumers=1)
     try:
         first, second = rings[0].producer(), rings[1].producer()
         consumer = rings[2].consumer()
@@ -408,21 +381,21 @@ def test_a_consumer_sees_the_end_only_once_every_producer_finished() -> None:
         timed_out = _raised_within(WAKE_S, lambda: consumer.take(timeout=0.5))
         assert isinstance(timed_out, RingTimeout), timed_out
         assert "waited 0.5 s for a ready slot" in str(timed_out)
-        _publish(second, 0)
+        rw.publish(second, 0)
         item = consumer.take(timeout=JOIN_S)
         assert item is not None and rw.item_ok(item) and item.meta["producer"] == 1
         rings[1].close()  # a producer that leaves cleanly has finished too
         assert consumer.take(timeout=WAKE_S) is None
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_a_producer_goes_on_while_one_of_its_consumers_is_still_open() -> None:
-    rings = _ranks(producers=1, consumers=2)
+    rings = rw.in_process_ranks(producers=1, consumers=2)
     try:
         producer = rings[0].producer()
         for seq in range(2):
-            _publish(producer, seq)
+            rw.publish(producer, seq)
         rings[1].close(clean=True)  # one drafter left; the other still reads
         # Both slots are taken: the wait times out (every peer alive), it is not closed.
         timed_out = _raised_within(WAKE_S, lambda: producer.acquire(timeout=0.5))
@@ -432,11 +405,11 @@ def test_a_producer_goes_on_while_one_of_its_consumers_is_still_open() -> None:
         assert item is not None and item.meta["seq"] == 0
         assert producer.acquire(timeout=JOIN_S).index == 0  # the slot it freed
     finally:
-        _close([rings[0], rings[2]])
+        rw.close_ranks([rings[0], rings[2]])
 
 
 def test_a_wait_refreshes_progress_even_when_its_token_is_there_at_once() -> None:
-    rings = _ranks(producers=1, consumers=1)
+    rings = rw.in_process_ranks(producers=1, consumers=1)
     try:
         progress = rings[0].control.rank["progress_ns"]
         progress[0] = time.monotonic_ns() - 10**12  # silent for 1000 s
@@ -444,7 +417,7 @@ def test_a_wait_refreshes_progress_even_when_its_token_is_there_at_once() -> Non
         rings[0].producer().acquire()  # a slot is free: no wait at all
         assert int(progress[0]) >= before
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def _blocked(wait, ring: Ring, index: int) -> tuple[threading.Thread, list[BaseException]]:
@@ -457,7 +430,7 @@ def _blocked(wait, ring: Ring, index: int) -> tuple[threading.Thread, list[BaseE
 
 def test_an_unclean_close_wakes_blocked_producers_and_consumers_at_once() -> None:
     # Two consumers waiting for a ready slot; their producer closes unclean.
-    target, *drafters = _ranks(producers=1, consumers=2, wait_timeout_s=60.0)
+    target, *drafters = rw.in_process_ranks(producers=1, consumers=2, wait_timeout_s=60.0)
     try:
         waits = [_blocked(d.consumer().take, d, i) for i, d in enumerate(drafters, start=1)]
         target.close(clean=False)
@@ -468,11 +441,11 @@ def test_an_unclean_close_wakes_blocked_producers_and_consumers_at_once() -> Non
         for ring in (*drafters, target):
             ring.close(clean=False)
     # A producer waiting for a free slot; its consumer closes unclean.
-    target, drafter = _ranks(producers=1, consumers=1, wait_timeout_s=60.0)
+    target, drafter = rw.in_process_ranks(producers=1, consumers=1, wait_timeout_s=60.0)
     try:
         producer = target.producer()
         for seq in range(2):
-            _publish(producer, seq)
+            rw.publish(producer, seq)
         thread, raised = _blocked(producer.acquire, target, 0)
         drafter.close(clean=False)
         thread.join(WAKE_S)
@@ -485,23 +458,23 @@ def test_an_unclean_close_wakes_blocked_producers_and_consumers_at_once() -> Non
 def test_items_name_their_producer_and_their_own_document_count() -> None:
     """One slot per producer: the second item of a producer reuses the slot of its first,
     with as many tokens but more documents."""
-    rings = _ranks(producers=2, consumers=1, slots_per_producer=1)
+    rings = rw.in_process_ranks(producers=2, consumers=1, slots_per_producer=1)
     try:
         producers = [rings[0].producer(), rings[1].producer()]
         consumer = rings[2].consumer()
         for seq, num_docs in enumerate((1, 2)):
             for producer in producers:
-                _publish(producer, seq, num_tokens=4, num_docs=num_docs)
+                rw.publish(producer, seq, num_tokens=4, num_docs=num_docs)
                 item = consumer.take(timeout=JOIN_S)
                 assert item.producer_rank == 10 + producer.index
                 assert (item.seq, item.num_docs) == (seq, num_docs)
                 assert item.cu_seqlens.tolist() == ([0, 4] if num_docs == 1 else [0, 2, 4])
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_an_item_may_fill_the_slot_and_not_one_row_more() -> None:
-    rings = _ranks(producers=1, consumers=1)
+    rings = rw.in_process_ranks(producers=1, consumers=1)
     try:
         producer, spec = rings[0].producer(), rings[0].spec
         slot = producer.acquire()
@@ -517,11 +490,11 @@ def test_an_item_may_fill_the_slot_and_not_one_row_more() -> None:
         item = rings[1].consumer().take(timeout=JOIN_S)
         assert (item.num_tokens, item.num_docs) == (spec.max_tokens, spec.max_docs)
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_draining_does_not_wait_for_the_slot_the_producer_still_holds() -> None:
-    target, drafter = _ranks(producers=1, consumers=1)
+    target, drafter = rw.in_process_ranks(producers=1, consumers=1)
     producer = target.producer()
     producer.acquire()  # never published: no consumer will hand it back
     drain = threading.Thread(target=producer.drain, daemon=True)
@@ -537,7 +510,7 @@ def test_draining_does_not_wait_for_the_slot_the_producer_still_holds() -> None:
 
 def _read_a_held_slot_after_close(results) -> None:
     """A spawned process: hold a producer's slot, close the ring, read the slot's views."""
-    rings = _ranks(producers=1, consumers=1)
+    rings = rw.in_process_ranks(producers=1, consumers=1)
     slot = rings[0].producer().acquire()
     rw.write_item(slot, 0, 7, 4, torch.device("cpu"))
     written = {name: view.clone() for name, view in slot.arrays.items()}
@@ -560,26 +533,26 @@ def test_a_slot_held_past_the_rings_close_stays_readable() -> None:
 def test_items_are_taken_in_the_order_they_were_published_across_producers() -> None:
     """The ready FIFO hands out each published slot once, oldest first (a FIFO whose head
     did not advance handed the first slot out again)."""
-    rings = _ranks(producers=2, consumers=1)
+    rings = rw.in_process_ranks(producers=2, consumers=1)
     try:
         first, second = rings[0].producer(), rings[1].producer()
         consumer = rings[2].consumer()
         for producer, seq in ((first, 0), (first, 1), (second, 0)):
-            _publish(producer, seq)
+            rw.publish(producer, seq)
         taken = [consumer.take(timeout=JOIN_S) for _ in range(3)]
         assert [(item.producer_rank, item.seq) for item in taken] == [(10, 0), (10, 1), (11, 0)]
     finally:
-        _close(rings)
+        rw.close_ranks(rings)
 
 
 def test_a_taken_slot_goes_back_to_the_producer_that_owns_it() -> None:
     """Each producer has one slot: once the consumer took the second producer's item,
     that producer (not the first) may write again."""
-    rings = _ranks(producers=2, consumers=1, slots_per_producer=1)
+    rings = rw.in_process_ranks(producers=2, consumers=1, slots_per_producer=1)
     try:
         first, second = rings[0].producer(), rings[1].producer()
-        _publish(first, 0)
-        _publish(second, 0)
+        rw.publish(first, 0)
+        rw.publish(second, 0)
         consumer = rings[2].consumer()
         assert consumer.take(timeout=JOIN_S).producer_rank == 10
         assert consumer.take(timeout=JOIN_S).producer_rank == 11
@@ -587,4 +560,4 @@ def test_a_taken_slot_goes_back_to_the_producer_that_owns_it() -> None:
             error = _raised_within(WAKE_S, lambda p=producer: p.acquire(timeout=1.0))
             assert error is None, f"producer {producer.index} got no slot back: {error}"
     finally:
-        _close(rings)
+        rw.close_ranks(rings)

@@ -9,7 +9,6 @@ import re
 import signal
 import threading
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,12 +28,8 @@ JOIN_S = 60
 DETECT_S = 5.0
 
 
-def run_id() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
-
-
 def test_consumer_killed_mid_read_fails_producer_and_other_consumer() -> None:
-    spec = rw.make_spec(run_id(), producers=1, consumers=2, slots=1)
+    spec = rw.make_spec(rw.run_id(), producers=1, consumers=2, slots=1)
     barrier, results = CTX.Barrier(3), CTX.Queue()
     reached, go = CTX.Event(), CTX.Event()
     victim = CTX.Process(
@@ -69,7 +64,7 @@ def test_consumer_killed_mid_read_fails_producer_and_other_consumer() -> None:
 
 
 def test_producer_killed_mid_write_fails_consumer() -> None:
-    spec = rw.make_spec(run_id(), producers=1, consumers=1, slots=2)
+    spec = rw.make_spec(rw.run_id(), producers=1, consumers=1, slots=2)
     barrier, results = CTX.Barrier(2), CTX.Queue()
     reached = CTX.Event()
     victim = CTX.Process(
@@ -94,7 +89,9 @@ def test_producer_killed_mid_write_fails_consumer() -> None:
 
 
 def _pair(heartbeat_timeout_s: float = 30.0) -> tuple[Ring, Ring]:
-    spec = rw.make_spec(run_id(), producers=1, consumers=1, heartbeat_timeout_s=heartbeat_timeout_s)
+    spec = rw.make_spec(
+        rw.run_id(), producers=1, consumers=1, heartbeat_timeout_s=heartbeat_timeout_s
+    )
     first = Ring.create(spec, 0, "cpu")
     return first, Ring.attach(spec.run_id, 1, "cpu")
 
@@ -130,7 +127,7 @@ def test_a_frozen_peer_is_killed_once_and_every_check_blames_it_alike() -> None:
     of its threads that check (watchdog and main) report the one failure it saw, with
     primary set; another rank, which then finds the process gone, reads the record and
     blames the frozen rank without claiming to have seen it die."""
-    spec = rw.make_spec(run_id(), producers=1, consumers=2, heartbeat_timeout_s=2.0)
+    spec = rw.make_spec(rw.run_id(), producers=1, consumers=2, heartbeat_timeout_s=2.0)
     barrier, results, attached = CTX.Barrier(2), CTX.Queue(), CTX.Event()
     frozen = CTX.Process(
         target=rw.rank_main, args=(spec, 2, barrier, results, "wait_for_kill", attached)
@@ -257,7 +254,7 @@ def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed:
     naming the dead rank) rather than a stop; with every peer alive it leaves as stopped
     (128 + SIGTERM)."""
     # The watchdog's next look lies far ahead: the stop's thread is the one to find it.
-    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    spec = replace(rw.make_spec(rw.run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
     barrier, results = CTX.Barrier(2), CTX.Queue()
     peer = CTX.Process(target=rw.idle_rank, args=(spec, 0, barrier, results))
     rank = CTX.Process(target=rw.start_up_rank, args=(spec, 1, barrier, results))
@@ -287,7 +284,7 @@ def test_a_stop_during_start_up_after_a_peer_died_reports_the_death(peer_killed:
 def test_a_stop_during_start_up_leaves_the_ring_cleanly() -> None:
     """A rank stopped in start-up closes its ring cleanly on its way out (128 + SIGTERM):
     its peers see a rank that left, not one that failed."""
-    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    spec = replace(rw.make_spec(rw.run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
     barrier, results = CTX.Barrier(2), CTX.Queue()
     rank = CTX.Process(target=rw.start_up_rank, args=(spec, 1, barrier, results))
     rank.start()
@@ -311,7 +308,7 @@ def test_a_stop_in_training_that_never_reaches_a_safe_point_fails_after_its_boun
     """SIGTERM to a training rank whose step never ends: the rank waits STOP_STEPS times
     its longest step plus ring.startup_timeout_s for its safe point, then leaves as failed
     (exit 1), naming that bound in its outcome and to its peers."""
-    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), startup_timeout_s=1.0)
+    spec = replace(rw.make_spec(rw.run_id(), producers=1, consumers=1), startup_timeout_s=1.0)
     barrier, results = CTX.Barrier(2), CTX.Queue()
     rank = CTX.Process(target=rw.stuck_in_training, args=(spec, 1, barrier, results, str(tmp_path)))
     rank.start()
@@ -350,7 +347,7 @@ def test_a_stop_after_the_ring_was_closed_reads_no_unmapped_memory(found_before:
     """A launcher's SIGTERM may reach a rank whose main thread already failed and closed
     (unmapped) its ring: the reaction reports only what a check found before, and reads
     nothing of the ring's shared memory."""
-    spec = replace(rw.make_spec(run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
+    spec = replace(rw.make_spec(rw.run_id(), producers=1, consumers=1), wait_timeout_s=120.0)
     target = Ring.create(spec, 0, "cpu")
     drafter = Ring.attach(spec.run_id, 1, "cpu")
     fired: list[PeerDied] = []

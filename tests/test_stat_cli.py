@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -52,7 +51,7 @@ def test_only_the_callers_rings_are_listed_unless_all(
 
 
 def test_a_resumed_rank_shows_its_step_before_its_first_of_this_session() -> None:
-    spec = rw.make_spec(f"t{uuid.uuid4().hex[:10]}", producers=1, consumers=1, slots=1)
+    spec = rw.make_spec(rw.run_id(), producers=1, consumers=1, slots=1)
     target = Ring.create(spec, 0, "cpu")
     drafter = Ring.attach(spec.run_id, 1, "cpu")
     try:

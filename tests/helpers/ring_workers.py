@@ -8,12 +8,14 @@ ring's (``make_spec(width=...)``; WIDTH unless given).
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import random
 import signal
 import threading
 import time
+import uuid
 
 import torch
 
@@ -26,6 +28,11 @@ from ringtrain.trainer.signals import StopRequest
 MAX_TOKENS = 64
 STEP_S = 1.0  # stuck_in_training's first step
 WIDTH = 8
+
+
+def run_id() -> str:
+    """A ring name of its own for one test."""
+    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def make_spec(
@@ -62,6 +69,20 @@ def anonymous_control_block(spec: RingSpec) -> cb.ControlBlock:
     return cb.ControlBlock(mmap.mmap(-1, cb.ControlLayout(spec).total_bytes), spec)
 
 
+def in_process_ranks(producers: int, consumers: int, **changes) -> list[Ring]:
+    """Every rank of a small CPU ring in this process: local index 0 creates it, the
+    others attach (global rank = 10 + local index); `changes` replace spec fields."""
+    spec = dataclasses.replace(make_spec(run_id(), producers, consumers), **changes)
+    first = Ring.create(spec, 0, "cpu")
+    return [first, *(Ring.attach(spec.run_id, i, "cpu") for i in range(1, spec.num_ranks))]
+
+
+def close_ranks(rings: list[Ring]) -> None:
+    """Close in_process_ranks' rings, the creator last."""
+    for ring in reversed(rings):
+        ring.close()
+
+
 def write_item(
     slot, producer: int, seq: int, num_tokens: int, device: torch.device, tail_first: bool = False
 ) -> None:
@@ -83,6 +104,17 @@ def write_item(
     }
     for name, value in parts.items():
         slot.arrays[name][: len(value)].copy_(value, non_blocking=True)
+
+
+def publish(producer, seq: int, num_tokens: int = 4, num_docs: int = 1) -> None:
+    """Publish item `seq` of `producer` (a ring Producer on the CPU): the test pattern
+    in `num_docs` documents of near-equal length."""
+    slot = producer.acquire()
+    me = producer.index
+    write_item(slot, me, seq, num_tokens, torch.device("cpu"))
+    bounds = torch.linspace(0, num_tokens, num_docs + 1).round().to(torch.int32)
+    slot.cu_seqlens[: num_docs + 1].copy_(bounds)
+    producer.publish(slot, num_tokens, num_docs, {"producer": me, "seq": seq})
 
 
 def item_ok(item) -> bool:
