@@ -8,10 +8,14 @@ import itertools
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from ringtrain.data.regen_records import parse_record
 from ringtrain.data.synth_filters import FilterSettings, rejection
 from ringtrain.data.synth_rounds import Synthesizer
 from ringtrain.data.synth_template import template_markers, user_turn_prefix
+from ringtrain.generate.local_model import LocalModel
 from tests.helpers.stops import sigterm_inside_a_finalizer
 from tests.helpers.word_chat_model import build_word_chat_model
 
@@ -372,3 +377,74 @@ def test_a_stop_python_dropped_in_a_finalizer_ends_the_run_after_its_round(
     assert rounds == [0]
     assert 0 < len(_records(output)) < 200
     assert "stopped by SIGTERM" in capsys.readouterr().err
+
+
+def test_a_template_refusing_a_steering_is_named_before_the_output_is_touched(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A template that rejects the system role (as some do) is refused with --system at the
+    start, by its words, before a lock or a settings file is written beside the output."""
+    model = tmp_path / "no-system"
+    shutil.copytree(model_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = (
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{%- endif %}" + tokenizer.chat_template
+    )
+    tokenizer.save_pretrained(model)
+    output = tmp_path / "out" / "prompts.jsonl"
+    output.parent.mkdir()
+    assert data_main(_args(model, output, 4, "--system", "be brief")) == 2
+    error = capsys.readouterr().err
+    assert "the chat template refused a system/user conversation (System role not supported)" in (
+        error
+    )
+    assert list(output.parent.iterdir()) == []
+    assert data_main(_args(model, output, 4)) == 0  # without it, the template works
+    assert len(_records(output)) == 4
+
+
+def test_rounds_that_keep_nothing_end_the_run_after_eight_in_a_row(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Seven barren rounds, one that keeps a conversation, then barren rounds: the run gives
+    up after the eighth barren round in a row (round 16), naming what was dropped."""
+    one_round = Synthesizer.run
+    kept_at = {8}
+    calls = []
+
+    def scripted_round(self, number, *args, **kwargs):
+        calls.append(number)
+        assert len(calls) <= 16, "the run went on past eight barren rounds in a row"
+        result = one_round(self, number, *args, **kwargs)
+        if len(calls) in kept_at:
+            assert result.records, "the real round kept nothing"
+            return replace(result, records=result.records[:1])
+        return replace(result, records=[], rejected=Counter({"too short": result.candidates}))
+
+    monkeypatch.setattr(Synthesizer, "run", scripted_round)
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model_dir, output, 50)) == 2
+    assert calls == list(range(16))
+    error = capsys.readouterr().err
+    assert re.search(r"8 rounds in a row kept no conversation \(dropped: [^)]*too short \d+", error)
+    assert "check that --target is a chat (instruct) model" in error
+    assert len(_records(output)) == 1
+
+
+def test_a_finished_output_is_left_as_it_is_without_loading_the_model(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    output = tmp_path / "prompts.jsonl"
+    assert data_main(_args(model_dir, output, 5)) == 0
+    written = output.read_bytes()
+    capsys.readouterr()
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the model was loaded for an output already written")
+
+    monkeypatch.setattr(LocalModel, "load", no_load)
+    for num in (5, 3):
+        assert data_main(_args(model_dir, output, num)) == 0
+        assert f"{output}: 0 conversations written" in capsys.readouterr().out
+    assert output.read_bytes() == written

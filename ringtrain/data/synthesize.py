@@ -131,7 +131,10 @@ def check_options(options: SynthesisOptions) -> None:
             0 <= options.min_words <= options.max_words,
             f"--min-words {options.min_words} must be at most --max-words {options.max_words}",
         ),
-        (options.batch_size >= 0, f"--batch-size must be at least 1, not {options.batch_size}"),
+        (
+            options.batch_size >= 0,
+            f"--batch-size must be 0 (the device's default) or more, not {options.batch_size}",
+        ),
         (
             "{topic}" in options.topic_hint,
             f"--topic-hint must contain {{topic}}, where each topic goes: {options.topic_hint!r}",

@@ -4,9 +4,18 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 
 from __future__ import annotations
 
-from tools.mutation.groups import data, drafter, evaluation, generate, run, startup, target
+from tools.mutation.groups import (
+    data,
+    drafter,
+    evaluation,
+    generate,
+    run,
+    startup,
+    synthesis,
+    target,
+)
 
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
-    *run.GROUPS, *startup.GROUPS,
+    *run.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
 )  # fmt: skip
