@@ -1,6 +1,7 @@
-"""The mutants of a run's start and stop: the plan's checks and the values every rank
-derives from it (trainer/plan.py), and what a stop signal does before and during training
-(trainer/signals.py)."""
+"""The mutants of a run's start and end: the plan's checks and the values every rank
+derives from it (trainer/plan.py), what a stop signal does before and during training
+(trainer/signals.py), the one line ringtrain-launch ends with and its exit code
+(trainer/report.py), and how ringtrain-launch reads its command line (launch.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ PLAN_TESTS = (
     "tests/test_resume_guard.py",
 )  # fmt: skip
 STOP_TESTS = ("tests/test_ring_failures.py", "tests/test_launch.py")
+REPORT_TESTS = ("tests/test_failure_report.py", "tests/test_launch.py")
 
 GROUPS = (
     Group("run plan", "ringtrain/trainer/plan.py", PLAN_TESTS, (
@@ -64,5 +66,66 @@ GROUPS = (
         Mutant("a stop in start-up exits 1", "os._exit(128 + signum)", "os._exit(1)"),
         Mutant("a stop in start-up leaves the ring failed", "ring.close(clean=True)",
                "ring.close(clean=False)"),
+    )),
+    Group("end report", "ringtrain/trainer/report.py", REPORT_TESTS, (
+        Mutant("a rank that reported counted as silent",
+               "failures.items() if rank not in reported}", "failures.items()}"),
+        Mutant("no rank counted as killed", "silent.items() if code < 0}", "silent.items() if False}"),
+        Mutant("the last rank killed named", "rank, code = min(killed.items())",
+               "rank, code = max(killed.items())"),
+        Mutant("any echo speaks for the killed rank",
+               "seen = [outcome for outcome in echoes if outcome.culprit == rank]",
+               "seen = echoes"),
+        Mutant("a killed rank not named as seen by its peer", "        if seen:  #", "        if False:  #"),
+        Mutant("a signal's exit code as torch gives it", "return 128 - code if code < 0 else code",
+               "return code"),
+        Mutant("a kill said as an exit code", "    if code < 0:\n        return f\"was killed",
+               "    if False:\n        return f\"was killed"),
+        Mutant("the lowest rank's own error first, not the earliest",
+               "first = min(own, key=lambda outcome: outcome.wall)", "first = own[0]"),
+        Mutant("the echoes before a rank's own error", "    if own:  #", "    if own and not echoes:  #"),
+        Mutant("a silent failure's exit code lost", "        return code, f\"rank {rank}",
+               "        return 1, f\"rank {rank}"),
+        Mutant("a stop of every rank taken for a timeout",
+               "if signal_name and len(outcomes) < local_ranks:",
+               "if signal_name and len(outcomes) <= local_ranks:"),
+        Mutant("every rank counted as killed at the timeout",
+               "{local_ranks - len(outcomes)} of {local_ranks}", "{local_ranks} of {local_ranks}"),
+        Mutant("the latest primary report named",
+               "return min(primary, key=lambda outcome: outcome.wall)",
+               "return max(primary, key=lambda outcome: outcome.wall)"),
+        Mutant("the primary reports not preferred",
+               "if primary := [outcome for outcome in echoes if outcome.primary]:",
+               "if primary := []:"),
+        Mutant("an echo's culprit not followed",
+               "while current.culprit is not None and current.culprit not in seen:",
+               "while False:"),
+        Mutant("an echo's own log instead of its culprit's",
+               "log = outcome.culprit_log if outcome.culprit is not None else outcome.log",
+               "log = outcome.log"),
+        Mutant("the launcher's signal named over the rank's",
+               "name = next((outcome.signal for outcome in stopped if outcome.signal), signal_name)",
+               "name = signal_name or next((o.signal for o in stopped if o.signal), \"\")"),
+        Mutant("a clean stop hides a start-up one", "code = max(outcome.code for outcome in stopped)",
+               "code = min(outcome.code for outcome in stopped)"),
+        Mutant("a target's stop taken for the lead drafter's",
+               "lead = next((outcome for outcome in stopped if outcome.step is not None), None)",
+               "lead = stopped[0]"),
+        Mutant("a stop before any checkpoint offers a resume", "    if checkpoint is None:\n",
+               "    if False:\n"),
+    )),
+    Group("launch arguments", "ringtrain/launch.py", REPORT_TESTS, (
+        Mutant("--overwrite kept in the resume command", "if token != \"--overwrite\"]", "]"),
+        Mutant("--resume given twice", "*([] if \"--resume\" in kept else [\"--resume\"])",
+               "\"--resume\""),
+        Mutant("an option given as --name=value not split",
+               "if token.split(\"=\", 1)[0] in main_options:", "if token in main_options:"),
+        Mutant("a lone -- passed on", "return list(argv[:index]), list(argv[index + 1 :])",
+               "return list(argv[:index]), list(argv[index:])"),
+        Mutant("a script of torchrun's own accepted",
+               "if args.training_script_args or args.training_script != ENTRY_MODULE:",
+               "if False:"),
+        Mutant("a usage error of ringtrain.main left to every rank",
+               "    build_parser().parse_args(main_part)  #", "    pass  #"),
     )),
 )  # fmt: skip
