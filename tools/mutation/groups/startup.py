@@ -1,7 +1,8 @@
 """The mutants of a run's start and end: the plan's checks and the values every rank
 derives from it (trainer/plan.py), what a stop signal does before and during training
 (trainer/signals.py), the one line ringtrain-launch ends with and its exit code
-(trainer/report.py), and how ringtrain-launch reads its command line (launch.py)."""
+(trainer/report.py), how ringtrain-launch reads its command line (launch.py), and the
+run directory's lock and preparation (trainer/run_dir.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ PLAN_TESTS = (
 )  # fmt: skip
 STOP_TESTS = ("tests/test_ring_failures.py", "tests/test_launch.py")
 REPORT_TESTS = ("tests/test_failure_report.py", "tests/test_launch.py")
+RUN_DIR_TESTS = ("tests/test_run_dir.py", "tests/test_fresh_start.py", "tests/test_resume_guard.py")
 
 GROUPS = (
     Group("run plan", "ringtrain/trainer/plan.py", PLAN_TESTS, (
@@ -127,5 +129,46 @@ GROUPS = (
                "if False:"),
         Mutant("a usage error of ringtrain.main left to every rank",
                "    build_parser().parse_args(main_part)  #", "    pass  #"),
+    )),
+    Group("run directory", "ringtrain/trainer/run_dir.py", RUN_DIR_TESTS, (
+        Mutant("every node locks node 0's file",
+               "return run_dir / (LOCK_FILE if node_rank == 0 else", "return run_dir / (LOCK_FILE if True else"),
+        Mutant("every attempt of a launch one launch",
+               "return f\"{launch}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}\"", "return launch"),
+        Mutant("--resume with --overwrite accepted", "    if resume and overwrite:\n", "    if False:\n"),
+        Mutant("every local rank takes the lock", "    if info.local_rank != 0:\n", "    if False:\n"),
+        Mutant("a held lock taken for a file system without locks",
+               "if exc.errno not in (errno.EACCES, errno.EAGAIN):", "if True:"),
+        Mutant("a file system without locks refuses the run",
+               "if exc.errno not in (errno.EACCES, errno.EAGAIN):", "if False:"),
+        Mutant("another launch's claim accepted",
+               "ours = holder.get(\"launch\") == launch and holder.get(\"host\") == host",
+               "ours = holder.get(\"host\") == host"),
+        Mutant("another host's claim accepted",
+               "ours = holder.get(\"launch\") == launch and holder.get(\"host\") == host",
+               "ours = holder.get(\"launch\") == launch"),
+        Mutant("an ended rank 0's claim accepted", "if ours and _pid_alive(holder.get(\"pid\")):",
+               "if ours:"),
+        Mutant("a pid written as text alive", "    if not isinstance(pid, int):\n        return False",
+               "    if not isinstance(pid, int):\n        pid = int(pid)"),
+        Mutant("the holder written without the run id the start decided",
+               "        _write_holder(fd, run_dir)  # with the run id", "        pass  # with the run id"),
+        Mutant("a rank other than 0 prepares", "    if info.rank != 0:\n        return []",
+               "    if info.local_rank != 0:\n        return []"),
+        Mutant("a fresh start over checkpoints goes on", "        if not overwrite:\n", "        if False:\n"),
+        Mutant("--overwrite keeps the checkpoints", "        shutil.rmtree(checkpoints)\n", ""),
+        Mutant("--overwrite keeps the metrics", "(run_dir / name).unlink()", "pass"),
+        Mutant("a fresh start's earlier metrics left in place", "notes += _keep_earlier_metrics(run_dir)",
+               "notes += []"),
+        Mutant("a resume draws a new run id", "if not resume or read_run_id(run_dir) is None:",
+               "if True:"),
+        Mutant("a resume without a run id gets none", "if not resume or read_run_id(run_dir) is None:",
+               "if not resume:"),
+        Mutant("a torn save's leftovers kept",
+               "notes = [f\"removed partial checkpoint {p}\" for p in remove_partial_checkpoints(checkpoints)]",
+               "notes = []"),
+        Mutant("earlier metrics without a run id not kept",
+               "earlier = read_run_id(run_dir) or time.strftime(\"%Y%m%d-%H%M%S\")",
+               "earlier = read_run_id(run_dir)"),
     )),
 )  # fmt: skip
