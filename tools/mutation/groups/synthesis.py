@@ -22,7 +22,7 @@ GROUPS = (
                "options.answer_tokens >= 0,"),
         Mutant("fewest words above the most accepted",
                "0 <= options.min_words <= options.max_words,", "0 <= options.min_words,"),
-        Mutant("a negative batch size accepted", "(options.batch_size >= 0,", "(True,"),
+        Mutant("a negative batch size accepted", "options.batch_size >= 0,", "True,"),
         Mutant("a topic hint without its place accepted",
                "\"{topic}\" in options.topic_hint,", "True,"),
         Mutant("an empty topic accepted",
