@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ringtrain.cli.data import main as data_main
 from ringtrain.data import synth_filters
 from ringtrain.data.near_duplicates import NearDuplicateIndex, shingles
+from ringtrain.data.regen_lock import lock_path
 from ringtrain.data.regen_records import parse_record
 from ringtrain.data.synth_filters import FilterSettings, rejection
 from ringtrain.data.synth_rounds import Synthesizer
@@ -92,16 +93,31 @@ def test_near_duplicates_the_model_writes_are_removed(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """A model that writes "write" most of the time repeats itself: its near duplicates are
-    counted as dropped and none reaches the output."""
+    counted as dropped and none reaches the output, nor does one of a turn that an earlier
+    run wrote."""
     model = build_word_chat_model(tmp_path / "skewed", skew=3.0)
     output = tmp_path / "prompts.jsonl"
-    assert data_main(_args(model, output, 10)) == 0
-    summary = capsys.readouterr().out
-    dropped = int(summary.split("near duplicate ")[1].split()[0].rstrip(","))
-    assert dropped > 0
-    turns = _first_turns(_records(output))
-    assert len(turns) == 10
-    _assert_no_near_duplicates(turns)
+    for num in (10, 20):
+        assert data_main(_args(model, output, num)) == 0
+        summary = capsys.readouterr().out
+        dropped = int(summary.split("near duplicate ")[1].split()[0].rstrip(","))
+        assert dropped > 0
+        turns = _first_turns(_records(output))
+        assert len(turns) == num
+        _assert_no_near_duplicates(turns)
+
+
+def test_the_lock_a_killed_client_left_is_taken_over_and_said(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    output = tmp_path / "prompts.jsonl"
+    lock_path(output).write_text('{"pid": 4242, "host": "gpu-7"}\n')  # held by no process
+    assert data_main(_args(model_dir, output, 3)) == 0
+    assert (
+        "took over the lock of pid 4242 on host gpu-7, which is no longer running"
+        in capsys.readouterr().err
+    )
+    assert len(_records(output)) == 3
 
 
 def test_planted_near_duplicates_are_removed() -> None:
