@@ -21,7 +21,13 @@ import pytest
 
 from ringtrain.ring import Ring
 from ringtrain.trainer import outcome as outcomes
-from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, PEER_FAILED, Outcome, report_outcome
+from ringtrain.trainer.outcome import (
+    OUTCOME_DIR_ENV,
+    PEER_FAILED,
+    STOPPED,
+    Outcome,
+    report_outcome,
+)
 from ringtrain.trainer.report import describe_end
 from tests.helpers import ring_workers as rw
 from tests.helpers.launcher import (
@@ -162,3 +168,44 @@ def test_a_stopped_target_under_the_launcher_ends_with_its_lost_heartbeat(tmp_pa
     assert last.endswith(f"(its log: {run_dir / 'logs' / 'rank0-target.log'})"), last
     assert "Traceback" not in text, text[-4000:]
     assert shm_entries(name) == []
+
+
+@pytest.mark.parametrize(
+    ("reported", "local_ranks", "failures", "launcher_signal", "end"),
+    [
+        pytest.param(
+            [], 3, {2: -9, 1: -15}, "",
+            (128 + 15, "rank 1 was killed by SIGTERM without reporting an error"),
+            id="of two ranks killed silently, the lower one",
+        ),
+        pytest.param(
+            [], 2, {1: 3}, "", (3, "rank 1 exited with code 3 without reporting an error"),
+            id="a silent failure's own exit code",
+        ),
+        pytest.param(
+            [Outcome(0, 0, STOPPED, signal="SIGTERM")], 3, {}, "SIGTERM",
+            (128 + 15, "SIGTERM: 2 of 3 ranks did not stop within torch's shutdown timeout and "
+             "were killed (torchrun's --shutdown-timeout gives them longer); the newest "
+             "complete checkpoint is kept"),
+            id="ranks cut off at the launcher's shutdown timeout",
+        ),
+        pytest.param(
+            [Outcome(0, 0, STOPPED, signal="SIGINT", step=5, checkpoint="ck/step_5")], 1, {},
+            "SIGTERM", (0, "stopped at step 5 (SIGINT), checkpoint ck/step_5: resume with cmd"),
+            id="the signal a rank took, not the launcher's",
+        ),
+        pytest.param(
+            [Outcome(0, 0, STOPPED, signal="SIGTERM", step=3)], 1, {}, "SIGTERM",
+            (0, "stopped at step 3 (SIGTERM) before any checkpoint: nothing to resume"),
+            id="a stop before the first checkpoint",
+        ),
+    ],
+)  # fmt: skip
+def test_the_end_line_of_each_kind_of_end(
+    reported: list[Outcome],
+    local_ranks: int,
+    failures: dict[int, int],
+    launcher_signal: str,
+    end: tuple[int, str],
+) -> None:
+    assert describe_end(reported, local_ranks, failures, launcher_signal, "cmd") == end
