@@ -123,7 +123,8 @@ def torchrun_arguments(argv: Sequence[str]):
     launcher_part, main_part = split_arguments(argv)
     args = torch_run.parse_args([*launcher_part, "-m", ENTRY_MODULE])
     if args.training_script_args or args.training_script != ENTRY_MODULE:
-        given = shlex.join([args.training_script, *args.training_script_args])
+        # What the user gave, without the "-m ENTRY_MODULE" appended above.
+        given = shlex.join([args.training_script, *args.training_script_args][:-2])
         raise SystemExit(
             f"{PROGRAM}: {given!r} is not an option of torchrun or of {MODULE}; "
             f"{PROGRAM} starts {MODULE} itself: give torchrun's options, then {MODULE}'s "

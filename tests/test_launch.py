@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.checkpoint import latest_checkpoint, load_checkpoint
+from ringtrain.launch import resume_command, split_arguments, torchrun_arguments
 from ringtrain.trainer.outcome import FAILED, PEER_FAILED, REFUSED, STOPPED, Outcome
 from ringtrain.trainer.report import describe_end
 from tests.helpers.checkpoints import plant_torn_checkpoints
@@ -122,7 +123,8 @@ def test_sigterm_to_the_launcher_stops_cleanly_and_the_resume_is_exact(tmp_path:
         latest_checkpoint(root) == checkpoint and load_checkpoint(checkpoint, "cpu").step == stopped
     )
     [line] = _launcher_lines(text)
-    assert line.startswith(f"ringtrain: stopped at step {stopped} (SIGTERM), checkpoint {checkpoint}: "
+    assert line.startswith(f"ringtrain: stopped at step {stopped} (SIGTERM), "
+                           f"checkpoint {checkpoint}: "
                            "resume with ringtrain-launch "), line  # fmt: skip
     assert line.endswith(" --resume"), line
     assert shm_entries(name) == []
@@ -254,3 +256,40 @@ def test_a_stop_where_one_rank_was_still_starting_says_nothing_was_trained() -> 
         130,
         "stopped by SIGINT during start-up: nothing trained yet, no checkpoint written",
     )
+
+
+def test_the_command_line_splits_at_the_first_option_of_ringtrain_main() -> None:
+    assert split_arguments(["--nproc-per-node", "2", "--config=x.toml", "--resume"]) == (
+        ["--nproc-per-node", "2"],
+        ["--config=x.toml", "--resume"],
+    )
+    assert split_arguments(["--standalone", "--", "--config", "x.toml"]) == (
+        ["--standalone"],
+        ["--config", "x.toml"],
+    )
+    assert split_arguments(["--standalone"]) == (["--standalone"], [])
+
+
+def test_the_resume_command_drops_overwrite_and_adds_resume_once() -> None:
+    fresh = ["--standalone", "--config", "x.toml", "--overwrite"]
+    assert resume_command(fresh) == "ringtrain-launch --standalone --config x.toml --resume"
+    resumed = ["--standalone", "--config", "my run.toml", "--resume"]
+    assert (
+        resume_command(resumed) == "ringtrain-launch --standalone --config 'my run.toml' --resume"
+    )
+
+
+def test_a_script_or_a_bad_option_is_refused_once_by_the_launcher(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    with pytest.raises(SystemExit) as refusal:
+        torchrun_arguments(["--standalone", "train.py", "--lr", "1"])
+    assert str(refusal.value).startswith(
+        "ringtrain-launch: 'train.py --lr 1' is not an option of torchrun or of ringtrain.main"
+    )
+    with pytest.raises(SystemExit) as refusal:
+        torchrun_arguments(["--standalone", "--config", "x.toml", "--no-such-option"])
+    assert refusal.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    args = torchrun_arguments(["--standalone", "--nproc-per-node", "3", "--config", "x.toml"])
+    assert (args.nproc_per_node, args.training_script_args) == ("3", ["--config", "x.toml"])
