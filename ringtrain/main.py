@@ -1,5 +1,6 @@
-"""Entry point: `ringtrain-launch --nproc-per-node P [--config FILE] [--resume]` (ringtrain/launch.py),
-or `torchrun --nproc-per-node P -m ringtrain.main [--config FILE] [--resume]`.
+"""Entry point: `ringtrain-launch --nproc-per-node P [--config FILE] [--resume]`
+(ringtrain/launch.py), or
+`torchrun --nproc-per-node P -m ringtrain.main [--config FILE] [--resume]`.
 
 Every process reads the same config, learns its role from its local rank (targets first,
 then drafters), validates all inputs before touching a GPU, joins the node's ring, and

@@ -139,7 +139,6 @@ def test_a_target_group_in_the_ring_counts_as_one_target_of_its_gpus() -> None:
     after = _snapshot(ranks(120, 60.0), taken_s=60.0)
     advice = ring_judgement(with_interval(before, after), before).advice
     assert "one target group makes 2 batches/s" in advice[0]
-    assert (
-        advice[1]
-        == "  now  1 target group of 2 GPUs + 2 drafters: min(1 x 2, 2 x 1) = 2 batches/s (measured 2)"
+    assert advice[1] == (
+        "  now  1 target group of 2 GPUs + 2 drafters: min(1 x 2, 2 x 1) = 2 batches/s (measured 2)"
     )

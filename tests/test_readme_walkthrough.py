@@ -129,8 +129,8 @@ def prepared_dataset(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def walk_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory with step 1 of docs/training.md done (the tiny chat model, its chats, the prepared
-    dataset) and step 2's config, walk.toml."""
+    """A directory with step 1 of docs/training.md done (the tiny chat model, its chats, the
+    prepared dataset) and step 2's config, walk.toml."""
     root = tmp_path_factory.mktemp("walk")
     prepared_dataset(root)
     (root / "walk.toml").write_text(CONFIG.format(root=root, pid=os.getpid()))

@@ -1,5 +1,6 @@
-"""ringtrain-data regenerate against OpenAI-compatible servers on 127.0.0.1 (ringtrain/testing/chat_server.py):
-contents per record and turn, options passed through, retried faults, bad input lines."""
+"""ringtrain-data regenerate against OpenAI-compatible servers on 127.0.0.1
+(ringtrain/testing/chat_server.py): contents per record and turn, options passed through, retried
+faults, bad input lines."""
 
 from __future__ import annotations
 

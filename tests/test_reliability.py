@@ -1,4 +1,5 @@
-"""Failure semantics of whole runs: killed ranks, torn checkpoints, and hostile input that must be refused before any model is loaded.
+"""Failure semantics of whole runs: killed ranks, torn checkpoints, and hostile input that must be
+refused before any model is loaded.
 
 Runs use real torchrun processes on CPU with the embedded tiny config. Every wait polls
 files or processes against a deadline.

@@ -1,4 +1,5 @@
-"""Compiled target layers on CPU: equal to eager, every unit compiled, no steady-state recompiles."""
+"""Compiled target layers on CPU: equal to eager, every unit compiled, no steady-state
+recompiles."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`ringtrain-data`: synthesize, regenerate, prepare, check and inspect training data.
+r"""`ringtrain-data`: synthesize, regenerate, prepare, check and inspect training data.
 
 Synthesize chat prompts with the target, regenerate chat JSONL with it, prepare a
 training dataset from it (one file or a mixture), check it for overlap with evaluation
@@ -7,10 +7,12 @@ prompts, or inspect a dataset.
 ringtrain-data synthesize --target MODEL_DIR --output prompts.jsonl --num N [--turns 2] [--topic T]
 ringtrain-data regenerate --server URL --model NAME --input chats.jsonl --output regenerated.jsonl
 ringtrain-data regenerate --local MODEL_DIR --input chats.jsonl --output regenerated.jsonl
-ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ [--max-len N] [--workers N] [--block-size B]
+ringtrain-data prepare --tokenizer TARGET_DIR --input chats.jsonl --output data/ \
+    [--max-len N] [--workers N] [--block-size B]
 ringtrain-data prepare --tokenizer TARGET_DIR --mixture mixture.toml --output data/ [...]
 ringtrain-data overlap --train chats.jsonl --against mt-bench --against humaneval [--ngram 13]
-ringtrain-data inspect data/ [--vocab-size V] [--block-size B] [--row N --tokenizer TARGET_DIR] [--json]
+ringtrain-data inspect data/ [--vocab-size V] [--block-size B] \
+    [--row N --tokenizer TARGET_DIR] [--json]
 """
 
 from __future__ import annotations

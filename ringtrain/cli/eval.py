@@ -239,7 +239,8 @@ def mismatch_error(report: EvalReport) -> str:
     """The error for real divergences: each prompt, position, tokens and float32 margin."""
     lines = [
         f"ringtrain-eval: ERROR: speculative output differs from greedy on "
-        f"{len(report.mismatches)} of {report.prompts} prompts beyond rounding ({report.tie_rule}); "
+        f"{len(report.mismatches)} of {report.prompts} prompts beyond rounding "
+        f"({report.tie_rule}); "
         "greedy speculative decoding must be lossless:"
     ]
     for m in report.mismatches[:5]:

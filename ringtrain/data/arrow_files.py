@@ -150,7 +150,8 @@ def read_segments(path: Path) -> tuple[list[Segment], list[pa.Table]]:
         if not np.array_equal(ids_off, mask_off):
             bad = int(np.flatnonzero(np.diff(ids_off) != np.diff(mask_off))[0])
             raise DatasetError(
-                f"{path}: row {first_row + bad}: input_ids has {int(ids_off[bad + 1] - ids_off[bad])} "
+                f"{path}: row {first_row + bad}: "
+                f"input_ids has {int(ids_off[bad + 1] - ids_off[bad])} "
                 f"tokens but loss_mask has {int(mask_off[bad + 1] - mask_off[bad])}; "
                 "every row needs one mask value per token"
             )

@@ -6,8 +6,8 @@ source of them is the Python code already installed: the standard library and th
 packages in site-packages. Every function with a docstring becomes one chat prompt of
 one of several kinds (solve it as a benchmark problem, complete a signature and
 docstring, implement a described function, explain the code, write tests for it,
-document it, review it), as a ``messages`` record that ``ringtrain-data prepare``, ``tools/regenerate.py`` and
-``ringtrain-eval`` read.
+document it, review it), as a ``messages`` record that ``ringtrain-data prepare``,
+``tools/regenerate.py`` and ``ringtrain-eval`` read.
 
 The "solve" kind shows the signature and docstring in the exact wording ringtrain-eval
 serves HumanEval problems in (``HUMANEVAL_WORDING``): a drafter is served that wording,

@@ -273,8 +273,8 @@ class ChatClient:
                     status, listing = answer.status, await answer.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 raise RequestFailed(
-                    f"cannot reach {server.url} ({_describe(exc)}); is the engine running, and is the "
-                    "URL its OpenAI base (http://HOST:PORT/v1)?",
+                    f"cannot reach {server.url} ({_describe(exc)}); is the engine running, "
+                    "and is the URL its OpenAI base (http://HOST:PORT/v1)?",
                     retryable=True,
                 ) from None
             if status == 404:

@@ -9,10 +9,10 @@ layer kinds) answers the waiting turns a batch at a time with `greedy_answers`: 
 starts once `slots` turns wait or a pass of the event loop adds none (every conversation
 in flight is waiting).
 
-Both answer greedily, or draw from a `TokenSampler` when given one. Both take turns with `submit`, hand each its `Answer` (or the exception that ended it)
-through the turn's future, and report generated tokens to `on_tokens` as they come.
-`stop` lets the answers in flight finish and fails the turns still waiting with
-`Stopped`; `abort` ends generation at the next step with `Aborted`.
+Both answer greedily, or draw from a `TokenSampler` when given one. Both take turns with `submit`,
+hand each its `Answer` (or the exception that ended it) through the turn's future, and report
+generated tokens to `on_tokens` as they come. `stop` lets the answers in flight finish and fails the
+turns still waiting with `Stopped`; `abort` ends generation at the next step with `Aborted`.
 """
 
 from __future__ import annotations

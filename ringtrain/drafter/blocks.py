@@ -89,7 +89,8 @@ def pack_context(batch: PackedRows, ctx_capacity: int) -> PackedContext:
         )
     if num_docs < 1 or cu_seqlens.shape[0] < num_docs + 1:
         raise ValueError(
-            f"num_docs={num_docs} needs {num_docs + 1} cu_seqlens entries, got {cu_seqlens.shape[0]}"
+            f"num_docs={num_docs} needs {num_docs + 1} cu_seqlens entries, "
+            f"got {cu_seqlens.shape[0]}"
         )
     device = hidden.device
     rows = ctx_capacity

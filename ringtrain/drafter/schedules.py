@@ -26,7 +26,8 @@ from ringtrain.drafter.config import OptimConfig
 
 
 class WarmupCosine:
-    """LR multiplier: linear warm-up over warmup_fraction of the steps, then cosine to min_lr_ratio."""
+    """LR multiplier: linear warm-up over warmup_fraction of the steps, then cosine to
+    min_lr_ratio."""
 
     def __init__(self, total_steps: int, warmup_fraction: float, min_lr_ratio: float) -> None:
         self.schedule = "cosine"

@@ -35,7 +35,8 @@ CAPACITY_STEP = 1024
 
 
 def _cache_keyword(model: nn.Module) -> str:
-    """The forward keyword of the KV cache: ``cache`` (newer transformers) or ``past_key_values``."""
+    """The forward keyword of the KV cache: ``cache`` (newer transformers) or
+    ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 

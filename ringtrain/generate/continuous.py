@@ -1,5 +1,5 @@
-"""Continuous batching for decoding (greedy, or drawn by a ``TokenSampler``): a slot takes the next prompt as soon as its
-answer ends.
+"""Continuous batching for decoding (greedy, or drawn by a ``TokenSampler``): a slot takes the next
+prompt as soon as its answer ends.
 
 A batch decoded to its end hands back no answer before its longest one ends, and on a
 CPU, where a step costs in proportion to the rows it runs, it keeps paying for rows

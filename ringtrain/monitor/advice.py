@@ -146,7 +146,8 @@ def _plural(count: int, word: str) -> str:
 
 def _arithmetic(rates: MeasuredRates, targets: int, drafters: int) -> str:
     return (
-        f"{_split_name(rates, targets, drafters)}: min({targets} x {number(rates.target_rate)}, {drafters} x "
+        f"{_split_name(rates, targets, drafters)}: "
+        f"min({targets} x {number(rates.target_rate)}, {drafters} x "
         f"{number(rates.drafter_rate)}) = {number(split_rate(rates, targets, drafters))} "
         f"{rates.unit}"
     )

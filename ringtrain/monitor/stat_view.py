@@ -76,7 +76,8 @@ def format_snapshot(
         starved = r.interval_starved_pct if r.interval_starved_pct is not None else r.starved_pct
         status = r.status if r.alive else f"DEAD ({r.dead_reason})"
         lines.append(
-            f"{r.rank:>4} {r.label:<7} {r.pid:>7} {status:<8} {r.heartbeat_age_s:>5.1f}s {r.step:>7} "
+            f"{r.rank:>4} {r.label:<7} {r.pid:>7} {status:<8} "
+            f"{r.heartbeat_age_s:>5.1f}s {r.step:>7} "
             f"{r.items:>8} {rate:>8.1f} {_pct(blocked) if r.is_producer else '-':>7} "
             f"{_pct(starved) if r.is_consumer else '-':>7} "
             f"{'-' if r.gpu_busy is None else _pct(100.0 * r.gpu_busy):>6}  {r.last_error[:60]}"

@@ -172,7 +172,8 @@ class ControlLayout:
 
 
 def put_bytes(record: np.ndarray | np.void, name: str, data: bytes) -> None:
-    """Store `data` (truncated to fit) in the byte field `name` of `record`, length in `name_len`."""
+    """Store `data` (truncated to fit) in the byte field `name` of `record`, length in
+    `name_len`."""
     field = record[name]
     data = data[: field.shape[-1]]
     field[: len(data)] = np.frombuffer(data, dtype=np.uint8)

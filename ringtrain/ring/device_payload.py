@@ -113,7 +113,8 @@ class DevicePayload:
             except RuntimeError as exc:
                 rank = self.spec.global_ranks[local_index]
                 raise RingError(
-                    f"cannot open the CUDA IPC slab of producer rank {rank} on {self.device}: {exc}. "
+                    f"cannot open the CUDA IPC slab of producer rank {rank} "
+                    f"on {self.device}: {exc}. "
                     f"A process cannot open its own handle, and GPUs without peer access cannot "
                     f"share memory; set ring.transport = 'host'"
                 ) from exc

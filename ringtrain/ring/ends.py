@@ -165,7 +165,8 @@ class Consumer:
         self._copied = [torch.cuda.Event() for _ in range(spec.num_slots)] if self._cuda else []
 
     def take(self, timeout: float | None = None) -> ReadItem | None:
-        """The next item (copied into this consumer's buffers), or None once all producers finished."""
+        """The next item (copied into this consumer's buffers), or None once all producers
+        finished."""
         handoff = self._handoff
         while True:
             handoff.wait_ready(

@@ -158,10 +158,10 @@ class HandOff:
         """Acquire `sem`; time spent waiting goes to this rank's `counter` (ns).
 
         The call and each wake-up refresh this rank's progress (a rank waiting on the
-        ring waits on its peers: it is not hung; see phases.py). If the semaphore is not available at once, `poll` runs before each retry of the
-        spin (see the module docstring). When a spin ends, `before_block` runs; if it
-        returns True (it made progress, e.g. freed a slot) the spin starts over,
-        otherwise the wait sleeps on the semaphore.
+        ring waits on its peers: it is not hung; see phases.py). If the semaphore is not available
+        at once, `poll` runs before each retry of the spin (see the module docstring). When a spin
+        ends, `before_block` runs; if it returns True (it made progress, e.g. freed a slot) the spin
+        starts over, otherwise the wait sleeps on the semaphore.
         """
         progress = self.control.rank["progress_ns"]
         progress[self.local_index] = monotonic_ns()
@@ -189,7 +189,8 @@ class HandOff:
                     self._check_consumers_open(waits_on)
                     if deadline is not None and monotonic_ns() >= deadline:
                         raise RingTimeout(
-                            f"ring {self.spec.run_id}: rank {self.spec.global_ranks[self.local_index]} "
+                            f"ring {self.spec.run_id}: "
+                            f"rank {self.spec.global_ranks[self.local_index]} "
                             f"waited {timeout} s for {waits_on} (every peer alive)"
                         ) from None
         finally:

@@ -98,7 +98,8 @@ def resolve_transport(requested: str, device: torch.device) -> tuple[str, str]:
     if requested == "device":
         if not usable:
             raise RingError(
-                f"ring.transport = 'device' needs CUDA ranks, but the creating rank runs on {device} "
+                "ring.transport = 'device' needs CUDA ranks, "
+                f"but the creating rank runs on {device} "
                 f"(CUDA available: {torch.cuda.is_available()}); use transport 'host' or 'auto'"
             )
         return "device", "requested in the config"

@@ -127,7 +127,10 @@ def hang_reason(row: np.ndarray | np.void, now_ns: int, spec: RingSpec) -> str |
     progress = f"no progress for {age:.0f} s while {doing(row)} (allowed {limit:g} s, {key})"
     if process_state(int(row["pid"])) in ("T", "t"):  # no thread of it runs
         beat_s = (now_ns - int(row["heartbeat_ns"])) / 1e9
-        return f"stopped beating (heartbeat lost {beat_s:.1f} s ago: its process is stopped), {progress}"
+        return (
+            f"stopped beating (heartbeat lost {beat_s:.1f} s ago: its process is stopped), "
+            f"{progress}"
+        )
     head = f"is hung: {progress}"
     still = (now_ns - int(row["still_ns"])) / 1e9
     if int(row["cpu_busy"]):

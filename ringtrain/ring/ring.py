@@ -44,14 +44,14 @@ producer is unfinished, so at least one token is always left for the final wake-
 
 Liveness: each rank beats its heartbeat from a daemon thread about once a second, which
 also samples whether the main thread works, and its main thread publishes progress and
-its phase in the rank's own row (own_row.py; the rules: phases.py). Every blocking wait lasts at most `wait_timeout_s`; then the peers
-are checked (watch.py): a rank whose pid is gone (or reused: kernel start time differs,
-or is a zombie), whose heartbeat is older than `heartbeat_timeout_s`, that recorded an
-error, or that set the ring's closing flag raises PeerDied naming that rank, its label
-and its last error; one that neither progressed nor worked for longer than its phase
+its phase in the rank's own row (own_row.py; the rules: phases.py). Every blocking wait lasts at
+most `wait_timeout_s`; then the peers are checked (watch.py): a rank whose pid is gone (or reused:
+kernel start time differs, or is a zombie), whose heartbeat is older than `heartbeat_timeout_s`,
+that recorded an error, or that set the ring's closing flag raises PeerDied naming that rank, its
+label and its last error; one that neither progressed nor worked for longer than its phase
 allows raises RankHung, naming what it was doing and where. A watchdog thread runs the
-same checks, and checks its own rank too. A slot held by a rank that died mid-write or mid-read is not recovered: the
-run treats any dead rank as fatal, so survivors raise PeerDied within one wait
+same checks, and checks its own rank too. A slot held by a rank that died mid-write or mid-read is
+not recovered: the run treats any dead rank as fatal, so survivors raise PeerDied within one wait
 timeout. POSIX semaphores survive their holders, so they are counters only.
 
 Lifetime: local rank 0 `create()`s (after removing objects of dead runs and checking

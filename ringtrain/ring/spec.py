@@ -2,10 +2,10 @@
 
 The spec is written into the control block by the creating rank, so attaching ranks
 only need the run id. Each rank sits at one end of the ring, producer or consumer; what
-the ranks are to the run that made the ring (its labels) the ring only repeats in messages. A slot holds the arrays its `fields` declare (SlotField: a name,
-a dtype, one row per token or per document boundary, values per row); the ring gives
-them no meaning. `SlotLayout` places them at aligned offsets in the given order; the
-same layout is used for host slots and for device slabs.
+the ranks are to the run that made the ring (its labels) the ring only repeats in messages. A slot
+holds the arrays its `fields` declare (SlotField: a name, a dtype, one row per token or per document
+boundary, values per row); the ring gives them no meaning. `SlotLayout` places them at aligned
+offsets in the given order; the same layout is used for host slots and for device slabs.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class RingSpec:
         problems = []
         if len(self.ends) != len(self.global_ranks):
             problems.append(
-                f"ends ({len(self.ends)}) and global_ranks ({len(self.global_ranks)}) differ in length"
+                f"ends ({len(self.ends)}) and global_ranks ({len(self.global_ranks)}) "
+                "differ in length"
             )
         if self.labels and len(self.labels) != len(self.ends):
             problems.append(

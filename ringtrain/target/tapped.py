@@ -37,11 +37,11 @@ class TappedTarget:
     """A target truncated after its deepest tapped layer, with taps written by hooks.
 
     Attributes: ``module`` (the HF text model, layers 0..max(tap_layers), final norm
-    replaced by identity unless the last layer is tapped, no LM head), ``config`` (the target's FULL HF text config),
-    ``tap_layers``, ``num_layers`` (full layer count), ``hidden_size``, ``vocab_size``,
-    ``device``, ``dtype``, ``linear_attention`` (the Gated DeltaNet implementation of a
-    hybrid target: "fla" or "torch"; None for other targets), ``compiled_units`` (names of the compiled layers or layer
-    parts under ``module.layers``; empty when the target runs eagerly).
+    replaced by identity unless the last layer is tapped, no LM head), ``config`` (the target's FULL
+    HF text config), ``tap_layers``, ``num_layers`` (full layer count), ``hidden_size``,
+    ``vocab_size``, ``device``, ``dtype``, ``linear_attention`` (the Gated DeltaNet implementation
+    of a hybrid target: "fla" or "torch"; None for other targets), ``compiled_units`` (names of the
+    compiled layers or layer parts under ``module.layers``; empty when the target runs eagerly).
     """
 
     def __init__(

@@ -12,9 +12,9 @@ The answer to a conversation is a function of the whole conversation (`answer_fo
 a test can check what each request contained. With an ``api_key`` it answers only requests
 that carry it (``Authorization: Bearer KEY``), as a hosted endpoint does, and HTTP 401
 otherwise. `Faults` injects what real servers do:
-HTTP 429/500/503, dropped connections, answers whose message lacks `content`, requests left unanswered past the client's
-timeout, a server that stops answering after N requests, and a gate that holds answers
-back until it is opened.
+HTTP 429/500/503, dropped connections, answers whose message lacks `content`, requests left
+unanswered past the client's timeout, a server that stops answering after N requests, and a gate
+that holds answers back until it is opened.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ Once the inputs are validated (so a refused start deletes nothing), global rank 
 what the run is (`prepare_run_dir`): a fresh start in a directory holding checkpoints is
 refused unless --overwrite (which deletes the old checkpoints and metrics); the metrics
 of an earlier run that left no checkpoint move aside (`metrics.<its run id>.jsonl`), so a
-fresh start has nothing to supersede; a fresh start draws a new run id (`<run_dir>/run_id`), a resume keeps it; partial
-checkpoints that interrupted saves left are removed. Every checkpoint records the run id,
-and a resume takes only checkpoints of its own run (ringtrain/checkpoint/verify.py).
+fresh start has nothing to supersede; a fresh start draws a new run id (`<run_dir>/run_id`), a
+resume keeps it; partial checkpoints that interrupted saves left are removed. Every checkpoint
+records the run id, and a resume takes only checkpoints of its own run
+(ringtrain/checkpoint/verify.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark one drafter training step: forward + backward + optimiser, MFU, memory, recompiles.
+r"""Benchmark one drafter training step: forward + backward + optimiser, MFU, memory, recompiles.
 
 Default shape: a Qwen3-8B-shaped drafter (hidden 4096, 5 layers, 32 query / 8 KV heads of
 128, MLP 12288, vocabulary 151936, 5 taps) with a random frozen head, on packed batches of
@@ -38,18 +38,21 @@ host between forward and backward, as the trainer's reduction of them does (what
 wait for the GPU costs a step). Every other
 variant trains the paper's drafter and objective (DFlash, decayed cross-entropy).
 
-    python -m tools.bench.bench_drafter --json                         # H200, default variant
-    python -m tools.bench.bench_drafter --json --variants all          # + loss_chunk / compile modes
-    python -m tools.bench.bench_drafter --json --profile               # + top kernels of 3 steps
+    python -m tools.bench.bench_drafter --json                        # H200, default variant
+    python -m tools.bench.bench_drafter --json --variants all         # + loss_chunk / compile modes
+    python -m tools.bench.bench_drafter --json --profile              # + top kernels of 3 steps
     python -m tools.bench.bench_drafter --json --variants base,fast_step,cudagraphs,muon --steps 10
-    python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile --profile-top 500
+    python -m tools.bench.bench_drafter --json --variants fast_step,dflash2 --profile \
+        --profile-top 500
                                      # + every kernel, and what dflash2 runs beyond fast_step
     python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --gaps
                                      # + where the GPU idles in a step, by code
-    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants fast_step,dflash2,default
-    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m --variants default --batch-docs 64
+    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m \
+        --variants fast_step,dflash2,default
+    python -m tools.bench.bench_drafter --json --target-shape smollm2-135m \
+        --variants default --batch-docs 64
                                      # a batch of 64 documents (32,768 tokens) instead of 32
-    python -m tools.bench.bench_drafter --device cpu --small --json    # smoke run on a CPU
+    python -m tools.bench.bench_drafter --device cpu --small --json   # smoke run on a CPU
 """
 
 from __future__ import annotations
@@ -289,7 +292,8 @@ class VariantRun:
     def warm_up(self, name: str, batches: list[PackedBatch]) -> None:
         for i, batch in enumerate(batches):
             log(f"{name}: warm-up step {i + 1}/{len(batches)} (docs {batch.num_docs}, "
-                f"{batch.num_tokens} tokens){' (compiles on CUDA: minutes)' if i == 0 else ''}")  # fmt: skip
+                f"{batch.num_tokens} tokens)"
+                f"{' (compiles on CUDA: minutes)' if i == 0 else ''}")  # fmt: skip
             began = time.perf_counter()
             loss = self.step(batch)
             self.sync()

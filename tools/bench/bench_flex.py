@@ -216,7 +216,8 @@ def print_table(results: list[dict]) -> None:
             print(f"{r['options']:<18} {r['error'][:90]}")
             continue
         print(f"{r['options']:<18} {r['fwd_ms']:>7.2f} {r['bwd_ms']:>7.2f} "
-              f"{r['fwd_tflops']:>9.0f} {r['bwd_tflops']:>9.0f} {r['fwd_bwd_mfu']:>6.3f}")  # fmt: skip
+              f"{r['fwd_tflops']:>9.0f} {r['bwd_tflops']:>9.0f} "
+              f"{r['fwd_bwd_mfu']:>6.3f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:

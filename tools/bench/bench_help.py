@@ -5,11 +5,12 @@ imports torch or transformers: under a second on a CPU. Each command named (defa
 console scripts `ringtrain-stat`, `ringtrain-eval` and `ringtrain-data`; `--all`: every
 console script in pyproject.toml) is started as the installed script, after one warm-up
 run, `--runs` times in turn; the report gives the median, min and max wall seconds of
-each, its exit statuses, and the median CPU seconds (user + system, which a machine busy with other work
-inflates less than wall time). The commands run with a bytecode cache of their own (a
+each, its exit statuses, and the median CPU seconds (user + system, which a machine busy with other
+work inflates less than wall time). The commands run with a bytecode cache of their own (a
 temporary PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE unset): the warm-up compiles the
-sources, the timed runs read the cache, as with an installed package. One more run per command, through its entry point under `python -c`, records which
-of torch and transformers the command imported before it exited.
+sources, the timed runs read the cache, as with an installed package. One more run per command,
+through its entry point under `python -c`, records which of torch and transformers the command
+imported before it exited.
 
     python -m tools.bench.bench_help --runs 10
     python -m tools.bench.bench_help --all --argument=--no-such-option

@@ -1,4 +1,4 @@
-"""Benchmark the target forward: tokens/s, MFU, first-call time, recompiles, peak memory.
+r"""Benchmark the target forward: tokens/s, MFU, first-call time, recompiles, peak memory.
 
 Random-weight targets are built in memory from a config (no files), truncated after the
 deepest of the 5 DFlash taps, and run through TargetRunner (pinned staging, side-stream
@@ -39,11 +39,16 @@ single row and on more rows of other lengths, the graphs compiled while running 
 further shapes (0 in steady state). ``--profile`` adds the top kernels of 3 steps of each
 variant's first measurement.
 
-    python -m tools.bench.bench_target --json                     # every shape but the 27B, 8192 and 16384 tokens
-    python -m tools.bench.bench_target --shape qwen3-8b --tokens 9216 --seq-len 3072 --json --profile
-    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --json
-    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile both --json
-    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 --compile on --moe-compile experts --json
+    # every shape but the 27B, 8192 and 16384 tokens
+    python -m tools.bench.bench_target --json
+    python -m tools.bench.bench_target --shape qwen3-8b --tokens 9216 --seq-len 3072 \
+        --json --profile
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 \
+        --compile on --json
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 \
+        --compile on --moe-compile both --json
+    python -m tools.bench.bench_target --shape qwen3-30b-a3b --tokens 9216 --seq-len 3072 \
+        --compile on --moe-compile experts --json
     python -m tools.bench.bench_target --device cpu --small --json  # smoke run without a GPU
 """
 
@@ -446,12 +451,14 @@ def main(argv: list[str] | None = None) -> None:
             results.extend(bench_variant(args, shape, device, compiled, moe))
 
     print(
-        f"{'shape':<15} {'compile':<7} {'moe':<12} {'tokens':>6} {'out':<6} {'tok/s':>9} {'mfu':>6} "
+        f"{'shape':<15} {'compile':<7} {'moe':<12} {'tokens':>6} "
+        f"{'out':<6} {'tok/s':>9} {'mfu':>6} "
         f"{'first s':>8} {'recomp':>6} {'peak GiB':>8} experts"
     )
     for r in results:
         print(
-            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<12} {r['tokens']:>6} {r['out']:<6} "
+            f"{r['shape']:<15} {r['compile']:<7} {r['moe_compile']:<12} {r['tokens']:>6} "
+            f"{r['out']:<6} "
             f"{r['tokens_per_s']:>9} {r['mfu']:>6.3f} {r['first_call_s']:>8.2f} "
             f"{r['recompiles']:>6} {r['peak_mem_gib']:>8.2f} {r['experts_implementation'] or '-'}"
         )

@@ -190,7 +190,8 @@ def report(args, config: PretrainedConfig, taps: list[int], device, tp1: dict, t
         "tp2": tp2,
     }
     print(
-        f"{'group':<6} {'tokens':>6} {'tok/s':>9} {'step ms':>9} {'weights GiB':>11} {'peak GiB':>8}"
+        f"{'group':<6} {'tokens':>6} {'tok/s':>9} {'step ms':>9} "
+        f"{'weights GiB':>11} {'peak GiB':>8}"
     )
     for name, row in (("TP=1", tp1), ("TP=2", tp2)):
         print(
@@ -199,7 +200,8 @@ def report(args, config: PretrainedConfig, taps: list[int], device, tp1: dict, t
         )
     print(
         f"efficiency {result['target_tp2_efficiency']:.3f}; TP=2 per layer: all-reduce "
-        f"{profile['allreduce_ms_per_layer']:.3f} ms, compute {profile['compute_ms_per_layer']:.3f} "
+        f"{profile['allreduce_ms_per_layer']:.3f} ms, "
+        f"compute {profile['compute_ms_per_layer']:.3f} "
         f"ms ({100 * profile['allreduce_share']:.1f}% of device time in all-reduce, "
         f"{profile['allreduce_calls_per_step']:.0f} calls per step)"
     )

@@ -33,7 +33,8 @@ FRAMES_PER_SOURCE = 2
 
 
 def _short(frame: str) -> str:
-    """A frame's name from the project's root on ("/x/ringtrain/a.py(3): f" -> "ringtrain/a.py(3): f")."""
+    """A frame's name from the project's root on
+    ("/x/ringtrain/a.py(3): f" -> "ringtrain/a.py(3): f")."""
     for marker in PROJECT_MARKERS:
         at = frame.find(marker)
         if at >= 0:

@@ -85,7 +85,8 @@ def main() -> dict:
     print(f"{'metric':<{width}} {'old':>10} {'new':>10} {'new/old':>8}")
     for e in entries:
         print(
-            f"{e['metric']:<{width}} {cell(e['old']):>10} {cell(e['new']):>10} {cell(e['ratio']):>8}"
+            f"{e['metric']:<{width}} {cell(e['old']):>10} {cell(e['new']):>10} "
+            f"{cell(e['ratio']):>8}"
         )
     return report
 

@@ -5,9 +5,9 @@
     python -m tools.mutation.check --list
 
 It clones the project's committed state into --clone (a directory that must not exist
-yet), then for each mutant in MUTANTS (mutants.py, from groups/) changes one line of one module in the clone, runs
-that module's tests there (`python -m pytest -x` with the clone first on PYTHONPATH; the
-tests marked slow or gpu left out), and puts the line back. A mutant is killed when the
+yet), then for each mutant in MUTANTS (mutants.py, from groups/) changes one line of one module in
+the clone, runs that module's tests there (`python -m pytest -x` with the clone first on PYTHONPATH;
+the tests marked slow or gpu left out), and puts the line back. A mutant is killed when the
 tests fail. The tests of each group are first run on the unchanged clone: a group whose
 tests fail already is reported and skipped. Prints a table, then one JSON line.
 """

@@ -12,7 +12,8 @@ whole run to end:
     stop     SIGSTOP of a random rank
     term     SIGTERM to the launcher (as a scheduler's preemption sends it)
     stuck    a random rank's main thread blocks for good while its other threads live
-             (SIGUSR1 through ringtrain/testing/spin_hook, which every process loads from PYTHONPATH)
+             (SIGUSR1 through ringtrain/testing/spin_hook, which every process loads from
+             PYTHONPATH)
     stuckpeer  a random drafter's main thread blocks so at the end of its next gradient
              reduction, while the other drafter goes on and waits for it (SIGUSR2): a
              group that waits on itself (ring/phases.py, deadlock)
@@ -24,8 +25,8 @@ whole run to end:
 `--faults` picks the kinds drawn from (default: all). `stop` waits until the ranks have
 joined the ring (before that a rank's peers wait for it in the rendezvous), `stuck`,
 `stuckpeer` and `corrupt` until every rank runs its loop (a main thread stuck while
-loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks, over all
-rounds: every stop took at most 60 s (fault to launcher exit) and, for a fault of one
+loading or compiling is allowed ring.startup_timeout_s, 600 s, by design). Afterwards it checks,
+over all rounds: every stop took at most 60 s (fault to launcher exit) and, for a fault of one
 rank, the output named that rank (its pid); no batch was trained twice or skipped (the
 step records of metrics.jsonl, each step superseded by its resumed replay, against the
 newest good checkpoint's cursors); no checkpoint holds a non-finite weight (a damaged

@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     if not steps:
         steps = calibrate_steps(model, stream, preset, args.minutes, device)
         log(
-            f"training {steps} steps (~{args.minutes:g} min); pass --steps {steps} to repeat exactly"
+            f"training {steps} steps (~{args.minutes:g} min); "
+            f"pass --steps {steps} to repeat exactly"
         )
     losses = train(model, stream, preset, steps, args.seed, device)
     sample, distinct = greedy_sample(model, tokenizer, "def ", device)

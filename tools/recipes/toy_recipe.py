@@ -1,6 +1,7 @@
 """The toy recipe in one command: target, data, drafter training, evaluation, timed.
 
-    python -m tools.recipes.toy_recipe --device cuda            # or launch/toy_recipe.sh --device cuda
+    # or launch/toy_recipe.sh --device cuda
+    python -m tools.recipes.toy_recipe --device cuda
     python -m tools.recipes.toy_recipe --device cuda --objectives decayed_ce,dpace
 
 Steps (sizes from configs/recipes/toy.toml, the section of the device; paths from the
@@ -294,7 +295,8 @@ def goal_lines(report: dict) -> list[str]:
         )
     total = report["timings_s"]["total"]
     lines.append(
-        f"recipe <= {GOALS['seconds']:.0f} s: {'yes' if total <= GOALS['seconds'] else 'NO'} ({total:.0f} s)"
+        f"recipe <= {GOALS['seconds']:.0f} s: "
+        f"{'yes' if total <= GOALS['seconds'] else 'NO'} ({total:.0f} s)"
     )
     return lines
 
@@ -317,7 +319,8 @@ def benchmark_lines(report: dict, command: str) -> list[str]:
         f"- tau_real{suffix}: {result['tau_real']:.3f} ({where}; {dtype}, {result['prompts']} "
         f"held-out prompts, {len(result['mismatches'])} mismatches{others})",
         f"- numerical_ties{suffix}: {result['numerical_ties']} ({where}; {result['tie_rule']})",
-        f"- recipe{suffix}_s: {report['timings_s']['total']:.0f} ({where}; seconds per step: {steps})",
+        f"- recipe{suffix}_s: {report['timings_s']['total']:.0f} "
+        f"({where}; seconds per step: {steps})",
     ]
     if tau_sim is not None:
         lines.insert(1, f"- tau_sim{suffix}: {tau_sim:.3f} ({where}; held-out, last step)")

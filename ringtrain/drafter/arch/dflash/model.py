@@ -298,7 +298,8 @@ class DFlashDrafter(nn.Module):
         block_positions: torch.Tensor,
         ctx_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Inference entry: final hidden states [B, H] of one block after the context of one sequence.
+        """Inference entry: final hidden states [B, H] of one block after the context of one
+        sequence.
 
         ctx_features [n, K*H] are the tapped target states of the tokens before the block
         (positions ctx_positions [n]); block_ids [B] = [last accepted token, MASK...] at

@@ -216,8 +216,8 @@ def selector_loss_sum(
     rows [A * (B-1), H] are the final hidden states of slots 1..B-1, labels [A, B] the true
     tokens of slots 0..B-1 (slot 0: the anchor), row_weights [A, B-1] and candidates
     [A * (B-1), top_k] each row's top-k tokens by logit and candidate_logits their logits
-    (chunked_head_loss hands both over from the logits it forms for the cross-entropy). Slot k is scored
-    after its true predecessor (the label of slot k - 1, as the walk would have it had
+    (chunked_head_loss hands both over from the logits it forms for the cross-entropy). Slot k is
+    scored after its true predecessor (the label of slot k - 1, as the walk would have it had
     every earlier slot been right) and labelled with its true token's index among the
     candidates; a slot whose true token misses the top-k adds nothing. The second result
     [A * (B-1)] is the walk's proposal rule under the same teacher forcing: slot k's best
