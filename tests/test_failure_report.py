@@ -14,14 +14,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from ringtrain.ring import Ring
+from ringtrain.ring import PeerDied, Ring
 from ringtrain.trainer import outcome as outcomes
 from ringtrain.trainer.outcome import (
+    FAILED,
     OUTCOME_DIR_ENV,
     PEER_FAILED,
     STOPPED,
@@ -209,3 +211,50 @@ def test_the_end_line_of_each_kind_of_end(
     end: tuple[int, str],
 ) -> None:
     assert describe_end(reported, local_ranks, failures, launcher_signal, "cmd") == end
+
+
+def test_an_outcome_is_stamped_when_reported_and_read_back_by_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process of a launch writes its own file: the outcomes come back in rank order
+    (10 after 2), each stamped with the time it was reported (the first failure is the
+    earliest)."""
+    monkeypatch.setenv(OUTCOME_DIR_ENV, str(tmp_path))
+    before = time.time()
+    for rank in (10, 2, 1):
+        monkeypatch.setattr(outcomes._Report, "done", False)
+        report_outcome(Outcome(rank, 0, STOPPED))
+    after = time.time()
+    read = outcomes.read_outcomes(tmp_path)
+    assert [outcome.rank for outcome in read] == [1, 2, 10]
+    assert all(before <= outcome.wall <= after for outcome in read)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "rank1.json", "rank10.json", "rank2.json",
+    ]  # fmt: skip
+
+
+def test_under_plain_torchrun_a_report_writes_nothing_but_still_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(OUTCOME_DIR_ENV, raising=False)
+    monkeypatch.setattr(outcomes._Report, "done", False)
+    assert not outcomes.launched() and not outcomes.outcome_reported()
+    report_outcome(Outcome(0, 1, FAILED, "boom"))
+    assert outcomes.outcome_reported()
+
+
+def test_a_peer_failure_points_at_the_culprits_log() -> None:
+    died = PeerDied("rank 3 (drafter, pid 77) died", rank=3, label="drafter", primary=True)
+    run_dir = Path("runs/x")
+    outcome = outcomes.peer_failure(1, died, run_dir, run_dir / "logs" / "rank1-target.log")
+    assert outcome == Outcome(
+        1,
+        1,
+        PEER_FAILED,
+        "rank 3 (drafter, pid 77) died",
+        log="runs/x/logs/rank1-target.log",
+        culprit=3,
+        culprit_log="runs/x/logs/rank3-drafter.log",
+        primary=True,
+    )
+    assert outcomes.peer_failure(1, died, run_dir, None).log is None

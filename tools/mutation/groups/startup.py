@@ -1,8 +1,9 @@
 """The mutants of a run's start and end: the plan's checks and the values every rank
 derives from it (trainer/plan.py), what a stop signal does before and during training
 (trainer/signals.py), the one line ringtrain-launch ends with and its exit code
-(trainer/report.py), how ringtrain-launch reads its command line (launch.py), and the
-run directory's lock and preparation (trainer/run_dir.py)."""
+(trainer/report.py) from each rank's outcome (trainer/outcome.py), how ringtrain-launch
+reads its command line (launch.py), and the run directory's lock and preparation
+(trainer/run_dir.py)."""
 
 from __future__ import annotations
 
@@ -170,5 +171,20 @@ GROUPS = (
         Mutant("earlier metrics without a run id not kept",
                "earlier = read_run_id(run_dir) or time.strftime(\"%Y%m%d-%H%M%S\")",
                "earlier = read_run_id(run_dir)"),
+    )),
+    Group("rank outcomes", "ringtrain/trainer/outcome.py", REPORT_TESTS, (
+        Mutant("a second report replaces the first", "        if _Report.done:\n            return\n", ""),
+        Mutant("an outcome not stamped", "wall=outcome.wall or time.time()", "wall=outcome.wall"),
+        Mutant("a report under plain torchrun not counted",
+               "            aside.replace(path)\n        _Report.done = True",
+               "            aside.replace(path)\n            _Report.done = True"),
+        Mutant("outcomes read in file order",
+               "return sorted(found, key=lambda outcome: outcome.rank)",
+               "return sorted(found, key=lambda outcome: str(outcome.rank))"),
+        Mutant("the reporting rank's own log as the culprit's",
+               "culprit_log=str(rank_log_path(run_dir, died.rank, died.label)),",
+               "culprit_log=str(rank_log_path(run_dir, rank, died.label)),"),
+        Mutant("a peer's death never seen first-hand", "primary=died.primary,", "primary=False,"),
+        Mutant("the rank's log dropped", "log=None if log is None else str(log),", "log=None,"),
     )),
 )  # fmt: skip
