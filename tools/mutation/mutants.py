@@ -7,6 +7,7 @@ from __future__ import annotations
 from tools.mutation.groups import (
     data,
     drafter,
+    eval_cli,
     evaluation,
     generate,
     run,
@@ -18,4 +19,5 @@ from tools.mutation.groups import (
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
+    *eval_cli.GROUPS,
 )  # fmt: skip
