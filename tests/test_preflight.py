@@ -191,12 +191,17 @@ def test_embedded_default_trains_with_two_processes(tmp_path: Path) -> None:
     assert logs == ["rank0-target.log", "rank1-drafter.log"]
 
 
+def _settings(run_dir: Path, overrides: dict[str, object] | None = None) -> list[str]:
+    """The embedded default's overrides for a run in `run_dir`, with `overrides`."""
+    settings = {"run.run_dir": str(run_dir), **(overrides or {})}
+    return [f"{key}={json.dumps(value)}" for key, value in settings.items()]
+
+
 def _preflight_refusal(tmp_path: Path, overrides: dict[str, object]) -> str:
     """The message of pre-flight's own refusal (validate_inputs, called directly: main()
     would install its stop-signal handlers in the test process) of the embedded default
     with `overrides`."""
-    settings = {"run.run_dir": str(tmp_path / "run"), **overrides}
-    config = parse_config("", overrides=[f"{k}={json.dumps(v)}" for k, v in settings.items()])
+    config = parse_config("", overrides=_settings(tmp_path / "run", overrides))
     with pytest.raises(INPUT_ERRORS) as refused:
         validate_inputs(config, rank_info_from_env(config.layout, "cpu"), tmp_path / "run")
     return str(refused.value)
@@ -246,7 +251,7 @@ def test_a_resume_from_a_checkpoint_of_another_drafter_is_refused_in_pre_flight(
     optimizer, scheduler = build_optimizer(model, OptimConfig(name="adamw"), total_steps=10)
     checkpoints = tmp_path / "run" / "checkpoints"
     saved = save_checkpoint(checkpoints, 1, model, spec, optimizer, scheduler, ResumeRecord(step=1))
-    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"])
+    config = parse_config("", overrides=_settings(tmp_path / "run"))
     info = rank_info_from_env(config.layout, "cpu")
     with pytest.raises(ConfigError, match=f"checkpoint {saved}"):
         validate_inputs(config, info, tmp_path / "run", resume=True)
@@ -258,7 +263,7 @@ def test_evaluation_without_a_held_out_split_is_refused_naming_the_fix(
     """A dataset of one's own (data.path) has no held-out split unless data.eval_path
     names one."""
     as_torchrun_rank(monkeypatch)
-    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"])
+    config = parse_config("", overrides=_settings(tmp_path / "run"))
     _, data_path, _ = prepare_builtin_inputs(config, tmp_path / "run")
     message = _preflight_refusal(tmp_path, {"data.path": str(data_path), "run.eval_every": 10})
     assert message.startswith(
@@ -283,7 +288,7 @@ def test_the_ring_spec_numbers_a_second_nodes_ranks_and_its_session(
     as_torchrun_rank(monkeypatch, rank=3, world_size=6)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     run_dir = tmp_path / "run"
-    config = parse_config("", overrides=[f"run.run_dir={json.dumps(str(run_dir))}"])
+    config = parse_config("", overrides=_settings(run_dir))
     info = rank_info_from_env(config.layout, "cpu")
     spec = ring_spec(config, info, run_dir, validate_inputs(config, info, run_dir))
     assert spec.global_ranks == [3, 4, 5] and spec.generation == 2
@@ -297,11 +302,15 @@ def test_an_evaluation_round_is_every_producers_held_out_batches_and_slots_hold_
     slots are sized for them."""
     as_torchrun_rank(monkeypatch)
     run_dir = tmp_path / "run"
-    settings = [f"run.run_dir={json.dumps(str(run_dir))}"]
-    settings += ["layout.targets_per_node=2", "layout.drafters_per_node=1", "run.eval_every=10"]
-    settings += ["data.bucket=8"]  # the training split's shortest row, 64 tokens, unpadded
-    eval_path = _held_out_split(tmp_path, settings, rows=200, mean_len=48, min_len=40)
-    config = parse_config("", overrides=[*settings, f"data.eval_path={json.dumps(str(eval_path))}"])
+    two_targets = {"layout.targets_per_node": 2, "layout.drafters_per_node": 1}
+    # data.bucket 8: the training split's shortest row, 64 tokens, unpadded
+    overrides = {**two_targets, "run.eval_every": 10, "data.bucket": 8}
+    eval_path = _held_out_split(
+        tmp_path, _settings(run_dir, overrides), rows=200, mean_len=48, min_len=40
+    )
+    config = parse_config(
+        "", overrides=_settings(run_dir, {**overrides, "data.eval_path": str(eval_path)})
+    )
     info = rank_info_from_env(config.layout, "cpu")
     plan = validate_inputs(config, info, run_dir)
     assert plan.eval_dataset is not None
@@ -316,9 +325,14 @@ def test_a_held_out_row_that_no_batch_holds_is_refused_in_pre_flight(
     """The held-out split's batches are checked like the training split's: a row of 4,097
     tokens fits data.max_len but, padded to the bucket of 8, not a token budget of 4,100."""
     as_torchrun_rank(monkeypatch)
-    settings = [f"run.run_dir={json.dumps(str(tmp_path / 'run'))}"]
     eval_path = _held_out_split(
-        tmp_path, settings, rows=4, mean_len=4097, sigma=0.0, min_len=4097, max_len=4097
+        tmp_path,
+        _settings(tmp_path / "run"),
+        rows=4,
+        mean_len=4097,
+        sigma=0.0,
+        min_len=4097,
+        max_len=4097,
     )
     overrides = {"data.eval_path": str(eval_path), "data.bucket": 8}
     overrides |= {"data.token_budget": 4100, "data.max_len": 4100}
