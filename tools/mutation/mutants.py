@@ -10,6 +10,7 @@ from tools.mutation.groups import (
     eval_cli,
     evaluation,
     generate,
+    monitor_stat,
     run,
     startup,
     synthesis,
@@ -19,5 +20,5 @@ from tools.mutation.groups import (
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
-    *eval_cli.GROUPS,
+    *eval_cli.GROUPS, *monitor_stat.GROUPS,
 )  # fmt: skip
