@@ -38,6 +38,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
         (["--temperature", "1", "--top-p", "1.5"], "--top-p 1.5 must be above 0 and at most 1"),
         (["--top-p", "0.9"], "--top-p applies when sampling"),
         (["--temperature", "1", "--temperature", "1.0"], "--temperature 1 is given more than once"),
+        (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs: must be a JSON object such"),
+        (["--chat-template-kwargs", "{x"], "--chat-template-kwargs: not valid JSON"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line_before_anything_loads(
