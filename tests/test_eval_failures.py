@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain.cli.eval import main
+from ringtrain.cli.eval import main, mismatch_error, parse_args
+from ringtrain.eval.metrics import EvalReport
+from ringtrain.eval.settings import SamplingSettings
 from ringtrain.eval.stop import EvalStopped, stopped_by_signals
 from ringtrain.target.tiny import build_tiny_target
 from tests.helpers.eval_drafters import write_drafter
@@ -38,6 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
         (["--temperature", "1", "--top-p", "1.5"], "--top-p 1.5 must be above 0 and at most 1"),
         (["--top-p", "0.9"], "--top-p applies when sampling"),
         (["--temperature", "1", "--temperature", "1.0"], "--temperature 1 is given more than once"),
+        (["--tie-ulps", "inf"], "--tie-ulps: must be a finite number of 0 or more, got inf"),
         (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs: must be a JSON object such"),
         (["--chat-template-kwargs", "{x"], "--chat-template-kwargs: not valid JSON"),
     ],
@@ -53,6 +56,43 @@ def test_bad_settings_are_refused_in_one_line_before_anything_loads(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
     assert named in err
+
+
+def test_without_prompts_or_a_benchmark_the_fix_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--target", str(tmp_path), "--drafter", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "give --prompts FILE and/or --benchmark NAME" in capsys.readouterr().err
+
+
+def test_each_temperature_samples_with_the_seed_and_top_p_given() -> None:
+    models = ["--target", "t", "--drafter", "d", "--benchmark", "mt-bench"]
+    sampling = ["--temperature", "0", "--temperature", "0.7", "--top-p", "0.9", "--seed", "7"]
+    args = parse_args([*models, *sampling])
+    assert args.samplings == [None, SamplingSettings(0.7, 0.9, 7)]
+
+
+def _divergence(where: str, margin: float | None) -> dict:
+    return {"where": where, "position": 4, "speculative": 11, "greedy": 12, "margin": margin,
+            "exact": None}  # fmt: skip
+
+
+def test_the_divergence_error_counts_them_all_and_lists_five() -> None:
+    mismatches = [_divergence(f"prompt {i}", 0.25) for i in range(6)]
+    mismatches.append(_divergence("prompt 6", None))
+    report = EvalReport(16, 9, 30, 120, 4.0, [0.5], 100.0, 50.0, 2.0, mismatches=mismatches)
+    lines = mismatch_error(report).splitlines()
+    assert lines[0].startswith(
+        "ringtrain-eval: ERROR: speculative output differs from greedy on 7 of 9 prompts"
+    )
+    assert lines[1:] == [
+        f"  prompt {i}, position 4: speculative 11 vs greedy 12, float32 margin 0.25"
+        for i in range(5)
+    ]
+    report.mismatches = mismatches[6:]
+    assert mismatch_error(report).splitlines()[1].endswith("float32 margin unmeasured")
 
 
 def test_help_answers_without_the_model_libraries() -> None:
