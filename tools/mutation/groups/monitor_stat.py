@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-STAT_TESTS = ("tests/test_stat.py", "tests/test_stat_cli.py", "tests/test_monitor_stat.py")
+STAT_TESTS = (
+    "tests/test_stat_view.py", "tests/test_stat.py", "tests/test_stat_cli.py",
+    "tests/test_monitor_stat.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("stat view", "ringtrain/monitor/stat_view.py", STAT_TESTS, (
