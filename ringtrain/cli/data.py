@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ringtrain.cli.arg_types import json_object, whole
 from ringtrain.cli.data_overlap import add_overlap_parser, run_overlap
 from ringtrain.cli.data_synthesize import add_synthesize_parser, run_synthesize
 from ringtrain.data.errors import DatasetError
@@ -83,13 +84,6 @@ Exit status: 0 all done,
 SERVER_MAX_TOKENS = 4096
 
 
-def _json_object(text: str) -> dict:
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value
-
-
 def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
     regenerate = commands.add_parser(
         "regenerate",
@@ -120,7 +114,7 @@ def _add_regenerate_parser(commands: argparse._SubParsersAction) -> None:
     add("--top-p", type=float, default=1.0, help="sampling's nucleus (default 1: all tokens)")
     add(
         "--chat-template-kwargs",
-        type=_json_object,
+        type=json_object,
         default=None,
         help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
     )
@@ -185,7 +179,8 @@ def _engine_arguments(args: argparse.Namespace) -> None:
         f"--{name.replace('_', '-')}" for name in LOCAL_ONLY if getattr(args, name) is not None
     ]
     if given:
-        raise DatasetError(f"{', '.join(given)} apply to --local only, not to --server")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise DatasetError(f"{', '.join(given)} {verb} to --local only, not to --server")
 
 
 def _local_engine(args: argparse.Namespace) -> LocalEngine:
@@ -262,7 +257,7 @@ def _regenerate(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringtrain-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    add_synthesize_parser(commands, _json_object)
+    add_synthesize_parser(commands)
     _add_regenerate_parser(commands)
     prepare = commands.add_parser(
         "prepare",
@@ -278,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--max-len", type=int, default=None, help="truncate rows to N tokens")
     prepare.add_argument(
         "--workers",
-        type=int,
+        type=whole(1),
         default=len(os.sched_getaffinity(0)),
         help="processes (default: one per core this process may use)",
     )
@@ -297,18 +292,11 @@ def _parser() -> argparse.ArgumentParser:
 def _add_block_size_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--block-size",
-        type=_positive,
+        type=whole(1),
         default=DEFAULT_BLOCK_SIZE,
         help="the drafter's block size: rows with fewer than 2 x B supervised tokens are "
         f"counted as dropped by training (default {DEFAULT_BLOCK_SIZE})",
     )
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
 
 
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
@@ -331,7 +319,7 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> None:
     options = {
         "max_len": args.max_len,
-        "workers": max(1, args.workers),
+        "workers": args.workers,
         "max_record_bytes": args.max_record_bytes,
         "block_size": args.block_size,
         "progress": sys.stderr,  # the stream in use now, not the one of import time

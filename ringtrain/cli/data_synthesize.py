@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ringtrain.cli.arg_types import json_object
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.synth_steering import DEFAULT_TOPIC_HINT
 from ringtrain.interrupts import report_stop, stop_name
@@ -42,7 +43,7 @@ def _topics(args: argparse.Namespace) -> list[str]:
     return topics
 
 
-def add_synthesize_parser(commands: argparse._SubParsersAction, json_object: object) -> None:
+def add_synthesize_parser(commands: argparse._SubParsersAction) -> None:
     """The `synthesize` subcommand and its options."""
     parser = commands.add_parser(
         "synthesize",

@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
+from ringtrain.cli.arg_types import json_object, non_negative, whole
 from ringtrain.eval.processes import WorkerDied
 from ringtrain.eval.settings import DEFAULT_TIE_ULPS, VERIFY_MODES, SamplingSettings
 from ringtrain.eval.stop import EvalStopped
@@ -57,45 +56,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def _json_object(text: str) -> dict:
-    """argparse type of --chat-template-kwargs: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(
-            f"must be a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}"
-        )
-    return value
-
-
-def _whole(minimum: int) -> Callable[[str], int]:
-    """argparse type: a whole number of at least ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
-        return value
-
-    return parse
-
-
-def _non_negative(text: str) -> float:
-    """argparse type: a finite number of 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of 0 or more, got {text}")
-    return value
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
@@ -118,14 +78,14 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
     prompts.add_argument(
         "--limit",
-        type=_whole(0),
+        type=whole(0),
         default=0,
         help="evaluate N prompts of each set only: the first N (MT-Bench: spread over its "
         "8 categories, the first of each in turn)",
     )
     prompts.add_argument(
         "--chat-template-kwargs",
-        type=_json_object,
+        type=json_object,
         default={},
         metavar="JSON",
         help="options of the chat template, as the server passes them, e.g. "
@@ -145,7 +105,7 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument(
         "--temperature",
-        type=_non_negative,
+        type=non_negative,
         action="append",
         help="0 (the default): greedy, checked token for token against the target's greedy "
         "output; above 0: the drafter draws its blocks and the target keeps them by the "
@@ -168,7 +128,7 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-new-tokens", type=_whole(1), default=128, help="per assistant turn")
+    parser.add_argument("--max-new-tokens", type=whole(1), default=128, help="per assistant turn")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), ...")
     parser.add_argument(
@@ -182,20 +142,20 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tie-ulps",
-        type=_non_negative,
+        type=non_negative,
         default=DEFAULT_TIE_ULPS,
         help="bf16/fp16 only: the largest float32 margin, in units in the last place of the "
         "top logit, for which a divergence from greedy is a numerical tie (0: none)",
     )
     parser.add_argument(
         "--threads",
-        type=_whole(1),
+        type=whole(1),
         help="CPU threads per process (default: torch's own choice; with --workers, the "
         "CPUs shared out: more threads than cores slowed 12 workers several times over)",
     )
     parser.add_argument(
         "--workers",
-        type=_whole(1),
+        type=whole(1),
         default=1,
         help="processes that decode the prompts, each taking the next conversation when "
         "it finished one, all on the same device: one small target decodes one token at a "

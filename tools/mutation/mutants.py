@@ -5,9 +5,9 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 from __future__ import annotations
 
 from tools.mutation.groups import (
+    command_lines,
     data,
     drafter,
-    eval_cli,
     evaluation,
     generate,
     monitor_stat,
@@ -20,5 +20,5 @@ from tools.mutation.groups import (
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
-    *eval_cli.GROUPS, *monitor_stat.GROUPS,
+    *command_lines.GROUPS, *monitor_stat.GROUPS,
 )  # fmt: skip
