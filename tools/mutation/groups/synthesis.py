@@ -1,11 +1,15 @@
-"""The mutants of `ringtrain-data synthesize`'s run: the settings it refuses before loading a
-model, the settings kept beside its output, and its rounds' bookkeeping (how many it writes,
-where a rerun continues, when it gives up, what it says) (ringtrain/data/synthesize.py)."""
+"""The mutants of the prompts a recipe builds: `ringtrain-data synthesize`'s run (the settings
+it refuses before loading a model, the settings kept beside its output, and its rounds'
+bookkeeping: how many it writes, where a rerun continues, when it gives up, what it says;
+ringtrain/data/synthesize.py) and the code prompts made from installed Python sources (which
+functions, which kinds, the benchmark kept out, duplicates, the file written whole;
+ringtrain/data/code_prompts.py)."""
 
 from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
+CODE_PROMPT_TESTS = ("tests/test_code_prompts.py",)
 SYNTHESIZE_TESTS = (
     "tests/test_synthesize_settings.py", "tests/test_synthesize.py",
     "tests/test_synthesize_progress.py",
@@ -55,5 +59,31 @@ GROUPS = (
         Mutant("the torn line's drop not said", "if output.cut_bytes:", "if False:"),
         Mutant("a taken-over lock not said", "if lock.taken_over:", "if False:"),
         Mutant("the dropped turns not in the summary", "if totals.rejected:", "if False:"),
+    )),
+    Group("code prompts", "ringtrain/data/code_prompts.py", CODE_PROMPT_TESTS, (
+        Mutant("the shortest functions kept", "if not doc or not MIN_LINES <= span <= MAX_LINES",
+               "if not doc or not 1 <= span <= MAX_LINES"),
+        Mutant("the longest functions kept", "if not doc or not MIN_LINES <= span <= MAX_LINES",
+               "if not doc or not MIN_LINES <= span"),
+        Mutant("a function without a docstring kept", "if not doc or not MIN_LINES",
+               "if False or not MIN_LINES"),
+        Mutant("a dunder method kept", "or node.name.startswith(\"__\"):", "or False:"),
+        Mutant("a huge file read", "if path.stat().st_size > MAX_FILE_BYTES:", "if False:"),
+        Mutant("the benchmark's package read", "skipped = {*EXCLUDED_PACKAGES, \"site-packages\", \"dist-packages\"}",
+               "skipped = {\"site-packages\", \"dist-packages\"}"),
+        Mutant("a benchmark problem's name kept", "        if function.name in excluded_names:\n            continue\n", ""),
+        Mutant("every kind drawn alike", "for _ in range(KIND_WEIGHTS.get(kind, 1))]", "for _ in range(1)]"),
+        Mutant("the kind not from the seed",
+               "digest = hashlib.sha256(f\"{seed}:{function.origin}:{function.name}\".encode()).digest()",
+               "digest = hashlib.sha256(f\"{function.origin}:{function.name}\".encode()).digest()"),
+        Mutant("the stub ends before its docstring", "doc_end = node.body[0].end_lineno", "doc_end = node.body[0].lineno"),
+        Mutant("the docstring left in the bare source",
+               "kept = lines[node.lineno - 1 : doc.lineno - 1] + lines[doc.end_lineno : node.end_lineno]",
+               "kept = lines[node.lineno - 1 : node.end_lineno]"),
+        Mutant("identical prompts kept twice", "        if key not in seen:\n", "        if True:\n"),
+        Mutant("the prompts in reading order", "    random.Random(seed).shuffle(records)\n", ""),
+        Mutant("a count of 0 keeps none", "return records[:count] if count else records",
+               "return records[:count]"),
+        Mutant("a partial output left behind", "        partial.unlink(missing_ok=True)", "        pass"),
     )),
 )  # fmt: skip
