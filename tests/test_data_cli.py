@@ -78,16 +78,17 @@ def test_a_server_run_answers_with_the_servers_default_length(
 
 
 def test_a_local_run_is_named_by_its_directory_and_keeps_its_settings(
-    files: list[str], runs: list[RegenerateOptions], tmp_path: Path
+    files: list[str], runs: list[RegenerateOptions], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local = ["--local", str(tmp_path), "--device", "cpu", "--batch-size", "3"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    local = ["--local", "~/model", "--device", "cpu", "--batch-size", "3"]
     local += ["--memory-limit", "2GiB", "--threads", "2", "--seed", "7", "--temperature", "0.5"]
     assert data_main(["regenerate", *local, *files]) == 0
     [options] = runs
-    assert options.sampling.model == str(tmp_path.resolve())
+    assert options.sampling.model == str((tmp_path / "model").resolve())
     assert options.sampling.max_tokens is None  # the device's default, filled in by the run
     assert options.sampling.temperature == 0.5
-    assert options.local == LocalEngine(tmp_path, "cpu", "auto", 3, 2 << 30, 2, 7)
+    assert options.local == LocalEngine(tmp_path / "model", "cpu", "auto", 3, 2 << 30, 2, 7)
 
 
 @pytest.mark.parametrize(
