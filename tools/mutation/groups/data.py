@@ -1,6 +1,6 @@
 """The mutants of the data path: synthesis's rounds, filters and near-duplicate removal, the
 overlap check, the chat loss mask, dataset statistics, the mixture, the batch stream,
-regeneration's run, chat client, journal and records, prepare's parallel writing, a row's view,
+regeneration's run, chat client, journal and records, its local model's settings, prepare's parallel writing, a row's view,
 the token dataset's rows (ringtrain/data/) and the packed batch's layout
 (ringtrain/packed_batch.py)."""
 
@@ -15,6 +15,7 @@ JOURNAL_TESTS = (
     "tests/test_regen_journal.py", *REGENERATE_TESTS, "tests/test_regenerate_local_cpu.py",
 )  # fmt: skip
 RECORD_TESTS = (*REGENERATE_TESTS, "tests/test_regenerate_local.py")
+LOCAL_TESTS = ("tests/test_regenerate_local.py", "tests/test_regenerate_local_cpu.py")
 PREPARE_TESTS = ("tests/test_prepare.py", "tests/test_prepare_failures.py")
 PACKED_TESTS = ("tests/test_packed_batch.py", "tests/test_drafter_blocks.py")
 
@@ -328,5 +329,35 @@ GROUPS = (
                "run.totals.records, run.totals.done_before = records, len(journal.done)",
                "run.totals.records, run.totals.done_before = records, 0"),
         Mutant("the failed records not in the summary", "    if totals.failed:", "    if False:"),
+    )),
+    Group("local regeneration settings", "ringtrain/data/regen_local.py", LOCAL_TESTS, (
+        Mutant("greedy decoding refused", "if not sampling.temperature >= 0 or",
+               "if not sampling.temperature > 0 or"),
+        Mutant("a top-p of 0 taken", "or not 0 < sampling.top_p <= 1:", "or not 0 <= sampling.top_p <= 1:"),
+        Mutant("no new tokens taken", "if sampling.max_tokens is not None and sampling.max_tokens < 1:",
+               "if sampling.max_tokens is not None and sampling.max_tokens < 0:"),
+        Mutant("an unknown device or dtype taken",
+               "if engine.device not in DEVICES or engine.dtype not in LOCAL_DTYPES:", "if False:"),
+        Mutant("a negative batch size taken", "    if engine.batch_size < 0:\n", "    if False:\n"),
+        Mutant("an answer as long as the context refused", "if context is not None and max_tokens > context:",
+               "if context is not None and max_tokens >= context:"),
+        Mutant("an answer past the context taken", "if context is not None and max_tokens > context:",
+               "if False:"),
+        Mutant("the device's default length ignored",
+               "max_tokens = sampling.max_tokens or default_max_tokens(device, context)",
+               "max_tokens = sampling.max_tokens or 256"),
+        Mutant("one answer's memory not checked",
+               "        plan_slots(footprint, generation_budget(device, engine.memory_limit), 1, max_tokens)",
+               "        pass"),
+        Mutant("the GPU's batch size on a CPU",
+               "batch_size = engine.batch_size or (default_batch_size(device) if device.type == \"cuda\" else cpu)",
+               "batch_size = engine.batch_size or default_batch_size(device)"),
+        Mutant("a directory without config.json loaded", "    if not (directory / \"config.json\").is_file():\n",
+               "    if False:\n"),
+        Mutant("a model without a chat template loaded",
+               "    if tokenizer is None or not getattr(tokenizer, \"chat_template\", None):\n",
+               "    if tokenizer is None:\n"),
+        Mutant("the CPU's out of memory not named", "    if isinstance(error, torch.OutOfMemoryError) or allocator:",
+               "    if isinstance(error, torch.OutOfMemoryError):"),
     )),
 )  # fmt: skip
