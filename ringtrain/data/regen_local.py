@@ -51,7 +51,7 @@ from ringtrain.generate.local_model import (
     load_tokenizer,
     resolve_device,
 )
-from ringtrain.generate.memory import DecodeFootprint, format_gib, generation_budget
+from ringtrain.generate.memory import DecodeFootprint, format_size, generation_budget
 from ringtrain.generate.model import IncompleteModelError, supports_cache_rollback
 from ringtrain.generate.prompts import PromptFileError
 from ringtrain.generate.sampling import TokenSampler
@@ -217,7 +217,7 @@ class LocalChat:
             f"{engine.model_dir.name} on {parameter.device.type} "
             f"({str(parameter.dtype).removeprefix('torch.')}{threads}), "
             f"{'continuous batching' if continuous else 'batches'} of up to {slots} answers "
-            f"of at most {max_tokens} tokens; generation may use {format_gib(budget)}"
+            f"of at most {max_tokens} tokens; generation may use {format_size(budget)}"
         )
         if slots < engine.batch_size:
             self.description += (

@@ -35,7 +35,7 @@ from ringtrain.generate.batch_decode import (
     prompt_mask,
 )
 from ringtrain.generate.greedy import Answer, left_padded
-from ringtrain.generate.memory import DecodeFootprint, format_gib
+from ringtrain.generate.memory import DecodeFootprint, format_size
 from ringtrain.generate.sampling import TokenSampler, next_tokens
 
 INITIAL_PROMPT = 512
@@ -51,8 +51,8 @@ class TooLong(Exception):
         """The refusal of a ``prompt``-token prompt whose ``new_tokens`` answer needs
         ``need`` bytes at ``answers`` answers at once."""
         return cls(
-            f"a prompt of {prompt} tokens with {new_tokens} new ones needs {format_gib(need)} "
-            f"at {answers} answers at once and generation may use {format_gib(budget)}: "
+            f"a prompt of {prompt} tokens with {new_tokens} new ones needs {format_size(need)} "
+            f"at {answers} answers at once and generation may use {format_size(budget)}: "
             "rerun with a smaller --batch-size or --max-tokens (or a higher --memory-limit)"
         )
 
@@ -109,8 +109,8 @@ def plan_slots(
         if need <= budget:
             return min(slots, 1 + (budget - need) // per_slot), length
     raise DoesNotFit(
-        f"one answer of {max_new_tokens} tokens needs {format_gib(need)} (its KV cache and "
-        f"the prompt's forward) and generation may use {format_gib(budget)}: lower "
+        f"one answer of {max_new_tokens} tokens needs {format_size(need)} (its KV cache and "
+        f"the prompt's forward) and generation may use {format_size(budget)}: lower "
         "--max-tokens, or free memory (or raise --memory-limit)"
     )
 

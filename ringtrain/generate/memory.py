@@ -49,9 +49,12 @@ def parse_size(text: str) -> int:
     return size
 
 
-def format_gib(size: int) -> str:
-    """``size`` bytes in GiB, two decimals."""
-    return f"{size / GIB:.2f} GiB"
+def format_size(size: int) -> str:
+    """``size`` bytes in the largest binary unit it reaches (GiB, MiB or KiB), two decimals."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size} bytes"
 
 
 def _meminfo_available() -> int | None:

@@ -15,7 +15,10 @@ JOURNAL_TESTS = (
     "tests/test_regen_journal.py", *REGENERATE_TESTS, "tests/test_regenerate_local_cpu.py",
 )  # fmt: skip
 RECORD_TESTS = (*REGENERATE_TESTS, "tests/test_regenerate_local.py")
-LOCAL_TESTS = ("tests/test_regenerate_local.py", "tests/test_regenerate_local_cpu.py")
+LOCAL_TESTS = (
+    "tests/test_regen_local_settings.py", "tests/test_regenerate_local.py",
+    "tests/test_regenerate_local_cpu.py",
+)  # fmt: skip
 PREPARE_TESTS = ("tests/test_prepare.py", "tests/test_prepare_failures.py")
 PACKED_TESTS = ("tests/test_packed_batch.py", "tests/test_drafter_blocks.py")
 
