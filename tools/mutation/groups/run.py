@@ -1,7 +1,7 @@
-"""The mutants of running a job: the config's errors, the ring's hand-off, snapshot and
-liveness verdicts, a rank's own row, the step's sums vector, the drafter's loop, the
-held-out rounds, how a step concludes, checkpoints (writing, verification, retention,
-layout, resume checks), the progress lines and the split advice."""
+"""The mutants of running a job: the config's errors, the ring's spec and slot layout, its
+hand-off, snapshot and liveness verdicts, a rank's own row, the step's sums vector, the
+drafter's loop, the held-out rounds, how a step concludes, checkpoints (writing,
+verification, retention, layout, resume checks), the progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
+SPEC_TESTS = ("tests/test_ring_spec.py", "tests/test_ring.py", "tests/test_target_groups.py")
 RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
 ROLE_TESTS = (
     "tests/test_colocated_drafters.py", "tests/test_target_groups.py", "tests/test_monitor_advice.py",
@@ -464,5 +465,45 @@ GROUPS = (
         Mutant("the phase before an announced call not put back",
                '                    row["phase"] = before[0]\n', ""),
         Mutant("an error leaves the rank attached", '        self.row["status"] = cb.FAILED\n', ""),
+    )),
+    Group("ring spec", "ringtrain/ring/spec.py", SPEC_TESTS, (
+        Mutant("a run id of 65 characters taken", "RUN_ID_PATTERN = re.compile(r\"^[A-Za-z0-9_-]{1,64}$\")",
+               "RUN_ID_PATTERN = re.compile(r\"^[A-Za-z0-9_-]{1,65}$\")"),
+        Mutant("no documents taken", "for name in (\"slots_per_producer\", \"max_tokens\", \"max_docs\"):",
+               "for name in (\"slots_per_producer\", \"max_tokens\"):"),
+        Mutant("the most slots refused", "if self.slots_per_producer > MAX_SLOTS_PER_PRODUCER:",
+               "if self.slots_per_producer >= MAX_SLOTS_PER_PRODUCER:"),
+        Mutant("a timeout of 0 taken", "if any(getattr(self, f\"{name}_timeout_s\") <= 0 for name in timeouts):",
+               "if any(getattr(self, f\"{name}_timeout_s\") < 0 for name in timeouts):"),
+        Mutant("only the first problem named", "raise ValueError(\"invalid ring spec: \" + \"; \".join(problems))",
+               "raise ValueError(\"invalid ring spec: \" + problems[0])"),
+        Mutant("labels for some ranks taken", "if self.labels and len(self.labels) != len(self.ends):",
+               "if False:"),
+        Mutant("an unknown end taken", "if bad := [e for e in self.ends if e not in ENDS]:",
+               "if bad := []:"),
+        Mutant("a group size not dividing the producers taken",
+               "if self.group_size < 1 or producers % self.group_size:", "if self.group_size < 1:"),
+        Mutant("a field named twice taken", "if not names or len(set(names)) != len(names):",
+               "if not names:"),
+        Mutant("a field of no width taken", "if bad := [f.name for f in self.fields if f.width < 1]:",
+               "if bad := []:"),
+        Mutant("a last field per document taken", "if self.fields and self.fields[-1].per != \"token\":",
+               "if False:"),
+        Mutant("a group's second member publishes", "return tuple(g[0] for g in self.groups_local)",
+               "return tuple(g[-1] for g in self.groups_local)"),
+        Mutant("groups numbered on each node from 0",
+               "return node * len(self.groups_local) + producer, members.index(index)",
+               "return producer, members.index(index)"),
+        Mutant("a rank's place in its group not said",
+               "return label if group is None else f\"{label}, group {group[0]} member {group[1]}\"",
+               "return label"),
+        Mutant("a producer owns the next producer's first slot", "return range(first, first + self.slots_per_producer)",
+               "return range(first, first + self.slots_per_producer + 1)"),
+        Mutant("arrays not aligned", "return (n + ALIGN - 1) // ALIGN * ALIGN", "return n"),
+        Mutant("a document field one row short", "return num_tokens if self.per == \"token\" else num_docs + 1",
+               "return num_tokens if self.per == \"token\" else num_docs"),
+        Mutant("an item's prefix counted from the slot's start",
+               "return self.offsets[last.name] + num_tokens * last.row_bytes()",
+               "return num_tokens * last.row_bytes()"),
     )),
 )  # fmt: skip
