@@ -1,11 +1,12 @@
 """The mutants of local generation (ringtrain/generate/): batched greedy decoding, its own
-key/value cache, continuous batching and answering conversations in rounds. Token sampling
-is in evaluation.py."""
+key/value cache, continuous batching, answering conversations in rounds and the memory
+arithmetic that sizes it all. Token sampling is in evaluation.py."""
 
 from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
+MEMORY_TESTS = ("tests/test_generate_memory.py", "tests/test_regen_local_settings.py")
 DECODE_TESTS = (
     "tests/test_regenerate_local.py", "tests/test_generate_rounds.py",
     "tests/test_token_sampling.py", "tests/test_regenerate_local_cpu.py",
@@ -92,5 +93,34 @@ GROUPS = (
                "(sampled.sampler, [row for row, draws in enumerate(drawn) if draws]),",
                "(None, [row for row, draws in enumerate(drawn) if draws]),"),
         Mutant("only the last call's figures", "totals += stats", "totals = stats"),
+    )),
+    Group("generation memory", "ringtrain/generate/memory.py", MEMORY_TESTS, (
+        Mutant("a size in decimal units", "UNITS = {\"\": 1, \"k\": 1 << 10, \"m\": 1 << 20,",
+               "UNITS = {\"\": 1, \"k\": 1000, \"m\": 1 << 20,"),
+        Mutant("a size of 0 taken", "    if size < 1:\n        raise ValueError", "    if size < 0:\n        raise ValueError"),
+        Mutant("text around a size taken", "    match = SIZE.fullmatch(text)", "    match = SIZE.match(text)"),
+        Mutant("a size said a unit too small", "        if size >= scale:", "        if size > scale:"),
+        Mutant("the cgroup's limit ignored", "    return available if headroom is None else min(available, headroom)",
+               "    return available"),
+        Mutant("a cgroup without a limit taken as one", "if limit.isdigit() and int(limit) < 1 << 60:",
+               "if limit.isdigit():"),
+        Mutant("a cgroup over its limit gives what it used", "return max(0, int(limit) - usage)",
+               "return abs(int(limit) - usage)"),
+        Mutant("the first cgroup file's absence ends the search",
+               "        except (OSError, ValueError):\n            continue",
+               "        except (OSError, ValueError):\n            return None"),
+        Mutant("the limit given ignored", "    if limit is not None:\n        return limit",
+               "    if False:\n        return limit"),
+        Mutant("all that is free planned with", "return int(BUDGET_FRACTION * available_memory(device))",
+               "return int(available_memory(device))"),
+        Mutant("values of the cache forgotten", "cache_per_position=layers * 2 * kv_heads * head_dim * size,",
+               "cache_per_position=layers * kv_heads * head_dim * size,"),
+        Mutant("the query heads' key/value heads", "kv_heads = int(getattr(text, \"num_key_value_heads\", None) or heads)",
+               "kv_heads = heads"),
+        Mutant("the MLP's width ignored", "+ 3 * intermediate * size,", "+ 0 * intermediate * size,"),
+        Mutant("the prompt's scores per row, not per pair", "width * width * (self.score_bytes + 1)",
+               "width * (self.score_bytes + 1)"),
+        Mutant("the answer's positions not cached", "return self.cache(rows, width + new_tokens) + self.prompt_forward(rows, width)",
+               "return self.cache(rows, width) + self.prompt_forward(rows, width)"),
     )),
 )  # fmt: skip
