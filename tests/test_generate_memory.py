@@ -67,6 +67,9 @@ def test_a_cpu_gives_what_its_cgroup_limit_leaves(
     assert available_memory(cpu) == 2 << 30
     monkeypatch.setattr(memory, "CGROUP_LIMITS", (_cgroup(tmp_path, "max", "5"),))
     assert available_memory(cpu) == 8 << 30  # "max": no limit
+    unlimited_v1 = _cgroup(tmp_path, "9223372036854771712", str(1 << 30))  # cgroup v1's none
+    monkeypatch.setattr(memory, "CGROUP_LIMITS", (unlimited_v1,))
+    assert available_memory(cpu) == 8 << 30
     monkeypatch.setattr(memory, "CGROUP_LIMITS", (_cgroup(tmp_path, "100", "500"),))
     assert available_memory(cpu) == 0  # over its limit already
 
