@@ -49,9 +49,12 @@ def test_a_size_is_said_in_the_largest_unit_it_reaches() -> None:
 
 
 def _cgroup(tmp_path: Path, limit: str, usage: str) -> tuple[str, str]:
-    (tmp_path / "memory.max").write_text(limit + "\n")
-    (tmp_path / "memory.current").write_text(usage + "\n")
-    return str(tmp_path / "memory.max"), str(tmp_path / "memory.current")
+    """A cgroup's limit and usage files, in a directory of their own."""
+    directory = tmp_path / f"cgroup-{limit}-{usage}"
+    directory.mkdir()
+    (directory / "memory.max").write_text(limit + "\n")
+    (directory / "memory.current").write_text(usage + "\n")
+    return str(directory / "memory.max"), str(directory / "memory.current")
 
 
 def test_a_cpu_gives_what_its_cgroup_limit_leaves(
@@ -60,18 +63,18 @@ def test_a_cpu_gives_what_its_cgroup_limit_leaves(
     cpu = torch.device("cpu")
     monkeypatch.setattr(memory, "_meminfo_available", lambda: 8 << 30)
     missing = (str(tmp_path / "none.max"), str(tmp_path / "none.current"))
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (missing,))
-    assert available_memory(cpu) == 8 << 30
     limited = _cgroup(tmp_path, str(3 << 30), str(1 << 30))
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (missing, limited))
-    assert available_memory(cpu) == 2 << 30
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (_cgroup(tmp_path, "max", "5"),))
-    assert available_memory(cpu) == 8 << 30  # "max": no limit
-    unlimited_v1 = _cgroup(tmp_path, "9223372036854771712", str(1 << 30))  # cgroup v1's none
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (unlimited_v1,))
-    assert available_memory(cpu) == 8 << 30
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (_cgroup(tmp_path, "100", "500"),))
-    assert available_memory(cpu) == 0  # over its limit already
+    # cgroup v1's "no limit" is a huge number; v2's is "max": the next file's limit holds
+    unlimited_v1 = _cgroup(tmp_path, "9223372036854771712", str(1 << 30))
+    for files, available in (
+        ((missing,), 8 << 30),
+        ((missing, limited), 2 << 30),
+        ((_cgroup(tmp_path, "max", "5"),), 8 << 30),
+        ((unlimited_v1, limited), 2 << 30),
+        ((_cgroup(tmp_path, "100", "500"),), 0),  # over its limit already
+    ):
+        monkeypatch.setattr(memory, "CGROUP_LIMITS", files)
+        assert available_memory(cpu) == available, files
 
 
 def test_the_budget_is_the_limit_given_or_a_share_of_what_is_free(
