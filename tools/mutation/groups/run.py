@@ -1,7 +1,8 @@
 """The mutants of running a job: the config's errors, the ring's spec and slot layout, its
-hand-off, snapshot and liveness verdicts, a rank's own row, the step's sums vector, the
-drafter's loop, the held-out rounds, how a step concludes, checkpoints (writing,
-verification, retention, layout, resume checks), the progress lines and the split advice."""
+objects' names and the cleanup of dead runs, its hand-off, snapshot and liveness verdicts, a
+rank's own row, the step's sums vector, the drafter's loop, the held-out rounds, how a step
+concludes, checkpoints (writing, verification, retention, layout, resume checks), the
+progress lines and the split advice."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ RETENTION_TESTS = ("tests/test_checkpoint_retention.py", *CHECKPOINT_TESTS)
 LIVENESS_TESTS = ("tests/test_liveness_slow.py",)
 SAMPLER_TESTS = (*LIVENESS_TESTS, "tests/test_ring_failures.py")
 CONTROL_TESTS = ("tests/test_ring.py", "tests/test_stat.py")
+NAMES_TESTS = (
+    "tests/test_ring_names.py", "tests/test_ring.py", "tests/test_stat.py",
+    "tests/test_failure_report.py",
+)  # fmt: skip
 SPEC_TESTS = ("tests/test_ring_spec.py", "tests/test_ring.py", "tests/test_target_groups.py")
 RING_TESTS = ("tests/test_ring.py", "tests/test_ring_failures.py")
 ROLE_TESTS = (
@@ -505,5 +510,29 @@ GROUPS = (
         Mutant("an item's prefix counted from the slot's start",
                "return self.offsets[last.name] + num_tokens * last.row_bytes()",
                "return num_tokens * last.row_bytes()"),
+    )),
+    Group("ring names", "ringtrain/ring/names.py", NAMES_TESTS, (
+        Mutant("a run name cut at 23 characters", "return re.sub(r\"[^A-Za-z0-9_-]\", \"_\", run_name)[:24]",
+               "return re.sub(r\"[^A-Za-z0-9_-]\", \"_\", run_name)[:23]"),
+        Mutant("a run name's dots kept", "return re.sub(r\"[^A-Za-z0-9_-]\", \"_\", run_name)[:24]",
+               "return re.sub(r\"[^A-Za-z0-9_.-]\", \"_\", run_name)[:24]"),
+        Mutant("the node left out of the ring id",
+               "return f\"{ring_name_part(run_name)}-{run_dir_digest(run_dir)}-n{node_rank}\"",
+               "return f\"{ring_name_part(run_name)}-{run_dir_digest(run_dir)}\""),
+        Mutant("just enough shared memory refused", "    if needed_bytes > free:", "    if needed_bytes >= free:"),
+        Mutant("a size suggestion of half what is needed",
+               "{max(1, -(-needed_bytes * 2 // (1 << 30)))}g", "{max(1, -(-needed_bytes // (1 << 30)))}g"),
+        Mutant("another program's object taken for a ring's", "    if not name.startswith(PREFIX):\n        return None",
+               "    if False:\n        return None"),
+        Mutant("a name without its part taken for a run's", "return run if run and part else None",
+               "return run or None"),
+        Mutant("the control segment removed first", "entries.sort(key=lambda e: e.endswith(\".ctl\"))",
+               "entries.sort(key=lambda e: not e.endswith(\".ctl\"))"),
+        Mutant("a lock file outside /dev/shm left", "if os.path.exists(lock) and lock_dir != SHM_DIR:",
+               "if False:"),
+        Mutant("a lock directory's runs not found",
+               "        runs |= {r for e in os.listdir(lock_dir) if (r := _run_of(e))}", "        pass"),
+        Mutant("a live run's objects removed", "        if alive:\n            continue", "        if False:\n            continue"),
+        Mutant("a live run's id taken", "    if alive:\n        raise RingError(", "    if False:\n        raise RingError("),
     )),
 )  # fmt: skip
