@@ -103,3 +103,18 @@ def test_a_lock_file_alone_names_its_run(run: str, tmp_path: Path) -> None:
     (tmp_path / "other.lock").write_text("")  # not a ring's
     assert remove_dead_runs(str(tmp_path))[run] == [lock]
     assert [p.name for p in tmp_path.iterdir()] == ["other.lock"]
+
+
+def test_objects_that_are_not_a_rings_are_left_alone() -> None:
+    """Another program's segment, and one named like a ring's without the part after the
+    run id, belong to no run: the cleanup of dead runs does not touch them."""
+    tag = uuid.uuid4().hex[:10]
+    others = [f"/otherprogram.{tag}.data", f"/ringtrain.{tag}."]
+    for name in others:
+        _segment(name, 64)
+    try:
+        remove_dead_runs(names.SHM_DIR)
+        assert all(os.path.exists(names.shm_path(name)) for name in others)
+    finally:
+        for name in others:
+            posix_ipc.unlink_shared_memory(name)
