@@ -11,6 +11,7 @@ from tools.mutation.groups import (
     evaluation,
     generate,
     monitor_stat,
+    ring,
     run,
     startup,
     synthesis,
@@ -19,6 +20,6 @@ from tools.mutation.groups import (
 
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
-    *run.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
+    *run.GROUPS, *ring.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
     *command_lines.GROUPS, *monitor_stat.GROUPS,
 )  # fmt: skip
