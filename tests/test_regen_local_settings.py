@@ -16,7 +16,6 @@ from ringtrain.data.errors import DatasetError
 from ringtrain.data.regen_client import Sampling
 from ringtrain.data.regen_local import LocalEngine, _failure, prepare_local
 from ringtrain.generate.defaults import CPU_MAX_TOKENS, REGENERATE_CPU_BATCH_SIZE
-from ringtrain.generate.memory import format_size
 from tests.helpers.word_chat_model import build_word_chat_model
 
 CONTEXT = 4096  # the word chat model's max_position_embeddings
@@ -80,9 +79,3 @@ def test_running_out_of_memory_is_named_with_what_to_lower() -> None:
 def test_the_model_directory_is_named_when_it_is_not_one(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=f"--local {tmp_path / 'nothing'}: no such directory"):
         prepare_local(LocalEngine(tmp_path / "nothing", "cpu"), Sampling("local"))
-
-
-def test_sizes_are_said_in_the_largest_unit_they_reach() -> None:
-    assert [format_size(n) for n in (5, 1536, 3 << 20, (5 << 30) + (1 << 29))] == [
-        "5 bytes", "1.50 KiB", "3.00 MiB", "5.50 GiB",
-    ]  # fmt: skip

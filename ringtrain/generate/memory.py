@@ -25,7 +25,6 @@ import torch
 
 from ringtrain.generate.defaults import BUDGET_FRACTION
 
-GIB = 1 << 30
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 CGROUP_LIMITS = (
@@ -51,9 +50,9 @@ def parse_size(text: str) -> int:
 
 def format_size(size: int) -> str:
     """``size`` bytes in the largest binary unit it reaches (GiB, MiB or KiB), two decimals."""
-    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.2f} {unit}"
+    for prefix in "gmk":
+        if size >= UNITS[prefix]:
+            return f"{size / UNITS[prefix]:.2f} {prefix.upper()}iB"
     return f"{size} bytes"
 
 
