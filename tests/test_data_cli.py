@@ -14,15 +14,15 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data import regenerate as regenerate_module
 from ringtrain.data.regen_local import LocalEngine
 from ringtrain.data.regenerate import RegenerateOptions, RegenerateTotals, ServerGone
+from tests.helpers.chat_data import write_chats
 
 SERVER = ["--server", "http://127.0.0.1:9/v1"]
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> list[str]:
-    """--input of one chat and --output beside it."""
-    chats = tmp_path / "chats.jsonl"
-    chats.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    """--input of the helpers' chats and --output beside it."""
+    chats = write_chats(tmp_path / "chats.jsonl")
     return ["--input", str(chats), "--output", str(tmp_path / "out.jsonl")]
 
 
