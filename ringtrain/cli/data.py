@@ -142,7 +142,7 @@ def _add_local_options(regenerate: argparse.ArgumentParser) -> None:
     )
     add(
         "--batch-size",
-        type=int,
+        type=whole(1),
         help=f"--local: answers at once (default {GPU_BATCH_SIZE} on GPU, "
         f"{REGENERATE_CPU_BATCH_SIZE} on CPU; fewer when memory is short)",
     )
@@ -154,7 +154,7 @@ def _add_local_options(regenerate: argparse.ArgumentParser) -> None:
     )
     add(
         "--threads",
-        type=int,
+        type=whole(1),
         help="--local: CPU threads (default: the cores other processes leave idle, at least 1)",
     )
     add(
@@ -188,10 +188,6 @@ def _local_engine(args: argparse.Namespace) -> LocalEngine:
     from ringtrain.data.regen_local import LocalEngine
     from ringtrain.generate.memory import parse_size
 
-    for name in ("batch_size", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise DatasetError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     limit = None
     if args.memory_limit is not None:
         try:
