@@ -5,6 +5,7 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 from __future__ import annotations
 
 from tools.mutation.groups import (
+    checkpoint_config,
     command_lines,
     data,
     drafter,
@@ -21,5 +22,5 @@ from tools.mutation.groups import (
 MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *ring.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
-    *command_lines.GROUPS, *monitor_stat.GROUPS,
+    *command_lines.GROUPS, *monitor_stat.GROUPS, *checkpoint_config.GROUPS,
 )  # fmt: skip
