@@ -8,10 +8,12 @@ from __future__ import annotations
 from tools.mutation.mutant import Group, Mutant
 
 DRAFTER_CONFIG_TESTS = (
-    "tests/test_drafter_checkpoint.py", "tests/test_drafter_sliding.py",
-    "tests/test_drafter_dflash2.py",
+    "tests/test_drafter_config_json.py", "tests/test_drafter_checkpoint.py",
+    "tests/test_drafter_sliding.py", "tests/test_drafter_dflash2.py",
 )  # fmt: skip
-MODEL_DIR_TESTS = ("tests/test_target.py", "tests/test_target_quantized.py")
+MODEL_DIR_TESTS = (
+    "tests/test_model_dir.py", "tests/test_target.py", "tests/test_target_quantized.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("drafter config.json", "ringtrain/drafter/hf_config.py", DRAFTER_CONFIG_TESTS, (
