@@ -157,3 +157,16 @@ def test_a_config_json_without_layer_types_is_read_as_full_attention(tmp_path: P
     write(tmp_path / "d", raw)
     read = checkpoint_spec(tmp_path / "d")
     assert read.sliding_windows == (0, 0) and read == spec
+
+
+@pytest.mark.parametrize("value", [None, ["block_size"]])
+def test_a_dflash_config_that_is_no_object_is_refused_naming_it(
+    value: object, tmp_path: Path
+) -> None:
+    """`"dflash_config": null` (or a list) is no DFlash drafter: a ValueError naming the
+    value, which the checkpoint search skips, not an AttributeError that would end it."""
+    raw = hf_config_dict(drafter_spec_from_target(TARGET, drafter(), TAPS))
+    raw["dflash_config"] = value
+    write(tmp_path / "d", raw)
+    with pytest.raises(ValueError, match=r"d/config.json: drafter config.json has dflash_config ="):
+        checkpoint_spec(tmp_path / "d")

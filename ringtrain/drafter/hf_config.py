@@ -9,6 +9,7 @@ back.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,6 +165,11 @@ def spec_from_hf_config(config: Mapping[str, Any]) -> DrafterSpec:
     """Read a DrafterSpec back from a checkpoint's config.json (as written by hf_config_dict)."""
     try:
         dflash = config["dflash_config"]
+        if not isinstance(dflash, Mapping):
+            raise ValueError(
+                f"drafter config.json has dflash_config = {json.dumps(dflash)}, not an object "
+                "of the DFlash keys; not a DFlash drafter"
+            )
         window = int(config.get("sliding_window") or 0)
         layer_types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
         return DrafterSpec(

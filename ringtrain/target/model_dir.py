@@ -29,10 +29,6 @@ TEXT_KEY_PREFIXES = (
     "model.",
     "",
 )
-# Checkpoint keys of an LM head, by layout (plain causal LM, VLM wrappers).
-LM_HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight")
-# Config entries kept whole when a config is truncated although they are lists.
-UNTRUNCATED_LIST_KEYS = ("architectures",)
 LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 # from_pretrained's options for every model ringtrain loads: transformers (5.23 and newer,
 # with its `kernels` dependency) otherwise swaps layers' code for kernels fetched from the
@@ -55,8 +51,7 @@ def truncated_config_values(values: dict, num_layers: int) -> dict:
     full = int(values["num_hidden_layers"])
     cut = {**values, "num_hidden_layers": num_layers}
     for key, value in values.items():
-        per_layer = isinstance(value, list) and len(value) == full and "layer" in key
-        if per_layer and key not in UNTRUNCATED_LIST_KEYS:
+        if isinstance(value, list) and len(value) == full and "layer" in key:
             cut[key] = value[:num_layers]
     return cut
 
@@ -150,14 +145,6 @@ class TargetModelDir:
         if num_layers is not None:
             values = truncated_config_values(values, num_layers)
         return CONFIG_MAPPING[self.model_type].from_dict(values)
-
-    def text_key(self, name: str) -> str:
-        """Checkpoint key of a text-model parameter name such as ``embed_tokens.weight``."""
-        return self.key_prefix + name
-
-    def lm_head_key(self) -> str | None:
-        """The checkpoint key of the LM head, or None when the checkpoint has none."""
-        return next((key for key in LM_HEAD_KEYS if key in self._key_to_file), None)
 
     @contextmanager
     def text_weights(self, keep: Callable[[str], bool]) -> Iterator[dict[str, Any]]:
