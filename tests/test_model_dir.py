@@ -159,3 +159,28 @@ def test_a_wrappers_fp8_quantization_applies_to_its_language_model(tmp_path: Pat
     torch.testing.assert_close(
         taps_of(tmp_path / "fp8", VOCAB, taps), taps_of(tmp_path / "meant", VOCAB, taps)
     )
+
+
+def test_a_cut_config_transformers_refuses_names_the_deepest_tap_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    """A hybrid whose only attention layer comes after the deepest tap: cut there, its
+    config is one transformers refuses (no attention layer); the refusal is a
+    TargetLoadError naming the layers kept and the fix, and a deeper cut builds."""
+    from transformers import CONFIG_MAPPING
+
+    values = CONFIG_MAPPING["olmo_hybrid"](
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=4, vocab_size=256,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+    ).to_dict()  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    directory = TargetModelDir(tmp_path, weights=False)
+    with pytest.raises(
+        TargetLoadError,
+        match=r"the olmo_hybrid config cut to its first 3 layers \(through the deepest tapped "
+        r"layer, 2\) is refused by transformers \(.*at least one attention layer\); tap a "
+        r"deeper layer \(\[target\] tap_layers\)",
+    ):
+        directory.text_config(3)
+    assert directory.text_config(4).layer_types[-1] == "full_attention"

@@ -137,14 +137,27 @@ class TargetModelDir:
         """The HF text config; with ``num_layers``, truncated to the first layers.
 
         Per-layer entries (``layer_types``) are cut together with ``num_hidden_layers``,
-        so a model built from the result never allocates the dropped layers.
+        so a model built from the result never allocates the dropped layers. A cut config
+        transformers refuses (a hybrid whose attention layers all lie past the cut) is a
+        TargetLoadError naming the fix.
         """
         values: dict[str, Any] = {**self.text_config_dict, "model_type": self.model_type}
         if self.quantization is not None:
             values["quantization_config"] = self.quantization
-        if num_layers is not None:
-            values = truncated_config_values(values, num_layers)
-        return CONFIG_MAPPING[self.model_type].from_dict(values)
+        if num_layers is None:
+            return CONFIG_MAPPING[self.model_type].from_dict(values)
+        try:
+            return CONFIG_MAPPING[self.model_type].from_dict(
+                truncated_config_values(values, num_layers)
+            )
+        except Exception as exc:  # transformers' config validators raise kinds of their own
+            reason = " ".join(str(exc).split()).rstrip(".")
+            raise TargetLoadError(
+                f"{self.path}: the {self.model_type} config cut to its first {num_layers} "
+                f"layers (through the deepest tapped layer, {num_layers - 1}) is refused by "
+                f"transformers ({reason}); tap a deeper layer ([target] tap_layers) so the layers "
+                f"kept make a model transformers builds"
+            ) from None
 
     @contextmanager
     def text_weights(self, keep: Callable[[str], bool]) -> Iterator[dict[str, Any]]:
