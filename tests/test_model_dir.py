@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir
-from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
 from ringtrain.target.tiny import build_tiny_target
+from tests.helpers.target_taps import cpu_taps
 from tests.helpers.tiny_families import LAYERS, VOCAB, build_model, write_fp8
 
 TAPS = [1, 3]
@@ -37,17 +35,7 @@ def stored(directory: Path) -> dict[str, torch.Tensor]:
 
 def taps_of(directory: Path, vocab: int = 512, taps: list[int] = TAPS) -> torch.Tensor:
     """The taps of one 19-token sequence, float32 on the CPU."""
-    target = load_target(directory, tap_layers=taps, device="cpu", dtype="float32")
-    runner = TargetRunner(target)
-    ids = np.random.default_rng(0).integers(1, vocab, size=(1, 19))
-
-    class Batch:
-        input_ids = ids
-        attention_mask = np.ones_like(ids)
-
-    out = torch.empty(runner.prefetch(Batch()), target.tap_width)
-    runner.forward_into(out)
-    return out
+    return cpu_taps(directory, taps, vocab, length=19)
 
 
 def rewritten(

@@ -14,26 +14,15 @@ from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from ringtrain.target.loader import load_target
 from ringtrain.target.model_dir import TargetLoadError
-from ringtrain.target.runner import TargetRunner
 from ringtrain.target.structure import read_target_config
+from tests.helpers.target_taps import cpu_taps
 from tests.helpers.tiny_families import LAYERS, VOCAB, build_model, write_fp8, write_mxfp4
 
 TAPS = [1, 3, LAYERS - 1]
 
 
 def taps_of(directory: Path) -> torch.Tensor:
-    target = load_target(directory, tap_layers=TAPS, device="cpu", dtype="float32")
-    runner = TargetRunner(target)
-    ids = np.random.default_rng(0).integers(1, VOCAB, size=(1, 17))
-
-    class Batch:
-        input_ids = ids
-        attention_mask = np.ones_like(ids)
-
-    rows = runner.prefetch(Batch())
-    out = torch.empty(rows, target.tap_width)
-    runner.forward_into(out)
-    return out
+    return cpu_taps(directory, TAPS, VOCAB)
 
 
 def test_fp8_checkpoint_loads_the_dequantized_values(tmp_path: Path) -> None:
