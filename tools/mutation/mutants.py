@@ -14,6 +14,7 @@ from tools.mutation.groups import (
     monitor_stat,
     ring,
     run,
+    run_signals,
     startup,
     synthesis,
     target,
@@ -23,4 +24,5 @@ MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *ring.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
     *command_lines.GROUPS, *monitor_stat.GROUPS, *checkpoint_config.GROUPS,
+    *run_signals.GROUPS,
 )  # fmt: skip
