@@ -16,7 +16,7 @@ from ringtrain.interrupts import (
     sigterm_taken_as_ctrl_c,
     stops_deferred,
 )
-from tests.helpers.stops import reset_ctrl_c, sigterm_inside_a_finalizer
+from tests.helpers.stops import reset_ctrl_c, sigterm_inside_a_finalizer, stop_name
 
 # A worker as ringtrain's start: it says it runs (still "importing"), waits for a line,
 # then makes its first call, set_worker_stops, and says it survived.
@@ -27,6 +27,26 @@ sys.stdin.readline()
 from ringtrain.interrupts import set_worker_stops
 set_worker_stops()
 print("stops set", flush=True)
+"""
+# A command's loop as ringtrain's data commands run it: inside sigterm_taken_as_ctrl_c
+# it says it is ready, waits for a line (a unit of work), then asks for a stop taken
+# meanwhile, as between units of work, and says it finished.
+COMMAND = """
+import sys
+from ringtrain.interrupts import raise_taken_stop, report_unfinished, sigterm_taken_as_ctrl_c
+
+def next_call():
+    pass  # a call: Python runs a pending signal handler when a function starts
+
+try:
+    with sigterm_taken_as_ctrl_c():
+        print("ready", flush=True)
+        sys.stdin.readline()
+        next_call()
+        raise_taken_stop()
+    print("finished", flush=True)
+except KeyboardInterrupt as stop:
+    sys.exit(report_unfinished("the command", stop))
 """
 TIMEOUT_S = 60
 
@@ -93,3 +113,73 @@ def test_a_stop_a_finalizer_swallowed_is_raised_again_between_units_of_work(
             raise_taken_stop()
     assert went_on and dropped == [Terminated]
     raise_taken_stop()  # outside: none taken
+
+
+def _ctrl_c_ignored() -> None:
+    """Ctrl-C ignored in the child, as in a background job of a non-interactive shell."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("stop", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
+)
+def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it(
+    stop: signal.Signals, status: int
+) -> None:
+    """A command started as a background job (SIGINT ignored) runs on through a Ctrl-C and
+    finishes (exit 0); a SIGTERM still stops it, with 143 and its last line naming it."""
+    command = subprocess.Popen(
+        [sys.executable, "-c", COMMAND],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_ignored,
+    )
+    try:
+        assert command.stdout.readline() == "ready\n"
+        command.send_signal(stop)
+        out, err = command.communicate("go on\n", timeout=TIMEOUT_S)
+    finally:
+        command.kill()
+    assert command.returncode == status, err
+    if stop == signal.SIGINT:
+        assert out == "finished\n" and err == "", err
+    else:
+        assert out == "" and err == "the command stopped by SIGTERM before it finished\n", err
+
+
+class _CtrlCWhileFinalized:
+    """An object whose finalizer is running when a Ctrl-C arrives."""
+
+    def __del__(self) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        _next_call()  # the handler raises here, inside the finalizer
+
+
+def _next_call() -> None:
+    """A call: Python runs a pending signal handler when a function starts."""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_ctrl_c_a_finalizer_swallowed_is_raised_again_as_a_ctrl_c(
+    stop: signal.Signals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (as a SIGTERM) whose exception Python dropped inside a finalizer still
+    stops the command at its next unit of work, named as what it was."""
+    dropped: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: dropped.append(report.exc_type))
+    # Python's own Ctrl-C handler outside, as in a command started from a terminal.
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with sigterm_taken_as_ctrl_c():
+            if stop == signal.SIGINT:
+                _CtrlCWhileFinalized()
+            else:
+                sigterm_inside_a_finalizer()
+            with pytest.raises(KeyboardInterrupt) as raised:
+                raise_taken_stop()
+    finally:
+        signal.signal(signal.SIGINT, started_with)
+    assert stop_name(stop) == ("SIGTERM" if raised.type is Terminated else "Ctrl-C")
+    assert len(dropped) == 1 and issubclass(dropped[0], KeyboardInterrupt)

@@ -12,7 +12,9 @@ COMMAND_STOP_TESTS = (
     "tests/test_interrupts.py", "tests/test_code_prompts.py", "tests/test_gguf_convert.py",
     "tests/test_synthesize.py", "tests/test_prepare_failures.py",
 )  # fmt: skip
-RANK_LOG_TESTS = ("tests/test_fresh_start.py", "tests/test_progress_lines.py")
+RANK_LOG_TESTS = (
+    "tests/test_rank_logs.py", "tests/test_fresh_start.py", "tests/test_progress_lines.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("command stops", "ringtrain/interrupts.py", COMMAND_STOP_TESTS, (
@@ -54,8 +56,6 @@ GROUPS = (
                "    path.parent.mkdir(parents=True, exist_ok=True)\n", ""),
         Mutant("a resumed session's log emptied", 'path.open("a", buffering=1',
                'path.open("w", buffering=1'),
-        Mutant("the log not written line by line", "buffering=1, encoding",
-               "buffering=-1, encoding"),
         Mutant("info lines left out of the rank log", "logger.setLevel(logging.INFO)",
                "logger.setLevel(logging.WARNING)"),
         Mutant("the level left out of a log line", '{role} %(levelname)s %(message)s"',
@@ -79,5 +79,8 @@ GROUPS = (
                "if len(whole) < len(content) else []", "if False else []"),
         Mutant("the metrics before a resume not kept aside",
                '        shutil.copyfile(path, path.with_name(path.name + ".pre-resume"))\n', ""),
+        Mutant("the held-out rounds due after a resume's checkpoint kept twice",
+               'last_kept = {"step": resumed_step, "eval": evaluated_step}.get(record.get("event"))',
+               'last_kept = {"step": resumed_step}.get(record.get("event"))'),
     )),
 )  # fmt: skip
