@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -70,6 +71,30 @@ def test_a_stop_inside_is_raised_on_the_way_out() -> None:
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}
 
 
+def _child(code: str, preexec: Callable[[], None]) -> subprocess.Popen:
+    """Python running `code`, its standard streams on pipes, `preexec` run in it first."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec,
+    )
+
+
+def _signalled(child: subprocess.Popen, ready: str, stop: signal.Signals) -> tuple[int, str, str]:
+    """Once `child` prints `ready`, send it `stop`, then "go on"; its exit status and the
+    rest of its output and its errors."""
+    try:
+        assert child.stdout.readline() == ready
+        child.send_signal(stop)
+        out, err = child.communicate("go on\n", timeout=TIMEOUT_S)
+    finally:
+        child.kill()
+    return child.returncode, out, err
+
+
 @pytest.mark.parametrize(
     ("stop", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
 )
@@ -80,21 +105,9 @@ def test_a_worker_started_inside_is_not_ended_by_a_stop_while_it_imports(
     to act on); a SIGTERM ends it through SystemExit once the worker can act (143), not
     half-way through its imports."""
     with stops_deferred():
-        worker = subprocess.Popen(
-            [sys.executable, "-c", WORKER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=reset_ctrl_c,
-        )
-    try:
-        assert worker.stdout.readline() == "importing\n"
-        worker.send_signal(stop)
-        out, err = worker.communicate("go on\n", timeout=TIMEOUT_S)
-    finally:
-        worker.kill()
-    assert worker.returncode == status, err
+        worker = _child(WORKER, reset_ctrl_c)
+    returncode, out, err = _signalled(worker, "importing\n", stop)
+    assert returncode == status, err
     assert ("stops set" in out) == (stop == signal.SIGINT), out
     assert "KeyboardInterrupt" not in err
 
@@ -128,21 +141,8 @@ def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it(
 ) -> None:
     """A command started as a background job (SIGINT ignored) runs on through a Ctrl-C and
     finishes (exit 0); a SIGTERM still stops it, with 143 and its last line naming it."""
-    command = subprocess.Popen(
-        [sys.executable, "-c", COMMAND],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ctrl_c_ignored,
-    )
-    try:
-        assert command.stdout.readline() == "ready\n"
-        command.send_signal(stop)
-        out, err = command.communicate("go on\n", timeout=TIMEOUT_S)
-    finally:
-        command.kill()
-    assert command.returncode == status, err
+    returncode, out, err = _signalled(_child(COMMAND, _ctrl_c_ignored), "ready\n", stop)
+    assert returncode == status, err
     if stop == signal.SIGINT:
         assert out == "finished\n" and err == "", err
     else:
