@@ -23,8 +23,8 @@ from ringtrain.generate.prompt_sets import HUMANEVAL_WORDING
 from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 from tests.helpers.stops import (
     send_stop,
-    sigterm_inside_a_finalizer,
     start_in_session,
+    stop_inside_a_finalizer,
     stop_name,
 )
 
@@ -215,7 +215,7 @@ def test_a_stop_python_dropped_in_a_finalizer_ends_the_reading_at_the_next_files
     class BarDroppingAStop(code_prompts.tqdm):
         def update(self, n: float | None = 1) -> bool | None:
             batches_read.append(n)
-            sigterm_inside_a_finalizer()
+            stop_inside_a_finalizer()
             return super().update(n)
 
     monkeypatch.setattr(code_prompts, "tqdm", BarDroppingAStop)

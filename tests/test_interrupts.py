@@ -17,7 +17,7 @@ from ringtrain.interrupts import (
     sigterm_taken_as_ctrl_c,
     stops_deferred,
 )
-from tests.helpers.stops import reset_ctrl_c, sigterm_inside_a_finalizer, stop_name
+from tests.helpers.stops import reset_ctrl_c, stop_inside_a_finalizer, stop_name
 
 # A worker as ringtrain's start: it says it runs (still "importing"), waits for a line,
 # then makes its first call, set_worker_stops, and says it survived.
@@ -120,7 +120,7 @@ def test_a_stop_a_finalizer_swallowed_is_raised_again_between_units_of_work(
     dropped: list[type[BaseException]] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda report: dropped.append(report.exc_type))
     with sigterm_taken_as_ctrl_c():
-        sigterm_inside_a_finalizer()
+        stop_inside_a_finalizer()
         went_on = True  # Python dropped the stop
         with pytest.raises(Terminated):
             raise_taken_stop()
@@ -149,18 +149,6 @@ def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it(
         assert out == "" and err == "the command stopped by SIGTERM before it finished\n", err
 
 
-class _CtrlCWhileFinalized:
-    """An object whose finalizer is running when a Ctrl-C arrives."""
-
-    def __del__(self) -> None:
-        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
-        _next_call()  # the handler raises here, inside the finalizer
-
-
-def _next_call() -> None:
-    """A call: Python runs a pending signal handler when a function starts."""
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_ctrl_c_a_finalizer_swallowed_is_raised_again_as_a_ctrl_c(
     stop: signal.Signals, monkeypatch: pytest.MonkeyPatch
@@ -173,10 +161,7 @@ def test_a_ctrl_c_a_finalizer_swallowed_is_raised_again_as_a_ctrl_c(
     started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with sigterm_taken_as_ctrl_c():
-            if stop == signal.SIGINT:
-                _CtrlCWhileFinalized()
-            else:
-                sigterm_inside_a_finalizer()
+            stop_inside_a_finalizer(stop)
             with pytest.raises(KeyboardInterrupt) as raised:
                 raise_taken_stop()
     finally:

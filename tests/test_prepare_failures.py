@@ -22,8 +22,8 @@ from tests.helpers.chat_data import CONVERSATIONS
 from tests.helpers.stops import (
     output_or_stacks,
     send_stop,
-    sigterm_inside_a_finalizer,
     start_in_session,
+    stop_inside_a_finalizer,
     stop_name,
 )
 
@@ -116,7 +116,7 @@ def test_a_stop_python_dropped_in_a_finalizer_still_stops_the_encoding(
     path.write_text((json.dumps(CONVERSATIONS[1]) + "\n") * 2_000)
     monkeypatch.setattr(sys, "unraisablehook", lambda _report: None)
     with sigterm_taken_as_ctrl_c(), pytest.raises(Terminated):
-        sigterm_inside_a_finalizer()
+        stop_inside_a_finalizer()
         prepare_dataset(tokenizer_dir, path, tmp_path / "out", progress=None)
     assert not list((tmp_path / "out").glob("*.arrow*"))
 

@@ -23,7 +23,7 @@ from ringtrain.testing.regenerate_chats import (
     read_output,
     write_chats,
 )
-from tests.helpers.stops import sigterm_inside_a_finalizer
+from tests.helpers.stops import stop_inside_a_finalizer
 
 
 def _args(servers: list[ChatServer], chats: Path, output: Path, *extra: str) -> list[str]:
@@ -276,7 +276,7 @@ def test_a_stop_python_dropped_in_a_finalizer_ends_the_run_at_the_next_record(
         answer = await one_record(client, record)
         records.append(record.line)
         if len(records) == 1:
-            sigterm_inside_a_finalizer()
+            stop_inside_a_finalizer()
         return answer
 
     monkeypatch.setattr(regenerate_module, "regenerate_record", record_dropping_a_stop)

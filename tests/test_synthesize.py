@@ -31,7 +31,7 @@ from ringtrain.data.synth_filters import FilterSettings, rejection
 from ringtrain.data.synth_rounds import Synthesizer
 from ringtrain.data.synth_template import template_markers, user_turn_prefix
 from ringtrain.generate.local_model import LocalModel
-from tests.helpers.stops import sigterm_inside_a_finalizer
+from tests.helpers.stops import stop_inside_a_finalizer
 from tests.helpers.word_chat_model import build_word_chat_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -384,7 +384,7 @@ def test_a_stop_python_dropped_in_a_finalizer_ends_the_run_after_its_round(
     def round_dropping_a_stop(self, *args, **kwargs):
         rounds.append(len(rounds))
         result = one_round(self, *args, **kwargs)
-        sigterm_inside_a_finalizer()
+        stop_inside_a_finalizer()
         return result
 
     monkeypatch.setattr(Synthesizer, "run", round_dropping_a_stop)

@@ -52,17 +52,21 @@ def _next_call() -> None:
 
 
 class _StoppedWhileFinalized:
-    """An object whose finalizer is running when SIGTERM arrives."""
+    """An object whose finalizer is running when its stop arrives."""
+
+    def __init__(self, stop: signal.Signals) -> None:
+        self.stop = stop
 
     def __del__(self) -> None:
-        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        signal.pthread_kill(threading.get_ident(), self.stop)
         _next_call()  # the handler raises here, inside the finalizer
 
 
-def sigterm_inside_a_finalizer() -> None:
-    """SIGTERM to this thread while a finalizer runs: its handler's exception is
-    reported as unraisable and dropped by Python (the stop a command must not lose)."""
-    _StoppedWhileFinalized()
+def stop_inside_a_finalizer(stop: signal.Signals = signal.SIGTERM) -> None:
+    """`stop` (SIGTERM unless given) to this thread while a finalizer runs: its handler's
+    exception is reported as unraisable and dropped by Python (the stop a command must not
+    lose)."""
+    _StoppedWhileFinalized(stop)
 
 
 def output_or_stacks(process: subprocess.Popen, timeout_s: float) -> str:
