@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from ringtrain.target.model_dir import TargetLoadError, TargetModelDir
 from ringtrain.target.structure import read_target_config
@@ -29,8 +28,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def stored(directory: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
-        return {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    return load_file(directory / "model.safetensors")
 
 
 def taps_of(directory: Path, vocab: int = 512, taps: list[int] = TAPS) -> torch.Tensor:
