@@ -32,6 +32,7 @@ from ringtrain.config import (
     load_config,
     parse_config,
 )
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.process_end import end_process
 from ringtrain.ring import PeerDied
 from ringtrain.trainer.context import SessionContext
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = claim_run_dir(run_dir, info, resume=args.resume, overwrite=args.overwrite)
     except ConfigError as exc:  # the lock and its refusals are local rank 0's to report
         return refuse(exc, reporter=info.local_rank == 0)
+    settle_cpu_math()
     log_path = setup_logging(run_dir, info.rank, info.role, terminal_progress=info.is_lead_drafter)
     if info.device.type == "cpu" or config.target.linear_attention == "torch":
         silence_kernel_fallbacks()

@@ -1,8 +1,9 @@
 """Fixtures shared by several test modules (each module opts in by name), a live line for
 long tests: one that has run LIVE_AFTER_S gets a line naming it (again every LIVE_EVERY_S)
 and its duration when it ends, so a quiet terminal (-q, CI) shows what runs; a
-temporary directory of the session's own for the processes the tests start; and a guard
-that fails a test which leaves pytest's own stop signals routed elsewhere."""
+temporary directory of the session's own for the processes the tests start; the CPU's
+vector math settled before any test computes; and a guard that fails a test which leaves
+pytest's own stop signals routed elsewhere."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.interrupts import STOP_SIGNALS
 from tests.helpers.chat_data import write_chats, write_tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def settled_cpu_math() -> None:
+    """oneMKL's vector math with its kernels chosen before a test's first computation
+    (ringtrain/cpu_math.py), as every process of a run has them at its start."""
+    settle_cpu_math()
 
 
 @pytest.fixture(scope="session", autouse=True)

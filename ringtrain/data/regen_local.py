@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.regen_client import Completion, RequestFailed, Sampling, Stopped
 from ringtrain.data.regen_drivers import BatchDriver, SlotDriver, Turn
@@ -184,6 +185,7 @@ class LocalChat:
         engine, max_tokens = self._engine, int(self.sampling.max_tokens or 0)
         if engine.threads or resolve_device(engine.device).type == "cpu":
             torch.set_num_threads(engine.threads or default_cpu_threads())
+        settle_cpu_math()
         try:
             model = await asyncio.to_thread(
                 LocalModel.load, engine.model_dir, engine.device, engine.dtype, engine.batch_size

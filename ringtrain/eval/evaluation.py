@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.drafter import DrafterSpec
 from ringtrain.eval.dflash import load_dflash_drafter, read_drafter_spec
 from ringtrain.eval.metrics import EvalReport, PromptOutcome, summarize
@@ -100,6 +101,7 @@ def decode_share(
     )
     if threads:
         torch.set_num_threads(threads)
+    settle_cpu_math()
     device = _device(args)
     sets, renderer, spec = prepared or prepare(args)
     first = first_prompt(sets[0].conversations[0], renderer)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.config import Config, parse_config
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.ring import RingReader, discover
 from ringtrain.trainer.groups import close_groups
@@ -177,7 +178,9 @@ def worker_pid(launcher_pid: int, local_rank: int) -> int:
 
 def gloo_member(worker: Callable[[int, str, str], None], rank: int, store: str, out: str) -> None:
     """One process of `run_gloo_pair`: the worker, then its groups closed as a rank of a
-    run closes them (after the worker's frame, and the modules it held, are gone)."""
+    run closes them (after the worker's frame, and the modules it held, are gone); the
+    CPU's vector math settled first, as a rank's start settles it."""
+    settle_cpu_math()
     worker(rank, store, out)
     close_groups()
 
