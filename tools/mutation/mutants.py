@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from tools.mutation.groups import (
     checkpoint_config,
+    checkpoint_resume,
     command_lines,
     data,
     drafter,
+    drafter_spec,
     evaluation,
     generate,
     monitor_stat,
+    regen_drivers,
     ring,
     run,
     run_signals,
@@ -24,5 +27,6 @@ MUTANTS = (
     *evaluation.GROUPS, *generate.GROUPS, *data.GROUPS, *drafter.GROUPS, *target.GROUPS,
     *run.GROUPS, *ring.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
     *command_lines.GROUPS, *monitor_stat.GROUPS, *checkpoint_config.GROUPS,
-    *run_signals.GROUPS,
+    *run_signals.GROUPS, *checkpoint_resume.GROUPS, *regen_drivers.GROUPS,
+    *drafter_spec.GROUPS,
 )  # fmt: skip
