@@ -5,12 +5,12 @@ from __future__ import annotations
 from tools.mutation.mutant import Group, Mutant
 
 RECORD_TESTS = (
-    "tests/test_resume_record.py", "tests/test_resume_identity.py", "tests/test_drafter_checkpoint.py",
-    "tests/test_checkpoint_verify.py", "tests/test_choices.py",
+    "tests/test_resume_record.py", "tests/test_resume_identity.py",
+    "tests/test_drafter_checkpoint.py", "tests/test_checkpoint_verify.py", "tests/test_choices.py",
 )  # fmt: skip
 RESUME_TESTS = (
-    "tests/test_resume_record.py", "tests/test_drafter_checkpoint.py", "tests/test_checkpoint_safety.py",
-    "tests/test_optim_choices.py",
+    "tests/test_resume_record.py", "tests/test_drafter_checkpoint.py",
+    "tests/test_checkpoint_safety.py", "tests/test_optim_choices.py",
 )  # fmt: skip
 LOAD_TESTS = (
     "tests/test_drafter_checkpoint.py", "tests/test_checkpoint_verify.py",
