@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-SPEC_TESTS = ("tests/test_drafter_checkpoint.py", "tests/test_drafter_config_json.py")
-LIMITS_TESTS = ("tests/test_startup_refusals.py",)
+SPEC_TESTS = (
+    "tests/test_drafter_spec.py", "tests/test_drafter_checkpoint.py",
+    "tests/test_drafter_config_json.py",
+)  # fmt: skip
+LIMITS_TESTS = ("tests/test_drafter_spec.py", "tests/test_startup_refusals.py")
 
 GROUPS = (
     Group("drafter spec", "ringtrain/drafter/spec.py", SPEC_TESTS, (
