@@ -1,7 +1,10 @@
 """The lock of one output between clients: a live holder (a real process) refuses a
 second client by pid and host, its lock is taken over once it is killed, a clean
-release leaves no owner behind, the owner written replaces a longer stale one whole,
-and a client whose lock file was removed under it locks the new file."""
+release leaves no owner behind, a release that removes the file leaves none (and a
+second release does nothing), the owner written replaces a longer stale one whole, a
+lock file that names no owner is taken over as an unknown client's, an output's new
+folder gets its lock file, and a client whose lock file was removed under it locks the
+new file."""
 
 from __future__ import annotations
 
@@ -83,3 +86,35 @@ def test_a_lock_file_removed_under_a_client_is_not_the_one_it_keeps(
     with pytest.raises(DatasetError, match=rf"pid {os.getpid()} on host"):
         OutputLock(output).acquire()
     second.release()
+
+
+def test_a_release_that_removes_the_file_leaves_none_and_a_second_release_does_nothing(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "out.jsonl"
+    with OutputLock(output) as lock:
+        assert lock_path(output).exists()
+        lock.release(remove=True)  # a run that wrote nothing
+        assert not lock_path(output).exists()
+    assert not lock_path(output).exists()
+    with OutputLock(output) as lock:
+        assert lock.taken_over is None
+
+
+@pytest.mark.parametrize("text", ['{"host": "elsewhere"}', '["pid", 7]', "not json at all"])
+def test_a_lock_file_that_names_no_owner_is_taken_over_as_an_unknown_clients(
+    tmp_path: Path, text: str
+) -> None:
+    output = tmp_path / "out.jsonl"
+    lock_path(output).write_text(text + "\n")
+    with OutputLock(output) as lock:
+        assert lock.taken_over == f"an unknown client (the lock file holds {text!r})"
+        assert json.loads(lock_path(output).read_text()) == {"pid": os.getpid(), "host": HOST}
+
+
+def test_an_output_in_a_folder_not_made_yet_gets_its_lock_there(tmp_path: Path) -> None:
+    output = tmp_path / "new" / "deeper" / "out.jsonl"
+    with OutputLock(output):
+        assert json.loads(lock_path(output).read_text())["pid"] == os.getpid()
+        with pytest.raises(DatasetError, match="another regenerate client is writing it"):
+            OutputLock(output).acquire()

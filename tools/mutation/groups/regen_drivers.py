@@ -5,7 +5,8 @@ from __future__ import annotations
 from tools.mutation.mutant import Group, Mutant
 
 DRIVER_TESTS = (
-    "tests/test_regenerate_local_cpu.py", "tests/test_regenerate_local.py",
+    "tests/test_regen_drivers.py", "tests/test_regenerate_local_cpu.py",
+    "tests/test_regenerate_local.py",
 )  # fmt: skip
 LOCK_TESTS = ("tests/test_regen_lock.py",)
 
@@ -30,9 +31,9 @@ GROUPS = (
         Mutant("a prompt's padded width rounded down",
                "width = -(-prompt // WIDTH_BUCKET) * WIDTH_BUCKET",
                "width = prompt // WIDTH_BUCKET * WIDTH_BUCKET"),
-        Mutant("a batch takes one turn more than its slots",
-               "batch, self._waiting = self._waiting[: self.slots], self._waiting[self.slots :]",
-               "batch, self._waiting = self._waiting[: self.slots + 1], self._waiting[self.slots + 1 :]"),
+        Mutant("a failed batch's error handed on untranslated",
+               "            failure = self._translate(error)\n            for turn in batch:",
+               "            failure = error\n            for turn in batch:"),
         Mutant("a batch starts without waiting for the turns asking in the same passes",
                "while waiting != len(self._waiting) and len(self._waiting) < self.slots:",
                "while False:"),
