@@ -1,7 +1,8 @@
 """The drafter's shape taken from the target's config and what it may hold.
 
 The spec (drafter/spec.py): the RoPE base read as transformers reads the same config.json
-(top-level rope_theta, rope_parameters, a multimodal text_config, neither: 10000), and the
+(top-level rope_theta, rope_parameters, a multimodal text_config, neither: 10000; per
+layer type, Gemma 3's: its full-attention layers'), and the
 shapes it refuses by name, from the [drafter] config or from a checkpoint's config.json
 (head counts that do not group, a block of one token, a mask token or a tapped layer
 outside its range, sliding windows that do not fit the layers or the block). The limits
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen3_5Config, Qwen3Config
+from transformers import Gemma3TextConfig, LlamaConfig, Qwen3_5Config, Qwen3Config
 
 from ringtrain.checkpoint.verify import checkpoint_spec
 from ringtrain.drafter import drafter_spec_from_target
@@ -85,6 +86,17 @@ def test_the_rope_base_is_the_one_transformers_reads(raw: dict, config_class: ty
     from_config = drafter_spec_from_target(read, drafter(), [1, 2])
     assert from_dict.rope_theta == from_config.rope_theta == float(expected)
     assert hf_config_dict(from_config)["rope_parameters"]["rope_theta"] == float(expected)
+
+
+def test_a_target_with_a_rope_base_per_layer_type_gives_its_full_attention_base() -> None:
+    gemma = Gemma3TextConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    bases = {kind: p["rope_theta"] for kind, p in gemma.rope_parameters.items()}
+    assert bases == {"sliding_attention": 10_000.0, "full_attention": 1_000_000.0}
+    for target in (gemma, gemma.to_dict()):
+        assert drafter_spec_from_target(target, drafter(), [1, 4]).rope_theta == 1_000_000.0
 
 
 def test_head_counts_that_do_not_group_are_refused_by_name() -> None:

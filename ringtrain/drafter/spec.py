@@ -106,8 +106,13 @@ def text_config_dict(target_config: Any) -> dict[str, Any]:
 
 
 def rope_theta_of(config: Mapping[str, Any]) -> float:
-    """RoPE base of an HF config (rope_parameters.rope_theta or rope_theta; 10000 if absent)."""
+    """RoPE base of an HF config (rope_parameters.rope_theta or rope_theta; 10000 if absent).
+    A model with RoPE parameters per layer type (Gemma 3: its sliding layers' base 10000,
+    its full-attention layers' 1e6) gives its full-attention layers' base: the drafter's
+    layers see the whole context as those do."""
     params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get("full_attention"), Mapping):
+        params = params["full_attention"]
     if isinstance(params, Mapping) and "rope_theta" in params:
         return float(params["rope_theta"])
     return float(config.get("rope_theta", 10000.0))
