@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from ringtrain.data.regen_client import Stopped
 from ringtrain.data.regen_drivers import Aborted, BatchDriver, SlotDriver, Turn
@@ -25,7 +24,7 @@ from ringtrain.generate.continuous import DoesNotFit, TooLong, plan_slots
 from ringtrain.generate.greedy import WIDTH_BUCKET, Answer
 from ringtrain.generate.local_model import LocalModel
 from ringtrain.generate.memory import DecodeFootprint
-from ringtrain.target.tiny import EOS_TOKEN_ID, build_tiny_target
+from tests.helpers.endless_chat_model import write_endless_chat_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,18 +48,8 @@ def _translate(error: BaseException) -> BaseException:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny dense chat model that never says its end-of-turn token (that token's logit
-    is 0 and two other tokens' logits are opposite), so every answer runs to its limit."""
-    directory = build_tiny_target(
-        tmp_path_factory.mktemp("endless"), hybrid=False, num_layers=2, seed=3
-    )
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    head = model.get_output_embeddings().weight
-    with torch.no_grad():
-        head[EOS_TOKEN_ID] = 0.0
-        head[-2] = -head[-3]
-    model.save_pretrained(directory)
-    return directory
+    """The endless chat model (tests/helpers/endless_chat_model.py), dense."""
+    return write_endless_chat_model(tmp_path_factory.mktemp("endless"))
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from ringtrain.data.regen_local import LocalChat, LocalEngine
 from ringtrain.data.regen_lock import lock_path
 from ringtrain.generate.continuous import DoesNotFit, plan_slots
 from ringtrain.generate.memory import DecodeFootprint
-from ringtrain.target.tiny import EOS_TOKEN_ID, build_tiny_target
+from tests.helpers.endless_chat_model import write_endless_chat_model
 from tests.helpers.stops import reset_ctrl_c
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,23 +40,9 @@ LONG_ANSWER = 800
 SHORT_CONTEXT = 48
 
 
-def _endless(directory: Path, hybrid: bool = False) -> Path:
-    """A tiny chat model that never says its end-of-turn token, so every answer runs to
-    --max-tokens: that token's logit is 0, and two other tokens' logits are opposite,
-    so one of them is always above it."""
-    build_tiny_target(directory, hybrid=hybrid, num_layers=2 if not hybrid else 4, seed=3)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    head = model.get_output_embeddings().weight
-    with torch.no_grad():
-        head[EOS_TOKEN_ID] = 0.0
-        head[-2] = -head[-3]
-    model.save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _endless(tmp_path_factory.mktemp("endless"))
+    return write_endless_chat_model(tmp_path_factory.mktemp("endless"))
 
 
 def _chats(path: Path, count: int, long_lines: tuple[int, ...] = ()) -> Path:
@@ -229,7 +215,7 @@ def test_replaced_weights_are_detected_and_a_moved_model_resumes(
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["continuous", "batches"])
 def test_progress_hears_every_token_as_it_is_generated(tmp_path: Path, hybrid: bool) -> None:
-    model = _endless(tmp_path / "model", hybrid=hybrid)
+    model = write_endless_chat_model(tmp_path / "model", hybrid=hybrid)
     answer_tokens = 40
     sampling = Sampling(str(model), answer_tokens)
     heard: list[int] = []
