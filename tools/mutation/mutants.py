@@ -5,14 +5,17 @@ groups live in tools/mutation/groups/, a module per area of the project."""
 from __future__ import annotations
 
 from tools.mutation.groups import (
+    arrow_files,
     checkpoint_config,
     checkpoint_resume,
     command_lines,
     data,
     drafter,
     drafter_spec,
+    eval_processes,
     evaluation,
     generate,
+    local_model,
     monitor_stat,
     regen_drivers,
     ring,
@@ -28,5 +31,5 @@ MUTANTS = (
     *run.GROUPS, *ring.GROUPS, *startup.GROUPS, *synthesis.GROUPS,
     *command_lines.GROUPS, *monitor_stat.GROUPS, *checkpoint_config.GROUPS,
     *run_signals.GROUPS, *checkpoint_resume.GROUPS, *regen_drivers.GROUPS,
-    *drafter_spec.GROUPS,
+    *drafter_spec.GROUPS, *eval_processes.GROUPS, *local_model.GROUPS, *arrow_files.GROUPS,
 )  # fmt: skip
