@@ -29,6 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.data.corpus import read_corpus
 from ringtrain.target.tiny import tiny_config
 
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
     torch.set_num_threads(args.threads)
+    settle_cpu_math()
     output = Path(args.output)
     documents = read_corpus(preset.corpus_bytes)
     log(f"corpus: {len(documents)} files, {sum(map(len, documents)) / 1e6:.1f} MB of text")

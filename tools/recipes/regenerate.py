@@ -40,6 +40,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.data.corpus import carve_prompts, read_corpus
 from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
@@ -211,6 +212,7 @@ def read_conversations(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    settle_cpu_math()
     target = Path(args.target).expanduser()
     if args.make_prompts:
         make_prompts(args, target)
