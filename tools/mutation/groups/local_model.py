@@ -2,4 +2,44 @@
 
 from __future__ import annotations
 
-GROUPS = ()
+from tools.mutation.mutant import Group, Mutant
+
+TESTS = ("tests/test_regen_local_settings.py", "tests/test_generate_rounds.py")
+
+GROUPS = (
+    Group("local model", "ringtrain/generate/local_model.py", TESTS, (
+        Mutant("the load average not subtracted from the cores",
+               "return max(1, cores - int(os.getloadavg()[0]))", "return max(1, cores)"),
+        Mutant("zero threads on a machine busier than its cores",
+               "return max(1, cores - int(os.getloadavg()[0]))",
+               "return max(0, cores - int(os.getloadavg()[0]))"),
+        Mutant("the machine's cores counted instead of those this process may use",
+               "cores = len(os.sched_getaffinity(0))", "cores = os.cpu_count() or 1"),
+        Mutant("the context of a multimodal model read from its outer config",
+               'text = config.get_text_config() if hasattr(config, "get_text_config") else config',
+               "text = config"),
+        Mutant("the GPU's and the CPU's answer lengths swapped",
+               'tokens = GPU_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS',
+               'tokens = CPU_MAX_TOKENS if device.type == "cuda" else GPU_MAX_TOKENS'),
+        Mutant("answers as long as the whole context by default",
+               "min(tokens, context // 2)", "min(tokens, context)"),
+        Mutant("the device's default not a cap on half the context",
+               "max(1, min(tokens, context // 2))", "max(1, context // 2)"),
+        Mutant("a model with only one of the tokenizer files read as without a tokenizer",
+               "if not any((model_dir / name).is_file()", "if not all((model_dir / name).is_file()"),
+        Mutant("a model without tokenizer files handed to AutoTokenizer",
+               "    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):",
+               "    if False:"),
+        Mutant("auto never picks the GPU",
+               'return torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+               'return torch.device("cpu")'),
+        Mutant("cuda taken where there is no GPU",
+               'if name == "cuda" and not torch.cuda.is_available():', "if False:"),
+        Mutant("the batch size given ignored",
+               "batch_size or default_batch_size(where),", "default_batch_size(where),"),
+        Mutant("the dtype given ignored",
+               "model = load_causal_lm(model_dir, where, dtype)",
+               "model = load_causal_lm(model_dir, where)"),
+        Mutant("a pad id of 0 ignored", "if pad is not None:", "if pad:"),
+    )),
+)  # fmt: skip
