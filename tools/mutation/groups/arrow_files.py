@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-TESTS = ("tests/test_data_reader.py",)
+TESTS = ("tests/test_data_reader.py", "tests/test_arrow_files.py")
 
 GROUPS = (
     Group("arrow files", "ringtrain/data/arrow_files.py", TESTS, (
