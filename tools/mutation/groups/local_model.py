@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-TESTS = ("tests/test_regen_local_settings.py", "tests/test_generate_rounds.py")
+TESTS = (
+    "tests/test_local_model.py", "tests/test_regen_local_settings.py", "tests/test_generate_rounds.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("local model", "ringtrain/generate/local_model.py", TESTS, (
