@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-TESTS = ("tests/test_eval_workers.py",)
+TESTS = ("tests/test_eval_processes.py", "tests/test_eval_workers.py")
 
 GROUPS = (
     Group("eval workers", "ringtrain/eval/processes.py", TESTS, (
