@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from tools.mutation.groups import (
     arrow_files,
+    chat_render,
     checkpoint_config,
     checkpoint_resume,
     command_lines,
+    corpus,
     data,
     drafter,
     drafter_spec,
@@ -16,6 +18,7 @@ from tools.mutation.groups import (
     evaluation,
     generate,
     local_model,
+    mask_token,
     monitor_stat,
     regen_drivers,
     ring,
@@ -32,4 +35,5 @@ MUTANTS = (
     *command_lines.GROUPS, *monitor_stat.GROUPS, *checkpoint_config.GROUPS,
     *run_signals.GROUPS, *checkpoint_resume.GROUPS, *regen_drivers.GROUPS,
     *drafter_spec.GROUPS, *eval_processes.GROUPS, *local_model.GROUPS, *arrow_files.GROUPS,
+    *chat_render.GROUPS, *mask_token.GROUPS, *corpus.GROUPS,
 )  # fmt: skip
