@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-CHAT_TESTS = ("tests/test_eval_chat.py", "tests/test_generate_rounds.py")
+CHAT_TESTS = (
+    "tests/test_chat_render.py", "tests/test_eval_chat.py", "tests/test_generate_rounds.py",
+)  # fmt: skip
 
 GROUPS = (
     Group("chat rendering", "ringtrain/generate/chat.py", CHAT_TESTS, (
