@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-TESTS = ("tests/test_mask_token.py",)
+TESTS = ("tests/test_mask_token.py", "tests/test_mask_token_choice.py")
 
 GROUPS = (
     Group("mask token", "ringtrain/drafter/mask_token.py", TESTS, (
