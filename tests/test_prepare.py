@@ -14,7 +14,7 @@ from ringtrain.cli.data import main as data_main
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.data.chat import ConversationEncoder, conversation_messages
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.prepare import CHUNKS_IN_FLIGHT_PER_WORKER, prepare_dataset
+from ringtrain.data.prepare import CHUNKS_IN_FLIGHT_PER_WORKER, load_tokenizer, prepare_dataset
 from ringtrain.data.row_view import format_row, read_row
 from ringtrain.data.stats import dataset_statistics
 from tests.helpers.chat_data import (
@@ -384,3 +384,10 @@ def test_reasoning_content_is_rendered_and_supervised(tokenizer_dir: Path) -> No
     ids, mask, _ = ConversationEncoder(tokenizer).encode(messages, "test")
     generated = f"<think>\n{thought}\n</think>\n\n{answer}<|im_end|>"
     assert tokenizer.decode(ids[mask.astype(bool)]) == generated
+
+
+def test_a_model_directory_without_tokenizer_files_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers would build an empty tokenizer from config.json alone."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 40}))
+    with pytest.raises(DatasetError, match=r"no tokenizer here \(none of tokenizer\.json, "):
+        load_tokenizer(tmp_path)

@@ -93,9 +93,18 @@ _encoder: ConversationEncoder | None = None
 
 
 def load_tokenizer(directory: str | Path) -> Any:
-    """A tokenizer from a local directory (never the network)."""
+    """A tokenizer from a local directory (never the network). A directory without
+    tokenizer files is refused: transformers would build an empty tokenizer of the model's
+    class from its config.json alone (one token)."""
     from transformers import AutoTokenizer
 
+    from ringtrain.generate.local_model import TOKENIZER_FILES
+
+    if not any((Path(directory) / name).is_file() for name in TOKENIZER_FILES):
+        raise DatasetError(
+            f"{directory}: no tokenizer here (none of {', '.join(TOKENIZER_FILES)}); "
+            "pass the target model's local directory, as downloaded with its tokenizer"
+        )
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -33,7 +33,6 @@ from ringtrain.drafter import DrafterSpec, drafter_spec_from_target
 from ringtrain.drafter.config import DrafterConfig
 from ringtrain.drafter.limits import check_limits
 from ringtrain.drafter.mask_token import choose_mask_token
-from ringtrain.generate.local_model import TOKENIZER_FILES
 from ringtrain.monitor.sinks import check_report_to
 from ringtrain.ring import Ring, RingError, RingSpec
 from ringtrain.ring.names import ring_id
@@ -193,11 +192,8 @@ def resolve_mask_token(
                 resumed_mask,
             )
         return msgspec.structs.replace(drafter, mask_token_id=resumed_mask)
-    # Without tokenizer files, transformers builds an empty tokenizer of the model's class
-    # from config.json alone (one token): that is no tokenizer to choose from.
-    has_files = any((target_path / name).is_file() for name in TOKENIZER_FILES)
     try:
-        tokenizer = load_tokenizer(target_path) if has_files else None
+        tokenizer = load_tokenizer(target_path)
     except DatasetError:
         tokenizer = None
     choice = choose_mask_token(tokenizer, vocab_size)
