@@ -93,14 +93,13 @@ _encoder: ConversationEncoder | None = None
 
 
 def load_tokenizer(directory: str | Path) -> Any:
-    """A tokenizer from a local directory (never the network). A directory without
-    tokenizer files is refused: transformers would build an empty tokenizer of the model's
-    class from its config.json alone (one token)."""
+    """A tokenizer from a local directory (never the network); a directory without
+    tokenizer files is refused (`has_tokenizer_files`)."""
     from transformers import AutoTokenizer
 
-    from ringtrain.generate.local_model import TOKENIZER_FILES
+    from ringtrain.generate.local_model import TOKENIZER_FILES, has_tokenizer_files
 
-    if not any((Path(directory) / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer_files(directory):
         raise DatasetError(
             f"{directory}: no tokenizer here (none of {', '.join(TOKENIZER_FILES)}); "
             "pass the target model's local directory, as downloaded with its tokenizer"

@@ -74,9 +74,15 @@ def default_max_tokens(device: torch.device, context: int | None) -> int:
     return tokens if context is None else max(1, min(tokens, context // 2))
 
 
+def has_tokenizer_files(model_dir: str | Path) -> bool:
+    """Whether a model directory holds a tokenizer (any of TOKENIZER_FILES): without one,
+    transformers builds an empty tokenizer of the model's class from config.json alone."""
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
     """The tokenizer of a local model directory, or None when it has no tokenizer files."""
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer_files(model_dir):
         return None
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
