@@ -19,14 +19,18 @@ from tools.mutation.groups import (
     generate,
     local_model,
     mask_token,
+    monitor_log,
     monitor_stat,
     regen_drivers,
     ring,
     run,
     run_signals,
     startup,
+    synth_parts,
     synthesis,
     target,
+    target_structure,
+    trainer_groups,
 )
 
 MUTANTS = (
@@ -36,4 +40,5 @@ MUTANTS = (
     *run_signals.GROUPS, *checkpoint_resume.GROUPS, *regen_drivers.GROUPS,
     *drafter_spec.GROUPS, *eval_processes.GROUPS, *local_model.GROUPS, *arrow_files.GROUPS,
     *chat_render.GROUPS, *mask_token.GROUPS, *corpus.GROUPS,
+    *monitor_log.GROUPS, *synth_parts.GROUPS, *target_structure.GROUPS, *trainer_groups.GROUPS,
 )  # fmt: skip
