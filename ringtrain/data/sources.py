@@ -40,7 +40,11 @@ def _file_column(path: Path) -> pa.ChunkedArray | None:
                 return None
             return pq.read_table(path, columns=[SOURCE]).column(SOURCE)
         with pa.memory_map(str(path), "r") as source:
-            reader = pa.ipc.open_file(source)
+            try:
+                reader = pa.ipc.open_file(source)
+            except pa.ArrowInvalid:  # the stream format (as Hugging Face `datasets` writes)
+                source.seek(0)
+                reader = pa.ipc.open_stream(source)
             if SOURCE not in reader.schema.names:
                 return None
             return reader.read_all().column(SOURCE)
