@@ -20,8 +20,9 @@ from ringtrain.monitor.ring_figures import (
     role_mean,
 )
 
-# Fields that identify a record rather than measure something.
-_NOT_SCALARS = {"event", "step", "wall", "batches", "ring", "round"}
+# Fields that identify a record rather than measure something (a step's verdict: its line
+# and the steps it judged).
+_NOT_SCALARS = {"event", "step", "wall", "batches", "ring", "round", "verdict"}
 _SECTION = {"step": "train", "eval": "eval"}
 _RENAMED = {"gpu_busy": "gpu/busy", "gpu_busy_by_rank": "gpu/busy_of_rank"}
 _PER_POSITION = {"accuracy_per_slot": "accuracy"}
