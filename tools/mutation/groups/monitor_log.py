@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from tools.mutation.mutant import Group, Mutant
 
-RUNLOG_TESTS = ("tests/test_monitor_plot.py",)
+RUNLOG_TESTS = ("tests/test_runlog.py", "tests/test_monitor_plot.py")
 VERDICT_TESTS = (
     "tests/test_monitor_verdict.py", "tests/test_monitor_stat.py", "tests/test_stat_view.py",
-    "tests/test_progress_lines.py",
+    "tests/test_progress_lines.py", "tests/test_verdict.py",
 )  # fmt: skip
-SCALARS_TESTS = ("tests/test_monitor_sinks.py",)
-SINKS_TESTS = ("tests/test_monitor_sinks.py",)
+SCALARS_TESTS = ("tests/test_monitor_scalars.py", "tests/test_monitor_sinks.py")
+SINKS_TESTS = ("tests/test_monitor_sinks.py", "tests/test_report_to.py")
 
 GROUPS = (
     Group("run log", "ringtrain/monitor/runlog.py", RUNLOG_TESTS, (
@@ -107,6 +107,8 @@ GROUPS = (
                '"wall", "batches", "ring"', '"wall", "ring"'),
         Mutant("an evaluation's round number logged as a scalar",
                '"ring", "round"', '"ring"'),
+        Mutant("the steps a verdict judged logged as scalars",
+               '"round", "verdict"}', '"round"}'),
         Mutant("integer figures (tokens, compiles) left out",
                "isinstance(value, bool | int | float)", "isinstance(value, float)"),
         Mutant("the block positions numbered from 0, not from 1 (the first predicted token)",
