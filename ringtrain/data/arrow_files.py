@@ -53,18 +53,25 @@ def list_data_files(path: Path) -> list[Path]:
     return files
 
 
+def open_ipc(
+    source: pa.MemoryMappedFile,
+) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:
+    """A reader of an Arrow IPC file in either format: the file format (as ringtrain writes)
+    or the stream format (as Hugging Face `datasets` writes)."""
+    try:
+        return pa.ipc.open_file(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source)
+
+
 def _read_table(path: Path) -> pa.Table:
     """Read one file as a table; Arrow IPC files stay memory-mapped (zero copy)."""
     try:
         if path.suffix == ".parquet":
             names = pq.read_schema(path).names
             return pq.read_table(path, columns=[c for c in (INPUT_IDS, LOSS_MASK) if c in names])
-        source = pa.memory_map(str(path), "r")
-        try:
-            return pa.ipc.open_file(source).read_all()
-        except pa.ArrowInvalid:
-            source.seek(0)
-            return pa.ipc.open_stream(source).read_all()
+        return open_ipc(pa.memory_map(str(path), "r")).read_all()
     except (OSError, pa.ArrowException) as exc:
         raise DatasetError(
             f"{path}: cannot read this file as Arrow IPC or parquet ({exc}); "

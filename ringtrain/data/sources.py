@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ringtrain.data.arrow_files import list_data_files
+from ringtrain.data.arrow_files import list_data_files, open_ipc
 from ringtrain.data.errors import DatasetError
 
 SOURCE = "source"  # the column, and the field of a mixed chat record that names its source
@@ -40,11 +40,7 @@ def _file_column(path: Path) -> pa.ChunkedArray | None:
                 return None
             return pq.read_table(path, columns=[SOURCE]).column(SOURCE)
         with pa.memory_map(str(path), "r") as source:
-            try:
-                reader = pa.ipc.open_file(source)
-            except pa.ArrowInvalid:  # the stream format (as Hugging Face `datasets` writes)
-                source.seek(0)
-                reader = pa.ipc.open_stream(source)
+            reader = open_ipc(source)
             if SOURCE not in reader.schema.names:
                 return None
             return reader.read_all().column(SOURCE)

@@ -8,6 +8,9 @@ TESTS = ("tests/test_data_reader.py", "tests/test_arrow_files.py")
 
 GROUPS = (
     Group("arrow files", "ringtrain/data/arrow_files.py", TESTS, (
+        Mutant("a stream-format file (as Hugging Face datasets writes) unreadable",
+               "        source.seek(0)\n        return pa.ipc.open_stream(source)",
+               "        raise"),
         Mutant("a directory's files read in directory order, not by name",
                "files = sorted(p for p in path.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file())",
                "files = [p for p in path.iterdir() if p.suffix in DATA_SUFFIXES and p.is_file()]"),
