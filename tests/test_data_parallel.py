@@ -60,13 +60,14 @@ class Dot(nn.Module):
 
 
 def probe_samples(group: dist.ProcessGroup) -> dict[str, list]:
-    """The probe's samples of three real iterations (each read twice, with the backward's
-    wall-clock ms), and of GIVEN_TIMINGS."""
+    """The probe's samples of three real iterations (each read twice, with the wall-clock
+    ms since the first began: DDP's timings of an iteration are of one before), and of
+    GIVEN_TIMINGS."""
     network = wrap_data_parallel(nn.Linear(8, 8), group, "float32")
     probe = GradSyncProbe(network)
     real = []
+    started = time.perf_counter()
     for _ in range(3):
-        started = time.perf_counter()
         network(torch.randn(2, 8)).sum().backward()
         elapsed_ms = (time.perf_counter() - started) * 1e3
         real.append((probe.sample(), probe.sample(), elapsed_ms))
@@ -157,7 +158,7 @@ def test_bf16_reduction_is_refused_on_cpu_naming_the_fix(two_drafters: list[dict
 def test_the_probe_reads_each_sampled_iteration_once_in_ms(two_drafters: list[dict]) -> None:
     for result in two_drafters:
         real = result["probe"]["real"]
-        assert real[-1][0] is not None  # DDP times the iterations after its first
+        assert real[-1][0] is not None  # DDP hands timings over in the next forward
         for first, second, elapsed_ms in real:
             assert second is None  # read once
             if first is not None:
