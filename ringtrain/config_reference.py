@@ -193,7 +193,7 @@ def reference() -> str:
         if rows:
             table = ["| key | type | default | description |", "|---|---|---|---|"]
             table += [
-                f"| `{key}` | {_cell(kind)} | `{default}` | {_cell(text)} |"
+                f"| `{key}` | {_cell(kind)} | `{_cell(default)}` | {_cell(text)} |"
                 for key, kind, default, text in rows
             ]
             parts.append("\n".join(table) + "\n")
