@@ -18,7 +18,12 @@ from ringtrain.target.model_dir import WITHOUT_HUB_KERNELS
 
 def supports_cache_rollback(config: object) -> bool:
     """Whether a KV cache of this target can be cut back exactly (all full attention)."""
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    # Without layer_types, transformers makes every layer of a config with a sliding window
+    # a sliding-window layer (Mistral).
+    sliding = getattr(config, "sliding_window", None) is not None
+    layer_types = getattr(config, "layer_types", None) or [
+        "sliding_attention" if sliding else "full_attention"
+    ]
     return set(layer_types) == {"full_attention"} and not getattr(
         config, "use_sliding_window", False
     )
