@@ -38,6 +38,10 @@ def read_prompt_records(
         lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise PromptFileError(f"{path}: cannot read prompts file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8"
+        ) from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
