@@ -1,8 +1,8 @@
 """The configuration reference's generator on struct shapes the shipped config does not have
-yet: optional tables written either way, a union of two tables (a plain key), renamed keys,
-tuples, tables and none as defaults, a description given in the type, comments beside
-consecutive keys, a subclass's comment over its base's, a dash ending a comment line, a
-`|` inside a table cell, and a top level without keys of its own."""
+yet: optional tables written either way, a union of two tables (a plain key), renamed keys
+and tables, tuples, tables and none as defaults, a description given in the type, comments
+beside consecutive keys, a subclass's comment over its base's, a dash ending a comment line,
+a `|` inside a table cell, and a top level without keys of its own."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Right(msgspec.Struct, kw_only=True):
     width: int = 2
 
 
-class Shapes(msgspec.Struct, kw_only=True, rename={"long_name": "long-name"}):
+class Shapes(msgspec.Struct, kw_only=True, rename={"long_name": "long-name", "old": "old-table"}):
     """Keys of every shape."""
 
     # Either side.
@@ -69,10 +69,10 @@ class TablesOnly(msgspec.Struct, kw_only=True):
 
 
 def test_optional_tables_either_way_but_not_a_union_of_two() -> None:
-    assert [name for name, _ in config_reference.sections(Shapes)] == ["", "old"]
+    assert [name for name, _ in config_reference.sections(Shapes)] == ["", "old-table"]
     rows = {row[0]: row for row in config_reference.keys(Shapes)}
     assert rows["side"][1:3] == ("Left or Right or none", "(none)")
-    assert "old" not in rows
+    assert "old" not in rows and "old-table" not in rows
 
 
 def test_renamed_keys_and_defaults_as_toml_writes_them() -> None:
