@@ -5,6 +5,7 @@ and a CPU ring whose slots are the host transport's shared segment."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -25,7 +26,11 @@ from tests.helpers import ring_workers as rw
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 
 
-def cuda_machine(monkeypatch: pytest.MonkeyPatch, gpus: int, no_peer_access=()) -> None:
+def cuda_machine(
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: int,
+    no_peer_access: Sequence[tuple[int, int]] = (),
+) -> None:
     """What torch reports on a machine of `gpus` GPUs where each pair (a, b) of
     `no_peer_access` cannot reach the other (like CUDA, a GPU is no peer of itself)."""
     missing = {frozenset(pair) for pair in no_peer_access}
@@ -74,8 +79,8 @@ def test_gpu_ranks_get_the_transport_asked_for(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     ("gpus", "no_peer_access", "expected"),
     [
-        (1, (), ("device", "auto: CUDA IPC between GPUs with peer access")),
-        (3, (), ("device", "auto: CUDA IPC between GPUs with peer access")),
+        (1, [], ("device", "auto: CUDA IPC between GPUs with peer access")),
+        (3, [], ("device", "auto: CUDA IPC between GPUs with peer access")),
         (
             3,
             [(1, 2)],
@@ -89,7 +94,10 @@ def test_gpu_ranks_get_the_transport_asked_for(monkeypatch: pytest.MonkeyPatch) 
     ],
 )
 def test_auto_uses_cuda_ipc_only_where_every_gpu_reaches_every_other(
-    monkeypatch: pytest.MonkeyPatch, gpus: int, no_peer_access: list, expected: tuple[str, str]
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: int,
+    no_peer_access: list[tuple[int, int]],
+    expected: tuple[str, str],
 ) -> None:
     cuda_machine(monkeypatch, gpus, no_peer_access)
     assert resolve_transport(AUTO, GPU) == expected
