@@ -3,12 +3,14 @@ and draw every token from the sampler's own seeded generator."""
 
 from __future__ import annotations
 
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
 import torch
 
 from ringtrain.eval.sampled import sampled_generate, sampled_speculative_generate
+from ringtrain.eval.speculative import Generation
 from ringtrain.eval.target import load_verifying_target
 from ringtrain.generate.sampling import TokenSampler, draw
 from ringtrain.target.tiny import build_tiny_target
@@ -54,19 +56,26 @@ def _stop_at_a_later_token(tokens: list[int]) -> tuple[int, list[int]]:
 def test_speculative_sampling_is_reproducible_and_stops_at_a_stop_token(
     target_dir: Path,
 ) -> None:
+    """Decoding ends with the block that commits the stop token: the same draws as without
+    it up to there, and no block after it counted in the acceptance."""
     target = load_verifying_target(target_dir, [0])
     drafter = UniformDrafter(target.vocab_size)
 
-    def decode(stops: list[int] = []) -> list[int]:  # noqa: B006 (never changed)
+    def decode(stops: list[int] = []) -> Generation:  # noqa: B006 (never changed)
         return sampled_speculative_generate(
             target, drafter, PROMPT, NEW_TOKENS, _sampler(11), stop_ids=stops
-        ).tokens
+        )
 
-    tokens = decode()
-    assert len(tokens) == NEW_TOKENS
-    assert decode() == tokens, "one seed draws one sequence"
-    stop, expected = _stop_at_a_later_token(tokens)
-    assert decode([stop]) == expected
+    full = decode()
+    assert len(full.tokens) == NEW_TOKENS
+    assert decode().tokens == full.tokens, "one seed draws one sequence"
+    stop, expected = _stop_at_a_later_token(full.tokens)
+    stopped = decode([stop])
+    assert stopped.tokens == expected
+    # The prefill commits the first token, each block its kept drafts and one drawn token.
+    ends = list(accumulate((count + 1 for count in full.accepted), initial=1))
+    blocks = next(b for b, end in enumerate(ends) if end >= len(expected))
+    assert stopped.accepted == full.accepted[:blocks]
 
 
 @pytest.mark.parametrize("mode", ["own", "cache"])
