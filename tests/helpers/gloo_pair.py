@@ -28,22 +28,26 @@ def pair_member(worker: Callable[[int, str], None], rank: int, store: str, out: 
     dist.destroy_process_group()
 
 
-def run_pair(worker: Callable[[int, str], None], tmp_path: Path) -> list[dict]:
-    """Run ``worker(rank, out)`` on ranks 0 and 1 of a gloo world (a file store under
-    ``tmp_path``) and return what each saved as ``<out>/<rank>.pt``."""
+def spawn_pair(
+    member: Callable[[Callable, int, str, str], None],
+    worker: Callable,
+    tmp_path: Path,
+    timeout_s: float = PAIR_TIMEOUT_S,
+) -> list[dict]:
+    """Run ``member(worker, rank, store, out)`` in two spawned processes (ranks 0 and 1, a
+    file store under ``tmp_path``), each to exit code 0, and return what each saved as
+    ``<out>/<rank>.pt``. A process that fails ends the pair: the other is killed."""
     import torch
 
     store, out = str(tmp_path / "store"), str(tmp_path)
-    processes = [
-        SPAWN.Process(target=pair_member, args=(worker, rank, store, out)) for rank in (0, 1)
-    ]
+    processes = [SPAWN.Process(target=member, args=(worker, rank, store, out)) for rank in (0, 1)]
     for process in processes:
         process.start()
     try:
         running = {process.sentinel: process for process in processes}
         while running:
-            ended = wait(list(running), timeout=PAIR_TIMEOUT_S)
-            assert ended, f"the pair ran past {PAIR_TIMEOUT_S} s"
+            ended = wait(list(running), timeout=timeout_s)
+            assert ended, f"the pair ran past {timeout_s} s"
             for sentinel in ended:
                 process = running.pop(sentinel)
                 process.join()
@@ -55,3 +59,9 @@ def run_pair(worker: Callable[[int, str], None], tmp_path: Path) -> list[dict]:
                 process.kill()
                 process.join()
     return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+
+
+def run_pair(worker: Callable[[int, str], None], tmp_path: Path) -> list[dict]:
+    """Run ``worker(rank, out)`` on ranks 0 and 1 of a gloo world (a file store under
+    ``tmp_path``) and return what each saved as ``<out>/<rank>.pt``."""
+    return spawn_pair(pair_member, worker, tmp_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -21,10 +20,10 @@ from ringtrain.cpu_math import settle_cpu_math
 from ringtrain.data import BatchStream, open_dataset
 from ringtrain.ring import RingReader, discover
 from ringtrain.trainer.groups import close_groups
+from tests.helpers.gloo_pair import spawn_pair
 
 RUN_TIMEOUT_S = 300
 POLL_S = 0.1
-SPAWN = mp.get_context("spawn")
 
 
 def as_torchrun_rank(
@@ -188,21 +187,8 @@ def gloo_member(worker: Callable[[int, str, str], None], rank: int, store: str, 
 def run_gloo_pair(worker: Callable[[int, str, str], None], tmp_path: Path) -> list[dict]:
     """Run ``worker(rank, store, out)`` in two spawned processes (a gloo group over a file
     store under ``tmp_path``, which the worker joins) and return what each saved as
-    ``<out>/<rank>.pt``."""
-    import torch
-
-    processes = [
-        SPAWN.Process(
-            target=gloo_member, args=(worker, rank, str(tmp_path / "store"), str(tmp_path))
-        )
-        for rank in (0, 1)
-    ]
-    for process in processes:
-        process.start()
-    for rank, process in enumerate(processes):
-        process.join(timeout=120)
-        assert process.exitcode == 0, f"the worker of rank {rank} exited with {process.exitcode}"
-    return [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    ``<out>/<rank>.pt`` (`gloo_pair.spawn_pair`)."""
+    return spawn_pair(gloo_member, worker, tmp_path, timeout_s=120.0)
 
 
 def launch_command(
