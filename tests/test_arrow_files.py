@@ -14,6 +14,7 @@ import pytest
 from ringtrain.data import DatasetError, open_dataset
 from ringtrain.data.arrow_files import list_data_files, read_segments
 from ringtrain.data.writer import TokenFileWriter
+from tests.helpers.arrow_ipc import write_ipc
 
 
 def _write_rows(path: Path, rows: list[list[int]]) -> Path:
@@ -26,12 +27,8 @@ def _write_rows(path: Path, rows: list[list[int]]) -> Path:
     return path
 
 
-def _write_ipc(path: Path, ids: pa.Array, mask: pa.Array, rows_per_batch: int = 2) -> Path:
-    table = pa.table({"input_ids": ids, "loss_mask": mask})
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=rows_per_batch):
-            writer.write_batch(batch)
-    return path
+def _write_ipc(path: Path, ids: pa.Array, mask: pa.Array) -> Path:
+    return write_ipc(path, pa.table({"input_ids": ids, "loss_mask": mask}))
 
 
 def _lists(rows: list, value_type: pa.DataType) -> pa.Array:

@@ -14,6 +14,7 @@ from ringtrain.data import DatasetError, open_dataset
 from ringtrain.data.dataset import supervised_counts
 from ringtrain.data.sources import source_counts
 from ringtrain.data.writer import TokenFileWriter
+from tests.helpers.arrow_ipc import write_ipc
 
 BLOCK = 2  # rows need >= 4 supervised tokens
 
@@ -22,15 +23,6 @@ def _rows(lengths: list[int], supervised: int | None = None) -> tuple[list, list
     ids = [list(range(1, n + 1)) for n in lengths]
     masks = [[0] * (n - min(n, supervised or n)) + [1] * min(n, supervised or n) for n in lengths]
     return ids, masks
-
-
-def _write_ipc(path: Path, table: pa.Table, stream: bool = False, rows_per_batch: int = 2) -> Path:
-    with pa.OSFile(str(path), "wb") as sink:
-        opener = pa.ipc.new_stream if stream else pa.ipc.new_file
-        with opener(sink, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=rows_per_batch):
-                writer.write_batch(batch)
-    return path
 
 
 INT32, UINT8 = pa.int32(), pa.uint8()
@@ -58,8 +50,8 @@ def _row_tokens(ds, i: int) -> np.ndarray:
 
 def test_files_concatenate_across_formats_and_record_batches(tmp_path: Path) -> None:
     ids, masks = _rows([5, 6, 7, 8, 9])
-    _write_ipc(tmp_path / "a.arrow", _table(ids[:3], masks[:3]))
-    _write_ipc(tmp_path / "b.arrow", _table(ids[3:4], masks[3:4]), stream=True)
+    write_ipc(tmp_path / "a.arrow", _table(ids[:3], masks[:3]))
+    write_ipc(tmp_path / "b.arrow", _table(ids[3:4], masks[3:4]), stream=True)
     pq.write_table(
         _table(ids[4:], masks[4:], id_type=pa.int64(), mask_type=pa.int8()), tmp_path / "c.parquet"
     )
@@ -77,7 +69,7 @@ def test_files_concatenate_across_formats_and_record_batches(tmp_path: Path) -> 
 
 def test_ipc_columns_are_memory_mapped_views(tmp_path: Path) -> None:
     ids, masks = _rows([10] * 4)
-    _write_ipc(tmp_path / "a.arrow", _table(ids, masks), rows_per_batch=4)
+    write_ipc(tmp_path / "a.arrow", _table(ids, masks), rows_per_batch=4)
     ds = _open(tmp_path)
     assert not ds.segments[0].input_ids.flags.owndata
     assert not ds.segments[0].loss_mask.flags.owndata
@@ -87,7 +79,7 @@ def test_truncation_and_dropping(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     # Row 1 has its only supervised tokens beyond max_len: dropped after truncation.
     ids = [list(range(1, 21)), list(range(1, 21)), list(range(1, 4))]
     masks = [[1] * 20, [0] * 12 + [1] * 8, [1] * 3]
-    _write_ipc(tmp_path / "a.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "a.arrow", _table(ids, masks))
     with caplog.at_level(logging.INFO, logger="ringtrain.data"):
         ds = _open(tmp_path, max_len=10)
     assert ds.num_rows == 1 and ds.num_dropped == 2
@@ -100,7 +92,7 @@ def test_truncation_and_dropping(tmp_path: Path, caplog: pytest.LogCaptureFixtur
 
 def test_row_longer_than_max_len_without_truncation_names_file_and_row(tmp_path: Path) -> None:
     ids, masks = _rows([5, 6, 30, 5])
-    _write_ipc(tmp_path / "a.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "a.arrow", _table(ids, masks))
     with pytest.raises(
         DatasetError, match=r"a\.arrow: row 2 has 30 tokens.*max_len = 20.*truncate"
     ):
@@ -130,7 +122,7 @@ def test_wrong_type(tmp_path: Path, column: str, array: pa.Array) -> None:
         "loss_mask": pa.array([[1, 1]], type=pa.list_(pa.uint8())),
     }
     columns[column] = array
-    _write_ipc(tmp_path / "w.arrow", pa.table(columns))
+    write_ipc(tmp_path / "w.arrow", pa.table(columns))
     with pytest.raises(
         DatasetError, match=rf"w\.arrow: column '{column}' has type .*expected a list of integers"
     ):
@@ -140,7 +132,7 @@ def test_wrong_type(tmp_path: Path, column: str, array: pa.Array) -> None:
 def test_length_mismatch_names_row(tmp_path: Path) -> None:
     ids, masks = _rows([5, 6, 7])
     masks[2] = masks[2][:-1]
-    _write_ipc(tmp_path / "m.arrow", _table(ids, masks), rows_per_batch=10)
+    write_ipc(tmp_path / "m.arrow", _table(ids, masks), rows_per_batch=10)
     with pytest.raises(
         DatasetError, match=r"m\.arrow: row 2: input_ids has 7 tokens but loss_mask has 6"
     ):
@@ -151,19 +143,19 @@ def test_length_mismatch_names_row(tmp_path: Path) -> None:
 def test_token_out_of_vocab_names_row(tmp_path: Path, token: int) -> None:
     ids, masks = _rows([5, 6, 7, 8])
     ids[3][2] = token
-    _write_ipc(tmp_path / "v.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "v.arrow", _table(ids, masks))
     assert _open(tmp_path).num_rows == 4  # no vocabulary given: not checked
     with pytest.raises(DatasetError, match=rf"v\.arrow: row 3: token id {token} .*\[0, 100\)"):
         _open(tmp_path, vocab_size=100)
     ids[3][2] = 99  # the vocabulary's last id
-    _write_ipc(tmp_path / "v.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "v.arrow", _table(ids, masks))
     assert _open(tmp_path, vocab_size=100).num_rows == 4
 
 
 def test_null_row_names_row(tmp_path: Path) -> None:
     ids, masks = _rows([5, 6])
     ids[1] = None
-    _write_ipc(tmp_path / "n.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "n.arrow", _table(ids, masks))
     with pytest.raises(DatasetError, match=r"n\.arrow: row 1: column 'input_ids' is null"):
         _open(tmp_path)
 
@@ -172,7 +164,7 @@ def test_null_row_names_row(tmp_path: Path) -> None:
 def test_mask_values_other_than_0_1(tmp_path: Path, value: int) -> None:
     ids, masks = _rows([5, 6])
     masks[1][3] = value
-    _write_ipc(tmp_path / "k.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "k.arrow", _table(ids, masks))
     with pytest.raises(DatasetError, match=rf"k\.arrow: row 1: loss_mask value {value}"):
         _open(tmp_path)
 
@@ -180,14 +172,14 @@ def test_mask_values_other_than_0_1(tmp_path: Path, value: int) -> None:
 def test_empty_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"no \.arrow or \.parquet files"):
         _open(tmp_path)
-    _write_ipc(tmp_path / "e.arrow", _table([], []))
+    write_ipc(tmp_path / "e.arrow", _table([], []))
     with pytest.raises(DatasetError, match="has no rows"):
         _open(tmp_path)
 
 
 def test_all_rows_dropped(tmp_path: Path) -> None:
     ids, masks = _rows([5, 6], supervised=1)
-    _write_ipc(tmp_path / "d.arrow", _table(ids, masks))
+    write_ipc(tmp_path / "d.arrow", _table(ids, masks))
     with pytest.raises(DatasetError, match="all 2 rows have fewer than 4 supervised tokens"):
         _open(tmp_path)
 

@@ -15,6 +15,7 @@ import pytest
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.sources import SOURCE_TYPE, source_array, source_counts
 from ringtrain.data.stats import dataset_statistics
+from tests.helpers.arrow_ipc import write_ipc
 
 
 def _table(names: list[str] | None, ids: list[int]) -> pa.Table:
@@ -28,15 +29,6 @@ def _table(names: list[str] | None, ids: list[int]) -> pa.Table:
     return pa.table(columns)
 
 
-def _ipc(path: Path, table: pa.Table, stream: bool = False, rows_per_batch: int = 2) -> Path:
-    with pa.OSFile(str(path), "wb") as sink:
-        opener = pa.ipc.new_stream if stream else pa.ipc.new_file
-        with opener(sink, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=rows_per_batch):
-                writer.write_batch(batch)
-    return path
-
-
 def test_a_source_array_names_each_rows_source() -> None:
     names = [f"source-{i}" for i in range(300)]
     column = source_array(names, np.array([299, 0, 200]))
@@ -45,9 +37,9 @@ def test_a_source_array_names_each_rows_source() -> None:
 
 
 def test_rows_are_counted_over_every_batch_and_file_and_listed_by_name(tmp_path: Path) -> None:
-    _ipc(tmp_path / "a.arrow", _table(["web", "code", "chat"], [1, 1, 0, 1, 0]))
+    write_ipc(tmp_path / "a.arrow", _table(["web", "code", "chat"], [1, 1, 0, 1, 0]))
     pq.write_table(_table(["chat", "web"], [0, 1, 1]), tmp_path / "b.parquet")
-    _ipc(tmp_path / "c.arrow", _table(["code", "math"], [0, 0, 0, 0]), stream=True)
+    write_ipc(tmp_path / "c.arrow", _table(["code", "math"], [0, 0, 0, 0]), stream=True)
     counts = source_counts(tmp_path)
     assert counts == {"chat": 1, "code": 7, "web": 4}  # "math" had no row
     assert list(counts) == ["chat", "code", "web"]
@@ -59,19 +51,19 @@ def test_a_dataset_that_was_not_mixed_has_no_sources(tmp_path: Path, suffix: str
     if suffix == ".parquet":
         pq.write_table(_table(None, [0, 0]), path)
     else:
-        _ipc(path, _table(None, [0, 0]), stream=suffix == ".stream.arrow")
+        write_ipc(path, _table(None, [0, 0]), stream=suffix == ".stream.arrow")
     assert source_counts(tmp_path) is None
     assert dataset_statistics(tmp_path, block_size=1)["sources"] is None
 
 
 def test_a_stream_format_dataset_has_its_rows_per_source(tmp_path: Path) -> None:
-    _ipc(tmp_path / "a.arrow", _table(["code", "chat"], [1, 0, 1]), stream=True)
+    write_ipc(tmp_path / "a.arrow", _table(["code", "chat"], [1, 0, 1]), stream=True)
     assert dataset_statistics(tmp_path, block_size=1)["sources"] == {"chat": 2, "code": 1}
 
 
 def test_files_with_and_without_sources_are_refused(tmp_path: Path) -> None:
-    _ipc(tmp_path / "a.arrow", _table(None, [0]))
-    _ipc(tmp_path / "b.arrow", _table(["code"], [0]))
+    write_ipc(tmp_path / "a.arrow", _table(None, [0]))
+    write_ipc(tmp_path / "b.arrow", _table(["code"], [0]))
     with pytest.raises(DatasetError, match="some files have a source column and some not"):
         source_counts(tmp_path)
 
