@@ -8,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from transformers import AutoTokenizer
 
 from ringtrain.cli.data import main as data_main
 from ringtrain.data.errors import DatasetError
-from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.prepare import _next_result, prepare_dataset
 from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 from tests.helpers.chat_data import CONVERSATIONS
 from tests.helpers.stops import (
@@ -28,6 +31,7 @@ from tests.helpers.stops import (
 )
 
 FAILURE_TIMEOUT_S = 120
+JOIN_S = 30
 POLL_S = 0.01
 
 
@@ -149,13 +153,45 @@ def test_a_stopped_prepare_leaves_no_output_and_one_line(
     assert not list((tmp_path / "out").glob("*.arrow*"))
 
 
+class _StopWhileLocked(Future):
+    """A chunk's future that a SIGTERM reaches while it holds its lock, outside a ``with``
+    block: the moment in which a stop raised there would leave the lock held."""
+
+    def result(self, timeout: float | None = None) -> str:
+        self._condition.acquire()
+        signal.raise_signal(signal.SIGTERM)
+        self._condition.release()
+        return super().result(timeout)
+
+
+def test_a_stop_while_a_chunk_is_awaited_leaves_its_future_free() -> None:
+    """A stop that comes while the next chunk's future holds its lock is raised once that
+    lock is released: the pool's manager thread can still set the result, so the pool's
+    shutdown returns (a stop raised inside left it waiting for good)."""
+    awaited = _StopWhileLocked()
+    awaited.set_result("chunk")
+    with sigterm_taken_as_ctrl_c(), pytest.raises(Terminated):
+        _next_result(deque([awaited]))
+    # The lock (reentrant) as another thread, the pool's manager, would take it.
+    manager = ThreadPoolExecutor(1)
+    assert manager.submit(_take_and_release, awaited._condition).result(timeout=JOIN_S)
+    manager.shutdown()
+
+
+def _take_and_release(lock: threading.Condition) -> bool:
+    if not lock.acquire(timeout=JOIN_S):
+        return False
+    lock.release()
+    return True
+
+
 # A prepare whose third submit to its worker pool meets a SIGTERM inside the pool: after
 # the pool has recorded the work item, before it queues the item's id (a stop raised
 # there left an item the pool's manager waited for forever: a hang, seen once in 30
 # stopped runs). Arguments: tokenizer, input, output.
 STOP_INSIDE_SUBMIT = """
 import queue, signal, sys, threading
-from ringtrain.data.prepare import prepare_dataset
+from ringtrain.data.prepare import _next_result, prepare_dataset
 from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 
 put, puts = queue.Queue.put, []
