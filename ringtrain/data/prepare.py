@@ -100,7 +100,7 @@ def load_tokenizer(directory: str | Path) -> Any:
     tokenizer files is refused (`has_tokenizer_files`)."""
     from transformers import AutoTokenizer
 
-    from ringtrain.generate.local_model import TOKENIZER_FILES, has_tokenizer_files
+    from ringtrain.generate.tokenizer_files import TOKENIZER_FILES, has_tokenizer_files
 
     if not has_tokenizer_files(directory):
         raise DatasetError(

@@ -27,9 +27,9 @@ from ringtrain.generate.defaults import (
 from ringtrain.generate.greedy import MAX_BATCH_TOKENS, Answer, GenerationStats, greedy_answers
 from ringtrain.generate.model import load_causal_lm, stop_token_ids
 from ringtrain.generate.sampling import TokenSampler
+from ringtrain.generate.tokenizer_files import has_tokenizer_files
 
 DEVICES = ("auto", "cpu", "cuda")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -72,12 +72,6 @@ def default_max_tokens(device: torch.device, context: int | None) -> int:
     model's context."""
     tokens = GPU_MAX_TOKENS if device.type == "cuda" else CPU_MAX_TOKENS
     return tokens if context is None else max(1, min(tokens, context // 2))
-
-
-def has_tokenizer_files(model_dir: str | Path) -> bool:
-    """Whether a model directory holds a tokenizer (any of TOKENIZER_FILES): without one,
-    transformers builds an empty tokenizer of the model's class from config.json alone."""
-    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:

@@ -1,4 +1,4 @@
-"""The mutants of a local model for generation: its loading, device, dtype, threads, context and token defaults (ringtrain/generate/local_model.py)."""
+"""The mutants of a local model for generation: its loading, device, dtype, threads, context and token defaults (ringtrain/generate/local_model.py), and whether a directory holds a tokenizer (generate/tokenizer_files.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,6 @@ GROUPS = (
                "min(tokens, context // 2)", "min(tokens, context)"),
         Mutant("the device's default not a cap on half the context",
                "max(1, min(tokens, context // 2))", "max(1, context // 2)"),
-        Mutant("a model with only one of the tokenizer files read as without a tokenizer",
-               "return any((Path(model_dir) / name).is_file()",
-               "return all((Path(model_dir) / name).is_file()"),
         Mutant("a model without tokenizer files handed to AutoTokenizer",
                "    if not has_tokenizer_files(model_dir):\n        return None", "    if False:\n        return None"),
         Mutant("auto never picks the GPU",
@@ -43,5 +40,10 @@ GROUPS = (
                "model = load_causal_lm(model_dir, where, dtype)",
                "model = load_causal_lm(model_dir, where)"),
         Mutant("a pad id of 0 ignored", "if pad is not None:", "if pad:"),
+    )),
+    Group("tokenizer files", "ringtrain/generate/tokenizer_files.py", TESTS, (
+        Mutant("a model with only one of the tokenizer files read as without a tokenizer",
+               "return any((Path(model_dir) / name).is_file()",
+               "return all((Path(model_dir) / name).is_file()"),
     )),
 )  # fmt: skip
