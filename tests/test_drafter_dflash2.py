@@ -34,7 +34,13 @@ from ringtrain.drafter.arch.dflash2.selector import (
     selector_loss_sum,
 )
 from ringtrain.drafter.config import DrafterConfig, OptimConfig
-from tests.helpers.launcher import eval_records, run_training, step_records
+from tests.helpers.launcher import (
+    RUN_TIMEOUT_S,
+    eval_records,
+    run_training,
+    start_training,
+    step_records,
+)
 from tests.helpers.tiny_drafter import TAPS, TARGET, make_cfg, make_setup, objective, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -421,10 +427,17 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
     after 40 steps is clearly above that of the drafter the run starts from (measured by
     a run of one step at a learning rate too small to change any weight); it writes a
     DFlash2 checkpoint."""
-    run_dir = tmp_path / "run"
+    run_dir, untrained_dir = tmp_path / "run", tmp_path / "untrained"
     overrides = ['drafter.architecture="dflash2"', "run.max_steps=40", "run.eval_every=40",
                  "run.checkpoint_every=40", "run.name=d2"]  # fmt: skip
+    unchanged = ["run.max_steps=1", "run.eval_every=1", "run.checkpoint_every=0", "optim.lr=1e-30"]
+    # The two runs are independent: the untrained one runs beside the trained one.
+    untrained_run = start_training(
+        untrained_dir, 1, 1, [*overrides[:1], *unchanged, "run.name=d2u"]
+    )
     proc = run_training(run_dir, 1, 1, overrides)
+    untrained_output = untrained_run.communicate(timeout=RUN_TIMEOUT_S)[0]
+    assert untrained_run.returncode == 0, untrained_output[-4000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = step_records(run_dir)
     losses = [r["loss"] for r in records]
@@ -435,10 +448,6 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
     assert sum(losses[-5:]) < 0.95 * sum(losses[:5])
     config = json.loads(next((run_dir / "checkpoints").glob("step_*/config.json")).read_text())
     assert config["architectures"] == ["DFlash2DraftModel"]
-    untrained_dir = tmp_path / "untrained"
-    unchanged = ["run.max_steps=1", "run.eval_every=1", "run.checkpoint_every=0", "optim.lr=1e-30"]
-    proc = run_training(untrained_dir, 1, 1, [*overrides[:1], *unchanged, "run.name=d2u"])
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     trained, untrained = eval_records(run_dir)[-1], eval_records(untrained_dir)[-1]
     assert trained["tau_sim"] > untrained["tau_sim"] + LEARNED_TAU_SIM, (trained, untrained)
 
