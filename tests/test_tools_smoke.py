@@ -23,6 +23,7 @@ import torch
 from ringtrain.data.sources import source_counts
 from ringtrain.monitor.advice import MeasuredRates, advise
 from ringtrain.trainer.logs import LOGGER_NAME, rank_log_path, setup_logging
+from tests.helpers.at_once import run_at_once
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env
 from tools.bench.pipeline_layout import first_log_time, split_advice
 from tools.mutation.mutants import MUTANTS
@@ -236,32 +237,11 @@ CUDA_BENCHMARKS = {
 }
 
 
-def _run_at_once(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
-    """Each command (arguments after python) in a child of its own, all at once (each
-    mostly imports torch: concurrent, the cores share that), to the end."""
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, *command],
-            cwd=ROOT,
-            env=_env(),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for name, command in commands.items()
-    }
-    done = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    return done
-
-
 def test_cuda_benchmarks_refuse_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: the gpu-marked runs below run it")
     commands = {m: ["-m", f"tools.bench.{m}", *flags] for m, flags in CUDA_BENCHMARKS.items()}
-    for module, proc in _run_at_once(commands).items():
+    for module, proc in run_at_once(commands, ROOT, _env(), 120).items():
         assert proc.returncode != 0, module
         assert f"{module} needs a CUDA GPU" in proc.stderr, (module, proc.stderr[-2000:])
 
@@ -308,7 +288,7 @@ RECIPES = (
 
 def test_recipe_scripts_parse_their_arguments() -> None:
     commands = {name: ["-m", f"tools.recipes.{name}", "--help"] for name in RECIPES}
-    for name, proc in _run_at_once(commands).items():
+    for name, proc in run_at_once(commands, ROOT, _env(), 120).items():
         assert proc.returncode == 0, (name, proc.stderr[-2000:])
         assert proc.stdout.startswith("usage:"), (name, proc.stdout[:200])
 

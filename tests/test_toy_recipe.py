@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from tests.helpers.at_once import run_at_once
 from tests.helpers.launcher import RUN_TIMEOUT_S, run_env, step_records
 from tests.helpers.untrained_drafter import write_untrained_drafter
 
@@ -37,9 +38,14 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _make_target(output: Path, steps: int) -> None:
+def _make_target_command(output: Path, steps: int) -> list[str]:
+    """make_toy_target's arguments after python."""
     module = "tools.recipes.make_toy_target"
-    _run([sys.executable, "-m", module, "--output", str(output), "--tiny", "--steps", str(steps)])
+    return ["-m", module, "--output", str(output), "--tiny", "--steps", str(steps)]
+
+
+def _make_target(output: Path, steps: int) -> None:
+    _run([sys.executable, *_make_target_command(output, steps)])
 
 
 def _regenerate(target: Path, prompts: Path, output: Path, count: int, split: str) -> None:
@@ -58,8 +64,9 @@ def _regenerate(target: Path, prompts: Path, output: Path, count: int, split: st
 
 
 def test_toy_target_is_deterministic_and_has_a_mask_token(tmp_path: Path) -> None:
-    _make_target(tmp_path / "a", steps=3)
-    _make_target(tmp_path / "b", steps=3)
+    commands = {name: _make_target_command(tmp_path / name, steps=3) for name in ("a", "b")}
+    for proc in run_at_once(commands, ROOT, run_env(), RUN_TIMEOUT_S).values():
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     first = load_file(str(tmp_path / "a" / "model.safetensors"))
     second = load_file(str(tmp_path / "b" / "model.safetensors"))
     assert first.keys() == second.keys()
