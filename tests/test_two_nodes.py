@@ -61,13 +61,22 @@ def start_node(
     )
 
 
+def start_nodes(run_dir: Path, overrides: Sequence[str], resume: bool) -> list[subprocess.Popen]:
+    """Both nodes' agents, started."""
+    port = free_port()
+    return [start_node(run_dir, node, port, overrides, resume) for node in (0, 1)]
+
+
 def run_nodes(
     run_dir: Path, overrides: Sequence[str], stop_after: int = 0, resume: bool = False
 ) -> list[int]:
     """Both agents to the end (or SIGTERM to both agents' process groups once step
     `stop_after` is recorded); returns their exit codes."""
-    port = free_port()
-    nodes = [start_node(run_dir, node, port, overrides, resume) for node in (0, 1)]
+    return finish_nodes(run_dir, start_nodes(run_dir, overrides, resume), stop_after)
+
+
+def finish_nodes(run_dir: Path, nodes: list[subprocess.Popen], stop_after: int = 0) -> list[int]:
+    """`run_nodes` for agents already started."""
     try:
         if stop_after:
             wait_for_step(nodes[0], run_dir, stop_after)
@@ -108,8 +117,14 @@ def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path
         f"run.max_steps={STEPS}", "run.eval_every=0", "run.checkpoint_every=0",
         "run.log_every=1", f"run.name={name}", REDUCE,
     ]  # fmt: skip
-    reference = tmp_path / "reference"
-    assert run_nodes(reference, overrides) == [0, 0], (tmp_path / "reference.node0.out").read_text()
+    # The unbroken reference runs beside the interrupted run, which does not depend on it.
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    reference_nodes = start_nodes(reference, overrides, resume=False)
+    try:
+        run_nodes(interrupted, overrides, stop_after=2)  # the agents exit 1 on SIGTERM
+    finally:
+        reference_codes = finish_nodes(reference, reference_nodes)
+    assert reference_codes == [0, 0], (tmp_path / "reference.node0.out").read_text()
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):
         for rank in ranks:
             role = DRAFTER_RANKS.get(rank, "target")
@@ -120,8 +135,6 @@ def test_two_nodes_one_ring_each_one_gradient_and_an_exact_resume(tmp_path: Path
     assert all({p for p, _, _ in batches} == {0, 1} for batches in steps), "each node's target"
     assert len(digests(reference)) == 1, "the drafters of the two nodes drifted apart"
 
-    interrupted = tmp_path / "interrupted"
-    run_nodes(interrupted, overrides, stop_after=2)  # the agents exit 1 on SIGTERM
     for rank in range(4):
         log = rank_log(interrupted, rank, DRAFTER_RANKS.get(rank, "target"))
         assert "exiting with code 0" in log, f"rank {rank} did not stop cleanly:\n{log[-2000:]}"
