@@ -48,25 +48,30 @@ def _make_target(output: Path, steps: int) -> None:
     _run([sys.executable, *_make_target_command(output, steps)])
 
 
-def _regenerate(target: Path, prompts: Path, output: Path, count: int, split: str) -> None:
-    _run(
-        [
-            sys.executable, "-m", "tools.recipes.regenerate",
-            "--target", str(target),
-            "--make-prompts", str(count), "--prompt-len", "16", "--split", split,
-            "--prompts", str(prompts),
-            "--output", str(output),
-            "--max-new-tokens", "48",
-            "--batch-size", "32",
-            "--device", "cpu",
-        ]
-    )  # fmt: skip
+def _regenerate_command(
+    target: Path, prompts: Path, output: Path, count: int, split: str
+) -> list[str]:
+    """The regenerate recipe's arguments after python."""
+    return [
+        "-m", "tools.recipes.regenerate",
+        "--target", str(target),
+        "--make-prompts", str(count), "--prompt-len", "16", "--split", split,
+        "--prompts", str(prompts),
+        "--output", str(output),
+        "--max-new-tokens", "48",
+        "--batch-size", "32",
+        "--device", "cpu",
+    ]  # fmt: skip
+
+
+def _run_all(commands: dict[str, list[str]]) -> None:
+    """Independent commands (arguments after python), all at once; each must exit 0."""
+    for proc in run_at_once(commands, ROOT, run_env(), RUN_TIMEOUT_S).values():
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
 def test_toy_target_is_deterministic_and_has_a_mask_token(tmp_path: Path) -> None:
-    commands = {name: _make_target_command(tmp_path / name, steps=3) for name in ("a", "b")}
-    for proc in run_at_once(commands, ROOT, run_env(), RUN_TIMEOUT_S).values():
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    _run_all({name: _make_target_command(tmp_path / name, steps=3) for name in ("a", "b")})
     first = load_file(str(tmp_path / "a" / "model.safetensors"))
     second = load_file(str(tmp_path / "b" / "model.safetensors"))
     assert first.keys() == second.keys()
@@ -82,8 +87,12 @@ def test_recipe_end_to_end_is_lossless(tmp_path: Path) -> None:
     target = tmp_path / "target"
     _make_target(target, steps=30)
     train_prompts, eval_prompts = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    _regenerate(target, train_prompts, tmp_path / "train", 64, "train")
-    _regenerate(target, eval_prompts, tmp_path / "eval", 6, "eval")
+    _run_all(
+        {
+            "train": _regenerate_command(target, train_prompts, tmp_path / "train", 64, "train"),
+            "eval": _regenerate_command(target, eval_prompts, tmp_path / "eval", 6, "eval"),
+        }
+    )
     train_text = {json.loads(line)["prompt"] for line in train_prompts.read_text().splitlines()}
     eval_lines = eval_prompts.read_text().splitlines()
     assert len(eval_lines) == 6
