@@ -12,7 +12,6 @@ Sections live beside the code they configure; this module assembles them.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -106,19 +105,6 @@ def _toml_loads(text: str, source: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-
-
-def add_override_option(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--set SECTION.KEY=VALUE`` option (repeatable; into ``overrides``) that
-    every command starting a training run takes."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set run.max_steps=10",
-    )
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:

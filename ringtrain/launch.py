@@ -44,8 +44,8 @@ from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from ringtrain.cli.train_args import build_parser
 from ringtrain.interrupts import STOP_SIGNALS
-from ringtrain.main import build_parser
 from ringtrain.process_end import process_entry
 from ringtrain.ring.names import remove_dead_runs
 from ringtrain.trainer.outcome import OUTCOME_DIR_ENV, read_outcomes

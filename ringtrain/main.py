@@ -23,11 +23,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ringtrain.cli.train_args import build_parser
 from ringtrain.compile_caches import set_compile_caches
 from ringtrain.config import (
     Config,
     ConfigError,
-    add_override_option,
     dump_config,
     load_config,
     parse_config,
@@ -62,26 +62,6 @@ from ringtrain.trainer.startup import bytecode_advice, process_age_s, started_in
 
 # How long a rank that shares a start-up refusal waits for the launcher to stop it (refuse).
 REFUSAL_GRACE_S = 30.0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ringtrain.main (ringtrain-launch passes these options on)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ringtrain.main",
-        description="Train a DFlash drafter (start through ringtrain-launch or torchrun).",
-    )
-    parser.add_argument("--config", help="TOML config (default: the embedded tiny run)")
-    add_override_option(parser)
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest complete checkpoint"
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start afresh in a run directory that holds an earlier run: deletes its "
-        "checkpoints and metrics.jsonl first (without it such a start is refused)",
-    )
-    return parser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -42,7 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ringtrain.checkpoint import latest_checkpoint
-from ringtrain.config import Config, add_override_option, load_config
+from ringtrain.cli.train_args import add_override_option
+from ringtrain.config import Config, load_config
 from ringtrain.data.arrow_files import list_data_files
 from ringtrain.data.sources import SOURCE, source_counts
 from tools.recipes.children import run_all, stop_children_on_sigterm

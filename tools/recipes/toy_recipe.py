@@ -34,7 +34,8 @@ from pathlib import Path
 
 import msgspec
 
-from ringtrain.config import Config, add_override_option, load_config
+from ringtrain.cli.train_args import add_override_option
+from ringtrain.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs" / "recipes" / "toy.toml"

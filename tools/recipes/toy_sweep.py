@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from ringtrain.config import add_override_option
+from ringtrain.cli.train_args import add_override_option
 from tools.recipes.toy_recipe import (
     RECIPES,
     Recipe,
