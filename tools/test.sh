@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment if needed (with the test tools), check the house style, and run
 # the test suite. Extra arguments go to pytest (e.g. `tools/test.sh -k ring`).
-# The full suite takes about 19-21 minutes on an idle 2-core machine, up to 23 on a slower
+# The full suite takes about 18-21 minutes on an idle 2-core machine, up to 23 on a slower
 # one (BENCHMARKS.md, ci_suite_s), several times that while other work shares the cores;
 # a test that runs long is named on the terminal while it runs (tests/conftest.py).
 # `--quick` (first argument) leaves out the tests marked slow (the multi-process
@@ -9,7 +9,7 @@
 # benchmark and recipe scripts that take minutes (marked scripts, left out by default).
 set -euo pipefail
 quick=()
-tier="the full suite: about 19-21 minutes on an idle 2-core machine; --quick is the fast tier"
+tier="the full suite: about 18-21 minutes on an idle 2-core machine; --quick is the fast tier"
 if [ "${1:-}" = --quick ]; then
     quick=(-m "not slow and not scripts")
     tier="the quick tier: the suite without the slow multi-process runs (CI runs them all)"
