@@ -22,16 +22,22 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as ResultNotYet
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # The signals that ask a ringtrain process to stop (a scheduler's, a terminal's).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 CTRL_C = "Ctrl-C"
 SIGTERM = "SIGTERM"
 EXIT_STATUS = {CTRL_C: 128 + signal.SIGINT, SIGTERM: 128 + signal.SIGTERM}
+# The longest a stop waits while a worker's result is awaited (`result_between_stops`).
+STOP_WAIT_S = 0.2
 
 
 class Terminated(KeyboardInterrupt):
@@ -129,6 +135,20 @@ def stops_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one still pending arrives here
         if held:
             signal.raise_signal(held[0])
+
+
+def result_between_stops(future: Future[T]) -> T:
+    """``future.result()``, its waits with stops held and a stop raised between them (waits
+    of at most ``STOP_WAIT_S``). A stop raised inside ``Future.result`` just after it took
+    the future's lock, before its ``with`` block began, leaves that lock held: the pool's
+    manager thread, which takes it to set the result, then blocks for good, and so does
+    the pool's shutdown (seen: a SIGTERM to `prepare --workers 2` that hung)."""
+    while True:
+        with stops_deferred():
+            try:
+                return future.result(timeout=STOP_WAIT_S)
+            except ResultNotYet:
+                continue
 
 
 def _leave(signum: int, _frame: FrameType | None) -> None:

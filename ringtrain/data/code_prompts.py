@@ -47,6 +47,7 @@ from ringtrain.generate.prompts import PromptFileError
 from ringtrain.interrupts import (
     raise_taken_stop,
     report_unfinished,
+    result_between_stops,
     set_worker_stops,
     sigterm_taken_as_ctrl_c,
     stops_deferred,
@@ -192,9 +193,9 @@ def documented_functions(files: list[Path], wanted: int, workers: int) -> list[S
                 raise_taken_stop()
                 part = files[first : first + chunk]
                 with stops_deferred():  # a submit starts a worker while none is idle
-                    found_per_file = pool.map(functions_in, part, chunksize=8)
+                    found_per_file = [pool.submit(functions_in, path) for path in part]
                 for found in found_per_file:
-                    functions.extend(found)
+                    functions.extend(result_between_stops(found))
                 bar.set_postfix(functions=len(functions), refresh=False)
                 bar.update(len(part))
                 if wanted and len(functions) >= wanted:

@@ -31,7 +31,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as ResultNotYet
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,12 @@ from ringtrain.data.chat import ConversationEncoder, conversation_messages, deco
 from ringtrain.data.errors import DatasetError
 from ringtrain.data.sources import SOURCE
 from ringtrain.data.writer import TokenFileWriter
-from ringtrain.interrupts import raise_taken_stop, set_worker_stops, stops_deferred
+from ringtrain.interrupts import (
+    raise_taken_stop,
+    result_between_stops,
+    set_worker_stops,
+    stops_deferred,
+)
 
 OUTPUT_FILE = "data-00000.arrow"
 LINES_PER_TASK = 256
@@ -54,8 +58,6 @@ FLUSH_TOKENS = 1 << 26
 MAX_RECORD_BYTES = 16 << 20
 # Chunks queued per worker: enough to keep workers busy, bounded memory.
 CHUNKS_IN_FLIGHT_PER_WORKER = 4
-# The longest a stop waits while the next chunk is awaited (`_next_result`).
-STOP_WAIT_S = 0.2
 # The drafter's default block size: rows with fewer than twice as many supervised tokens
 # are counted as ones training drops.
 DEFAULT_BLOCK_SIZE = 16
@@ -281,20 +283,11 @@ def _in_order(
 
 
 def _next_result(queued: deque[Future[EncodedChunk]]) -> EncodedChunk:
-    """The first queued future's chunk, taken off the queue once it is there. Its wait holds
-    stops back and a stop is raised between waits of at most ``STOP_WAIT_S``: a stop
-    raised inside ``Future.result`` just after it took the future's lock (before its
-    ``with`` block began) leaves that lock held, and the pool's manager thread, which
-    takes it to set the result, blocks for good, and the pool's shutdown with it (seen:
-    a SIGTERM to `prepare --workers 2` that hung)."""
-    while True:
-        with stops_deferred():
-            try:
-                chunk = queued[0].result(timeout=STOP_WAIT_S)
-            except ResultNotYet:
-                continue
-        queued.popleft()
-        return chunk
+    """The first queued future's chunk (`result_between_stops`), taken off the queue once
+    it is there: a stop meanwhile leaves it queued, so the clean-up cancels it too."""
+    chunk = result_between_stops(queued[0])
+    queued.popleft()
+    return chunk
 
 
 def _submit(pool: ProcessPoolExecutor, task: tuple[str, int, list[bytes]]) -> Future[EncodedChunk]:

@@ -20,6 +20,9 @@ GROUPS = (
     Group("command stops", "ringtrain/interrupts.py", COMMAND_STOP_TESTS, (
         Mutant("a Ctrl-C exits 1", "EXIT_STATUS = {CTRL_C: 128 + signal.SIGINT,",
                "EXIT_STATUS = {CTRL_C: 1,"),
+        Mutant("a worker's result awaited with stops let through (a stop inside leaves its lock held)",
+               "        with stops_deferred():\n            try:\n                return future.result(",
+               "        if True:\n            try:\n                return future.result("),
         Mutant("a SIGTERM exits as a Ctrl-C (130)", "SIGTERM: 128 + signal.SIGTERM}",
                "SIGTERM: 128 + signal.SIGINT}"),
         Mutant("a SIGTERM taken as a Ctrl-C",
