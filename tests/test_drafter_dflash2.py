@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -435,8 +437,13 @@ def test_dflash2_learns_on_the_embedded_default(tmp_path: Path) -> None:
     untrained_run = start_training(
         untrained_dir, 1, 1, [*overrides[:1], *unchanged, "run.name=d2u"]
     )
-    proc = run_training(run_dir, 1, 1, overrides)
-    untrained_output = untrained_run.communicate(timeout=RUN_TIMEOUT_S)[0]
+    try:
+        proc = run_training(run_dir, 1, 1, overrides)
+        untrained_output = untrained_run.communicate(timeout=RUN_TIMEOUT_S)[0]
+    finally:
+        if untrained_run.poll() is None:
+            os.killpg(untrained_run.pid, signal.SIGKILL)
+            untrained_run.wait()
     assert untrained_run.returncode == 0, untrained_output[-4000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = step_records(run_dir)

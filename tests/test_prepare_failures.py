@@ -191,7 +191,7 @@ def _take_and_release(lock: threading.Condition) -> bool:
 # stopped runs). Arguments: tokenizer, input, output.
 STOP_INSIDE_SUBMIT = """
 import queue, signal, sys, threading
-from ringtrain.data.prepare import _next_result, prepare_dataset
+from ringtrain.data.prepare import prepare_dataset
 from ringtrain.interrupts import Terminated, sigterm_taken_as_ctrl_c
 
 put, puts = queue.Queue.put, []
